@@ -1,0 +1,176 @@
+"""``dlaunch``: compose and validate the config once, then launch.
+
+    dlaunch recipe=linear strategy=mirrored cluster=1x2
+    dlaunch --cfg job                      # print the composed config
+    dlaunch launch.dry_run=true ...        # print the plan, start nothing
+    dlaunch -m strategy=one_device,mirrored cluster=1x1,1x2   # Hydra multirun
+
+Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launcher.cluster.env import full_errors
+from launcher.config import compose as composer
+from launcher.config.errors import ConfigError, Problem, render
+
+log = logging.getLogger("dlaunch")
+MAX_PRECHECKED_JOBS = 64
+
+
+class _Status:
+    """Exit codes of the jobs Hydra ran in this process (one, or one per sweep job)."""
+
+    codes: list[int] = []
+
+
+def cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _hydra_args(argv: list[str]) -> Any:
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
+
+    return get_args_parser().parse_args(argv)
+
+
+def _job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The concrete override lists a run or sweep will compose (choice sweeps expanded)."""
+    if not multirun:
+        return [overrides]
+    parsed = composer.parse_overrides(overrides)
+    axes = []
+    for ov in parsed:
+        if ov.is_choice_sweep():
+            key = ov.get_key_element()
+            axes.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
+        elif ov.is_sweep_override():
+            continue  # ranges are the sweeper's business: each job is validated as it runs
+        else:
+            axes.append([ov.input_line])
+    return [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_PRECHECKED_JOBS)]
+
+
+def precheck(overrides: list[str], multirun: bool) -> None:
+    """Compose and validate every job before anything starts; raise ConfigError."""
+    composer.register_configs(overrides)
+    cuda = cuda_devices()
+    problems: list[Problem] = []
+    for job in _job_overrides(overrides, multirun):
+        try:
+            composer.compose_and_validate(job, cuda)
+        except ConfigError as exc:
+            problems.extend(p for p in exc.problems if p not in problems)
+    if problems:
+        raise ConfigError(problems)
+
+
+def task(cfg: Any) -> Any:
+    """Hydra's task function: one job, in Hydra's run directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from launcher.cli.plan import show_plan, show_summary
+    from launcher.runtime import outputs
+
+    console = Console(stderr=True, highlight=False)
+    cuda = cuda_devices()
+    try:
+        spec = composer.validate(cfg, cuda)
+    except ConfigError as exc:
+        render(exc, console)
+        _Status.codes.append(2)
+        return None
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
+    show_plan(spec, cuda, run_dir, console, spec.launch.dry_run)
+    if spec.launch.dry_run:
+        _Status.codes.append(0)
+        return None
+    code = _run(spec, run_dir, cuda, console)
+    _Status.codes.append(code)
+    summary = outputs.read_summary(run_dir)
+    if code == 0 and summary:
+        show_summary(summary, run_dir, console)
+    return summary
+
+
+def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
+    if spec.num_replicas == 1:
+        return _run_in_process(spec, run_dir, cuda, console)
+    from launcher.launch.elastic import launch
+
+    return launch(spec, run_dir, cuda)
+
+
+def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
+    """One replica needs no worker processes: train here (pdb and profilers just work)."""
+    from launcher.launch import elastic, failures
+    from launcher.runtime.loop import train
+
+    try:
+        train(spec, None, run_dir, cuda, console)
+        return 0
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - shown as the root cause below
+        root = failures.from_exception(exc)
+        failures.render(root, [], elastic.last_logged_step(run_dir), console)
+        elastic.record_failure(run_dir, root)
+        return 1
+
+
+def _hydra_main(argv: list[str]) -> None:
+    import hydra
+
+    main_fn = hydra.main(config_path=str(composer.CONF_DIR), config_name="config", version_base="1.3")(task)
+    saved = sys.argv
+    sys.argv = ["dlaunch", *argv]
+    try:
+        main_fn()
+    finally:
+        sys.argv = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _hydra_args(argv)
+    informational = args.help or args.hydra_help or args.info or args.shell_completion
+    try:
+        if informational:
+            composer.register_configs(args.overrides)
+        else:
+            precheck(args.overrides, args.multirun)
+    except ConfigError as exc:
+        if full_errors():
+            raise
+        render(exc)
+        return 2
+    _Status.codes = []
+    _hydra_main(argv)
+    return max(_Status.codes, default=0, key=_severity)
+
+
+def _severity(code: int) -> tuple[int, int]:
+    """A signal outranks a failure, a failure outranks a config error."""
+    return (code >= 128, code == 1, code)
+
+
+def entry() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

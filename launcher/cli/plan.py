@@ -1,0 +1,68 @@
+"""The plan: what a run will start, shown before it starts (and alone with ``launch.dry_run=true``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.config.schema import RunSpec
+
+
+def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str, str]]:
+    device = spec.device_type(cuda_devices)
+    c = spec.cluster
+    n = spec.num_replicas
+    processes = c.world_size if n > 1 else 1
+    if device == "cuda":
+        devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
+    else:
+        devices = f"cpu x {processes}" if processes > 1 else "cpu"
+    port = c.master_port or "a free port"
+    rows = [
+        ("strategy", _strategy_text(spec)),
+        ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),
+        ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
+        ("processes", f"{processes}, one per device, started by torch.distributed.elastic" if processes > 1 else "1 (this process)"),
+        ("replicas", f"{n} in sync"),
+        ("devices", devices),
+        ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
+        ("batch", f"global {spec.input.global_batch_size} = {n} replica(s) x {spec.per_replica_batch_size} per replica"),
+        ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+        ("run dir", str(run_dir)),
+    ]
+    if processes > 1:
+        rows.insert(7, ("rendezvous", f"{c.master_addr}:{port} (c10d; {'loopback only' if c.master_addr.startswith('127.') else 'listening on ' + c.master_addr})"))
+    return rows
+
+
+def _strategy_text(spec: RunSpec) -> str:
+    s = spec.strategy
+    if s.name == "mirrored":
+        return f"mirrored (DDP all-reduce, {s.bucket_cap_mb:g} MB buckets)"
+    return f"{s.name}" + (f" on {s.device}" if getattr(s, "device", None) else "")
+
+
+def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool) -> None:
+    table = Table(title="dlaunch plan" + (" (dry run: nothing is started)" if dry_run else ""), show_header=False, title_justify="left", box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in plan_rows(spec, cuda_devices, run_dir):
+        table.add_row(key, value)
+    console.print(table)
+
+
+def show_summary(summary: dict, run_dir: Path, console: Console) -> None:
+    keys = ("status", "final_loss", "first_loss", "examples_per_sec", "wall_seconds", "param_norm")
+    table = Table(title="result", show_header=False, title_justify="left", box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key in keys:
+        if key in summary and summary[key] is not None:
+            value = summary[key]
+            table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
+    for key, value in (summary.get("metrics") or {}).items():
+        table.add_row(key, f"{value:.6g}")
+    console.print(table)
+    console.print(f"results: [bold]{run_dir}[/] (config.yaml, metrics.jsonl, summary.json)")

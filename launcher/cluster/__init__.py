@@ -1,0 +1,1 @@
+"""Cluster description: shapes, the worker's environment, process groups, resolvers."""

@@ -1,0 +1,80 @@
+"""The one module that reads environment variables.
+
+torch.distributed.elastic describes each worker through its environment
+(RANK, LOCAL_RANK, WORLD_SIZE, ...). Everything else in dlaunch receives a
+``WorkerEnv`` instead of reading ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerEnv:
+    """Where this process sits in the job, as the elastic agent (or torchrun) says."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int  # the node's rank
+    master_addr: str
+    master_port: int
+    restart_count: int = 0
+    run_id: str = ""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerEnv | None":
+        """The worker's position, or None when this process was not started by a launcher."""
+        env = os.environ if environ is None else environ
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            return None
+        world = int(env["WORLD_SIZE"])
+        return cls(
+            rank=int(env["RANK"]),
+            local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+            world_size=world,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            group_rank=int(env.get("GROUP_RANK", 0)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 0)),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+        )
+
+
+def error_file() -> str | None:
+    """Where the elastic agent wants this worker's root-cause error (JSON)."""
+    return os.environ.get("TORCHELASTIC_ERROR_FILE")
+
+
+def full_errors() -> bool:
+    """``HYDRA_FULL_ERROR=1`` (or ``DLAUNCH_DEBUG=1``) shows Python tracebacks for config errors too."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("DLAUNCH_DEBUG") == "1"
+
+
+def worker_environment(single_node: bool) -> dict[str, str]:
+    """Variables the launcher sets for its workers.
+
+    Single-node jobs keep gloo's sockets on the loopback interface, so that nothing
+    listens on a routable address.
+    """
+    extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if single_node:
+        extra["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", _loopback_interface())
+    return extra
+
+
+def _loopback_interface() -> str:
+    try:
+        import socket
+
+        for _, name in socket.if_nameindex():
+            if name == "lo" or name.startswith("lo"):
+                return name
+    except OSError:
+        pass
+    return "lo"

@@ -1,0 +1,49 @@
+"""Joining the torch.distributed process group a launcher prepared for this worker."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from launcher.cluster.env import WorkerEnv
+
+
+def default_backend(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def process_device(env: WorkerEnv | None, device_type: str | None = None) -> torch.device:
+    """The device one process of a one-device-per-process job computes on."""
+    kind = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda":
+        return torch.device("cuda", env.local_rank if env else 0)
+    return torch.device("cpu")
+
+
+def ensure_process_group(
+    env: WorkerEnv | None = None, backend: str | None = None, timeout_s: float = 300.0
+) -> bool:
+    """Join the job's process group if this process is one of several workers.
+
+    Returns True when a process group with more than one process is in place:
+    one already initialized, or one built from the launcher's environment
+    (dlaunch's elastic agent, or torchrun).
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size() > 1
+    env = env or WorkerEnv.from_environ()
+    if env is None or env.world_size <= 1:
+        return False
+    device = process_device(env)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend or default_backend(device.type),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return True

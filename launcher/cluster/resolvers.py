@@ -1,0 +1,38 @@
+"""Cluster resolvers: who is in the job, and where this process sits in it."""
+
+from __future__ import annotations
+
+from launcher.cluster.env import WorkerEnv
+
+
+class TorchElasticClusterResolver:
+    """Describes a job started by torch.distributed.elastic (dlaunch or torchrun).
+
+    Every process is a ``worker``; ``task_id`` is its global rank.
+    """
+
+    def __init__(self, env: WorkerEnv):
+        self._env = env
+
+    @property
+    def task_type(self) -> str:
+        return "worker"
+
+    @property
+    def task_id(self) -> int:
+        return self._env.rank
+
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """``{"worker": [...]}``, one entry per process (host:port of the job's store)."""
+        return {"worker": [f"{self._env.master_addr}:{self._env.master_port}"] * self._env.world_size}
+
+    def master(self) -> str:
+        return f"{self._env.master_addr}:{self._env.master_port}"
+
+    def num_accelerators(self) -> dict[str, int]:
+        import torch
+
+        return {"GPU": 1} if torch.cuda.is_available() else {}
+
+    def __repr__(self) -> str:
+        return f"TorchElasticClusterResolver(task_type='worker', task_id={self.task_id}, world_size={self._env.world_size})"

@@ -1,0 +1,1 @@
+"""The one validated run spec: pydantic models, Hydra composition, readable errors."""

@@ -1,0 +1,100 @@
+"""Turn pydantic's validation errors into ``Problem``s with dotted keys and suggestions."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from launcher.config.errors import Problem, did_you_mean
+from launcher.config.schema import PlanError
+
+
+def problems(exc: ValidationError, root: type[BaseModel], data: Any, prefix: tuple[str, ...] = ()) -> list[Problem]:
+    out = []
+    for err in exc.errors():
+        path, parent_model, parent_data = _walk(root, data, err["loc"])
+        out.append(_problem(err, (*prefix, *path), parent_model, parent_data))
+    return out
+
+
+def _walk(model: type[BaseModel] | None, data: Any, loc: tuple) -> tuple[list[str], type[BaseModel] | None, Any]:
+    """The dotted path of ``loc`` without union tags, and the model holding its last key."""
+    path: list[str] = []
+    parent, parent_data = model, data
+    items = list(loc)
+    while items:
+        part = items.pop(0)
+        if not isinstance(part, str):
+            path.append(str(part))
+            parent = None
+            continue
+        path.append(part)
+        if not items:
+            break
+        field = parent.model_fields.get(part) if parent else None
+        child_data = parent_data.get(part) if isinstance(parent_data, dict) else None
+        child = _model_for(field.annotation, child_data) if field else None
+        if child is not None and items and _is_tag(field.annotation, items[0]):
+            items.pop(0)  # pydantic puts the union's tag in the location: drop it
+        parent, parent_data = child, child_data
+    return path, parent, parent_data
+
+
+def _members(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in _members(a)]
+    return [annotation]
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("name")
+    args = typing.get_args(field.annotation) if field else ()
+    return args[0] if field and typing.get_origin(field.annotation) is typing.Literal else None
+
+
+def _is_tag(annotation: Any, part: Any) -> bool:
+    models = _models(annotation)
+    return len(models) > 1 and part in {_tag_of(m) for m in models}
+
+
+def _model_for(annotation: Any, data: Any) -> type[BaseModel] | None:
+    models = _models(annotation)
+    if len(models) == 1:
+        return models[0]
+    name = data.get("name") if isinstance(data, dict) else None
+    return next((m for m in models if _tag_of(m) == name), None)
+
+
+def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, parent_data: Any) -> Problem:
+    key = ".".join(path) or "config"
+    kind = err["type"]
+    fields = tuple(parent.model_fields) if parent else ()
+    if kind == "extra_forbidden":
+        guess = did_you_mean(path[-1], fields)
+        suggestion = ".".join((*path[:-1], guess)) if guess else None
+        return Problem(key=key, value=err.get("input"), message="unknown key", allowed=fields, suggestion=suggestion)
+    if kind == "missing":
+        return Problem(key=key, message="required key is missing", has_value=False)
+    if kind == "union_tag_invalid":
+        tags = tuple(str(t).strip("'") for t in str(err.get("ctx", {}).get("expected_tags", "")).split(", ") if t)
+        value = err.get("ctx", {}).get("tag")
+        return Problem(key=f"{key}.name", value=value, message="unknown strategy", allowed=tags, suggestion=did_you_mean(value, tags))
+    if kind == "value_error" and isinstance(err.get("ctx", {}).get("error"), PlanError):
+        plan = err["ctx"]["error"]
+        return Problem(key=plan.key, value=plan.value, message=plan.message)
+    if kind == "literal_error":
+        expected = str(err.get("ctx", {}).get("expected", ""))
+        allowed = tuple(v.strip(" '") for v in expected.replace(" or ", ", ").split(",") if v.strip())
+        return Problem(key=key, value=err.get("input"), message="not an allowed value", allowed=allowed,
+                       suggestion=did_you_mean(str(err.get("input")), allowed))
+    return Problem(key=key, value=err.get("input"), message=err["msg"])

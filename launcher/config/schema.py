@@ -1,0 +1,191 @@
+"""The validated run spec.
+
+Hydra composes a config; these models decide whether it can run. Unknown keys
+are rejected everywhere (``extra="forbid"``), and cross-field rules show their
+arithmetic. Workers receive ``RunSpec.model_dump()`` and never see Hydra.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+# ---------- strategies (one model per registered strategy) ----------
+class OneDeviceSpec(Strict):
+    """``strategy=one_device``: one replica on one device."""
+
+    name: Literal["one_device"]
+    device: str | None = Field(None, description="e.g. cpu:0 or cuda:1; default: the cluster's device type, index 0")
+
+
+class MirroredSpec(Strict):
+    """``strategy=mirrored``: synchronous data parallelism, one process per device (DDP)."""
+
+    name: Literal["mirrored"]
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size")
+    gradient_as_bucket_view: bool = True
+    find_unused_parameters: bool = False
+
+
+StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec], Field(discriminator="name")]
+SINGLE_REPLICA_STRATEGIES = {"one_device"}
+
+
+# ---------- the rest of the run ----------
+class ClusterSpec(Strict):
+    """``cluster=NxM``: N nodes x M devices per node."""
+
+    nodes: PositiveInt = 1
+    devices_per_node: PositiveInt = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    master_addr: str = Field("127.0.0.1", min_length=1)
+    master_port: Port = Field(0, description="0 picks a free port")
+
+    @property
+    def shape(self) -> str:
+        return f"{self.nodes}x{self.devices_per_node}"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+class TrainerSpec(Strict):
+    steps: PositiveInt = 100
+    seed: Annotated[int, Field(ge=0)] = 0
+    log_every: PositiveInt = 10
+
+
+class InputSpec(Strict):
+    global_batch_size: PositiveInt = 32
+    shuffle: bool = True
+    drop_remainder: bool = Field(True, description="drop a last partial global batch in training")
+    num_workers: Annotated[int, Field(ge=0)] = 0
+
+
+class LaunchSpec(Strict):
+    dry_run: bool = False
+    max_restarts: Annotated[int, Field(ge=0)] = 0
+    rdzv_timeout_s: PositiveInt = 120
+    collective_timeout_s: PositiveInt = 300
+    monitor_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.1
+    shutdown_grace_s: PositiveInt = 5
+
+
+class RecipeSpec(BaseModel):
+    """The recipe section; the recipe's own ``Config`` model validates the rest strictly."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1)
+    entry: str = Field(min_length=1, description="module name, or path to the recipe's .py file")
+    strategies: list[str] = Field(default_factory=list, description="strategies the recipe declares it supports")
+
+
+class RunSpec(Strict):
+    strategy: StrategySpec
+    cluster: ClusterSpec = ClusterSpec()
+    recipe: RecipeSpec
+    trainer: TrainerSpec = TrainerSpec()
+    input: InputSpec = InputSpec()
+    launch: LaunchSpec = LaunchSpec()
+
+    # ----- derived plan -----
+    @property
+    def num_replicas(self) -> int:
+        return 1 if self.strategy.name in SINGLE_REPLICA_STRATEGIES else self.cluster.world_size
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.input.global_batch_size // self.num_replicas
+
+    def device_type(self, cuda_devices: int) -> str:
+        if self.cluster.device == "auto":
+            return "cuda" if cuda_devices > 0 else "cpu"
+        return self.cluster.device
+
+    def backend(self, cuda_devices: int) -> str:
+        if self.cluster.backend == "auto":
+            return "nccl" if self.device_type(cuda_devices) == "cuda" else "gloo"
+        return self.cluster.backend
+
+    # ----- cross-field rules -----
+    @model_validator(mode="after")
+    def _check_plan(self, info: ValidationInfo) -> "RunSpec":
+        cuda = int((info.context or {}).get("cuda_devices", 0))
+        for rule in (_single_node, _one_device_shape, _recipe_supports, _batch_divides, _devices_exist, _backend_fits):
+            rule(self, cuda)
+        return self
+
+
+class PlanError(ValueError):
+    """A cross-field rule failed; ``key`` names the config key to change."""
+
+    def __init__(self, key: str, value: Any, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.value, self.message = key, value, message
+
+
+def _single_node(spec: RunSpec, cuda: int) -> None:
+    if spec.cluster.nodes > 1:
+        raise PlanError(
+            "cluster", spec.cluster.shape,
+            f"cluster {spec.cluster.shape} spans {spec.cluster.nodes} nodes; this version launches one node "
+            f"(cluster=1xM)",
+        )
+
+
+def _one_device_shape(spec: RunSpec, cuda: int) -> None:
+    if spec.strategy.name in SINGLE_REPLICA_STRATEGIES and spec.cluster.world_size > 1:
+        raise PlanError(
+            "cluster", spec.cluster.shape,
+            f"strategy {spec.strategy.name} runs 1 replica on 1 device, but cluster {spec.cluster.shape} "
+            f"has {spec.cluster.world_size} devices; use cluster=1x1 or strategy=mirrored",
+        )
+
+
+def _recipe_supports(spec: RunSpec, cuda: int) -> None:
+    declared = spec.recipe.strategies
+    if declared and spec.strategy.name not in declared:
+        raise PlanError(
+            "strategy", spec.strategy.name,
+            f"recipe {spec.recipe.name} declares strategies {', '.join(declared)}; {spec.strategy.name} is not among them",
+        )
+
+
+def _batch_divides(spec: RunSpec, cuda: int) -> None:
+    n, gbs = spec.num_replicas, spec.input.global_batch_size
+    if gbs % n:
+        raise PlanError(
+            "input.global_batch_size", gbs,
+            f"cluster {spec.cluster.shape} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
+            f"(try {max(n, gbs - gbs % n)} or {gbs + n - gbs % n})",
+        )
+
+
+def _devices_exist(spec: RunSpec, cuda: int) -> None:
+    if spec.device_type(cuda) != "cuda":
+        return
+    if cuda == 0:
+        raise PlanError("cluster.device", "cuda", "cuda was asked for, but no CUDA device is visible; use cluster.device=cpu")
+    wanted = spec.cluster.devices_per_node
+    if wanted > cuda:
+        raise PlanError(
+            "cluster.devices_per_node", wanted,
+            f"cluster {spec.cluster.shape} asks for {wanted} CUDA devices per node, but this machine has {cuda}",
+        )
+
+
+def _backend_fits(spec: RunSpec, cuda: int) -> None:
+    if spec.backend(cuda) == "nccl" and spec.device_type(cuda) != "cuda":
+        raise PlanError("cluster.backend", "nccl", "nccl needs CUDA devices; use cluster.backend=gloo (or auto) on CPU")

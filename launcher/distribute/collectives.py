@@ -1,0 +1,202 @@
+"""Collectives between replicas: across processes (torch.distributed) and between
+local replica threads (a barrier and shared slots).
+
+The strategies compose these two levels: local replicas first, then processes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from typing import Any, Callable, ContextManager
+
+import torch
+import torch.distributed as dist
+
+
+class SingleProcess:
+    """The process level when there is one process: every op is the identity."""
+
+    world_size = 1
+    rank = 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def all_reduce_count(self, count: int) -> int:
+        return count
+
+    def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        return tensor
+
+
+class ProcessCollectives:
+    """Collectives over a torch.distributed process group (gloo on CPU, nccl on CUDA)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.detach().clone().contiguous()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out
+
+    def all_reduce_count(self, count: int) -> int:
+        t = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return int(t.item())
+
+    def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """Concatenate every process's ``tensor`` along ``axis``; sizes along it may differ."""
+        tensor = tensor.detach().contiguous()
+        axis = axis % max(tensor.dim(), 1)
+        sizes = torch.tensor([tensor.shape[axis]], dtype=torch.int64, device=tensor.device)
+        all_sizes = [torch.zeros_like(sizes) for _ in range(self.world_size)]
+        dist.all_gather(all_sizes, sizes, group=self.group)
+        lengths = [int(s.item()) for s in all_sizes]
+        longest = max(lengths)
+        if tensor.shape[axis] < longest:  # torch's all_gather needs equal shapes: pad, then trim
+            pad_shape = list(tensor.shape)
+            pad_shape[axis] = longest - tensor.shape[axis]
+            tensor = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=axis)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor, group=self.group)
+        return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, lengths)], dim=axis)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def _comm_device(self) -> torch.device:
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+class ThreadRendezvous:
+    """Meeting point for the replica threads of one process.
+
+    ``exchange`` deposits a value and returns every replica's value; a replica
+    that fails calls ``abort`` so that the others do not wait forever.
+    """
+
+    def __init__(self, num_replicas: int):
+        self.num_replicas = num_replicas
+        self._barrier = threading.Barrier(num_replicas)
+        self._slots: list[Any] = [None] * num_replicas
+
+    def wait(self) -> None:
+        self._barrier.wait()
+
+    def exchange(self, local_id: int, value: Any) -> list[Any]:
+        self._slots[local_id] = value
+        self.wait()
+        values = list(self._slots)
+        self.wait()  # nobody deposits the next value before everyone has read this one
+        return values
+
+    def all_reduce_mean_(self, local_id: int, tensors: list[torch.Tensor | None]) -> None:
+        """Average ``tensors`` in place over the replicas (gradients of mirrored copies).
+
+        Replica ``r`` reduces every ``num_replicas``-th tensor and writes the result
+        into all copies, so the work is shared and every copy ends bitwise equal.
+        """
+        n = self.num_replicas
+        self._slots[local_id] = tensors
+        self.wait()
+        lists = list(self._slots)
+        for j in range(local_id, len(tensors), n):
+            copies = [lst[j] for lst in lists if lst[j] is not None]
+            if not copies:
+                continue
+            home = copies[0]
+            total = home.clone()
+            for other in copies[1:]:
+                total.add_(other.to(home.device, non_blocking=True))
+            total.div_(n)
+            for lst in lists:
+                if lst[j] is not None:
+                    lst[j].copy_(total, non_blocking=True)
+        self.wait()
+
+    def abort(self) -> None:
+        self._barrier.abort()
+
+    def reset(self) -> None:
+        self._barrier.reset()
+
+
+class _Stop:
+    pass
+
+
+class ReplicaThreads:
+    """Runs one callable per local replica on threads created once, not per step.
+
+    Replica 0 runs on the calling thread; replicas 1..n-1 on their own threads.
+    """
+
+    def __init__(self, num_replicas: int, rendezvous: ThreadRendezvous):
+        self.num_replicas = num_replicas
+        self.rendezvous = rendezvous
+        self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_replicas)]
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, args=(i,), name=f"dlaunch-replica-{i}", daemon=True)
+            for i in range(1, num_replicas)
+        ]
+        for t in self._threads:
+            t.start()
+        weakref.finalize(self, ReplicaThreads._shutdown, self._inboxes)
+
+    @staticmethod
+    def _shutdown(inboxes: list[queue.SimpleQueue]) -> None:
+        for box in inboxes[1:]:
+            box.put(_Stop)
+
+    def _serve(self, local_id: int) -> None:
+        inbox = self._inboxes[local_id]
+        while True:
+            job = inbox.get()
+            if job is _Stop:
+                return
+            self._done.put((local_id, *self._call(job, local_id)))
+
+    def _call(self, job: Callable[[int], Any], local_id: int) -> tuple[Any, BaseException | None]:
+        try:
+            return job(local_id), None
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            self.rendezvous.abort()  # release replicas waiting for this one
+            return None, exc
+
+    def run(self, job: Callable[[int], Any]) -> list[Any]:
+        """Call ``job(local_id)`` for every local replica; return the results in order."""
+        for i in range(1, self.num_replicas):
+            self._inboxes[i].put(job)
+        results: list[Any] = [None] * self.num_replicas
+        errors: list[BaseException | None] = [None] * self.num_replicas
+        results[0], errors[0] = self._call(job, 0)
+        for _ in range(1, self.num_replicas):
+            i, value, exc = self._done.get()
+            results[i], errors[i] = value, exc
+        if any(e is not None for e in errors):
+            self.rendezvous.reset()
+            raise _root_error(errors)
+        return results
+
+
+def _root_error(errors: list[BaseException | None]) -> BaseException:
+    """The error that caused the others: broken barriers are only a consequence."""
+    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    return (real or [e for e in errors if e is not None])[0]
+
+
+def device_guard(device: torch.device) -> ContextManager:
+    """Make ``device`` current for CUDA kernels launched by this thread."""
+    import contextlib
+
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

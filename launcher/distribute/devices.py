@@ -1,0 +1,38 @@
+"""Device names: TF-style strings (``"cpu:0"``, ``"/gpu:1"``, ``"GPU:0"``) to torch devices."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_NAME = re.compile(r"^(?:.*/)?(?:device:)?(cpu|gpu|cuda)(?::(\d+))?$", re.IGNORECASE)
+
+
+def canonical_name(name: str | torch.device) -> str:
+    """``"/GPU:1"`` -> ``"cuda:1"``, ``"CPU:0"`` -> ``"cpu:0"``, ``"cuda"`` -> ``"cuda:0"``."""
+    if isinstance(name, torch.device):
+        return f"{name.type}:{name.index or 0}"
+    match = _NAME.match(name.strip())
+    if not match:
+        raise ValueError(f"unknown device {name!r}; use names such as 'cpu:0', 'cuda:1' or 'GPU:0'")
+    kind = "cuda" if match.group(1).lower() in ("gpu", "cuda") else "cpu"
+    return f"{kind}:{int(match.group(2) or 0)}"
+
+
+def to_torch(name: str | torch.device) -> torch.device:
+    """The torch device a replica named ``name`` computes on.
+
+    Several CPU replicas (``cpu:0``, ``cpu:1``) share the one CPU device of torch.
+    """
+    kind, index = canonical_name(name).split(":")
+    if kind == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", int(index))
+
+
+def default_local_devices() -> list[str]:
+    """Every visible GPU, or the CPU when there is none (TF's MirroredStrategy default)."""
+    if torch.cuda.is_available():
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return ["cpu:0"]

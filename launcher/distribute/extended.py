@@ -1,0 +1,261 @@
+"""``StrategyExtended``: the machinery behind every strategy's public methods.
+
+A strategy is a list of local replica devices plus the process level (one
+process, or a torch.distributed group). Everything in this file is written
+once against those two levels; strategies differ in how they place devices and
+how they ``prepare`` a model (DDP, replica copies, a plain move).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import torch
+
+from launcher.distribute import devices as devlib
+from launcher.distribute.collectives import ReplicaThreads, SingleProcess, ThreadRendezvous, device_guard
+from launcher.distribute.context import ReplicaContext, _current_frame, _enter
+from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.values import PerReplica, contains_per_replica, map_structure, regroup, select_replica
+
+if TYPE_CHECKING:
+    from launcher.distribute.strategy import Strategy
+
+
+class StrategyExtended:
+    """Additional APIs for algorithms that need to be distribution-aware."""
+
+    def __init__(self, devices: Sequence[str], collectives: Any = None, parameter_devices: Sequence[str] | None = None):
+        if not devices:
+            raise ValueError("a strategy needs at least one device")
+        self._device_names = tuple(devlib.canonical_name(d) for d in devices)
+        if len(set(self._device_names)) != len(self._device_names):
+            raise ValueError(f"devices must be distinct, got {list(devices)}")
+        self._devices = [devlib.to_torch(d) for d in self._device_names]
+        self._parameter_device_names = tuple(
+            devlib.canonical_name(d) for d in (parameter_devices or self._device_names)
+        )
+        self._proc = collectives or SingleProcess()
+        self._num_local = len(self._devices)
+        self._replica_offset = self._proc.rank * self._num_local
+        self._rendezvous = ThreadRendezvous(self._num_local) if self._num_local > 1 else None
+        self._threads: ReplicaThreads | None = None
+        self._created: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> parameter
+        self._container: "Strategy | None" = None
+
+    # ----- public (tf.distribute.StrategyExtended) -----
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The devices this process runs replicas on."""
+        return self._device_names
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The devices that hold the parameters."""
+        return self._parameter_device_names
+
+    def variable_created_in_scope(self, v: torch.Tensor) -> bool:
+        """True if parameter ``v`` was registered to a module inside this strategy's ``scope()``."""
+        return self._created.get(id(v)) is v
+
+    def colocate_vars_with(self, colocate_with_variable: torch.Tensor) -> contextlib.AbstractContextManager:
+        """Scope in which new parameters are created on the device of ``colocate_with_variable``."""
+        return _placement(colocate_with_variable.device)
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._proc.world_size * self._num_local
+
+    # ----- scope -----
+    @contextlib.contextmanager
+    def _scope(self) -> Iterator[None]:
+        strategy = self._container
+        frame = _current_frame()
+        if frame is not None and frame.strategy is not strategy and frame.strategy._is_user_strategy:
+            raise ValueError(
+                f"Mixing different strategies: {type(strategy).__name__} scope entered inside "
+                f"{type(frame.strategy).__name__} scope"
+            )
+        hook = torch.nn.modules.module.register_module_parameter_registration_hook(self._record)
+        try:
+            with _enter(strategy, None), _placement(devlib.to_torch(self._parameter_device_names[0])):
+                yield
+        finally:
+            hook.remove()
+
+    def _record(self, module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None:
+            self._created[id(param)] = param
+
+    # ----- run -----
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        strategy = self._container
+
+        def call(local_id: int) -> Any:
+            ctx = ReplicaContext(strategy, self._replica_offset + local_id, local_id)
+            with _enter(strategy, ctx), device_guard(self._devices[local_id]):
+                return fn(*select_replica(local_id, args), **select_replica(local_id, kwargs))
+
+        if self._num_local == 1:
+            out = call(0)
+            return out if self.num_replicas_in_sync == 1 else regroup([out])
+        return regroup(self._replica_threads().run(call))
+
+    def _replica_threads(self) -> ReplicaThreads:
+        if self._threads is None:
+            self._threads = ReplicaThreads(self._num_local, self._rendezvous)
+        return self._threads
+
+    # ----- cross-replica reductions -----
+    def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
+        if not contains_per_replica(value):
+            return map_structure(lambda t: self._reduce_plain(reduce_op, t, axis), value)
+        return map_structure(lambda leaf: self._reduce_leaf(reduce_op, leaf, axis), value)
+
+    def _reduce_plain(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
+        """A value that is not per-replica is already the same everywhere (or already reduced)."""
+        if axis is None:
+            if reduce_op is ReduceOp.SUM and self.num_replicas_in_sync > 1:
+                raise ValueError(
+                    f"A non-DistributedValues value {value!r} cannot be reduced with the given "
+                    f"reduce op {reduce_op}."
+                )
+            return value
+        t = torch.as_tensor(value)
+        total = t.sum(dim=axis)
+        return total if reduce_op is ReduceOp.SUM else total / t.shape[axis]
+
+    def _reduce_leaf(self, reduce_op: ReduceOp, leaf: Any, axis: int | None) -> torch.Tensor:
+        if not isinstance(leaf, PerReplica):
+            return self._reduce_plain(reduce_op, leaf, axis)
+        parts = [torch.as_tensor(v) for v in leaf.values]
+        home = parts[0].device
+        if axis is None:
+            _check_same_shapes(parts)
+            total = parts[0].clone()
+            for p in parts[1:]:
+                total = total + p.to(home)
+            count = None  # known: the number of replicas in sync
+        else:
+            total = parts[0].sum(dim=axis)
+            for p in parts[1:]:
+                total = total + p.sum(dim=axis).to(home)
+            count = sum(p.shape[axis] for p in parts)
+        total = self._proc.all_reduce_sum(total)
+        if reduce_op is ReduceOp.SUM:
+            return total
+        if count is None:
+            return total / self.num_replicas_in_sync
+        return total / self._proc.all_reduce_count(count)
+
+    def _gather(self, value: Any, axis: int) -> Any:
+        def leaf_gather(leaf: Any) -> torch.Tensor:
+            parts = leaf.values if isinstance(leaf, PerReplica) else (leaf,) * self._num_local
+            tensors = [torch.as_tensor(p) for p in parts]
+            home = tensors[0].device
+            local = torch.cat([t.to(home) for t in tensors], dim=axis)
+            return self._proc.all_gather_cat(local, axis)
+
+        if self.num_replicas_in_sync == 1 and not contains_per_replica(value):
+            return value
+        return map_structure(leaf_gather, value)
+
+    def _local_results(self, value: Any) -> tuple:
+        if isinstance(value, PerReplica):
+            return value.values
+        if contains_per_replica(value):
+            return tuple(select_replica(i, value) for i in range(self._num_local))
+        return (value,)
+
+    def _distribute_values(self, value_fn: Callable[[Any], Any]) -> Any:
+        from launcher.distribute.input_context import ValueContext
+
+        values = [
+            value_fn(ValueContext(self._replica_offset + i, self.num_replicas_in_sync))
+            for i in range(self._num_local)
+        ]
+        return values[0] if self.num_replicas_in_sync == 1 else PerReplica(values)
+
+    # ----- replica-context collectives -----
+    def _replica_all_reduce(self, local_id: int, reduce_op: ReduceOp, value: Any) -> Any:
+        def finish(total: torch.Tensor) -> torch.Tensor:
+            return total if reduce_op is ReduceOp.SUM else total / self.num_replicas_in_sync
+
+        if self._num_local == 1:
+            return map_structure(lambda t: finish(self._proc.all_reduce_sum(torch.as_tensor(t))), value)
+        contributions = self._rendezvous.exchange(local_id, value)
+        local_total = map_structure(_sum_on_first, *contributions)
+        total = self._leader_then_share(local_id, lambda: map_structure(self._proc.all_reduce_sum, local_total))
+        device = self._devices[local_id]
+        return map_structure(lambda t: finish(t).to(device), total)
+
+    def _replica_all_gather(self, local_id: int, value: Any, axis: int) -> Any:
+        if self._num_local == 1:
+            return map_structure(lambda t: self._proc.all_gather_cat(torch.as_tensor(t), axis), value)
+        contributions = self._rendezvous.exchange(local_id, value)
+        local = map_structure(lambda *ts: torch.cat([t.to(ts[0].device) for t in ts], dim=axis), *contributions)
+        gathered = self._leader_then_share(local_id, lambda: map_structure(lambda t: self._proc.all_gather_cat(t, axis), local))
+        device = self._devices[local_id]
+        return map_structure(lambda t: t.to(device), gathered)
+
+    def _leader_then_share(self, local_id: int, leader_fn: Callable[[], Any]) -> Any:
+        """Local replica 0 does the process-level step; every local replica gets its result."""
+        if self._proc.world_size == 1:
+            return leader_fn()
+        result = leader_fn() if local_id == 0 else None
+        return self._rendezvous.exchange(local_id, result)[0]
+
+    def _merge_call(self, local_id: int, merge_fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        strategy = self._container
+        if self._num_local == 1:
+            if self.num_replicas_in_sync > 1:
+                args, kwargs = regroup([args]), regroup([kwargs])
+            with _enter(strategy, None):
+                return merge_fn(strategy, *args, **kwargs)
+        everyone = self._rendezvous.exchange(local_id, (args, kwargs))
+        outcome: Any = None
+        if local_id == 0:
+            try:
+                with _enter(strategy, None):
+                    outcome = (True, merge_fn(strategy, *regroup([a for a, _ in everyone]), **regroup([k for _, k in everyone])))
+            except BaseException as exc:  # noqa: BLE001 - handed to every replica below
+                outcome = (False, exc)
+        ok, result = self._rendezvous.exchange(local_id, outcome)[0]
+        if not ok:
+            if local_id == 0:
+                raise result
+            raise RuntimeError("merge_call failed on replica 0") from result
+        return result
+
+    # ----- models (strategy-specific) -----
+    def _prepare(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
+        return module, optimizer
+
+    def _input_devices(self) -> list[torch.device]:
+        return list(self._devices)
+
+
+def _sum_on_first(*tensors: Any) -> torch.Tensor:
+    ts = [torch.as_tensor(t) for t in tensors]
+    total = ts[0].clone()
+    for t in ts[1:]:
+        total = total + t.to(total.device)
+    return total
+
+
+def _check_same_shapes(parts: list[torch.Tensor]) -> None:
+    shapes = {tuple(p.shape) for p in parts}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"per-replica values have different shapes {sorted(shapes)}; pass axis= to reduce "
+            "along the batch dimension (for example with a last partial batch)"
+        )
+
+
+def _placement(device: torch.device) -> contextlib.AbstractContextManager:
+    """Create new tensors on ``device``; CPU is torch's default already."""
+    if device.type == "cpu":
+        return contextlib.nullcontext()
+    return torch.device(device)

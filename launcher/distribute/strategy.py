@@ -1,0 +1,138 @@
+"""``Strategy``: a state & compute distribution policy on a list of devices.
+
+The same custom training loop runs under every strategy::
+
+    strategy = MirroredStrategy(devices=["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = strategy.prepare(model, optimizer)
+
+    def replica_fn(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()          # gradients are averaged over replicas first
+        optimizer.zero_grad()
+        return loss
+
+    for x, y in strategy.experimental_distribute_dataset(loader):
+        per_replica = strategy.run(replica_fn, args=(x, y))
+        mean_loss = strategy.reduce(ReduceOp.MEAN, per_replica, axis=None)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable
+
+import torch
+
+from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.input_context import InputOptions
+from launcher.distribute.reduce_op import ReduceOp
+
+
+class Strategy:
+    """Base of every strategy: the tf.distribute.Strategy API over a ``StrategyExtended``."""
+
+    _is_user_strategy = True
+
+    def __init__(self, extended: StrategyExtended, cluster_resolver: Any = None):
+        self._extended = extended
+        self._cluster_resolver = cluster_resolver
+        extended._container = self
+
+    @property
+    def extended(self) -> StrategyExtended:
+        """``StrategyExtended`` with additional methods."""
+        return self._extended
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """The number of replicas over which gradients are aggregated (all workers)."""
+        return self._extended.num_replicas_in_sync
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver of a multi-worker strategy; None for single-worker strategies."""
+        return self._cluster_resolver
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Make this strategy current and enter its cross-replica context.
+
+        Modules built inside get their parameters on the strategy's parameter
+        device, and ``extended.variable_created_in_scope`` recognises them.
+        """
+        return self._extended._scope()
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Run ``fn`` on each replica with the given arguments.
+
+        ``PerReplica`` arguments are unwrapped to each replica's component; other
+        arguments are passed to every replica as they are. Returns per-replica
+        values (plain values when there is a single replica in sync).
+        """
+        return self._extended._call_for_each_replica(fn, tuple(args), dict(kwargs or {}))
+
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
+        """Reduce ``value`` across replicas, and along ``axis`` within each replica.
+
+        With a global batch ``[0..7]`` split ``[0,1,2,3]`` / ``[4,5,6,7]`` over two
+        replicas, ``reduce(SUM, v, axis=None)`` is ``[4, 6, 8, 10]`` and
+        ``reduce(SUM, v, axis=0)`` is ``28``. With ``axis``, ``MEAN`` divides by
+        the number of elements along it over all replicas (6 for a last partial
+        batch ``[0,1,2,3]`` / ``[4,5]``). A value that is not per-replica is taken
+        as already reduced: ``axis`` reduces it locally.
+        """
+        return self._extended._reduce(ReduceOp.from_any(reduce_op), value, axis)
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenate per-replica ``value`` over all replicas along ``axis``."""
+        return self._extended._gather(value, axis)
+
+    def experimental_distribute_dataset(self, dataset: Iterable, options: InputOptions | None = None):
+        """Split each global batch of ``dataset`` across the replicas.
+
+        ``dataset`` yields global batches (a ``DataLoader``, a list of tensors,
+        any iterable). Replica ``i`` gets rows ``[i*b, (i+1)*b)`` with ``b`` the
+        per-replica batch size; a last partial batch of 6 over 2 replicas gives
+        ``[0,1,2,3]`` / ``[4,5]``. For a ``DataLoader`` over a map-style dataset,
+        each process loads only its own replicas' rows.
+        """
+        from launcher.input.distributed_dataset import DistributedDataset
+
+        return DistributedDataset(dataset, self, options or InputOptions())
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Iterable], options: InputOptions | None = None):
+        """Call ``dataset_fn(InputContext)`` once per input pipeline and distribute its batches.
+
+        The returned datasets must already be batched per replica and sharded;
+        every local replica dequeues one batch per step.
+        """
+        from launcher.input.distributed_dataset import DistributedDatasetsFromFunction
+
+        return DistributedDatasetsFromFunction(dataset_fn, self, options or InputOptions())
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
+        """Build a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
+        return self._extended._distribute_values(value_fn)
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        """The values of ``value`` on this process's replicas, as a tuple."""
+        return self._extended._local_results(value)
+
+    def prepare(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
+        """Distribute a model (and its optimizer) the way this strategy trains.
+
+        Returns ``(module, optimizer)``, or the module alone when no optimizer is
+        given. Plain torch code then runs unchanged: ``loss.backward()`` and
+        ``optimizer.step()`` inside ``run`` average gradients over replicas.
+        """
+        module, optimizer = self._extended._prepare(module, optimizer)
+        return module if optimizer is None else (module, optimizer)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(devices={list(self._extended.worker_devices)}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )

@@ -1,0 +1,1 @@
+"""Dataset distribution: splitting global batches, per-process loading, device fetch."""

@@ -1,0 +1,1 @@
+"""Starting workers through torch.distributed.elastic and reporting how they ended."""

@@ -1,0 +1,131 @@
+"""Start one worker process per device through torch.distributed.elastic.
+
+This is the machinery torchrun uses: a ``LocalElasticAgent`` behind
+``elastic_launch``, a c10d rendezvous (bound to the cluster's address), worker
+monitoring, restarts and shutdown on failure or signal. dlaunch adds the worker
+command, per-rank output tagging and the reading of failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from launcher.cluster.env import worker_environment
+from launcher.config.schema import RunSpec
+from launcher.launch import failures, rendezvous
+from launcher.runtime import outputs
+
+log = logging.getLogger("dlaunch")
+WORKER_MODULE = "launcher.runtime.worker"
+
+
+def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
+    """The validated spec, as workers read it: they never run Hydra."""
+    state = run_dir / outputs.STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "job.json"
+    path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "run_dir": str(run_dir.resolve()), "cuda_devices": cuda_devices}))
+    return path
+
+
+def launch_config(spec: RunSpec, run_dir: Path) -> LaunchConfig:
+    nproc = spec.cluster.devices_per_node
+    others = {r: Std.ALL for r in range(1, nproc)}
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"dlaunch-{uuid.uuid4().hex[:12]}",
+        role="rank",
+        rdzv_backend=rendezvous.register(),
+        rdzv_endpoint=f"{spec.cluster.master_addr}:{spec.cluster.master_port}",
+        rdzv_configs={"join_timeout": spec.launch.rdzv_timeout_s, "last_call_timeout": 1},
+        max_restarts=spec.launch.max_restarts,
+        monitor_interval=spec.launch.monitor_interval_s,
+        start_method="spawn",
+        # Rank 0 keeps the terminal (its progress bar); the others are tagged and kept in logs/.
+        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"), redirects=others, tee=others),
+        log_line_prefix_template="[rank${rank}] ",
+        local_addr=spec.cluster.master_addr,
+        shutdown_timeout=spec.launch.shutdown_grace_s,
+    )
+
+
+@contextlib.contextmanager
+def _worker_env(extra: dict[str, str]) -> Iterator[None]:
+    """The agent copies this process's environment into the workers'."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
+    """Run the job's workers to the end; return the exit code (0, 1, or 128+signal)."""
+    job = write_job(spec, run_dir, cuda_devices)
+    config = launch_config(spec, run_dir)
+    log.info("starting %d worker process(es) through torch.distributed.elastic", config.nproc_per_node)
+    try:
+        with _worker_env(worker_environment(single_node=spec.cluster.nodes == 1)):
+            elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, str(job))
+        return 0
+    except ChildFailedError as exc:
+        return report_child_failure(exc, run_dir)
+    except SignalException as exc:
+        log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
+        return 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        log.warning("interrupted; all workers were shut down")
+        return 130
+    except RendezvousError as exc:
+        log.error("the workers could not meet: %s", exc)
+        return 1
+
+
+def report_child_failure(exc: ChildFailedError, run_dir: Path) -> int:
+    """Show the root cause once; a rank that died after completing does not fail the run."""
+    causes = {rank: failures.from_process_failure(rank, f) for rank, f in exc.failures.items()}
+    finished = {r for r in causes if outputs.completion_marker(run_dir, r).exists()}
+    real = [c for r, c in causes.items() if r not in finished]
+    if not real:
+        ranks = ", ".join(f"rank {r} ({causes[r].exit})" for r in sorted(finished))
+        log.warning("%s ended abnormally during teardown after completing; the run completed", ranks)
+        return 0
+    root = failures.first(real)
+    others = [c for c in causes.values() if c.rank != root.rank]
+    failures.render(root, others, last_logged_step(run_dir))
+    record_failure(run_dir, root)
+    return 1
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    try:
+        lines = (run_dir / outputs.METRICS).read_text().strip().splitlines()
+        return int(json.loads(lines[-1])["step"]) if lines else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def record_failure(run_dir: Path, root: failures.RootCause) -> None:
+    summary = outputs.read_summary(run_dir) or {}
+    summary.update({"status": "failed", "error": root.as_dict(), "last_logged_step": last_logged_step(run_dir)})
+    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

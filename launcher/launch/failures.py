@@ -1,0 +1,110 @@
+"""Root causes: which rank failed first, with what, and where.
+
+Workers write their exception to the error file the elastic agent gives them
+(plus dlaunch's precise time, host and pid); the launcher shows the first one
+once, and a line for every other rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+
+
+@dataclasses.dataclass(frozen=True)
+class RootCause:
+    rank: int
+    host: str
+    pid: int
+    exit: str  # "exit code 1", "signal SIGKILL"
+    exception: str  # "ValueError: boom" or "" when the process died without one
+    traceback: str
+    time: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def write_error_file(path: str | None, exc: BaseException, rank: int) -> None:
+    """Record ``exc`` where the elastic agent looks (its format, plus dlaunch's fields)."""
+    if not path:  # not under an elastic agent: nobody else will show it
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        return
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {"py_callstack": _format(exc), "timestamp": str(int(time.time()))},
+        },
+        "dlaunch": {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()},
+    }
+    Path(path).write_text(json.dumps(data))
+
+
+def from_exception(exc: BaseException, rank: int = 0) -> RootCause:
+    return RootCause(rank, socket.gethostname(), os.getpid(), "exception", f"{type(exc).__name__}: {exc}", _format(exc), time.time())
+
+
+def from_process_failure(rank: int, failure: Any) -> RootCause:
+    """A ``ProcessFailure`` from torch.distributed.elastic as a ``RootCause``."""
+    data = failure.error_file_data or {}
+    message = data.get("message", {}) if isinstance(data.get("message"), dict) else {}
+    extra = data.get("dlaunch", {})
+    return RootCause(
+        rank=rank,
+        host=extra.get("host", socket.gethostname()),
+        pid=failure.pid,
+        exit=_exit_text(failure.exitcode),
+        exception=message.get("message", ""),
+        traceback=message.get("extraInfo", {}).get("py_callstack", ""),
+        time=float(extra.get("time", failure.timestamp)),
+    )
+
+
+def first(causes: list[RootCause]) -> RootCause:
+    """The earliest failure that raised a Python exception, else the earliest failure."""
+    raised = [c for c in causes if c.exception]
+    return min(raised or causes, key=lambda c: c.time)
+
+
+def render(root: RootCause, others: list[RootCause], last_step: int | None, console: Console | None = None) -> None:
+    console = console or Console(stderr=True, highlight=False)
+    lines = [
+        f"[bold]rank[/] {root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   [bold]exit[/] {root.exit}",
+    ]
+    if last_step is not None:
+        lines.append(f"[bold]last completed step[/] {last_step}")
+    if root.exception:
+        lines.append(f"[bold red]{escape(root.exception)}[/]")
+    body = "\n".join(lines)
+    if root.traceback:
+        body += "\n\n" + escape(root.traceback.rstrip())
+    console.print(Panel(body, title=f"[bold red]worker rank {root.rank} failed: root cause", border_style="red", expand=False))
+    for other in sorted(others, key=lambda c: c.rank):
+        what = f": {escape(other.exception.splitlines()[0])}" if other.exception else ""
+        console.print(f"  rank {other.rank}: {other.exit}{what}")
+
+
+def _format(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,59 @@
+"""The run directory contract: ``config.yaml``, ``metrics.jsonl``, ``summary.json``.
+
+Other tools and tests read these files; keep the keys stable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / SUMMARY
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+class MetricsLog:
+    """Appends one JSON object per logged step."""
+
+    def __init__(self, path: Path):
+        self._file = path.open("a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(_finite(record)) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def completion_marker(run_dir: Path, rank: int) -> Path:
+    return run_dir / STATE_DIR / f"rank-{rank}.done"
+
+
+def _finite(data: Any) -> Any:
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    return data

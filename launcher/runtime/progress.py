@@ -1,0 +1,66 @@
+"""Rank 0's view of training: a rich progress bar on a terminal, log lines elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+log = logging.getLogger("dlaunch")
+
+
+def setup_logging(rank: int, console: Console) -> None:
+    """INFO from rank 0 only; warnings and errors from every rank, tagged with the rank."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    if rank == 0 and console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False)
+        handler.setFormatter(logging.Formatter("[rank0] %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"[rank{rank}] %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+class ProgressReporter:
+    """Shows step, loss, examples/s and ETA."""
+
+    def __init__(self, total_steps: int, enabled: bool, console: Console):
+        self.total = total_steps
+        self.enabled = enabled
+        self._bar: Progress | None = None
+        if enabled and console.is_terminal:
+            self._bar = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[speed]} ex/s"),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=False,
+            )
+            self._task = self._bar.add_task("train", total=total_steps, loss="-", speed="-")
+            self._bar.start()
+
+    def advance(self, step: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
+
+    def logged(self, step: int, loss: float, examples_per_sec: float, eta_s: float) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, loss=f"{loss:.4g}", speed=f"{examples_per_sec:,.0f}")
+        else:
+            log.info("step %d/%d  loss %.6g  %.0f ex/s  eta %.0fs", step, self.total, loss, examples_per_sec, eta_s)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

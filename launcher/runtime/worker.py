@@ -1,0 +1,62 @@
+"""A worker process: ``python -m launcher.runtime.worker RUN_DIR/.dlaunch/job.json``.
+
+Started by the elastic agent, one per device. It reads the validated spec (no
+Hydra here), trains, marks its rank complete, tears the process group down
+and leaves with ``os._exit`` so that no C++ destructor running at interpreter
+exit (gloo's, notably) can turn a completed run into a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from launcher.cluster import env as env_lib
+from launcher.config.schema import RunSpec
+from launcher.launch.failures import write_error_file
+from launcher.runtime import outputs
+from launcher.runtime.loop import train
+from launcher.runtime.progress import setup_logging
+
+
+def teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run(job_path: Path) -> int:
+    job = json.loads(job_path.read_text())
+    env = env_lib.WorkerEnv.from_environ()
+    rank = env.rank if env else 0
+    console = Console(stderr=True)
+    setup_logging(rank, console)
+    run_dir = Path(job["run_dir"])
+    try:
+        spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+        train(spec, env, run_dir, job["cuda_devices"], console)
+        outputs.completion_marker(run_dir, rank).touch()
+        teardown()
+        return 0
+    except KeyboardInterrupt as exc:
+        write_error_file(env_lib.error_file(), exc, rank)
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
+        write_error_file(env_lib.error_file(), exc, rank)
+        return 1
+
+
+def main() -> None:
+    code = run(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""``MirroredStrategy``: synchronous data parallelism, one model copy per replica.
+
+Two modes, one API:
+
+* **In one process** (``MirroredStrategy(devices=["cpu:0", "cpu:1"])``): one
+  replica per listed device, run on threads created once. Each replica has its
+  own model copy; gradients are averaged across copies before each update.
+* **Across processes** (started by ``dlaunch``, or torchrun): one replica per
+  process, gradients averaged by DDP's bucketed all-reduce that overlaps with
+  backward. ``num_replicas_in_sync`` counts every process.
+
+Example::
+
+    strategy = MirroredStrategy(devices=["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = torch.nn.Linear(4, 1)
+        model, opt = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.cluster.env import WorkerEnv
+from launcher.cluster.process_group import ensure_process_group, process_device
+from launcher.cluster.resolvers import TorchElasticClusterResolver
+from launcher.distribute import devices as devlib
+from launcher.distribute.collectives import ProcessCollectives
+from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.replicated import MirroredModule, MirroredOptimizer
+from launcher.distribute.strategy import Strategy
+from launcher.strategies import Runtime, register
+
+
+class _MirroredExtended(StrategyExtended):
+    def __init__(self, devices: Sequence[str], collectives: Any = None, ddp_options: dict | None = None):
+        super().__init__(devices, collectives)
+        self._ddp_options = dict(ddp_options or {})
+
+    def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        if self._proc.world_size > 1:
+            return self._wrap_ddp(module), optimizer
+        if self._num_local == 1:
+            return module.to(self._devices[0]), optimizer
+        mirrored = MirroredModule(module, self._devices, self._container)
+        if optimizer is None:
+            return mirrored, None
+        return mirrored, MirroredOptimizer(optimizer, mirrored, self._rendezvous)
+
+    def _wrap_ddp(self, module: torch.nn.Module) -> DistributedDataParallel:
+        device = self._devices[0]
+        module = module.to(device)
+        return DistributedDataParallel(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            **self._ddp_options,
+        )
+
+
+class MirroredStrategy(Strategy):
+    """Mirrors the model on every replica and averages gradients synchronously.
+
+    Args:
+        devices: replica devices for one process, e.g. ``["cpu:0", "cpu:1"]`` or
+            ``["GPU:0", "GPU:1"]``. Default: every visible GPU, else the CPU. When
+            this process is one of several workers, the default is this
+            process's device and only one device may be given.
+        cross_device_ops: must be None (torch's all-reduce; DDP across processes).
+        ddp_options: keyword arguments for ``DistributedDataParallel`` across processes
+            (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``find_unused_parameters``).
+    """
+
+    def __init__(self, devices: Sequence[str] | None = None, cross_device_ops: Any = None, *, ddp_options: dict | None = None):
+        if cross_device_ops is not None:
+            raise ValueError("cross_device_ops: only None (torch's all-reduce) is supported in this version")
+        env = WorkerEnv.from_environ()
+        resolver = None
+        if ensure_process_group(env):
+            devices = list(devices) if devices is not None else [devlib.canonical_name(process_device(env))]
+            if len(devices) != 1:
+                raise ValueError(
+                    f"with one process per replica each process takes one device; got devices={devices}"
+                )
+            extended = _MirroredExtended(devices, ProcessCollectives(), ddp_options)
+            resolver = TorchElasticClusterResolver(env) if env is not None else None
+        else:
+            extended = _MirroredExtended(list(devices) if devices else devlib.default_local_devices(), None, ddp_options)
+        super().__init__(extended, cluster_resolver=resolver)
+
+
+@register("mirrored")
+def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
+    ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s)
+    ddp = {
+        "bucket_cap_mb": spec.bucket_cap_mb,
+        "gradient_as_bucket_view": spec.gradient_as_bucket_view,
+        "find_unused_parameters": spec.find_unused_parameters,
+    }
+    return MirroredStrategy(ddp_options=ddp)

@@ -1,0 +1,1 @@
+"""Recipes shipped with dlaunch: one readable .py plus its YAML each."""
