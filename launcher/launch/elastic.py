@@ -42,7 +42,19 @@ def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
 
 
 def launch_config(spec: RunSpec, run_dir: Path) -> LaunchConfig:
-    nproc = spec.cluster.devices_per_node
+    return local_config(
+        spec.cluster.devices_per_node, run_dir / "logs",
+        addr=spec.cluster.master_addr, port=spec.cluster.master_port,
+        max_restarts=spec.launch.max_restarts, join_timeout_s=spec.launch.rdzv_timeout_s,
+        monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
+    )
+
+
+def local_config(
+    nproc: int, log_dir: Path, *, addr: str = "127.0.0.1", port: int = 0, max_restarts: int = 0,
+    join_timeout_s: int = 120, monitor_interval_s: float = 0.1, shutdown_grace_s: int = 5,
+) -> LaunchConfig:
+    """One node of ``nproc`` workers, rendezvous on ``addr:port`` (0: a free port)."""
     others = {r: Std.ALL for r in range(1, nproc)}
     return LaunchConfig(
         min_nodes=1,
@@ -51,16 +63,16 @@ def launch_config(spec: RunSpec, run_dir: Path) -> LaunchConfig:
         run_id=f"dlaunch-{uuid.uuid4().hex[:12]}",
         role="rank",
         rdzv_backend=rendezvous.register(),
-        rdzv_endpoint=f"{spec.cluster.master_addr}:{spec.cluster.master_port}",
-        rdzv_configs={"join_timeout": spec.launch.rdzv_timeout_s, "last_call_timeout": 1},
-        max_restarts=spec.launch.max_restarts,
-        monitor_interval=spec.launch.monitor_interval_s,
+        rdzv_endpoint=f"{addr}:{port}",
+        rdzv_configs={"join_timeout": join_timeout_s, "last_call_timeout": 1},
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval_s,
         start_method="spawn",
         # Rank 0 keeps the terminal (its progress bar); the others are tagged and kept in logs/.
-        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"), redirects=others, tee=others),
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=others, tee=others),
         log_line_prefix_template="[rank${rank}] ",
-        local_addr=spec.cluster.master_addr,
-        shutdown_timeout=spec.launch.shutdown_grace_s,
+        local_addr=addr,
+        shutdown_timeout=shutdown_grace_s,
     )
 
 
@@ -79,14 +91,21 @@ def _worker_env(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _quiet_agent() -> None:
+    """The agent logs each failure itself; dlaunch reports the root cause once instead."""
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher")
+    names = [n for n in logging.Logger.manager.loggerDict if n.startswith(prefixes)]
+    for name in (*prefixes, *names):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
     """Run the job's workers to the end; return the exit code (0, 1, or 128+signal)."""
     job = write_job(spec, run_dir, cuda_devices)
     config = launch_config(spec, run_dir)
     log.info("starting %d worker process(es) through torch.distributed.elastic", config.nproc_per_node)
     try:
-        with _worker_env(worker_environment(single_node=spec.cluster.nodes == 1)):
-            elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, str(job))
+        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.nodes == 1)
         return 0
     except ChildFailedError as exc:
         return report_child_failure(exc, run_dir)
@@ -99,6 +118,13 @@ def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
     except RendezvousError as exc:
         log.error("the workers could not meet: %s", exc)
         return 1
+
+
+def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool) -> None:
+    """``python -m module job`` on every worker, under the elastic agent; raises on failure."""
+    _quiet_agent()
+    with _worker_env(worker_environment(single_node=single_node)):
+        elastic_launch(config, sys.executable)("-u", "-m", module, str(job))
 
 
 def report_child_failure(exc: ChildFailedError, run_dir: Path) -> int:

@@ -91,12 +91,26 @@ def render(root: RootCause, others: list[RootCause], last_step: int | None, cons
         body += "\n\n" + escape(root.traceback.rstrip())
     console.print(Panel(body, title=f"[bold red]worker rank {root.rank} failed: root cause", border_style="red", expand=False))
     for other in sorted(others, key=lambda c: c.rank):
-        what = f": {escape(other.exception.splitlines()[0])}" if other.exception else ""
+        what = f": {escape(_one_line(other.exception))}" if other.exception else " (stopped by dlaunch)"
         console.print(f"  rank {other.rank}: {other.exit}{what}")
 
 
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def _one_line(text: str, limit: int = 110) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def _format(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """The traceback from the first frame outside dlaunch (all of it if the error is dlaunch's own)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        tb = tb.tb_next
+    if tb is None:
+        tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def _exit_text(code: int | None) -> str:
