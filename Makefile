@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dlaunch recipe=linear strategy=mirrored cluster=1x2 hydra.run.dir=outputs/demo
+	$(BIN)/dlaunch recipe=linear strategy=mirrored cluster=1x2
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -19,7 +19,7 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str
         devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
     else:
         devices = f"cpu x {processes}" if processes > 1 else "cpu"
-    port = c.master_port or "a free port"
+    port = c.master_port or "<free port>"
     rows = [
         ("strategy", _strategy_text(spec)),
         ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),

@@ -26,8 +26,21 @@ from launcher.distribute.input_context import InputContext, InputOptions, InputR
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import PerReplica
-from launcher.strategies.mirrored import MirroredStrategy
-from launcher.strategies.one_device import OneDeviceStrategy
+
+# Strategies live in launcher/strategies/ (one per file) and import this package's
+# modules, so they are looked up on first use rather than imported here.
+_STRATEGIES = {
+    "MirroredStrategy": "launcher.strategies.mirrored",
+    "OneDeviceStrategy": "launcher.strategies.one_device",
+}
+
+
+def __getattr__(name: str):
+    if name in _STRATEGIES:
+        import importlib
+
+        return getattr(importlib.import_module(_STRATEGIES[name]), name)
+    raise AttributeError(f"module 'launcher.distribute' has no attribute {name!r}")
 
 __all__ = [
     "InputContext",

@@ -36,6 +36,8 @@ def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
     """The validated spec, as workers read it: they never run Hydra."""
     state = run_dir / outputs.STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
+    for stale in state.glob("rank-*.done"):  # a reused run directory must not vouch for this run
+        stale.unlink()
     path = state / "job.json"
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "run_dir": str(run_dir.resolve()), "cuda_devices": cuda_devices}))
     return path

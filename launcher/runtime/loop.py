@@ -132,8 +132,9 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
 
     batches = forever(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec)))
+    loop_started = time.perf_counter()
     losses = _run_steps(spec, strategy, make_replica_step(loaded, model, optimizer), batches, run_dir, chief, console)
-    train_seconds = time.perf_counter() - started
+    loop_seconds = time.perf_counter() - loop_started
 
     metrics = {}
     evaluate = loaded.evaluate()
@@ -155,8 +156,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "steps": spec.trainer.steps,
         "first_loss": losses[0],
         "final_loss": losses[-1],
-        "examples_per_sec": spec.trainer.steps * spec.input.global_batch_size / train_seconds,
-        "wall_seconds": train_seconds,
+        "examples_per_sec": spec.trainer.steps * spec.input.global_batch_size / loop_seconds,
+        "wall_seconds": time.perf_counter() - started,
         "param_norm": param_norm(model),
         "metrics": metrics,
     }

@@ -32,10 +32,10 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 class MetricsLog:
-    """Appends one JSON object per logged step."""
+    """One JSON object per logged step, starting afresh with each run."""
 
     def __init__(self, path: Path):
-        self._file = path.open("a", buffering=1)
+        self._file = path.open("w", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(_finite(record)) + "\n")

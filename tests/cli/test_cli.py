@@ -1,0 +1,54 @@
+"""The command line as a user meets it: --cfg job, the dry-run plan, the run directory contract."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.conftest import summary
+
+
+def test_cfg_job_prints_the_composed_config(run_dlaunch):
+    proc, run_dir = run_dlaunch("--cfg", "job", "strategy=mirrored", "cluster=1x2")
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["strategy"]["name"] == "mirrored"
+    assert printed["cluster"]["devices_per_node"] == 2
+    assert not run_dir.exists()
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(run_dlaunch):
+    proc, run_dir = run_dlaunch("strategy=mirrored", "cluster=1x4", "launch.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stderr
+    for expected in ("dry run", "mirrored", "1x4", "4 in sync", "gloo", "global 64 = 4 replica(s) x 16 per replica", "127.0.0.1"):
+        assert expected in plan, f"{expected!r} missing from the plan:\n{plan}"
+    assert (run_dir / "config.yaml").exists()
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "summary.json").exists()
+
+
+def test_one_device_run_writes_the_output_contract(run_dlaunch):
+    proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=30", "trainer.log_every=10")
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["trainer"]["steps"] == 30 and config["strategy"]["name"] == "one_device"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 10, 20, 30]
+    assert all({"step", "loss", "examples_per_sec"} <= r.keys() for r in records)
+    s = summary(run_dir)
+    for key in ("status", "strategy", "num_replicas_in_sync", "world_size", "global_batch_size", "steps", "first_loss",
+                "final_loss", "examples_per_sec", "wall_seconds", "param_norm", "metrics"):
+        assert key in s, key
+    assert s["status"] == "completed" and s["steps"] == 30 and s["world_size"] == 1
+    assert s["final_loss"] < s["first_loss"]
+    assert isinstance(s["param_norm"], float) and s["param_norm"] > 0
+    assert "eval_loss" in s["metrics"]
+    assert str(run_dir) in proc.stderr  # the user is pointed at the results
+
+
+def test_help_lists_the_config_groups(run_dlaunch):
+    proc, _ = run_dlaunch("--help")
+    assert proc.returncode == 0
+    for group in ("strategy: mirrored, one_device", "recipe: linear"):
+        assert group in proc.stdout

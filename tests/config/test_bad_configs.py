@@ -1,0 +1,78 @@
+"""Bad configs: exit 2, one screen, the key and the bad value named, no traceback.
+
+In-process through ``launcher.cli.main.main`` (fast), plus a few real processes
+for the exit code a shell sees.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cli.main import main
+from tests.conftest import dlaunch
+
+# (overrides, key the message must name, text that must appear)
+CASES = [
+    (["strategy=mirored"], "strategy", "did you mean mirrored"),
+    (["strategy=central"], "strategy", "allowed: mirrored, one_device"),
+    (["recipe=lnear"], "recipe", "did you mean linear"),
+    (["cluster=2x"], "cluster", "NxM"),
+    (["cluster=0x2"], "cluster", "both >= 1"),
+    (["cluster=axb"], "cluster", "NxM"),
+    (["trainer.stpes=5"], "trainer.stpes", "did you mean trainer.steps"),
+    (["trainr.steps=5"], "trainr.steps", "did you mean trainer.steps"),
+    (["+trainer.foo=1"], "trainer.foo", "unknown key"),
+    (["recipe.optimizr.lr=0.1"], "recipe.optimizr.lr", "did you mean recipe.optimizer.lr"),
+    (["+recipe.optimizer.betas=1"], "recipe.optimizer.betas", "unknown key"),
+    (["trainer.steps=-5"], "trainer.steps", "greater than 0"),
+    (["trainer.steps=0"], "trainer.steps", "greater than 0"),
+    (["trainer.steps=abc"], "trainer.steps", "valid integer"),
+    (["trainer.seed=-1"], "trainer.seed", "greater than or equal to 0"),
+    (["trainer.log_every=0"], "trainer.log_every", "greater than 0"),
+    (["input.global_batch_size=0"], "input.global_batch_size", "greater than 0"),
+    (["input.global_batch_size=2.5"], "input.global_batch_size", "integer"),
+    (["input.shuffle=maybe"], "input.shuffle", "valid boolean"),
+    (["recipe.optimizer.lr=-1"], "recipe.optimizer.lr", "greater than 0"),
+    (["recipe.optimizer.name=sgdd"], "recipe.optimizer.name", "did you mean sgd"),
+    (["recipe.optimizer.momentum=1.5"], "recipe.optimizer.momentum", "less than 1"),
+    (["recipe.features=0"], "recipe.features", "greater than 0"),
+    (["cluster.device=gpu"], "cluster.device", "allowed: auto, cpu, cuda"),
+    (["cluster.backend=mpi"], "cluster.backend", "allowed: auto, gloo, nccl"),
+    (["cluster.master_port=70000"], "cluster.master_port", "less than or equal to 65535"),
+    (["cluster.device=cuda"], "cluster.device", "no CUDA device"),
+    (["strategy=mirrored", "cluster=1x3"], "input.global_batch_size", "not divisible by 3"),
+    (["strategy=mirrored", "strategy.bucket_cap_mb=0"], "strategy.bucket_cap_mb", "greater than 0"),
+    (["strategy=mirrored", "+strategy.device=cpu"], "strategy.device", "unknown key"),
+    (["strategy=one_device", "cluster=1x4"], "cluster", "1 replica"),
+    (["launch.monitor_interval_s=0"], "launch.monitor_interval_s", "greater than 0"),
+    (["launch.dry_run=perhaps"], "launch.dry_run", "valid boolean"),
+    (["recipe.entry=nosuch.module"], "recipe.entry", "cannot import"),
+    (["recipe.entry=/nonexistent/recipe.py"], "recipe.entry", "does not exist"),
+    (["recipe.entry=launcher.cli.plan"], "recipe.entry", "has no function build"),
+    (["trainer.steps"], "trainer.steps", "cannot parse"),
+    (["~strategy"], "strategy", "required key is missing"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,text", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_config_exits_2_naming_the_key(overrides, key, text, capsys):
+    assert main(overrides) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration" in err
+    assert key in err
+    assert text in err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) <= 25
+
+
+def test_a_sweep_is_checked_job_by_job(capsys):
+    assert main(["-m", "strategy=one_device,mirored"]) == 2
+    assert "did you mean mirrored" in capsys.readouterr().err
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    proc = dlaunch("strategy=mirrored", "cluster=1x3", "trainer.stpes=3", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "trainer.stpes" in proc.stderr and "did you mean trainer.steps" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "outputs").exists(), "a config error must not create a run"

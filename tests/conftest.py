@@ -1,0 +1,55 @@
+"""Shared fixtures: run ``dlaunch`` as a user would, keep the environment clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+PROBE = FIXTURES / "probe_recipe.py"
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group():
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real command line in a fresh process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli.main", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
+    )
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture
+def run_dlaunch(tmp_path):
+    def run(*args: str, name: str = "run", **kw) -> tuple[subprocess.CompletedProcess, Path]:
+        run_dir = tmp_path / name
+        proc = dlaunch(*args, f"hydra.run.dir={run_dir}", cwd=tmp_path, **kw)
+        return proc, run_dir
+
+    return run

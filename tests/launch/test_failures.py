@@ -1,0 +1,75 @@
+"""How failures are told: one root cause, a line per other rank, completed ranks forgiven."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from launcher.launch import elastic, failures
+from launcher.runtime import outputs
+
+
+def process_failure(tmp_path, rank: int, exitcode: int, exc: BaseException | None, when: float) -> ProcessFailure:
+    error_file = tmp_path / f"error-{rank}.json"
+    if exc is not None:
+        try:
+            raise exc
+        except BaseException as raised:  # noqa: BLE001 - recorded like a worker does
+            failures.write_error_file(str(error_file), raised, rank)
+        data = json.loads(error_file.read_text())
+        data["dlaunch"]["time"] = when
+        error_file.write_text(json.dumps(data))
+    return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file=str(error_file))
+
+
+def test_the_earliest_exception_is_the_root_cause(tmp_path):
+    first = process_failure(tmp_path, 1, 1, ValueError("bad batch"), when=10.0)
+    later = process_failure(tmp_path, 0, 1, RuntimeError("Connection reset by peer"), when=11.0)
+    causes = [failures.from_process_failure(0, later), failures.from_process_failure(1, first)]
+    root = failures.first(causes)
+    assert root.rank == 1 and root.exception == "ValueError: bad batch"
+    assert "ValueError: bad batch" in root.traceback
+
+
+def test_render_shows_the_root_cause_once(tmp_path):
+    root = failures.from_process_failure(1, process_failure(tmp_path, 1, 1, ValueError("bad batch"), 1.0))
+    other = failures.from_process_failure(0, ProcessFailure(0, 99, -15, str(tmp_path / "none.json")))
+    console = Console(record=True, width=120)
+    failures.render(root, [other], last_step=7, console=console)
+    text = console.export_text()
+    assert text.count("root cause") == 1
+    assert "rank 1" in text and "last completed step 7" in text
+    assert "rank 0: signal SIGTERM (stopped by dlaunch)" in text
+
+
+def test_a_rank_that_completed_then_aborted_does_not_fail_the_run(tmp_path):
+    (tmp_path / outputs.STATE_DIR).mkdir()
+    for rank in (0, 1):
+        outputs.completion_marker(tmp_path, rank).touch()
+    aborted = ProcessFailure(1, 4242, -6, str(tmp_path / "none.json"))  # SIGABRT at exit, after its marker
+    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), tmp_path) == 0
+
+
+def test_a_rank_that_aborted_before_completing_fails_the_run(tmp_path):
+    (tmp_path / outputs.STATE_DIR).mkdir()
+    outputs.completion_marker(tmp_path, 0).touch()
+    aborted = ProcessFailure(1, 4242, -6, str(tmp_path / "none.json"))
+    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), tmp_path) == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_traceback_starts_at_user_code(tmp_path):
+    script = tmp_path / "user_code.py"
+    script.write_text(
+        "from launcher.launch import failures\n"
+        "def user():\n    raise KeyError('x')\n"
+        "try:\n    user()\nexcept KeyError as e:\n    print(failures.from_exception(e).traceback)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env={**os.environ}).stdout
+    assert "user_code.py" in out and "KeyError" in out

@@ -1,0 +1,36 @@
+"""``run_function``: a function on two real gloo worker processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.launch.function import WorkerFailed, run_function
+
+pytestmark = pytest.mark.slow
+
+
+def whoami():
+    from launcher.cluster.env import WorkerEnv
+
+    env = WorkerEnv.from_environ()
+    return {"rank": env.rank, "world": env.world_size, "addr": env.master_addr}
+
+
+def raises_on_rank_1():
+    from launcher.cluster.env import WorkerEnv
+
+    if WorkerEnv.from_environ().rank == 1:
+        raise ValueError("rank one says no")
+    return 0
+
+
+def test_each_rank_returns_its_result():
+    results = run_function(whoami, nproc=2)
+    assert results == {0: {"rank": 0, "world": 2, "addr": "127.0.0.1"}, 1: {"rank": 1, "world": 2, "addr": "127.0.0.1"}}
+
+
+def test_a_raising_rank_is_the_root_cause():
+    with pytest.raises(WorkerFailed) as info:
+        run_function(raises_on_rank_1, nproc=2)
+    assert info.value.root.rank == 1
+    assert "ValueError: rank one says no" in info.value.root.exception

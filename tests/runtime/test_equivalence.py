@@ -1,0 +1,44 @@
+"""The same recipe, seed and global batch give the same model under one_device and mirrored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import FIXTURES, PROBE, summary
+
+pytestmark = pytest.mark.slow
+COMMON = ("recipe=linear", "trainer.steps=40", "trainer.log_every=10")
+
+
+def final_params(run_dlaunch, name, *args, entry=PROBE):
+    proc, run_dir = run_dlaunch(*COMMON, f"recipe.entry={entry}", "+recipe.save_params=true", *args, name=name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(run_dir / "params.pt", weights_only=True), summary(run_dir)
+
+
+def assert_same_model(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_one_device_and_mirrored_1x2_agree(run_dlaunch):
+    one, s1 = final_params(run_dlaunch, "one", "strategy=one_device")
+    two, s2 = final_params(run_dlaunch, "two", "strategy=mirrored", "cluster=1x2")
+    assert_same_model(one, two)
+    assert (s1["num_replicas_in_sync"], s2["num_replicas_in_sync"], s2["world_size"]) == (1, 2, 2)
+    assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-4)
+    assert s2["param_norm"] == pytest.approx(s1["param_norm"], rel=1e-5)
+
+
+def test_manual_mode_step_runs_unchanged_under_both(run_dlaunch, tmp_path):
+    manual = FIXTURES / "manual_recipe.py"
+    probe = tmp_path / "manual_probe.py"  # the manual step with the probe's parameter dump
+    probe.write_text(
+        f"import runpy\n_m = runpy.run_path({str(manual)!r})\n_p = runpy.run_path({str(PROBE)!r})\n"
+        "Config = _p['Config']\nbuild = _p['build']\nevaluate = _p['evaluate']\ntrain_step = _m['train_step']\n"
+    )
+    one, _ = final_params(run_dlaunch, "m1", "strategy=one_device", entry=probe)
+    two, _ = final_params(run_dlaunch, "m2", "strategy=mirrored", "cluster=1x2", entry=probe)
+    assert_same_model(one, two)

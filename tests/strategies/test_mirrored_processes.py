@@ -1,0 +1,116 @@
+"""MirroredStrategy across real processes (gloo, loopback), one replica per process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher.launch.function import run_function
+
+pytestmark = pytest.mark.slow
+
+
+def seed_numbers():
+    from launcher import distribute as dl
+
+    s = dl.MirroredStrategy()
+    out = {"replicas": s.num_replicas_in_sync, "resolver": s.cluster_resolver is not None, "steps": []}
+    for i, x in enumerate(s.experimental_distribute_dataset([torch.arange(8), torch.arange(6)])):
+        v = s.run(lambda t: t, args=(x,))
+        step = {
+            "local": s.experimental_local_results(v),
+            "sum_axis0": s.reduce(dl.ReduceOp.SUM, v, axis=0),
+            "mean_axis0": s.reduce(dl.ReduceOp.MEAN, v, axis=0),
+            "gather": s.gather(v, axis=0),
+        }
+        if i == 0:  # the full batch: equal shapes, so axis=None works
+            step["sum_none"] = s.reduce(dl.ReduceOp.SUM, v, axis=None)
+            step["sum_again"] = s.reduce(dl.ReduceOp.SUM, step["sum_none"], axis=0)
+        out["steps"].append(step)
+    return out
+
+
+def test_seed_numbers_across_two_processes():
+    results = run_function(seed_numbers, nproc=2)
+    for rank in (0, 1):
+        r = results[rank]
+        assert r["replicas"] == 2 and r["resolver"]
+        full, partial = r["steps"]
+        assert torch.equal(full["sum_none"], torch.tensor([4, 6, 8, 10]))
+        assert int(full["sum_axis0"]) == 28 and int(full["sum_again"]) == 28
+        assert torch.equal(full["gather"], torch.arange(8))
+        assert float(partial["mean_axis0"]) == pytest.approx(15 / 6)  # denominator 6
+        assert torch.equal(partial["gather"], torch.arange(6))
+    assert torch.equal(results[0]["steps"][0]["local"][0], torch.tensor([0, 1, 2, 3]))
+    assert torch.equal(results[1]["steps"][0]["local"][0], torch.tensor([4, 5, 6, 7]))
+    assert torch.equal(results[0]["steps"][1]["local"][0], torch.tensor([0, 1, 2, 3]))
+    assert torch.equal(results[1]["steps"][1]["local"][0], torch.tensor([4, 5]))
+
+
+def replica_context_ops():
+    from launcher import distribute as dl
+
+    s = dl.MirroredStrategy()
+
+    def fn():
+        ctx = dl.get_replica_context()
+        me = torch.tensor([float(ctx.replica_id_in_sync_group + 1)])
+        merged = ctx.merge_call(lambda strategy, v: strategy.reduce("SUM", v, axis=None), args=(me,))
+        return ctx.all_reduce("SUM", me), ctx.all_reduce("MEAN", me), ctx.all_gather(me, axis=0), merged
+
+    total, mean, gathered, merged = (s.experimental_local_results(v)[0] for v in s.run(fn))
+    contexts = []
+    s.distribute_datasets_from_function(lambda ctx: contexts.append(repr(ctx)) or [])
+    return {"total": total, "mean": mean, "gathered": gathered, "merged": merged, "contexts": contexts}
+
+
+def test_replica_context_collectives_and_input_contexts():
+    results = run_function(replica_context_ops, nproc=2)
+    for rank, r in results.items():
+        assert torch.equal(r["total"], torch.tensor([3.0])) and torch.equal(r["mean"], torch.tensor([1.5]))
+        assert torch.equal(r["gathered"], torch.tensor([1.0, 2.0])) and torch.equal(r["merged"], torch.tensor([3.0]))
+        assert r["contexts"] == [f"InputContext(num_input_pipelines=2, input_pipeline_id={rank}, num_replicas_in_sync=2)"]
+
+
+def ddp_training_keeps_replicas_identical():
+    import torch.distributed as dist
+
+    from launcher import distribute as dl
+
+    s = dl.MirroredStrategy()
+    rank = dist.get_rank()
+    torch.manual_seed(rank)  # different init on purpose: DDP must broadcast rank 0's parameters
+    with s.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        model, opt = s.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+    def flat():
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    def same_everywhere():
+        mine = flat()
+        everyone = [torch.empty_like(mine) for _ in range(2)]
+        dist.all_gather(everyone, mine)
+        return torch.equal(everyone[0], everyone[1])
+
+    checks = [same_everywhere()]
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(5)]
+
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for batch in s.experimental_distribute_dataset(data):
+        s.run(step, args=(batch,))
+        checks.append(same_everywhere())
+    return checks
+
+
+def test_parameters_identical_at_start_and_after_every_step():
+    results = run_function(ddp_training_keeps_replicas_identical, nproc=2)
+    assert results[0] == results[1] == [True] * 6
