@@ -93,10 +93,12 @@ class MirroredStrategy(Strategy):
 
 @register("mirrored")
 def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
-    ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s)
+    """One replica per process, on the device type the validated spec resolved."""
+    ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s, runtime.device_type)
+    device = devlib.canonical_name(process_device(runtime.env, runtime.device_type))
     ddp = {
         "bucket_cap_mb": spec.bucket_cap_mb,
         "gradient_as_bucket_view": spec.gradient_as_bucket_view,
         "find_unused_parameters": spec.find_unused_parameters,
     }
-    return MirroredStrategy(ddp_options=ddp)
+    return MirroredStrategy(devices=[device], ddp_options=ddp)

@@ -1,0 +1,50 @@
+"""``pip install .`` (not editable) ships the configs and recipes: dlaunch runs from anywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    (path,) = out.glob("dlaunch-*.whl")
+    return path
+
+
+def test_wheel_carries_configs_and_recipes(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("launcher/conf/config.yaml", "launcher/conf/strategy/mirrored.yaml",
+                   "launcher/conf/hydra/job_logging/dlaunch.yaml", "launcher/recipes/linear.py",
+                   "launcher/recipes/linear.yaml", "launcher/cli/main.py"):
+        assert needed in names, needed
+
+
+def test_installed_copy_runs_from_another_directory(wheel, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, text=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = "import sys, launcher.cli.main as m; print(m.__file__); sys.exit(m.main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "recipe=linear", "trainer.steps=5", f"hydra.run.dir={elsewhere / 'run'}"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(str(site)), "the installed copy, not the checkout, must run"
+    assert (elsewhere / "run" / "summary.json").exists()
