@@ -53,3 +53,16 @@ def run_dlaunch(tmp_path):
         return proc, run_dir
 
     return run
+
+
+@pytest.fixture
+def strategy(monkeypatch):
+    """A two-replica MirroredStrategy in this process; its replica threads are closed after the test."""
+    from launcher import distribute as dl
+
+    monkeypatch.delenv("RANK", raising=False)  # never join a process group from a unit test
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    s = dl.MirroredStrategy(devices=["cpu:0", "cpu:1"])
+    yield s
+    if s.extended._threads is not None:
+        s.extended._threads.close()

@@ -136,6 +136,9 @@ class ReplicaThreads:
     """Runs one callable per local replica on threads created once, not per step.
 
     Replica 0 runs on the calling thread; replicas 1..n-1 on their own threads.
+    The threads hold no reference to this object or to a finished job, so a
+    strategy that is no longer used is freed and its threads stop and are joined
+    (at the latest when the interpreter exits, before it tears torch down).
     """
 
     def __init__(self, num_replicas: int, rendezvous: ThreadRendezvous):
@@ -144,32 +147,19 @@ class ReplicaThreads:
         self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_replicas)]
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [
-            threading.Thread(target=self._serve, args=(i,), name=f"dlaunch-replica-{i}", daemon=True)
+            threading.Thread(
+                target=_serve, args=(i, self._inboxes[i], self._done, rendezvous),
+                name=f"dlaunch-replica-{i}", daemon=True,
+            )
             for i in range(1, num_replicas)
         ]
         for t in self._threads:
             t.start()
-        weakref.finalize(self, ReplicaThreads._shutdown, self._inboxes)
+        self._finalizer = weakref.finalize(self, _stop_and_join, self._inboxes, self._threads)
 
-    @staticmethod
-    def _shutdown(inboxes: list[queue.SimpleQueue]) -> None:
-        for box in inboxes[1:]:
-            box.put(_Stop)
-
-    def _serve(self, local_id: int) -> None:
-        inbox = self._inboxes[local_id]
-        while True:
-            job = inbox.get()
-            if job is _Stop:
-                return
-            self._done.put((local_id, *self._call(job, local_id)))
-
-    def _call(self, job: Callable[[int], Any], local_id: int) -> tuple[Any, BaseException | None]:
-        try:
-            return job(local_id), None
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-            self.rendezvous.abort()  # release replicas waiting for this one
-            return None, exc
+    def close(self) -> None:
+        """Stop and join the replica threads now."""
+        self._finalizer()
 
     def run(self, job: Callable[[int], Any]) -> list[Any]:
         """Call ``job(local_id)`` for every local replica; return the results in order."""
@@ -177,7 +167,7 @@ class ReplicaThreads:
             self._inboxes[i].put(job)
         results: list[Any] = [None] * self.num_replicas
         errors: list[BaseException | None] = [None] * self.num_replicas
-        results[0], errors[0] = self._call(job, 0)
+        results[0], errors[0] = _call(job, 0, self.rendezvous)
         for _ in range(1, self.num_replicas):
             i, value, exc = self._done.get()
             results[i], errors[i] = value, exc
@@ -187,9 +177,38 @@ class ReplicaThreads:
         return results
 
 
+def _serve(local_id: int, inbox: queue.SimpleQueue, done: queue.SimpleQueue, rendezvous: ThreadRendezvous) -> None:
+    while True:
+        job = inbox.get()
+        if job is _Stop:
+            return
+        done.put((local_id, *_call(job, local_id, rendezvous)))
+        job = None  # a finished job must not keep its strategy alive
+
+
+def _call(job: Callable[[int], Any], local_id: int, rendezvous: ThreadRendezvous) -> tuple[Any, BaseException | None]:
+    try:
+        return job(local_id), None
+    except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+        rendezvous.abort()  # release replicas waiting for this one
+        return None, exc
+
+
+def _stop_and_join(inboxes: list[queue.SimpleQueue], threads: list[threading.Thread]) -> None:
+    for box in inboxes[1:]:
+        box.put(_Stop)
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join(timeout=10)
+
+
+class PeerFailed(RuntimeError):
+    """Raised on replicas that stop because another replica failed (a consequence, not a cause)."""
+
+
 def _root_error(errors: list[BaseException | None]) -> BaseException:
     """The error that caused the others: broken barriers are only a consequence."""
-    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    real = [e for e in errors if e is not None and not isinstance(e, (threading.BrokenBarrierError, PeerFailed))]
     return (real or [e for e in errors if e is not None])[0]
 
 

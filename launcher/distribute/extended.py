@@ -86,7 +86,9 @@ class StrategyExtended:
             hook.remove()
 
     def _record(self, module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        if param is not None:
+        # torch's hook is process-wide; only this thread's scope counts.
+        frame = _current_frame()
+        if param is not None and frame is not None and frame.strategy is self._container:
             self._created[id(param)] = param
 
     # ----- run -----
@@ -215,19 +217,13 @@ class StrategyExtended:
             with _enter(strategy, None):
                 return merge_fn(strategy, *args, **kwargs)
         everyone = self._rendezvous.exchange(local_id, (args, kwargs))
-        outcome: Any = None
+        result = None
         if local_id == 0:
-            try:
-                with _enter(strategy, None):
-                    outcome = (True, merge_fn(strategy, *regroup([a for a, _ in everyone]), **regroup([k for _, k in everyone])))
-            except BaseException as exc:  # noqa: BLE001 - handed to every replica below
-                outcome = (False, exc)
-        ok, result = self._rendezvous.exchange(local_id, outcome)[0]
-        if not ok:
-            if local_id == 0:
-                raise result
-            raise RuntimeError("merge_call failed on replica 0") from result
-        return result
+            # If merge_fn raises, replica 0 raises it at once; the others are released by the
+            # aborted barrier and the original exception is what the caller sees.
+            with _enter(strategy, None):
+                result = merge_fn(strategy, *regroup([a for a, _ in everyone]), **regroup([k for _, k in everyone]))
+        return self._rendezvous.exchange(local_id, result)[0]
 
     # ----- models (strategy-specific) -----
     def _prepare(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:

@@ -8,6 +8,7 @@ bitwise identical (TF's mirrored variables).
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -116,7 +117,10 @@ def _clone_for(primary: torch.optim.Optimizer, source: torch.nn.Module, replica:
         except KeyError:
             raise ValueError("the optimizer holds parameters that are not the model's") from None
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-    return type(primary)(groups, **primary.defaults)
+    # Every setting is in the groups; pass on only the defaults the constructor accepts
+    # (AdamW's defaults hold keys its __init__ does not take).
+    accepted = inspect.signature(type(primary)).parameters
+    return type(primary)(groups, **{k: v for k, v in primary.defaults.items() if k in accepted})
 
 
 def _copy_hyperparameters(src: torch.optim.Optimizer, dst: torch.optim.Optimizer) -> None:

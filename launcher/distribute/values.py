@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import torch
+
 
 class PerReplica:
     """One value per local replica, in replica order."""
@@ -26,12 +28,18 @@ class PerReplica:
         return len(self.values)
 
 
+def _is_leaf(value: Any) -> bool:
+    return isinstance(value, (PerReplica, torch.Size))
+
+
 def map_structure(fn: Callable[..., Any], *trees: Any) -> Any:
     """Apply ``fn`` leaf-wise over matching nests of tuples, lists and dicts."""
     first = trees[0]
+    if _is_leaf(first):
+        return fn(*trees)
     if isinstance(first, dict):
         return type(first)((k, map_structure(fn, *(t[k] for t in trees))) for k in first)
-    if isinstance(first, (list, tuple)) and not isinstance(first, PerReplica):
+    if isinstance(first, (list, tuple)):
         mapped = [map_structure(fn, *parts) for parts in zip(*trees)]
         if hasattr(first, "_fields"):  # namedtuple
             return type(first)(*mapped)
@@ -60,7 +68,7 @@ def regroup(outputs: Sequence[Any]) -> Any:
         return None
     if isinstance(first, dict) and all(isinstance(o, dict) and o.keys() == first.keys() for o in outputs):
         return type(first)((k, regroup([o[k] for o in outputs])) for k in first)
-    if isinstance(first, (list, tuple)) and all(
+    if isinstance(first, (list, tuple)) and not _is_leaf(first) and all(
         type(o) is type(first) and len(o) == len(first) for o in outputs
     ):
         parts = [regroup(list(group)) for group in zip(*outputs)]

@@ -148,15 +148,14 @@ class DistributedDatasetsFromFunction:
 
     def __iter__(self) -> Iterator[Any]:
         iterators = [iter(d) for d in self._datasets]
-        per_replica_source = len(iterators) == self._num_local and len(iterators) > 1
+        sources = iterators if len(iterators) == self._num_local else iterators * self._num_local
         while True:
-            try:
-                if per_replica_source:
-                    pieces = [next(it) for it in iterators]
-                else:
-                    pieces = [next(iterators[0]) for _ in range(self._num_local)]
-            except StopIteration:
+            pieces = [next(source, _Empty) for source in sources]
+            found = [p for p in pieces if p is not _Empty]
+            if not found:
                 return
+            # A last partial step: replicas whose data ran out get an empty batch, as in TF.
+            pieces = [slice_batch(found[0], 0, 0) if p is _Empty else p for p in pieces]
             if self._options.experimental_fetch_to_device:
                 pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices)]
             yield pieces[0] if self._num_replicas == 1 else PerReplica(pieces)

@@ -1,0 +1,136 @@
+"""experimental_distribute_dataset and distribute_datasets_from_function (launcher.input.distributed_dataset)."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from launcher import distribute as dl
+from launcher.distribute import InputContext, InputOptions, InputReplicationMode, PerReplica
+
+
+def _values(step):
+    """The per-replica components of one step, as lists (a TensorDataset batch is [tensor])."""
+    assert isinstance(step, PerReplica)
+    return [(v[0] if isinstance(v, list) else v).tolist() for v in step.values]
+
+
+def test_global_batch_of_8_is_split_4_and_4(strategy):
+    (step,) = list(strategy.experimental_distribute_dataset([torch.arange(8)]))
+    assert torch.equal(step.values[0], torch.tensor([0, 1, 2, 3]))
+    assert torch.equal(step.values[1], torch.tensor([4, 5, 6, 7]))
+
+
+def test_last_partial_batch_of_6_is_split_4_and_2(strategy):
+    steps = list(strategy.experimental_distribute_dataset([torch.arange(8), torch.arange(6)]))
+    assert [_values(s) for s in steps] == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 1, 2, 3], [4, 5]]]
+
+
+def test_dataloader_of_14_with_batch_8_gives_two_steps(strategy):
+    loader = DataLoader(TensorDataset(torch.arange(14)), batch_size=8, shuffle=False, drop_last=False)
+    dist = strategy.experimental_distribute_dataset(loader)
+    steps = list(dist)
+    assert len(steps) == 2 and len(dist) == 2
+    assert _values(steps[0]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert _values(steps[1]) == [[8, 9, 10, 11], [12, 13]]
+
+
+def test_dataloader_whose_only_batch_is_partial_uses_its_batch_size(strategy):
+    loader = DataLoader(TensorDataset(torch.arange(6)), batch_size=8)
+    (step,) = list(strategy.experimental_distribute_dataset(loader))
+    assert _values(step) == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_dataloader_drop_last_drops_the_partial_batch(strategy):
+    loader = DataLoader(TensorDataset(torch.arange(14)), batch_size=8, drop_last=True)
+    steps = list(strategy.experimental_distribute_dataset(loader))
+    assert [_values(s) for s in steps] == [[[0, 1, 2, 3], [4, 5, 6, 7]]]
+
+
+def test_dataloader_features_and_labels_stay_aligned(strategy):
+    x = torch.arange(14)
+    loader = DataLoader(TensorDataset(x, x * 10), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    rows = []
+    for step in strategy.experimental_distribute_dataset(loader):
+        for feats, labels in step.values:
+            assert torch.equal(labels, feats * 10)
+            rows += feats.tolist()
+    assert sorted(rows) == list(range(14))
+
+
+def test_distributed_dataset_can_be_iterated_again(strategy):
+    loader = DataLoader(TensorDataset(torch.arange(14)), batch_size=8)
+    dist = strategy.experimental_distribute_dataset(loader)
+    assert [_values(s) for s in dist] == [_values(s) for s in dist]
+
+
+def test_tuple_batches_are_split_consistently(strategy):
+    x, y = torch.arange(8), torch.arange(8) * 10
+    (step,) = list(strategy.experimental_distribute_dataset([(x, y)]))
+    (x0, y0), (x1, y1) = step.values
+    assert x1.tolist() == [4, 5, 6, 7] and y1.tolist() == [40, 50, 60, 70]
+
+
+def test_run_unwraps_each_replicas_batch(strategy):
+    (step,) = list(strategy.experimental_distribute_dataset([torch.arange(8)]))
+    out = strategy.run(lambda t: t.sum(), args=(step,))
+    assert out.values == (torch.tensor(6), torch.tensor(22))
+
+
+def test_per_worker_calls_dataset_fn_once_with_one_pipeline(strategy):
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append(ctx)
+        return [torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])]
+
+    dist = strategy.distribute_datasets_from_function(dataset_fn)
+    assert len(contexts) == 1
+    ctx = contexts[0]
+    assert isinstance(ctx, InputContext)
+    assert (ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync) == (1, 0, 2)
+    steps = list(dist)
+    assert [_values(s) for s in steps] == [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]  # two batches dequeued a step
+    assert len(contexts) == 1  # iterating does not call dataset_fn again
+
+
+def test_per_worker_dataset_fn_sees_the_per_replica_batch_size(strategy):
+    sizes = []
+
+    def dataset_fn(ctx):
+        b = ctx.get_per_replica_batch_size(8)
+        sizes.append(b)
+        data = torch.arange(16)
+        return [data[i : i + b] for i in range(0, 16, b)]
+
+    steps = list(strategy.distribute_datasets_from_function(dataset_fn))
+    assert sizes == [4]
+    assert [_values(s) for s in steps] == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]]]
+
+
+def test_per_replica_calls_dataset_fn_once_per_replica(strategy):
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append(ctx)
+        base = 100 * ctx.input_pipeline_id
+        return [torch.tensor([base + 1]), torch.tensor([base + 2])]
+
+    options = InputOptions(experimental_replication_mode=InputReplicationMode.PER_REPLICA)
+    steps = list(strategy.distribute_datasets_from_function(dataset_fn, options))
+    assert [(c.num_input_pipelines, c.input_pipeline_id, c.num_replicas_in_sync) for c in contexts] == [(2, 0, 2), (2, 1, 2)]
+    assert [_values(s) for s in steps] == [[[1], [101]], [[2], [102]]]  # each replica reads its own dataset
+
+
+def test_datasets_from_function_on_one_device_yield_plain_batches():
+    s = dl.OneDeviceStrategy("cpu:0")
+    steps = list(s.distribute_datasets_from_function(lambda ctx: [torch.tensor([ctx.num_replicas_in_sync])]))
+    assert len(steps) == 1 and torch.equal(steps[0], torch.tensor([1]))
+
+
+
+def test_per_worker_last_step_gives_a_short_replica_an_empty_batch(strategy):
+    batches = [torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6])]
+    steps = list(strategy.distribute_datasets_from_function(lambda ctx: batches))
+    assert len(steps) == 2  # the third batch is not dropped
+    last = strategy.experimental_local_results(steps[1])
+    assert torch.equal(last[0], torch.tensor([5, 6])) and last[1].shape == (0,)
