@@ -21,6 +21,9 @@ class SingleProcess:
     world_size = 1
     rank = 0
 
+    def check_same_shape(self, tensor: torch.Tensor) -> None:
+        pass
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
@@ -40,9 +43,23 @@ class ProcessCollectives:
         self.rank = dist.get_rank(group)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.detach().clone().contiguous()
+        out = tensor.detach().to(self._comm_device(), copy=True).contiguous()
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out
+        return out.to(tensor.device)
+
+    def check_same_shape(self, tensor: torch.Tensor) -> None:
+        """Every process must reduce the same shape (gloo would crash, nccl would hang)."""
+        shape = torch.full((9,), -1, dtype=torch.int64)
+        shape[0] = tensor.dim()
+        shape[1 : 1 + min(tensor.dim(), 8)] = torch.tensor(tensor.shape[:8], dtype=torch.int64)
+        low, high = shape.to(self._comm_device()), shape.to(self._comm_device()).neg()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group)
+        dist.all_reduce(high, op=dist.ReduceOp.MIN, group=self.group)
+        if not torch.equal(low, high.neg()):
+            raise ValueError(
+                f"per-replica values have different shapes across processes (this one: {list(tensor.shape)}); "
+                "pass axis= to reduce along the batch dimension (for example with a last partial batch)"
+            )
 
     def all_reduce_count(self, count: int) -> int:
         t = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
@@ -51,7 +68,8 @@ class ProcessCollectives:
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         """Concatenate every process's ``tensor`` along ``axis``; sizes along it may differ."""
-        tensor = tensor.detach().contiguous()
+        home = tensor.device
+        tensor = tensor.detach().to(self._comm_device()).contiguous()
         axis = axis % max(tensor.dim(), 1)
         sizes = torch.tensor([tensor.shape[axis]], dtype=torch.int64, device=tensor.device)
         all_sizes = [torch.zeros_like(sizes) for _ in range(self.world_size)]
@@ -64,10 +82,7 @@ class ProcessCollectives:
             tensor = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=axis)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(parts, tensor, group=self.group)
-        return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, lengths)], dim=axis)
-
-    def barrier(self) -> None:
-        dist.barrier(group=self.group)
+        return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, lengths)], dim=axis).to(home)
 
     def _comm_device(self) -> torch.device:
         if dist.get_backend(self.group) == "nccl":
@@ -82,9 +97,10 @@ class ThreadRendezvous:
     that fails calls ``abort`` so that the others do not wait forever.
     """
 
-    def __init__(self, num_replicas: int):
+    def __init__(self, num_replicas: int, timeout_s: float = 300.0):
         self.num_replicas = num_replicas
-        self._barrier = threading.Barrier(num_replicas)
+        # A collective that not every replica joins fails after timeout_s instead of hanging.
+        self._barrier = threading.Barrier(num_replicas, timeout=timeout_s)
         self._slots: list[Any] = [None] * num_replicas
 
     def wait(self) -> None:
@@ -97,11 +113,12 @@ class ThreadRendezvous:
         self.wait()  # nobody deposits the next value before everyone has read this one
         return values
 
-    def all_reduce_mean_(self, local_id: int, tensors: list[torch.Tensor | None]) -> None:
+    def all_reduce_mean_(self, local_id: int, tensors: list[torch.Tensor | None], meanwhile: Callable[[], None] | None = None) -> None:
         """Average ``tensors`` in place over the replicas (gradients of mirrored copies).
 
         Replica ``r`` reduces every ``num_replicas``-th tensor and writes the result
         into all copies, so the work is shared and every copy ends bitwise equal.
+        ``meanwhile`` runs while every replica is inside this call.
         """
         n = self.num_replicas
         self._slots[local_id] = tensors
@@ -119,6 +136,8 @@ class ThreadRendezvous:
             for lst in lists:
                 if lst[j] is not None:
                     lst[j].copy_(total, non_blocking=True)
+        if meanwhile is not None:
+            meanwhile()
         self.wait()
 
     def abort(self) -> None:
@@ -202,13 +221,9 @@ def _stop_and_join(inboxes: list[queue.SimpleQueue], threads: list[threading.Thr
             t.join(timeout=10)
 
 
-class PeerFailed(RuntimeError):
-    """Raised on replicas that stop because another replica failed (a consequence, not a cause)."""
-
-
 def _root_error(errors: list[BaseException | None]) -> BaseException:
     """The error that caused the others: broken barriers are only a consequence."""
-    real = [e for e in errors if e is not None and not isinstance(e, (threading.BrokenBarrierError, PeerFailed))]
+    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
     return (real or [e for e in errors if e is not None])[0]
 
 

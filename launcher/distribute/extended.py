@@ -45,7 +45,6 @@ class StrategyExtended:
         self._created: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> parameter
         self._container: "Strategy | None" = None
 
-    # ----- public (tf.distribute.StrategyExtended) -----
     @property
     def worker_devices(self) -> tuple[str, ...]:
         """The devices this process runs replicas on."""
@@ -68,7 +67,6 @@ class StrategyExtended:
     def num_replicas_in_sync(self) -> int:
         return self._proc.world_size * self._num_local
 
-    # ----- scope -----
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
         strategy = self._container
@@ -91,9 +89,11 @@ class StrategyExtended:
         if param is not None and frame is not None and frame.strategy is self._container:
             self._created[id(param)] = param
 
-    # ----- run -----
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         strategy = self._container
+        frame = _current_frame()
+        if frame is not None and frame.replica_context is not None:
+            raise RuntimeError("strategy.run() was called inside strategy.run(); call it from cross-replica context")
 
         def call(local_id: int) -> Any:
             ctx = ReplicaContext(strategy, self._replica_offset + local_id, local_id)
@@ -110,7 +110,6 @@ class StrategyExtended:
             self._threads = ReplicaThreads(self._num_local, self._rendezvous)
         return self._threads
 
-    # ----- cross-replica reductions -----
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
         if not contains_per_replica(value):
             return map_structure(lambda t: self._reduce_plain(reduce_op, t, axis), value)
@@ -136,9 +135,8 @@ class StrategyExtended:
         home = parts[0].device
         if axis is None:
             _check_same_shapes(parts)
-            total = parts[0].clone()
-            for p in parts[1:]:
-                total = total + p.to(home)
+            self._proc.check_same_shape(parts[0])
+            total = _sum_on_first(*parts)
             count = None  # known: the number of replicas in sync
         else:
             total = parts[0].sum(dim=axis)
@@ -180,7 +178,6 @@ class StrategyExtended:
         ]
         return values[0] if self.num_replicas_in_sync == 1 else PerReplica(values)
 
-    # ----- replica-context collectives -----
     def _replica_all_reduce(self, local_id: int, reduce_op: ReduceOp, value: Any) -> Any:
         def finish(total: torch.Tensor) -> torch.Tensor:
             return total if reduce_op is ReduceOp.SUM else total / self.num_replicas_in_sync
@@ -225,7 +222,6 @@ class StrategyExtended:
                 result = merge_fn(strategy, *regroup([a for a, _ in everyone]), **regroup([k for _, k in everyone]))
         return self._rendezvous.exchange(local_id, result)[0]
 
-    # ----- models (strategy-specific) -----
     def _prepare(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
         return module, optimizer
 

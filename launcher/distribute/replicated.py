@@ -1,8 +1,10 @@
 """Mirrored copies of a model inside one process: one copy per local replica.
 
-``MirroredModule`` runs the copy of the replica that calls it; ``MirroredOptimizer``
-averages the copies' gradients, then steps every copy, so the copies stay
-bitwise identical (TF's mirrored variables).
+``MirroredModule`` runs the copy of the replica that calls it. When a replica's
+backward pass ends, the copies' gradients are averaged (as DDP does across
+processes, so ``clip_grad_norm_`` and friends see averaged gradients) and the
+buffers are copied from replica 0. ``MirroredOptimizer`` then steps every copy,
+so the copies stay bitwise identical (TF's mirrored variables).
 """
 
 from __future__ import annotations
@@ -27,16 +29,76 @@ def _local_id(strategy: Any) -> int | None:
 class MirroredModule(torch.nn.Module):
     """Holds the primary module (replica 0) and a copy per other local device."""
 
-    def __init__(self, module: torch.nn.Module, devices: Sequence[torch.device], strategy: Any):
+    def __init__(self, module: torch.nn.Module, devices: Sequence[torch.device], strategy: Any, rendezvous: ThreadRendezvous):
         super().__init__()
         self.module = module.to(devices[0])
         copies = [self.module] + [copy.deepcopy(self.module).to(d) for d in devices[1:]]
         object.__setattr__(self, "replicas", copies)  # not submodules: parameters() is the primary's
         object.__setattr__(self, "_strategy", strategy)
+        object.__setattr__(self, "_rendezvous", rendezvous)
+        object.__setattr__(self, "_pending", [False] * len(copies))
+        object.__setattr__(self, "_in_run", [False] * len(copies))  # forward ran inside strategy.run
+        for local, replica in enumerate(copies):
+            for p in replica.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda _p, local=local: self._gradient_ready(local))
+
+    def _gradient_ready(self, local: int) -> None:
+        """Once per backward pass: average gradients when the whole pass has finished.
+
+        Only for passes whose forward ran inside ``strategy.run`` (every replica then
+        takes part); the flag is set by ``forward`` because on CUDA autograd runs the
+        backward on its own threads, which know nothing of the replica context.
+        """
+        if self._in_run[local] and not self._pending[local]:
+            self._pending[local] = True
+            # The hook DDP itself uses: run after autograd has accumulated every gradient.
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._sync(local))
+
+    def _sync(self, local: int) -> None:
+        self._pending[local] = self._in_run[local] = False
+        grads = [p.grad for p in self.replicas[local].parameters()]
+        self._rendezvous.all_reduce_mean_(local, grads, meanwhile=lambda: self._copy_buffers(local))
+
+    def _copy_buffers(self, local: int) -> None:
+        # Every replica's forward is over (they are all in backward's end), so replica 0's
+        # buffers (e.g. BatchNorm statistics) are stable: the same role as DDP's broadcast.
+        if local != 0:
+            with torch.no_grad():
+                for mine, primary in zip(self.replicas[local].buffers(), self.module.buffers()):
+                    mine.copy_(primary)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         local = _local_id(self._strategy)
-        return self.replicas[local or 0](*args, **kwargs)
+        if local is None:
+            return self.module(*args, **kwargs)
+        self._in_run[local] = True
+        return self.replicas[local](*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        """Inside ``strategy.run``: this replica's copy (so clip_grad_norm_ etc. act on it)."""
+        return self._current().parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        local = _local_id(self._strategy)
+        if local is None:
+            return super().named_parameters(*args, **kwargs)
+        return self.replicas[local].named_parameters(*args, **kwargs)
+
+    def _current(self) -> torch.nn.Module:
+        local = _local_id(self._strategy)
+        return self.module if local is None else self.replicas[local]
+
+    def resync(self) -> None:
+        """Make every copy equal to replica 0 again (after a step failed on some replicas)."""
+        self._pending[:] = [False] * len(self.replicas)
+        self._in_run[:] = [False] * len(self.replicas)
+        with torch.no_grad():
+            for replica in self.replicas[1:]:
+                for mine, primary in zip(replica.parameters(), self.module.parameters()):
+                    mine.copy_(primary)
+                for mine, primary in zip(replica.buffers(), self.module.buffers()):
+                    mine.copy_(primary)
 
     def train(self, mode: bool = True) -> "MirroredModule":
         super().train(mode)
@@ -46,22 +108,19 @@ class MirroredModule(torch.nn.Module):
 
 
 class MirroredOptimizer(torch.optim.Optimizer):
-    """One optimizer per replica copy; ``step()`` inside ``strategy.run`` averages gradients first.
+    """One optimizer per replica copy; ``step()`` inside ``strategy.run`` steps this replica's copy.
 
     ``param_groups`` and ``state_dict`` are the primary optimizer's, so LR
     schedulers and checkpoints work on it as usual; hyper-parameters are copied
     to the other replicas at every step.
     """
 
-    def __init__(self, primary: torch.optim.Optimizer, module: MirroredModule, rendezvous: ThreadRendezvous):
+    def __init__(self, primary: torch.optim.Optimizer, module: MirroredModule):
         # torch.optim.Optimizer.__init__ is not called: this object delegates to real optimizers.
         self._primary = primary
         self._module = module
-        self._rendezvous = rendezvous
         self.defaults = primary.defaults
         self.optimizers = [primary] + [_clone_for(primary, module.module, r) for r in module.replicas[1:]]
-        self._params = [[p for g in opt.param_groups for p in g["params"]] for opt in self.optimizers]
-        self._buffers = [list(r.buffers()) for r in module.replicas]
 
     @property
     def param_groups(self) -> list[dict]:  # type: ignore[override]
@@ -73,22 +132,21 @@ class MirroredOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         local = self._require_replica("step")
-        grads = [p.grad for p in self._params[local]]
-        self._rendezvous.all_reduce_mean_(local, grads)
         if local != 0:
             _copy_hyperparameters(self._primary, self.optimizers[local])
-            for mine, primary in zip(self._buffers[local], self._buffers[0]):
-                mine.copy_(primary)
-        result = self.optimizers[local].step(closure)
-        if self._buffers[0]:
-            self._rendezvous.wait()  # replica 0's buffers stay put until every copy has read them
-        return result
+        return self.optimizers[local].step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         local = _local_id(self._module._strategy)
         targets = self.optimizers if local is None else [self.optimizers[local]]
         for opt in targets:
             opt.zero_grad(set_to_none=set_to_none)
+
+    def resync(self) -> None:
+        """Give every copy's optimizer replica 0's state again."""
+        state = self._primary.state_dict()
+        for opt in self.optimizers[1:]:
+            opt.load_state_dict(state)
 
     def state_dict(self) -> dict:  # type: ignore[override]
         return self._primary.state_dict()

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
-from launcher.distribute.values import PerReplica, map_structure
+from launcher.distribute.values import map_structure, regroup
 from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class DistributedDataset:
     def _package(self, pieces: list[Any]) -> Any:
         if self._options.experimental_fetch_to_device:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices)]
-        return pieces[0] if self._num_replicas == 1 else PerReplica(pieces)
+        return pieces[0] if self._num_replicas == 1 else regroup(pieces)
 
 
 class DistributedDatasetsFromFunction:
@@ -158,7 +158,7 @@ class DistributedDatasetsFromFunction:
             pieces = [slice_batch(found[0], 0, 0) if p is _Empty else p for p in pieces]
             if self._options.experimental_fetch_to_device:
                 pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices)]
-            yield pieces[0] if self._num_replicas == 1 else PerReplica(pieces)
+            yield pieces[0] if self._num_replicas == 1 else regroup(pieces)
 
 
 def _to_device(piece: Any, device: torch.device) -> Any:

@@ -71,10 +71,22 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
     )
 
 
+# What a rank says when it failed only because a peer died first.
+_CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socket closed", "NCCL communicator was aborted",
+                 "ProcessGroupGloo", "Broken pipe")
+
+
+def is_consequence(cause: RootCause) -> bool:
+    """A rank stopped by dlaunch, or one whose collective broke because a peer had gone."""
+    if not cause.exception:
+        return cause.exit == "signal SIGTERM"
+    return any(marker in cause.exception for marker in _CONSEQUENCES)
+
+
 def first(causes: list[RootCause]) -> RootCause:
-    """The earliest failure that raised a Python exception, else the earliest failure."""
-    raised = [c for c in causes if c.exception]
-    return min(raised or causes, key=lambda c: c.time)
+    """The earliest failure that is not a consequence of another (a killed rank counts as a cause)."""
+    causes_only = [c for c in causes if not is_consequence(c)]
+    return min(causes_only or causes, key=lambda c: c.time)
 
 
 def render(root: RootCause, others: list[RootCause], last_step: int | None, console: Console | None = None) -> None:
@@ -83,7 +95,7 @@ def render(root: RootCause, others: list[RootCause], last_step: int | None, cons
         f"[bold]rank[/] {root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   [bold]exit[/] {root.exit}",
     ]
     if last_step is not None:
-        lines.append(f"[bold]last completed step[/] {last_step}")
+        lines.append(f"[bold]last logged step[/] {last_step}")
     if root.exception:
         lines.append(f"[bold red]{escape(root.exception)}[/]")
     body = "\n".join(lines)
@@ -96,6 +108,7 @@ def render(root: RootCause, others: list[RootCause], last_step: int | None, cons
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+_RECIPES_DIR = str(Path(_PACKAGE_DIR) / "recipes")  # shipped recipes are user-level code
 
 
 def _one_line(text: str, limit: int = 110) -> str:
@@ -103,10 +116,14 @@ def _one_line(text: str, limit: int = 110) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def _is_dlaunch_frame(filename: str) -> bool:
+    return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_RECIPES_DIR)
+
+
 def _format(exc: BaseException) -> str:
     """The traceback from the first frame outside dlaunch (all of it if the error is dlaunch's own)."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while tb is not None and _is_dlaunch_frame(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     if tb is None:
         tb = exc.__traceback__

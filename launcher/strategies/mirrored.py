@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -39,16 +40,29 @@ class _MirroredExtended(StrategyExtended):
     def __init__(self, devices: Sequence[str], collectives: Any = None, ddp_options: dict | None = None):
         super().__init__(devices, collectives)
         self._ddp_options = dict(ddp_options or {})
+        self._copies: weakref.WeakSet = weakref.WeakSet()  # mirrored modules and optimizers to resync
+
+    def _call_for_each_replica(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            return super()._call_for_each_replica(fn, args, kwargs)
+        except BaseException:
+            # Some replicas may have stepped before another failed: realign on replica 0.
+            for copies in list(self._copies):
+                copies.resync()
+            raise
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         if self._proc.world_size > 1:
             return self._wrap_ddp(module), optimizer
         if self._num_local == 1:
             return module.to(self._devices[0]), optimizer
-        mirrored = MirroredModule(module, self._devices, self._container)
+        mirrored = MirroredModule(module, self._devices, self._container, self._rendezvous)
+        self._copies.add(mirrored)
         if optimizer is None:
             return mirrored, None
-        return mirrored, MirroredOptimizer(optimizer, mirrored, self._rendezvous)
+        optimizer = MirroredOptimizer(optimizer, mirrored)
+        self._copies.add(optimizer)
+        return mirrored, optimizer
 
     def _wrap_ddp(self, module: torch.nn.Module) -> DistributedDataParallel:
         device = self._devices[0]

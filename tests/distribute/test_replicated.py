@@ -192,3 +192,39 @@ def test_prepare_accepts_adamw(strategy):
         model = _build()
         model, opt = strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     assert isinstance(opt.optimizers[1], torch.optim.AdamW)
+
+
+def test_gradient_clipping_sees_averaged_gradients_like_ddp(strategy):
+    """clip_grad_norm_(model.parameters()) inside run gives what one model on the whole batch gives."""
+    torch.manual_seed(0)
+    data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+    reference = torch.nn.Linear(4, 1)
+    with strategy.scope():
+        model = torch.nn.Linear(4, 1)
+        model.load_state_dict(reference.state_dict())
+        model, opt = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.5))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+
+    def step(x, y):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.1)
+        opt.step()
+        opt.zero_grad()
+
+    for x, y in data:
+        strategy.run(step, args=(dl.PerReplica([x[:4], x[4:]]), dl.PerReplica([y[:4], y[4:]])))
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=0.1)
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for a, b in zip(model.replicas[0].parameters(), model.replicas[1].parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(model.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert list(model.parameters()) == list(model.module.parameters())  # outside run: the primary
+
+
+def test_nested_run_raises_instead_of_hanging(strategy):
+    with pytest.raises(RuntimeError, match="inside strategy.run"):
+        strategy.run(lambda: strategy.run(lambda: 1))
+    assert strategy.run(lambda: 2).values == (2, 2)

@@ -9,9 +9,15 @@ from launcher.distribute import InputContext, InputOptions, InputReplicationMode
 
 
 def _values(step):
-    """The per-replica components of one step, as lists (a TensorDataset batch is [tensor])."""
+    """The per-replica components of one step, as lists.
+
+    A TensorDataset batch ``[x]`` comes out as ``[PerReplica(x)]``: a structure of
+    per-replica values, as tf.distribute yields.
+    """
+    if isinstance(step, list):
+        (step,) = step
     assert isinstance(step, PerReplica)
-    return [(v[0] if isinstance(v, list) else v).tolist() for v in step.values]
+    return [v.tolist() for v in step.values]
 
 
 def test_global_batch_of_8_is_split_4_and_4(strategy):
@@ -51,7 +57,7 @@ def test_dataloader_features_and_labels_stay_aligned(strategy):
     loader = DataLoader(TensorDataset(x, x * 10), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
     rows = []
     for step in strategy.experimental_distribute_dataset(loader):
-        for feats, labels in step.values:
+        for feats, labels in strategy.experimental_local_results(step):
             assert torch.equal(labels, feats * 10)
             rows += feats.tolist()
     assert sorted(rows) == list(range(14))
@@ -66,8 +72,12 @@ def test_distributed_dataset_can_be_iterated_again(strategy):
 def test_tuple_batches_are_split_consistently(strategy):
     x, y = torch.arange(8), torch.arange(8) * 10
     (step,) = list(strategy.experimental_distribute_dataset([(x, y)]))
-    (x0, y0), (x1, y1) = step.values
-    assert x1.tolist() == [4, 5, 6, 7] and y1.tolist() == [40, 50, 60, 70]
+    xs, ys = step  # a tuple of per-replica values, as tf.distribute yields
+    assert xs.values[1].tolist() == [4, 5, 6, 7] and ys.values[1].tolist() == [40, 50, 60, 70]
+    (x0, y0), (x1, y1) = strategy.experimental_local_results(step)
+    assert x0.tolist() == [0, 1, 2, 3] and y1.tolist() == [40, 50, 60, 70]
+    out = strategy.run(lambda a, b: (a + b).sum(), args=step)  # unpacks like TF's run(fn, args=batch)
+    assert [int(v) for v in out.values] == [66, 242]
 
 
 def test_run_unwraps_each_replicas_batch(strategy):

@@ -44,7 +44,7 @@ def test_render_shows_the_root_cause_once(tmp_path):
     failures.render(root, [other], last_step=7, console=console)
     text = console.export_text()
     assert text.count("root cause") == 1
-    assert "rank 1" in text and "last completed step 7" in text
+    assert "rank 1" in text and "last logged step 7" in text
     assert "rank 0: signal SIGTERM (stopped by dlaunch)" in text
 
 
@@ -73,3 +73,10 @@ def test_traceback_starts_at_user_code(tmp_path):
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env={**os.environ}).stdout
     assert "user_code.py" in out and "KeyError" in out
+
+
+def test_a_killed_rank_is_the_root_cause_not_the_peer_that_lost_it(tmp_path):
+    killed = ProcessFailure(1, 4242, -9, str(tmp_path / "none.json"))  # SIGKILL: no Python exception
+    peer = process_failure(tmp_path, 0, 1, RuntimeError("[gloo/pair.cc:537] Read error: Connection reset by peer"), when=0.0)
+    root = failures.first([failures.from_process_failure(0, peer), failures.from_process_failure(1, killed)])
+    assert root.rank == 1 and root.exit == "signal SIGKILL"

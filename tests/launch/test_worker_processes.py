@@ -33,7 +33,7 @@ def test_a_raising_worker_is_reported_once_and_stops_the_job(run_dlaunch):
     assert out.count("root cause") == 1
     assert out.count("Traceback (most recent call last)") == 1
     assert "worker rank 1 failed" in out and "RuntimeError: injected failure on replica 1 at step 3" in out
-    assert "last completed step 2" in out
+    assert "last logged step 2" in out
     s = summary(run_dir)
     assert s["status"] == "failed" and s["error"]["rank"] == 1
     assert workers_of(run_dir) == []

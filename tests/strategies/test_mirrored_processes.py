@@ -114,3 +114,20 @@ def ddp_training_keeps_replicas_identical():
 def test_parameters_identical_at_start_and_after_every_step():
     results = run_function(ddp_training_keeps_replicas_identical, nproc=2)
     assert results[0] == results[1] == [True] * 6
+
+
+def mismatched_shapes():
+    from launcher import distribute as dl
+
+    s = dl.MirroredStrategy()
+    _, batch = list(s.experimental_distribute_dataset([torch.arange(8), torch.arange(6)]))  # then 4 rows and 2 rows
+    try:
+        s.reduce(dl.ReduceOp.SUM, batch, axis=None)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_reduce_without_axis_on_unequal_shapes_is_a_clear_error_on_every_process():
+    results = run_function(mismatched_shapes, nproc=2)
+    assert all("different shapes across processes" in r for r in results.values()), results
