@@ -3,7 +3,7 @@
     dlaunch recipe=linear strategy=mirrored cluster=1x2
     dlaunch --cfg job                      # print the composed config
     dlaunch launch.dry_run=true ...        # print the plan, start nothing
-    dlaunch -m strategy=one_device,mirrored cluster=1x1,1x2   # Hydra multirun
+    dlaunch -m strategy=mirrored cluster=1x1,1x2 recipe.optimizer.lr=0.1,0.01   # Hydra multirun
 
 Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
 """
@@ -61,11 +61,24 @@ def _job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_PRECHECKED_JOBS)]
 
 
+_OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+def _check_output_dirs(overrides: list[str]) -> list[Problem]:
+    """An empty run directory would scatter a run's files into the current directory."""
+    problems = []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key.lstrip("+") in _OUTPUT_DIRS and not value.strip().strip("'\""):
+            problems.append(Problem(key=key.lstrip("+"), value="", message="must name a directory"))
+    return problems
+
+
 def precheck(overrides: list[str], multirun: bool) -> None:
     """Compose and validate every job before anything starts; raise ConfigError."""
     composer.register_configs(overrides)
     cuda = cuda_devices()
-    problems: list[Problem] = []
+    problems: list[Problem] = _check_output_dirs(overrides)
     for job in _job_overrides(overrides, multirun):
         try:
             composer.compose_and_validate(job, cuda)
@@ -92,6 +105,7 @@ def task(cfg: Any) -> Any:
         _Status.codes.append(2)
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    outputs.start_run(run_dir)
     (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
     show_plan(spec, cuda, run_dir, console, spec.launch.dry_run)
     if spec.launch.dry_run:
@@ -127,7 +141,7 @@ def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> in
     except Exception as exc:  # noqa: BLE001 - shown as the root cause below
         root = failures.from_exception(exc)
         failures.render(root, [], elastic.last_logged_step(run_dir), console)
-        elastic.record_failure(run_dir, root)
+        elastic.record_failure(spec, run_dir, root)
         return 1
 
 
@@ -157,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         render(exc)
         return 2
+    except KeyboardInterrupt:
+        return 130
     _Status.codes = []
     _hydra_main(argv)
     return max(_Status.codes, default=0, key=_severity)

@@ -19,29 +19,28 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str
         devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
     else:
         devices = f"cpu x {processes}" if processes > 1 else "cpu"
-    port = c.master_port or "<free port>"
     rows = [
-        ("strategy", _strategy_text(spec)),
+        ("strategy", spec.strategy.describe()),
         ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),
         ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
         ("processes", f"{processes}, one per device, started by torch.distributed.elastic" if processes > 1 else "1 (this process)"),
         ("replicas", f"{n} in sync"),
         ("devices", devices),
         ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
+        *_rendezvous_row(spec, processes),
         ("batch", f"global {spec.input.global_batch_size} = {n} replica(s) x {spec.per_replica_batch_size} per replica"),
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
         ("run dir", str(run_dir)),
     ]
-    if processes > 1:
-        rows.insert(7, ("rendezvous", f"{c.master_addr}:{port} (c10d; {'loopback only' if c.master_addr.startswith('127.') else 'listening on ' + c.master_addr})"))
     return rows
 
 
-def _strategy_text(spec: RunSpec) -> str:
-    s = spec.strategy
-    if s.name == "mirrored":
-        return f"mirrored (DDP all-reduce, {s.bucket_cap_mb:g} MB buckets)"
-    return f"{s.name}" + (f" on {s.device}" if getattr(s, "device", None) else "")
+def _rendezvous_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:
+    if processes == 1:
+        return []
+    c = spec.cluster
+    where = "loopback only" if c.master_addr.startswith("127.") else f"listening on {c.master_addr}"
+    return [("rendezvous", f"{c.master_addr}:{c.master_port or '<free port>'} (c10d; {where})")]
 
 
 def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool) -> None:

@@ -213,13 +213,11 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
 def _validate_recipe(spec: RunSpec) -> None:
     recipe = spec.recipe.model_dump()
     try:
-        module = recipe_lib.import_entry(spec.recipe.entry)
-        config_cls = recipe_lib.config_class(module, spec.recipe.entry)
-        config_cls.model_validate(recipe)
-        recipe_lib._is_manual(module.train_step, spec.recipe.entry)
+        recipe_lib.load(recipe)
     except recipe_lib.RecipeError as exc:
         raise ConfigError([Problem(key=exc.key, value=exc.value, message=exc.message)]) from None
     except ValidationError as exc:
+        config_cls = recipe_lib.config_class(recipe_lib.import_entry(spec.recipe.entry), spec.recipe.entry)
         raise ConfigError(pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",))) from None
 
 

@@ -97,4 +97,5 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
         allowed = tuple(v.strip(" '") for v in expected.replace(" or ", ", ").split(",") if v.strip())
         return Problem(key=key, value=err.get("input"), message="not an allowed value", allowed=allowed,
                        suggestion=did_you_mean(str(err.get("input")), allowed))
-    return Problem(key=key, value=err.get("input"), message=err["msg"])
+    message = err["msg"].removeprefix("Value error, ")
+    return Problem(key=key, value=err.get("input"), message=message)

@@ -7,16 +7,19 @@ arithmetic. Workers receive ``RunSpec.model_dump()`` and never see Hydra.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from launcher.distribute.devices import canonical_name
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Port = Annotated[int, Field(ge=0, le=65535)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # strict: `true` is not a step count and "1" is not a bool; Hydra already types CLI values.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # ---------- strategies (one model per registered strategy) ----------
@@ -26,18 +29,34 @@ class OneDeviceSpec(Strict):
     name: Literal["one_device"]
     device: str | None = Field(None, description="e.g. cpu:0 or cuda:1; default: the cluster's device type, index 0")
 
+    def replicas(self, cluster: "ClusterSpec") -> int:
+        return 1
+
+    def describe(self) -> str:
+        return "one_device" + (f" on {self.device}" if self.device else "")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str | None) -> str | None:
+        return None if value is None else canonical_name(value)
+
 
 class MirroredSpec(Strict):
     """``strategy=mirrored``: synchronous data parallelism, one process per device (DDP)."""
 
     name: Literal["mirrored"]
-    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size")
+    bucket_cap_mb: float = Field(25.0, gt=0, le=4096, description="DDP gradient bucket size")
     gradient_as_bucket_view: bool = True
     find_unused_parameters: bool = False
 
+    def replicas(self, cluster: "ClusterSpec") -> int:
+        return cluster.world_size
+
+    def describe(self) -> str:
+        return f"mirrored (DDP all-reduce, {self.bucket_cap_mb:g} MB buckets)"
+
 
 StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec], Field(discriminator="name")]
-SINGLE_REPLICA_STRATEGIES = {"one_device"}
 
 
 # ---------- the rest of the run ----------
@@ -103,7 +122,7 @@ class RunSpec(Strict):
     # ----- derived plan -----
     @property
     def num_replicas(self) -> int:
-        return 1 if self.strategy.name in SINGLE_REPLICA_STRATEGIES else self.cluster.world_size
+        return self.strategy.replicas(self.cluster)
 
     @property
     def per_replica_batch_size(self) -> int:
@@ -123,7 +142,8 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        for rule in (_single_node, _one_device_shape, _recipe_supports, _batch_divides, _devices_exist, _backend_fits):
+        for rule in (_single_node, _one_device_shape, _recipe_supports, _batch_divides, _whole_batches,
+                     _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
 
@@ -146,7 +166,7 @@ def _single_node(spec: RunSpec, cuda: int) -> None:
 
 
 def _one_device_shape(spec: RunSpec, cuda: int) -> None:
-    if spec.strategy.name in SINGLE_REPLICA_STRATEGIES and spec.cluster.world_size > 1:
+    if spec.num_replicas == 1 and spec.cluster.world_size > 1:
         raise PlanError(
             "cluster", spec.cluster.shape,
             f"strategy {spec.strategy.name} runs 1 replica on 1 device, but cluster {spec.cluster.shape} "
@@ -169,8 +189,31 @@ def _batch_divides(spec: RunSpec, cuda: int) -> None:
         raise PlanError(
             "input.global_batch_size", gbs,
             f"cluster {spec.cluster.shape} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
-            f"(try {max(n, gbs - gbs % n)} or {gbs + n - gbs % n})",
+            f"(try {_nearby_multiples(gbs, n)})",
         )
+
+
+def _nearby_multiples(value: int, n: int) -> str:
+    below, above = value - value % n, value + n - value % n
+    return f"{below} or {above}" if below > 0 else str(above)
+
+
+def _whole_batches(spec: RunSpec, cuda: int) -> None:
+    if spec.num_replicas > 1 and not spec.input.drop_remainder:
+        raise PlanError(
+            "input.drop_remainder", False,
+            f"with {spec.num_replicas} replicas a last partial global batch leaves some replicas short or empty, "
+            "and averaging their mean losses would weigh examples unequally; keep input.drop_remainder=true",
+        )
+
+
+def _strategy_device_exists(spec: RunSpec, cuda: int) -> None:
+    device = getattr(spec.strategy, "device", None)
+    if device is None or not device.startswith("cuda"):
+        return
+    index = int(device.split(":")[1])
+    if index >= cuda:
+        raise PlanError("strategy.device", device, f"{device} was asked for, but this machine has {cuda} CUDA device(s)")
 
 
 def _devices_exist(spec: RunSpec, cuda: int) -> None:

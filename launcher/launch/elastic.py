@@ -110,7 +110,7 @@ def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
         start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.nodes == 1)
         return 0
     except ChildFailedError as exc:
-        return report_child_failure(exc, run_dir)
+        return report_child_failure(exc, spec, run_dir)
     except SignalException as exc:
         log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
         return 128 + int(exc.sigval)
@@ -119,6 +119,9 @@ def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
         return 130
     except RendezvousError as exc:
         log.error("the workers could not meet: %s", exc)
+        return 1
+    except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
+        log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
         return 1
 
 
@@ -129,7 +132,7 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
         elastic_launch(config, sys.executable)("-u", "-m", module, str(job))
 
 
-def report_child_failure(exc: ChildFailedError, run_dir: Path) -> int:
+def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) -> int:
     """Show the root cause once; a rank that died after completing does not fail the run."""
     causes = {rank: failures.from_process_failure(rank, f) for rank, f in exc.failures.items()}
     finished = {r for r in causes if outputs.completion_marker(run_dir, r).exists()}
@@ -141,19 +144,41 @@ def report_child_failure(exc: ChildFailedError, run_dir: Path) -> int:
     root = failures.first(real)
     others = [c for c in causes.values() if c.rank != root.rank]
     failures.render(root, others, last_logged_step(run_dir))
-    record_failure(run_dir, root)
+    record_failure(spec, run_dir, root)
     return 1
 
 
-def last_logged_step(run_dir: Path) -> int | None:
+def logged(run_dir: Path) -> list[dict]:
     try:
-        lines = (run_dir / outputs.METRICS).read_text().strip().splitlines()
-        return int(json.loads(lines[-1])["step"]) if lines else None
-    except (OSError, ValueError, KeyError):
-        return None
+        return [json.loads(line) for line in (run_dir / outputs.METRICS).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
 
 
-def record_failure(run_dir: Path, root: failures.RootCause) -> None:
-    summary = outputs.read_summary(run_dir) or {}
-    summary.update({"status": "failed", "error": root.as_dict(), "last_logged_step": last_logged_step(run_dir)})
+def last_logged_step(run_dir: Path) -> int | None:
+    records = logged(run_dir)
+    return int(records[-1]["step"]) if records else None
+
+
+def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause) -> None:
+    """A failed run's summary.json: the same keys as a completed one, plus the root cause."""
+    records = logged(run_dir)
+    summary = {
+        "status": "failed",
+        "strategy": spec.strategy.name,
+        "recipe": spec.recipe.name,
+        "cluster": spec.cluster.shape,
+        "num_replicas_in_sync": spec.num_replicas,
+        "world_size": spec.cluster.world_size if spec.num_replicas > 1 else 1,
+        "global_batch_size": spec.input.global_batch_size,
+        "steps": spec.trainer.steps,
+        "first_loss": records[0]["loss"] if records else None,
+        "final_loss": records[-1]["loss"] if records else None,
+        "examples_per_sec": records[-1]["examples_per_sec"] if records else None,
+        "wall_seconds": None,
+        "param_norm": None,
+        "metrics": {},
+        "last_logged_step": last_logged_step(run_dir),
+        "error": root.as_dict(),
+    }
     outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

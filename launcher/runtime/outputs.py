@@ -17,6 +17,12 @@ SUMMARY = "summary.json"
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers
 
 
+def start_run(run_dir: Path) -> None:
+    """A reused run directory must not show the previous run's results as this one's."""
+    for name in (METRICS, SUMMARY):
+        (run_dir / name).unlink(missing_ok=True)
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")

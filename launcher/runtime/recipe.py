@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class RecipeConfig(BaseModel):
     """Base of a recipe's ``Config``: the keys every recipe has. Unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str
     entry: str
@@ -44,7 +44,7 @@ class RecipeConfig(BaseModel):
 class OptimizerConfig(BaseModel):
     """``recipe.optimizer``: one optimizer, built by ``cfg.optimizer.build(model.parameters())``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: float = Field(0.01, gt=0)

@@ -23,6 +23,17 @@ from launcher.runtime.loop import train
 from launcher.runtime.progress import setup_logging
 
 
+def die_with_launcher() -> None:
+    """If dlaunch itself is killed (SIGKILL, OOM), its workers must not train on as orphans."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def teardown() -> None:
     import torch.distributed as dist
 
@@ -31,6 +42,7 @@ def teardown() -> None:
 
 
 def run(job_path: Path) -> int:
+    die_with_launcher()
     job = json.loads(job_path.read_text())
     env = env_lib.WorkerEnv.from_environ()
     rank = env.rank if env else 0

@@ -51,6 +51,12 @@ CASES = [
     (["recipe.entry=launcher.cli.plan"], "recipe.entry", "has no function build"),
     (["trainer.steps"], "trainer.steps", "cannot parse"),
     (["~strategy"], "strategy", "required key is missing"),
+    (["hydra.run.dir="], "hydra.run.dir", "must name a directory"),
+    (["trainer.steps=true"], "trainer.steps", "valid integer"),
+    (["strategy.device=tpu:0"], "strategy.device", "unknown device"),
+    (["strategy.device=cuda:0"], "strategy.device", "0 CUDA device"),
+    (["strategy=mirrored", "strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite"),
+    (["strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], "input.drop_remainder", "keep input.drop_remainder=true"),
 ]
 
 

@@ -11,8 +11,12 @@ import pytest
 from rich.console import Console
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from launcher.config.compose import compose_and_validate
 from launcher.launch import elastic, failures
 from launcher.runtime import outputs
+from tests.conftest import dlaunch
+
+SPEC = compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
 
 
 def process_failure(tmp_path, rank: int, exitcode: int, exc: BaseException | None, when: float) -> ProcessFailure:
@@ -53,15 +57,29 @@ def test_a_rank_that_completed_then_aborted_does_not_fail_the_run(tmp_path):
     for rank in (0, 1):
         outputs.completion_marker(tmp_path, rank).touch()
     aborted = ProcessFailure(1, 4242, -6, str(tmp_path / "none.json"))  # SIGABRT at exit, after its marker
-    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), tmp_path) == 0
+    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), SPEC, tmp_path) == 0
 
 
 def test_a_rank_that_aborted_before_completing_fails_the_run(tmp_path):
     (tmp_path / outputs.STATE_DIR).mkdir()
     outputs.completion_marker(tmp_path, 0).touch()
     aborted = ProcessFailure(1, 4242, -6, str(tmp_path / "none.json"))
-    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), tmp_path) == 1
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), SPEC, tmp_path) == 1
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"]["exit"] == "signal SIGABRT"
+    for key in ("strategy", "num_replicas_in_sync", "world_size", "global_batch_size", "steps", "first_loss",
+                "final_loss", "examples_per_sec", "wall_seconds", "param_norm", "metrics"):
+        assert key in s, key
+
+
+def test_a_port_in_use_is_a_clean_error(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        proc = dlaunch("strategy=mirrored", "cluster=1x2", f"cluster.master_port={port}", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "cannot start the rendezvous" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_traceback_starts_at_user_code(tmp_path):

@@ -49,9 +49,14 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     deadline = time.monotonic() + 90
     while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(workers_of(run_dir)) == 2, "the workers should be training"
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=30)
+    try:
+        assert len(workers_of(run_dir)) == 2, "the workers should be training"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # never leave a training job behind when this test fails
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, output[-2000:]
     time.sleep(0.5)
     assert workers_of(run_dir) == []
