@@ -23,7 +23,7 @@ def process_device(env: WorkerEnv | None, device_type: str | None = None) -> tor
 
 
 def ensure_process_group(
-    env: WorkerEnv | None = None, backend: str | None = None, timeout_s: float = 300.0, device_type: str | None = None
+    env: WorkerEnv | None, backend: str | None = None, timeout_s: float = 300.0, device_type: str | None = None
 ) -> bool:
     """Join the job's process group if this process is one of several workers.
 
@@ -33,7 +33,6 @@ def ensure_process_group(
     """
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size() > 1
-    env = env or WorkerEnv.from_environ()
     if env is None or env.world_size <= 1:
         return False
     device = process_device(env, device_type)

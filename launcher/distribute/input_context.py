@@ -26,9 +26,10 @@ class InputOptions:
         experimental_fetch_to_device: move each replica's batch onto its device
             (non-blocking, from pinned memory on CUDA).
         experimental_replication_mode: see ``InputReplicationMode``.
-        experimental_place_dataset_on_device: build the dataset on the device
-            (only valid with ``PER_REPLICA`` and without fetch-to-device).
-        experimental_per_replica_buffer_size: batches prefetched per replica.
+        experimental_place_dataset_on_device: TF's option, validated as TF does;
+            dlaunch builds datasets on the host either way.
+        experimental_per_replica_buffer_size: TF's option, validated; dlaunch does not
+            prefetch ahead yet (``DataLoader(num_workers=..., prefetch_factor=...)`` does).
     """
 
     experimental_fetch_to_device: bool = True

@@ -85,12 +85,18 @@ class MirroredStrategy(Strategy):
         cross_device_ops: must be None (torch's all-reduce; DDP across processes).
         ddp_options: keyword arguments for ``DistributedDataParallel`` across processes
             (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``find_unused_parameters``).
+        env: where this process sits in a multi-process job; by default what the
+            launcher (dlaunch's workers, torchrun) put in the environment.
     """
 
-    def __init__(self, devices: Sequence[str] | None = None, cross_device_ops: Any = None, *, ddp_options: dict | None = None):
+    def __init__(
+        self, devices: Sequence[str] | None = None, cross_device_ops: Any = None, *,
+        ddp_options: dict | None = None, env: WorkerEnv | None | str = "from-environment",
+    ):
         if cross_device_ops is not None:
             raise ValueError("cross_device_ops: only None (torch's all-reduce) is supported in this version")
-        env = WorkerEnv.from_environ()
+        if env == "from-environment":
+            env = WorkerEnv.from_environ()
         resolver = None
         if ensure_process_group(env):
             devices = list(devices) if devices is not None else [devlib.canonical_name(process_device(env))]
@@ -99,7 +105,7 @@ class MirroredStrategy(Strategy):
                     f"with one process per replica each process takes one device; got devices={devices}"
                 )
             extended = _MirroredExtended(devices, ProcessCollectives(), ddp_options)
-            resolver = TorchElasticClusterResolver(env) if env is not None else None
+            resolver = TorchElasticClusterResolver(env, extended._devices[0].type) if env is not None else None
         else:
             extended = _MirroredExtended(list(devices) if devices else devlib.default_local_devices(), None, ddp_options)
         super().__init__(extended, cluster_resolver=resolver)
@@ -115,4 +121,4 @@ def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
         "gradient_as_bucket_view": spec.gradient_as_bucket_view,
         "find_unused_parameters": spec.find_unused_parameters,
     }
-    return MirroredStrategy(devices=[device], ddp_options=ddp)
+    return MirroredStrategy(devices=[device], ddp_options=ddp, env=runtime.env)
