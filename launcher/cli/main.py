@@ -30,6 +30,12 @@ class _Status:
     """Exit codes of the jobs Hydra ran in this process (one, or one per sweep job)."""
 
     codes: list[int] = []
+    validated: dict[tuple[str, ...], Any] = {}  # a job's own overrides -> its RunSpec, from the pre-check
+
+
+def _job_key(overrides: list[str]) -> tuple[str, ...]:
+    """The overrides that shape a job's config (Hydra's own settings do not)."""
+    return tuple(sorted(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))))
 
 
 def cuda_devices() -> int:
@@ -81,7 +87,7 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     problems: list[Problem] = _check_output_dirs(overrides)
     for job in _job_overrides(overrides, multirun):
         try:
-            composer.compose_and_validate(job, cuda)
+            _Status.validated[_job_key(job)] = composer.compose_and_validate(job, cuda)
         except ConfigError as exc:
             problems.extend(p for p in exc.problems if p not in problems)
     if problems:
@@ -99,7 +105,8 @@ def task(cfg: Any) -> Any:
     console = Console(stderr=True, highlight=False)
     cuda = cuda_devices()
     try:
-        spec = composer.validate(cfg, cuda)
+        # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
+        spec = _Status.validated.get(_job_key(list(HydraConfig.get().overrides.task))) or composer.validate(cfg, cuda)
     except ConfigError as exc:
         render(exc, console)
         _Status.codes.append(2)

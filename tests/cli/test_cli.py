@@ -52,3 +52,13 @@ def test_help_lists_the_config_groups(run_dlaunch):
     assert proc.returncode == 0
     for group in ("strategy: mirrored, one_device", "recipe: linear"):
         assert group in proc.stdout
+
+
+def test_multirun_runs_each_job_in_its_own_directory(tmp_path):
+    from tests.conftest import dlaunch
+
+    sweep = tmp_path / "sweep"
+    proc = dlaunch("-m", "strategy=one_device,mirrored", "cluster=1x1", "trainer.steps=5", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    strategies = sorted(summary(sweep / str(i))["strategy"] for i in (0, 1))
+    assert strategies == ["mirrored", "one_device"]
