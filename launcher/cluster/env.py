@@ -46,6 +46,34 @@ class WorkerEnv:
         )
 
 
+def tf_config(environ: Mapping[str, str] | None = None) -> dict:
+    """The ``TF_CONFIG`` JSON (cluster, task, rpc_layer, environment), or ``{}`` when unset."""
+    import json
+
+    text = (os.environ if environ is None else environ).get("TF_CONFIG", "")
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("TF_CONFIG must be a JSON object with 'cluster' and 'task'")
+    return data
+
+
+SLURM_VARIABLES = (
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NODELIST",
+    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID",
+)
+
+
+def slurm(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The SLURM_* variables a SLURM job step describes its tasks with (empty outside SLURM)."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in SLURM_VARIABLES if k in env}
+
+
 def error_file() -> str | None:
     """Where the elastic agent wants this worker's root-cause error (JSON)."""
     return os.environ.get("TORCHELASTIC_ERROR_FILE")
