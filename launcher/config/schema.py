@@ -56,7 +56,16 @@ class MirroredSpec(Strict):
         return f"mirrored (DDP all-reduce, {self.bucket_cap_mb:g} MB buckets)"
 
 
-StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec], Field(discriminator="name")]
+class MultiWorkerMirroredSpec(MirroredSpec):
+    """``strategy=multi_worker_mirrored``: mirrored across workers (processes, and later nodes)."""
+
+    name: Literal["multi_worker_mirrored"]  # type: ignore[assignment]
+
+    def describe(self) -> str:
+        return f"multi_worker_mirrored (DDP all-reduce, {self.bucket_cap_mb:g} MB buckets)"
+
+
+StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec], Field(discriminator="name")]
 
 
 # ---------- the rest of the run ----------

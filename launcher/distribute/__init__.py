@@ -31,6 +31,9 @@ from launcher.distribute.values import PerReplica
 # modules, so they are looked up on first use rather than imported here.
 _STRATEGIES = {
     "MirroredStrategy": "launcher.strategies.mirrored",
+    "MultiWorkerMirroredStrategy": "launcher.strategies.multi_worker_mirrored",
+    "CommunicationOptions": "launcher.strategies.multi_worker_mirrored",
+    "CommunicationImplementation": "launcher.strategies.multi_worker_mirrored",
     "OneDeviceStrategy": "launcher.strategies.one_device",
 }
 

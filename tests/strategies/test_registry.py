@@ -13,7 +13,7 @@ def test_unknown_strategy_lists_the_available_ones():
     class Spec:
         name = "central"
 
-    with pytest.raises(KeyError, match="available: mirrored, one_device"):
+    with pytest.raises(KeyError, match="available: mirrored, multi_worker_mirrored, one_device"):
         strategies.build(Spec(), strategies.Runtime(None, "cpu", "gloo"))
 
 

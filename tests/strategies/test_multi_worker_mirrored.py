@@ -1,0 +1,82 @@
+"""MultiWorkerMirroredStrategy: TF_CONFIG workers started by hand, and under dlaunch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from launcher.cluster.resolvers import SimpleClusterResolver
+from tests.conftest import PROBE
+
+pytestmark = pytest.mark.slow
+
+WORKER = """
+import json, sys, torch
+from launcher import distribute as dl
+s = dl.MultiWorkerMirroredStrategy()
+r = s.cluster_resolver
+_, batch = list(s.experimental_distribute_dataset([torch.arange(8), torch.arange(6)]))
+full, = list(s.experimental_distribute_dataset([torch.arange(8)]))
+v = s.run(lambda t: t, args=(full,))
+print(json.dumps({"task": [r.task_type, r.task_id], "replicas": s.num_replicas_in_sync,
+                  "sum_none": s.reduce("SUM", v, axis=None).tolist(), "sum0": int(s.reduce("SUM", v, axis=0)),
+                  "mean_partial": float(s.reduce("MEAN", s.run(lambda t: t, args=(batch,)), axis=0))}))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_tf_config_workers_started_by_hand_form_one_job(tmp_path):
+    cluster = {"chief": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"]}
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    procs = []
+    for task in ({"type": "chief", "index": 0}, {"type": "worker", "index": 0}):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        results = [json.loads(p.communicate(timeout=90)[0].strip().splitlines()[-1]) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [r["task"] for r in results] == [["chief", 0], ["worker", 0]]
+    for r in results:
+        assert r["replicas"] == 2 and r["sum_none"] == [4, 6, 8, 10] and r["sum0"] == 28
+        assert r["mean_partial"] == pytest.approx(15 / 6)
+
+
+def test_a_ps_task_is_refused():
+    from launcher import distribute as dl
+
+    resolver = SimpleClusterResolver({"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, task_type="ps", task_id=0)
+    with pytest.raises(ValueError, match="no ps tasks"):
+        dl.MultiWorkerMirroredStrategy(resolver)
+
+
+def test_a_cluster_without_this_task_is_a_value_error():
+    from launcher import distribute as dl
+
+    with pytest.raises(ValueError, match="task_type or task_id"):
+        dl.MultiWorkerMirroredStrategy(SimpleClusterResolver({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}))
+
+
+def test_dlaunch_multi_worker_mirrored_trains_like_one_device(run_dlaunch):
+    common = ("trainer.steps=30", f"recipe.entry={PROBE}", "+recipe.save_params=true")
+    proc, one = run_dlaunch("strategy=one_device", *common, name="one")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc, mw = run_dlaunch("strategy=multi_worker_mirrored", "cluster=1x2", *common, name="mw")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = (torch.load(d / "params.pt", weights_only=True) for d in (one, mw))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
