@@ -168,6 +168,11 @@ class TorchElasticClusterResolver:
         self.environment = ""
 
     @property
+    def env(self) -> WorkerEnv:
+        """The launcher's description of this worker."""
+        return self._env
+
+    @property
     def task_type(self) -> str:
         return "worker"
 

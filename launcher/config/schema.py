@@ -55,6 +55,14 @@ class MirroredSpec(Strict):
     def describe(self) -> str:
         return f"mirrored (DDP all-reduce, {self.bucket_cap_mb:g} MB buckets)"
 
+    def ddp_options(self) -> dict:
+        """Keyword arguments for ``DistributedDataParallel``."""
+        return {
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "find_unused_parameters": self.find_unused_parameters,
+        }
+
 
 class MultiWorkerMirroredSpec(MirroredSpec):
     """``strategy=multi_worker_mirrored``: mirrored across workers (processes, and later nodes)."""

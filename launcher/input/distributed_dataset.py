@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
 from launcher.distribute.values import map_structure, regroup
-from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch
+from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch, split_batch
 
 if TYPE_CHECKING:
     from launcher.distribute.strategy import Strategy
@@ -117,12 +117,10 @@ class DistributedDataset:
 
     def _iter_global_batches(self) -> Iterator[Any]:
         for batch in self._dataset:
-            length = batch_size_of(batch)
             if self._global_batch_size is None:
-                self._global_batch_size = length
-            b = per_replica_size(self._global_batch_size, self._num_replicas)
-            pieces = [slice_batch(batch, *rows_for_replica(self._first + k, b, length)) for k in range(self._num_local)]
-            yield self._package(pieces)
+                self._global_batch_size = batch_size_of(batch)
+            mine = range(self._first, self._first + self._num_local)
+            yield self._package(split_batch(batch, mine, self._num_replicas, self._global_batch_size))
 
     def _package(self, pieces: list[Any]) -> Any:
         if self._options.experimental_fetch_to_device:

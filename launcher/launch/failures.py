@@ -121,13 +121,13 @@ def _is_dlaunch_frame(filename: str) -> bool:
 
 
 def _format(exc: BaseException) -> str:
-    """The traceback from the first frame outside dlaunch (all of it if the error is dlaunch's own)."""
-    tb = exc.__traceback__
-    while tb is not None and _is_dlaunch_frame(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    if tb is None:
-        tb = exc.__traceback__
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback without dlaunch's own frames (all of it if the error is dlaunch's own)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if not _is_dlaunch_frame(f.filename)]
+    shown = traceback.StackSummary.from_list(user or frames)
+    note = ["  (dlaunch's own frames are hidden)\n"] if user and len(user) < len(frames) else []
+    lines = ["Traceback (most recent call last):\n", *note, *shown.format()]
+    return "".join(lines + traceback.format_exception_only(type(exc), exc))
 
 
 def _exit_text(code: int | None) -> str:

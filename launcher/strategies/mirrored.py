@@ -116,9 +116,4 @@ def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
     """One replica per process, on the device type the validated spec resolved."""
     ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s, runtime.device_type)
     device = devlib.canonical_name(process_device(runtime.env, runtime.device_type))
-    ddp = {
-        "bucket_cap_mb": spec.bucket_cap_mb,
-        "gradient_as_bucket_view": spec.gradient_as_bucket_view,
-        "find_unused_parameters": spec.find_unused_parameters,
-    }
-    return MirroredStrategy(devices=[device], ddp_options=ddp, env=runtime.env)
+    return MirroredStrategy(devices=[device], ddp_options=spec.ddp_options(), env=runtime.env)

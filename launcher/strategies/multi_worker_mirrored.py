@@ -111,11 +111,11 @@ class MultiWorkerMirroredStrategy(Strategy):
             validate_task(resolver)
             backend = _backend(options, kind)
             if isinstance(resolver, TorchElasticClusterResolver):
-                grouped = ensure_process_group(resolver._env, backend, timeout_s, kind)
+                grouped = ensure_process_group(resolver.env, backend, timeout_s, kind)
             elif resolver.cluster_spec():
                 grouped = _join_tf_config_group(resolver, backend, timeout_s)
         if grouped:
-            env = resolver._env if isinstance(resolver, TorchElasticClusterResolver) else None
+            env = resolver.env if isinstance(resolver, TorchElasticClusterResolver) else None
             device = devlib.canonical_name(process_device(env, kind))
             extended = _MirroredExtended([device], ProcessCollectives(), ddp_options)
         else:
@@ -125,11 +125,6 @@ class MultiWorkerMirroredStrategy(Strategy):
 
 @register("multi_worker_mirrored")
 def from_spec(spec: Any, runtime: Runtime) -> MultiWorkerMirroredStrategy:
-    ddp = {
-        "bucket_cap_mb": spec.bucket_cap_mb,
-        "gradient_as_bucket_view": spec.gradient_as_bucket_view,
-        "find_unused_parameters": spec.find_unused_parameters,
-    }
     resolver = TorchElasticClusterResolver(runtime.env, runtime.device_type) if runtime.env is not None else None
     options = CommunicationOptions(timeout_seconds=runtime.collective_timeout_s)
-    return MultiWorkerMirroredStrategy(resolver, options, ddp_options=ddp, device_type=runtime.device_type)
+    return MultiWorkerMirroredStrategy(resolver, options, ddp_options=spec.ddp_options(), device_type=runtime.device_type)

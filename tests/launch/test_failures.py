@@ -85,12 +85,15 @@ def test_a_port_in_use_is_a_clean_error(tmp_path):
 def test_traceback_starts_at_user_code(tmp_path):
     script = tmp_path / "user_code.py"
     script.write_text(
+        "from launcher import distribute as dl\n"
         "from launcher.launch import failures\n"
         "def user():\n    raise KeyError('x')\n"
-        "try:\n    user()\nexcept KeyError as e:\n    print(failures.from_exception(e).traceback)\n"
+        "try:\n    dl.OneDeviceStrategy('cpu:0').run(user)\n"
+        "except KeyError as e:\n    print(failures.from_exception(e).traceback)\n"
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env={**os.environ}).stdout
-    assert "user_code.py" in out and "KeyError" in out
+    assert "in user" in out and "KeyError" in out
+    assert "launcher/distribute" not in out, "dlaunch's own frames between the call and the user's code are hidden"
 
 
 def test_a_killed_rank_is_the_root_cause_not_the_peer_that_lost_it(tmp_path):
