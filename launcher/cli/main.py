@@ -123,6 +123,9 @@ def task(cfg: Any) -> Any:
     summary = outputs.read_summary(run_dir)
     if code == 0 and summary:
         show_summary(summary, run_dir, console)
+    elif code == 0 and spec.cluster.node_rank:
+        console.print(f"node {spec.cluster.node_rank} of {spec.cluster.nodes} done; rank 0 wrote the results on node 0 "
+                      f"({spec.cluster.master_addr}); this node's worker logs: {run_dir / 'logs'}")
     return summary
 
 
@@ -136,7 +139,7 @@ def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
 
 def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
     """One replica needs no worker processes: train here (pdb and profilers just work)."""
-    from launcher.launch import elastic, failures
+    from launcher.launch import failures, report
     from launcher.runtime.loop import train
 
     try:
@@ -147,8 +150,8 @@ def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> in
         return 130
     except Exception as exc:  # noqa: BLE001 - shown as the root cause below
         root = failures.from_exception(exc)
-        failures.render(root, [], elastic.last_logged_step(run_dir), console)
-        elastic.record_failure(spec, run_dir, root)
+        failures.render(root, [], report.last_logged_step(run_dir), console)
+        report.record_failure(spec, run_dir, root)
         return 1
 
 

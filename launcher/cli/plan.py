@@ -23,7 +23,8 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str
         ("strategy", spec.strategy.describe()),
         ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),
         ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
-        ("processes", f"{processes}, one per device, started by torch.distributed.elastic" if processes > 1 else "1 (this process)"),
+        ("processes", _processes(spec, processes)),
+        *_nodes_row(spec, processes),
         ("replicas", f"{n} in sync"),
         ("devices", devices),
         ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
@@ -35,12 +36,37 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str
     return rows
 
 
+def _processes(spec: RunSpec, processes: int) -> str:
+    c = spec.cluster
+    if processes == 1:
+        return "1 (this process)"
+    if c.nodes > 1 and not c.emulated:
+        return f"{c.devices_per_node} on this node ({processes} in all), one per device, started by torch.distributed.elastic"
+    return f"{processes}, one per device, started by torch.distributed.elastic"
+
+
+def _nodes_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:
+    c = spec.cluster
+    if c.nodes == 1 or processes == 1:
+        return []
+    if c.emulated:
+        return [("nodes", f"{c.nodes} emulated on this machine: one elastic agent process per node, "
+                          f"real node/local/group ranks (run each node elsewhere with cluster.node_rank=i)")]
+    hosts = c.node_hosts()
+    here = f" ({hosts[c.node_rank]})" if hosts else ""
+    ranks = f"ranks {c.node_rank * c.devices_per_node}-{(c.node_rank + 1) * c.devices_per_node - 1}"
+    results = "results are written here" if c.node_rank == 0 else "rank 0 and the results are on node 0"
+    return [("nodes", f"this machine is node {c.node_rank} of {c.nodes}{here}: {ranks}; {results}")]
+
+
 def _rendezvous_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:
     if processes == 1:
         return []
     c = spec.cluster
-    where = "loopback only" if c.master_addr.startswith("127.") else f"listening on {c.master_addr}"
-    return [("rendezvous", f"{c.master_addr}:{c.master_port or '<free port>'} (c10d; {where})")]
+    where = "loopback only" if c.loopback else f"listening on {c.master_addr}"
+    host = "hosted by node 0" if c.nodes > 1 else "on this machine"
+    return [("rendezvous", f"{c.master_addr}:{c.master_port or '<free port>'} (c10d {host}, {where}; "
+                           f"nodes wait {spec.launch.rdzv_timeout_s} s, ranks {spec.launch.preflight_timeout_s} s)")]
 
 
 def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool) -> None:

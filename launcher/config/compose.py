@@ -44,7 +44,7 @@ def group_options(group: str) -> list[str]:
     if group == "recipe":
         return sorted(recipe_files())
     if group == "cluster":
-        return ["NxM (e.g. 1x1, 1x2, 2x8)"]
+        return ["NxM (e.g. 1x1, 1x2, 2x8)", *file_options("cluster")]
     return file_options(group)
 
 
@@ -108,9 +108,10 @@ def _choices(ov: Override) -> list[str]:
 
 def _check_choice(group: str, value: str) -> Problem | None:
     if group == "cluster":
-        if SHAPE.match(value) and all(int(v) > 0 for v in SHAPE.match(value).groups()):
+        if SHAPE.match(value) and all(int(v) > 0 for v in SHAPE.match(value).groups()) or value in file_options("cluster"):
             return None
-        return Problem(key="cluster", value=value, message="cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8)")
+        files = ", ".join(file_options("cluster"))
+        return Problem(key="cluster", value=value, message=f"cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8), or one of: {files}")
     options = group_options(group)
     if value in options:
         return None

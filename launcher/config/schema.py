@@ -77,15 +77,46 @@ StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredS
 
 
 # ---------- the rest of the run ----------
+class TaskSpec(Strict):
+    """``cluster.task``: this machine's entry in ``cluster.tasks`` (TF_CONFIG's ``task``)."""
+
+    type: Literal["chief", "worker"]
+    index: Annotated[int, Field(ge=0)] = 0
+
+
 class ClusterSpec(Strict):
-    """``cluster=NxM``: N nodes x M devices per node."""
+    """``cluster=NxM``: N nodes x M devices per node.
+
+    The same cluster can be given TF_CONFIG-style instead: ``tasks`` lists the
+    nodes' addresses by role (chief first, then workers) and ``task`` says which
+    one this machine is. Then ``nodes`` is their count, the master is the first
+    task's address, and ``node_rank`` is the task's position.
+    """
 
     nodes: PositiveInt = 1
     devices_per_node: PositiveInt = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     master_addr: str = Field("127.0.0.1", min_length=1)
-    master_port: Port = Field(0, description="0 picks a free port")
+    master_port: Port = Field(0, description="0 picks a free port (one machine only)")
+    node_rank: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="this machine's node; unset with nodes > 1: every node is emulated on this machine",
+    )
+    tasks: dict[Literal["chief", "worker"], list[Annotated[str, Field(min_length=1)]]] | None = None
+    task: TaskSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_tasks(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("tasks"):
+            return data
+        return {**data, **tasks_layout(data["tasks"], data.get("task"), data.get("nodes"))}
+
+    @model_validator(mode="after")
+    def _node_rank_fits(self) -> "ClusterSpec":
+        if self.node_rank is not None and self.node_rank >= self.nodes:
+            raise ValueError(f"node_rank {self.node_rank} is not a node of cluster {self.shape} (0..{self.nodes - 1})")
+        return self
 
     @property
     def shape(self) -> str:
@@ -94,6 +125,47 @@ class ClusterSpec(Strict):
     @property
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def emulated(self) -> bool:
+        """Several nodes and no node rank: each node's agent and workers run on this machine."""
+        return self.nodes > 1 and self.node_rank is None
+
+    @property
+    def loopback(self) -> bool:
+        return self.master_addr in ("localhost", "::1") or self.master_addr.startswith("127.")
+
+    def node_hosts(self) -> list[str] | None:
+        """Each node's host, when the cluster was given as a task list."""
+        if not self.tasks:
+            return None
+        return [address.rsplit(":", 1)[0] for address in _ordered_tasks(self.tasks)]
+
+
+def _ordered_tasks(tasks: dict[str, list[str]]) -> list[str]:
+    return [*tasks.get("chief", []), *tasks.get("worker", [])]
+
+
+def tasks_layout(tasks: dict, task: Any, nodes: Any) -> dict[str, Any]:
+    """``nodes``, master address and port, and ``node_rank`` from a TF_CONFIG-style task list."""
+    if not isinstance(tasks, dict):
+        return {}
+    if len(tasks.get("chief") or []) > 1:
+        raise ValueError(f"cluster.tasks may list one chief; got {len(tasks['chief'])}")
+    ordered = _ordered_tasks({k: list(v or []) for k, v in tasks.items()})
+    if nodes is not None and nodes != len(ordered):
+        raise ValueError(f"cluster.tasks lists {len(ordered)} node(s) but cluster.nodes is {nodes}; give one or the other")
+    host, sep, port = ordered[0].rpartition(":") if ordered else ("", "", "")
+    if not sep or not port.isdigit():
+        raise ValueError(f"the first task's address must be host:port; got {ordered[0] if ordered else 'nothing'}")
+    layout: dict[str, Any] = {"nodes": len(ordered), "master_addr": host, "master_port": int(port)}
+    if isinstance(task, dict) and "type" in task:
+        offset = 0 if task["type"] == "chief" else len(tasks.get("chief") or [])
+        layout["node_rank"] = offset + int(task.get("index", 0))
+        count = len(tasks.get(task["type"]) or [])
+        if int(task.get("index", 0)) >= count:
+            raise ValueError(f"cluster.task {task['type']}:{task.get('index', 0)} is not in cluster.tasks ({count} {task['type']} task(s))")
+    return layout
 
 
 class TrainerSpec(Strict):
@@ -112,7 +184,8 @@ class InputSpec(Strict):
 class LaunchSpec(Strict):
     dry_run: bool = False
     max_restarts: Annotated[int, Field(ge=0)] = 0
-    rdzv_timeout_s: PositiveInt = 120
+    rdzv_timeout_s: PositiveInt = Field(120, description="how long nodes wait for each other at the rendezvous")
+    preflight_timeout_s: PositiveInt = Field(60, description="how long each rank waits for every other before training")
     collective_timeout_s: PositiveInt = 300
     monitor_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.1
     shutdown_grace_s: PositiveInt = 5
@@ -159,7 +232,7 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        for rule in (_single_node, _one_device_shape, _recipe_supports, _batch_divides, _whole_batches,
+        for rule in (_one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
                      _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
@@ -173,12 +246,13 @@ class PlanError(ValueError):
         self.key, self.value, self.message = key, value, message
 
 
-def _single_node(spec: RunSpec, cuda: int) -> None:
-    if spec.cluster.nodes > 1:
+def _fixed_port(spec: RunSpec, cuda: int) -> None:
+    c = spec.cluster
+    if c.nodes > 1 and c.node_rank is not None and c.master_port == 0:
         raise PlanError(
-            "cluster", spec.cluster.shape,
-            f"cluster {spec.cluster.shape} spans {spec.cluster.nodes} nodes; this version launches one node "
-            f"(cluster=1xM)",
+            "cluster.master_port", 0,
+            f"cluster {c.shape} with cluster.node_rank={c.node_rank}: every node must meet at the same "
+            f"address, so give a port (e.g. cluster.master_port=29500)",
         )
 
 

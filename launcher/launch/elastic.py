@@ -15,7 +15,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -25,7 +25,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.cluster.env import worker_environment
 from launcher.config.schema import RunSpec
-from launcher.launch import failures, rendezvous
+from launcher.launch import rendezvous, report
 from launcher.runtime import outputs
 
 log = logging.getLogger("dlaunch")
@@ -36,44 +36,69 @@ def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
     """The validated spec, as workers read it: they never run Hydra."""
     state = run_dir / outputs.STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
-    for stale in state.glob("rank-*.done"):  # a reused run directory must not vouch for this run
-        stale.unlink()
+    for pattern in ("rank-*.done", "node-*.failures.json"):  # a reused run directory must not speak for this run
+        for stale in state.glob(pattern):
+            stale.unlink()
     path = state / "job.json"
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "run_dir": str(run_dir.resolve()), "cuda_devices": cuda_devices}))
     return path
 
 
-def launch_config(spec: RunSpec, run_dir: Path) -> LaunchConfig:
+def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str, listen_fd: int | None = None) -> LaunchConfig:
+    """The elastic agent's settings for node ``node_rank`` of the spec's cluster."""
+    c = spec.cluster
     return local_config(
-        spec.cluster.devices_per_node, run_dir / "logs",
-        addr=spec.cluster.master_addr, port=spec.cluster.master_port,
+        c.devices_per_node, run_dir / "logs" / (f"node{node_rank}" if c.nodes > 1 else ""),
+        addr=c.master_addr, port=c.master_port,
         max_restarts=spec.launch.max_restarts, join_timeout_s=spec.launch.rdzv_timeout_s,
         monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
+        nodes=c.nodes, node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
     )
+
+
+def _local_addr(spec: RunSpec, node_rank: int) -> str | None:
+    """The address other nodes reach this one at (node 0's is the master's); None: this host's name."""
+    c = spec.cluster
+    hosts = c.node_hosts()
+    if hosts:
+        return hosts[node_rank]
+    return c.master_addr if node_rank == 0 or c.loopback else None
 
 
 def local_config(
     nproc: int, log_dir: Path, *, addr: str = "127.0.0.1", port: int = 0, max_restarts: int = 0,
     join_timeout_s: int = 120, monitor_interval_s: float = 0.1, shutdown_grace_s: int = 5,
+    nodes: int = 1, node_rank: int | None = None, run_id: str | None = None, listen_fd: int | None = None,
+    local_addr: str | None = "127.0.0.1",
 ) -> LaunchConfig:
-    """One node of ``nproc`` workers, rendezvous on ``addr:port`` (0: a free port)."""
-    others = {r: Std.ALL for r in range(1, nproc)}
+    """``nproc`` workers of node ``node_rank`` (of ``nodes``), rendezvous on ``addr:port`` (0: a free port).
+
+    Node 0 hosts the rendezvous store (on ``listen_fd`` if that socket is already
+    bound); the other nodes connect to it.
+    """
+    first_tagged = 1 if not node_rank else 0  # rank 0 keeps the terminal (its progress bar)
+    others = {r: Std.ALL for r in range(first_tagged, nproc)}
+    rdzv = {"join_timeout": join_timeout_s, "last_call_timeout": 1, "is_host": not node_rank}
+    if node_rank is not None:
+        rdzv["node_rank"] = node_rank
+    if listen_fd is not None:
+        rdzv["listen_fd"] = listen_fd
     return LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nodes,
+        max_nodes=nodes,
         nproc_per_node=nproc,
-        run_id=f"dlaunch-{uuid.uuid4().hex[:12]}",
+        run_id=run_id or f"dlaunch-{uuid.uuid4().hex[:12]}",
         role="rank",
         rdzv_backend=rendezvous.register(),
         rdzv_endpoint=f"{addr}:{port}",
-        rdzv_configs={"join_timeout": join_timeout_s, "last_call_timeout": 1},
+        rdzv_configs=rdzv,
         max_restarts=max_restarts,
         monitor_interval=monitor_interval_s,
         start_method="spawn",
-        # Rank 0 keeps the terminal (its progress bar); the others are tagged and kept in logs/.
+        # The other ranks are tagged on the terminal and kept in logs/.
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=others, tee=others),
         log_line_prefix_template="[rank${rank}] ",
-        local_addr=addr,
+        local_addr=local_addr,
         shutdown_timeout=shutdown_grace_s,
     )
 
@@ -102,15 +127,35 @@ def _quiet_agent() -> None:
 
 
 def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
-    """Run the job's workers to the end; return the exit code (0, 1, or 128+signal)."""
+    """Run the job's workers to the end; return the exit code (0, 1, or 128+signal).
+
+    One node, or this machine's node of several (``cluster.node_rank``), runs its
+    elastic agent here. Several nodes without a node rank are emulated: one agent
+    process per node on this machine, meeting through the same rendezvous.
+    """
     job = write_job(spec, run_dir, cuda_devices)
-    config = launch_config(spec, run_dir)
-    log.info("starting %d worker process(es) through torch.distributed.elastic", config.nproc_per_node)
+    c = spec.cluster
+    if c.emulated:
+        from launcher.launch import emulate
+
+        return emulate.run(spec, run_dir, job)
+    run_id = f"dlaunch-{c.master_port}" if c.nodes > 1 else None  # every node must name the same run
+    return run_node(spec, run_dir, job, c.node_rank or 0, run_id)
+
+
+def run_node(
+    spec: RunSpec, run_dir: Path, job: Path, node_rank: int, run_id: str | None,
+    listen_fd: int | None = None, on_failure: Callable[..., int] = report.report_failures,
+) -> int:
+    """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``."""
+    config = node_config(spec, run_dir, node_rank, run_id or f"dlaunch-{uuid.uuid4().hex[:12]}", listen_fd)
+    where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
+    log.info("starting %d worker process(es)%s through torch.distributed.elastic", config.nproc_per_node, where)
     try:
-        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.nodes == 1)
+        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback)
         return 0
     except ChildFailedError as exc:
-        return report_child_failure(exc, spec, run_dir)
+        return on_failure(*report.causes_of(exc, run_dir), spec, run_dir)
     except SignalException as exc:
         log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
         return 128 + int(exc.sigval)
@@ -118,11 +163,30 @@ def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
         log.warning("interrupted; all workers were shut down")
         return 130
     except RendezvousError as exc:
-        log.error("the workers could not meet: %s", exc)
+        log.error("%s", rendezvous_problem(spec, exc))
         return 1
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
         log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
         return 1
+
+
+def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
+    """Why the nodes did not meet, naming the nodes (and their ranks) that never came."""
+    c = spec.cluster
+    text = f"the nodes could not meet at {c.master_addr}:{c.master_port}: {str(exc) or 'the rendezvous timed out'}"
+    joined = rendezvous.last_joined()
+    if c.nodes == 1 or joined is None:
+        return text
+    missing = [r for r in range(c.nodes) if r not in joined]
+    if not missing:
+        return text
+    came = "; ".join(f"node {r}: {who}" for r, who in sorted(joined.items())) or "none"
+    absent = ", ".join(f"node {r} (ranks {r * c.devices_per_node}-{(r + 1) * c.devices_per_node - 1})" for r in missing)
+    return (
+        f"{text}\n  joined within {spec.launch.rdzv_timeout_s} s: {came}\n  missing: {absent}; start "
+        f"`dlaunch ... cluster.node_rank=N` there, with the same cluster.master_addr={c.master_addr} "
+        f"and cluster.master_port={c.master_port}"
+    )
 
 
 def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool) -> None:
@@ -130,55 +194,3 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     _quiet_agent()
     with _worker_env(worker_environment(single_node=single_node)):
         elastic_launch(config, sys.executable)("-u", "-m", module, str(job))
-
-
-def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) -> int:
-    """Show the root cause once; a rank that died after completing does not fail the run."""
-    causes = {rank: failures.from_process_failure(rank, f) for rank, f in exc.failures.items()}
-    finished = {r for r in causes if outputs.completion_marker(run_dir, r).exists()}
-    real = [c for r, c in causes.items() if r not in finished]
-    if not real:
-        ranks = ", ".join(f"rank {r} ({causes[r].exit})" for r in sorted(finished))
-        log.warning("%s ended abnormally during teardown after completing; the run completed", ranks)
-        return 0
-    root = failures.first(real)
-    others = [c for c in causes.values() if c.rank != root.rank]
-    failures.render(root, others, last_logged_step(run_dir))
-    record_failure(spec, run_dir, root)
-    return 1
-
-
-def logged(run_dir: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in (run_dir / outputs.METRICS).read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []
-
-
-def last_logged_step(run_dir: Path) -> int | None:
-    records = logged(run_dir)
-    return int(records[-1]["step"]) if records else None
-
-
-def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause) -> None:
-    """A failed run's summary.json: the same keys as a completed one, plus the root cause."""
-    records = logged(run_dir)
-    summary = {
-        "status": "failed",
-        "strategy": spec.strategy.name,
-        "recipe": spec.recipe.name,
-        "cluster": spec.cluster.shape,
-        "num_replicas_in_sync": spec.num_replicas,
-        "world_size": spec.cluster.world_size if spec.num_replicas > 1 else 1,
-        "global_batch_size": spec.input.global_batch_size,
-        "steps": spec.trainer.steps,
-        "first_loss": records[0]["loss"] if records else None,
-        "final_loss": records[-1]["loss"] if records else None,
-        "examples_per_sec": records[-1]["examples_per_sec"] if records else None,
-        "wall_seconds": None,
-        "param_norm": None,
-        "metrics": {},
-        "last_logged_step": last_logged_step(run_dir),
-        "error": root.as_dict(),
-    }
-    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

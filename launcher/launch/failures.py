@@ -121,7 +121,12 @@ def _is_dlaunch_frame(filename: str) -> bool:
 
 
 def _format(exc: BaseException) -> str:
-    """The traceback without dlaunch's own frames (all of it if the error is dlaunch's own)."""
+    """The traceback without dlaunch's own frames (all of it if the error is dlaunch's own).
+
+    An exception whose class sets ``explained = True`` says all there is to say: no traceback.
+    """
+    if getattr(exc, "explained", False):
+        return ""
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if not _is_dlaunch_frame(f.filename)]
     shown = traceback.StackSummary.from_list(user or frames)

@@ -1,31 +1,45 @@
 """torch.distributed.elastic's c10d rendezvous, with stores that listen only where told.
 
 A plain ``TCPStore`` server listens on every interface. dlaunch binds a socket
-to the cluster's address (127.0.0.1 for one node) and hands it to the store, so
-a single-node job is reachable from this machine only. The rendezvous protocol
-itself is torch's ``DynamicRendezvousHandler``, unchanged.
+to the cluster's address (127.0.0.1 unless the cluster names other hosts) and
+hands it to the store, so a loopback job is reachable from this machine only.
+Node 0 hosts the rendezvous store; every other node connects to it. The
+rendezvous protocol itself is torch's ``DynamicRendezvousHandler``, unchanged,
+except that a node's group rank is the ``cluster.node_rank`` it was given (so
+rank 0, and the run's results, are on node 0), and each node announces itself
+so that a node that never comes can be named.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from datetime import timedelta
 
-from torch.distributed import TCPStore
+from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousInfo, RendezvousStateError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 BACKEND = "dlaunch"
 _listening: list[socket.socket] = []  # the stores serve on these sockets: keep them open
+_handlers: list["_BoundRendezvousHandler"] = []  # this process's, to name missing nodes after a timeout
 
 
-def listening_store(host: str, port: int, timeout_s: float = 60.0) -> TCPStore:
-    """A TCPStore server listening on ``host:port`` only (port 0: a free one)."""
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` only (port 0: a free one), kept open for the process' lifetime."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=4096)
     _listening.append(sock)
+    return sock
+
+
+def listening_store(host: str, port: int, timeout_s: float = 60.0, sock: socket.socket | None = None) -> TCPStore:
+    """A TCPStore server listening on ``host:port`` only, or on an already bound ``sock``."""
+    sock = sock or bind(host, port)
     return TCPStore(
         host,
         sock.getsockname()[1],
@@ -37,6 +51,29 @@ def listening_store(host: str, port: int, timeout_s: float = 60.0) -> TCPStore:
     )
 
 
+def client_store(host: str, port: int, timeout_s: float) -> TCPStore:
+    """A connection to node 0's store, waiting up to ``timeout_s`` for node 0 to open it."""
+    _wait_for_listener(host, port, timeout_s)
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
+
+
+def _wait_for_listener(host: str, port: int, timeout_s: float) -> None:
+    """Poll quietly (torch's own client retries log every attempt) until ``host:port`` accepts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(2.0, timeout_s)).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RendezvousConnectionError(
+                    f"node 0 did not open the rendezvous at {host}:{port} within {timeout_s:g} s: missing node 0 "
+                    f"(it hosts the rendezvous; start it with cluster.node_rank=0, and check that {host}:{port} "
+                    f"is reachable from this machine)"
+                ) from None
+            time.sleep(0.2)
+
+
 class _Backend(C10dRendezvousBackend):
     @property
     def name(self) -> str:
@@ -44,21 +81,69 @@ class _Backend(C10dRendezvousBackend):
 
 
 class _BoundRendezvousHandler(DynamicRendezvousHandler):
-    """Shares its store with the workers through a server bound like the rendezvous'."""
+    """Group rank = the configured node rank; the workers' store is bound like the rendezvous'."""
 
     bind_host = "127.0.0.1"
+    node_rank: int | None = None
+    nodes: PrefixStore | None = None
 
     def _create_tcp_store_server(self, master_addr: str, master_port: int) -> TCPStore:
         return listening_store(self.bind_host, master_port)
+
+    def _get_world(self) -> tuple[int, int]:
+        rank, world_size = super()._get_world()
+        return (rank if self.node_rank is None else self.node_rank), world_size
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        info = super().next_rendezvous()
+        if self.node_rank is not None and info.world_size != self._settings.max_nodes:
+            raise RendezvousStateError(f"{info.world_size} nodes met, but the cluster has {self._settings.max_nodes}")
+        return info
+
+
+def announce(nodes: PrefixStore, node_rank: int, who: str) -> None:
+    """Claim ``node_rank``; two machines started with the same node rank fail here, by name."""
+    holder = nodes.compare_set(f"node{node_rank}", "", who).decode()
+    if holder != who:
+        raise RendezvousStateError(
+            f"cluster.node_rank={node_rank} is already taken by {holder}; give each node its own node_rank"
+        )
+
+
+def joined_nodes(nodes: Store, count: int) -> dict[int, str]:
+    """Which node ranks announced themselves, and from where."""
+    return {r: nodes.get(f"node{r}").decode() for r in range(count) if nodes.check([f"node{r}"])}
+
+
+def last_joined() -> dict[int, str] | None:
+    """The nodes seen by this process's last rendezvous (None if it never reached the store)."""
+    for handler in reversed(_handlers):
+        if handler.nodes is not None:
+            try:
+                return joined_nodes(handler.nodes, handler._settings.max_nodes)
+            except Exception:  # noqa: BLE001 - the store may be gone with node 0
+                return None
+    return None
 
 
 def _seconds(params: RendezvousParameters, key: str, default: int) -> timedelta:
     return timedelta(seconds=params.get_as_int(key, default))
 
 
+def _store(params: RendezvousParameters, host: str, port: int) -> Store:
+    join = params.get_as_int("join_timeout", 600)
+    if not params.get_as_bool("is_host", True):
+        return client_store(host, port, join)
+    fd = params.get_as_int("listen_fd")
+    sock = socket.socket(fileno=os.dup(fd)) if fd is not None else None
+    if sock is not None:
+        _listening.append(sock)
+    return listening_store(host, port, max(join, params.get_as_int("read_timeout", 60)), sock)
+
+
 def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
-    store = listening_store(host, port, params.get_as_int("read_timeout", 60))
+    store = _store(params, host, port)
     timeout = RendezvousTimeout(
         join=_seconds(params, "join_timeout", 600),
         last_call=_seconds(params, "last_call_timeout", 30),
@@ -68,7 +153,12 @@ def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
         params.run_id, store, _Backend(store, params.run_id),
         params.min_nodes, params.max_nodes, params.local_addr, timeout,
     )
-    handler.bind_host = host
+    handler.bind_host = host if params.get_as_bool("is_host", True) else (params.local_addr or host)
+    handler.node_rank = params.get_as_int("node_rank")
+    if handler.node_rank is not None:
+        handler.nodes = PrefixStore(f"dlaunch/{params.run_id}/nodes", store)
+        announce(handler.nodes, handler.node_rank, f"{params.local_addr or socket.getfqdn()} (pid {os.getpid()})")
+    _handlers.append(handler)
     return handler
 
 

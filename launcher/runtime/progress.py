@@ -12,17 +12,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 log = logging.getLogger("dlaunch")
 
 
-def setup_logging(rank: int, console: Console) -> None:
-    """INFO from rank 0 only; warnings and errors from every rank, tagged with the rank."""
+def setup_logging(rank: int, console: Console, who: str = "rank") -> None:
+    """INFO from rank 0 only; warnings and errors from every rank, tagged with the rank (or node)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     if rank == 0 and console.is_terminal:
         handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False)
-        handler.setFormatter(logging.Formatter("[rank0] %(message)s"))
+        handler.setFormatter(logging.Formatter(f"[{who}0] %(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"[rank{rank}] %(levelname)s %(message)s"))
+        handler.setFormatter(logging.Formatter(f"[{who}{rank}] %(levelname)s %(message)s"))
     root.addHandler(handler)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.cluster import env as env_lib
+from launcher.cluster import preflight
 from launcher.config.schema import RunSpec
 from launcher.launch.failures import write_error_file
 from launcher.runtime import outputs
@@ -50,7 +51,11 @@ def run(job_path: Path) -> int:
     setup_logging(rank, console)
     run_dir = Path(job["run_dir"])
     try:
-        spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+        cuda = job["cuda_devices"]
+        spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": cuda})
+        if env is not None and env.world_size > 1:
+            preflight.check(env, job["spec"], spec.launch.preflight_timeout_s, spec.backend(cuda), spec.device_type(cuda),
+                            spec.launch.collective_timeout_s)
         train(spec, env, run_dir, job["cuda_devices"], console)
         outputs.completion_marker(run_dir, rank).touch()
         teardown()

@@ -15,7 +15,7 @@ def problems(overrides, cuda_devices=0):
 
 
 def test_indivisible_batch_shows_the_arithmetic():
-    (p,) = problems(["strategy=mirrored", "cluster=1x3", "input.global_batch_size=64"])
+    (p,) = problems(["strategy=mirrored", "cluster=1x3", "input.global_batch_size=64"], 0)
     assert p.key == "input.global_batch_size" and p.value == 64
     assert "cluster 1x3 = 3 replicas" in p.message and "not divisible by 3" in p.message
 
@@ -42,9 +42,34 @@ def test_one_device_rejects_several_devices():
     assert p.key == "cluster" and "1 replica" in p.message
 
 
-def test_several_nodes_are_refused_clearly():
-    (p,) = problems(["strategy=mirrored", "cluster=2x8"])
-    assert p.key == "cluster" and "2 nodes" in p.message
+def test_several_nodes_without_a_node_rank_are_emulated():
+    spec = composer.compose_and_validate(["strategy=mirrored", "cluster=2x8", "input.global_batch_size=64"], 0)
+    assert spec.cluster.emulated and spec.num_replicas == 16
+
+
+def test_a_node_rank_outside_the_cluster():
+    (p,) = problems(["strategy=mirrored", "cluster=2x2", "cluster.node_rank=2", "cluster.master_port=29500"])
+    assert p.key == "cluster" and "node_rank 2 is not a node of cluster 2x2 (0..1)" in p.message
+
+
+def test_a_node_rank_needs_a_fixed_port():
+    (p,) = problems(["strategy=mirrored", "cluster=2x2", "cluster.node_rank=1"])
+    assert p.key == "cluster.master_port" and "give a port" in p.message
+
+
+def test_a_cluster_given_as_a_task_list():
+    spec = composer.compose_and_validate([
+        "strategy=mirrored", "cluster=tasks", "cluster.devices_per_node=2",
+        "cluster.tasks={chief: ['127.0.0.1:29500'], worker: ['127.0.0.1:29501', '127.0.0.1:29502']}",
+        "cluster.task={type: worker, index: 1}", "input.global_batch_size=60",
+    ], 0)
+    c = spec.cluster
+    assert (c.nodes, c.node_rank, c.master_addr, c.master_port, c.world_size) == (3, 2, "127.0.0.1", 29500, 6)
+
+
+def test_a_task_that_is_not_in_the_list():
+    (p,) = problems(["strategy=mirrored", "cluster=tasks", "cluster.task={type: worker, index: 5}"])
+    assert p.key == "cluster" and "worker:5 is not in cluster.tasks" in p.message
 
 
 def test_a_strategy_the_recipe_does_not_declare():

@@ -12,7 +12,7 @@ from rich.console import Console
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from launcher.config.compose import compose_and_validate
-from launcher.launch import elastic, failures
+from launcher.launch import failures, report
 from launcher.runtime import outputs
 from tests.conftest import dlaunch
 
@@ -57,14 +57,14 @@ def test_a_rank_that_completed_then_aborted_does_not_fail_the_run(tmp_path):
     for rank in (0, 1):
         outputs.completion_marker(tmp_path, rank).touch()
     aborted = ProcessFailure(1, 4242, -6, str(tmp_path / "none.json"))  # SIGABRT at exit, after its marker
-    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), SPEC, tmp_path) == 0
+    assert report.report_child_failure(ChildFailedError("worker", {1: aborted}), SPEC, tmp_path) == 0
 
 
 def test_a_rank_that_aborted_before_completing_fails_the_run(tmp_path):
     (tmp_path / outputs.STATE_DIR).mkdir()
     outputs.completion_marker(tmp_path, 0).touch()
     aborted = ProcessFailure(1, 4242, -6, str(tmp_path / "none.json"))
-    assert elastic.report_child_failure(ChildFailedError("worker", {1: aborted}), SPEC, tmp_path) == 1
+    assert report.report_child_failure(ChildFailedError("worker", {1: aborted}), SPEC, tmp_path) == 1
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "failed" and s["error"]["exit"] == "signal SIGABRT"
     for key in ("strategy", "num_replicas_in_sync", "world_size", "global_batch_size", "steps", "first_loss",

@@ -1,0 +1,129 @@
+"""Before training: every rank shows up, with the same config, and a collective works.
+
+Each rank announces itself in the job's store and waits a short time for all
+the others. A rank that never comes is named, with its node and where it was
+expected, instead of the job hanging in its first collective. Ranks also
+compare a hash of the validated config, so two nodes started with different
+settings stop with the keys that differ. Then the process group is joined and
+a one-element all-reduce must return the world size in time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher.cluster.env import WorkerEnv
+from launcher.cluster.process_group import ensure_process_group, process_device
+
+PER_NODE_KEYS = (("cluster", "node_rank"), ("cluster", "task"))  # differ between nodes by design
+
+
+class PreflightError(RuntimeError):
+    """Some ranks did not join, disagree about the config, or cannot all-reduce."""
+
+    explained = True  # the message names ranks, nodes and keys: a traceback adds nothing
+
+
+def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, device_type: str, collective_timeout_s: float = 300) -> None:
+    """Run every check on this rank; raise ``PreflightError`` naming what is wrong."""
+    store = dist.PrefixStore(
+        f"dlaunch/preflight/{env.run_id}/{env.restart_count}",
+        dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout_s)),
+    )
+    shared = _shared_part(spec)
+    _announce(store, env, shared)
+    _wait_for_all(store, env, timeout_s)
+    _same_config(store, env, shared)
+    ensure_process_group(env, backend, collective_timeout_s, device_type)
+    _all_reduce(env, device_type, timeout_s)
+
+
+def _shared_part(spec: dict[str, Any]) -> dict[str, Any]:
+    shared = json.loads(json.dumps(spec))
+    for section, key in PER_NODE_KEYS:
+        shared.get(section, {}).pop(key, None)
+    return shared
+
+
+def _digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _announce(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> None:
+    where = {"host": socket.gethostname(), "pid": os.getpid(), "node": env.group_rank, "config": _digest(shared)}
+    if env.local_rank == 0:  # one copy of each node's config, to name the keys that differ
+        store.set(f"config-node{env.group_rank}", json.dumps(shared))
+    store.set(f"rank{env.rank}", json.dumps(where))
+
+
+def _present(store: dist.Store, world_size: int) -> dict[int, dict]:
+    return {r: json.loads(store.get(f"rank{r}")) for r in range(world_size) if store.check([f"rank{r}"])}
+
+
+def _wait_for_all(store: dist.Store, env: WorkerEnv, timeout_s: float) -> None:
+    keys = [f"rank{r}" for r in range(env.world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except RuntimeError:  # DistStoreError: some rank never announced itself
+        present = _present(store, env.world_size)
+        raise PreflightError(missing_ranks_message(present, env, timeout_s)) from None
+
+
+def missing_ranks_message(present: dict[int, dict], env: WorkerEnv, timeout_s: float) -> str:
+    """Which ranks never joined, on which nodes, and where those nodes' other ranks are."""
+    per_node = env.local_world_size
+    hosts = {info["node"]: info["host"] for info in present.values()}
+    missing = [r for r in range(env.world_size) if r not in present]
+    lines = [f"{len(present)} of {env.world_size} ranks joined within {timeout_s:g} s; missing:"]
+    for node in sorted({r // per_node for r in missing}):
+        ranks = [r for r in missing if r // per_node == node]
+        where = f"on host {hosts[node]}" if node in hosts else "no rank of this node joined"
+        local = ", ".join(str(r % per_node) for r in ranks)
+        lines.append(f"  node {node}: rank(s) {', '.join(map(str, ranks))} (local rank {local}; {where})")
+    lines.append("a missing rank crashed or hangs before training (see its log under the run's logs/), "
+                 "or cannot reach the store at " f"{env.master_addr}:{env.master_port}")
+    return "\n".join(lines)
+
+
+def _same_config(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> None:
+    present = _present(store, env.world_size)
+    reference = present[0]["config"]
+    odd_nodes = sorted({info["node"] for info in present.values() if info["config"] != reference})
+    if not odd_nodes:
+        return
+    base = json.loads(store.get("config-node0"))
+    lines = ["the nodes were started with different configs (every node must run the same command, "
+             "except cluster.node_rank):"]
+    for node in odd_nodes:
+        theirs = json.loads(store.get(f"config-node{node}"))
+        diffs = ", ".join(f"{k}: {a!r} on node 0, {b!r} on node {node}" for k, a, b in _differences(base, theirs))
+        lines.append(f"  node {node}: {diffs}")
+    raise PreflightError("\n".join(lines))
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b)):
+            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+def _all_reduce(env: WorkerEnv, device_type: str, timeout_s: float) -> None:
+    one = torch.ones(1, device=process_device(env, device_type))
+    work = dist.all_reduce(one, async_op=True)
+    try:
+        work.wait(timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        raise PreflightError(f"a one-element all-reduce across {env.world_size} ranks failed or took over {timeout_s:g} s: {exc}") from None
+    if int(one.item()) != env.world_size:
+        raise PreflightError(f"a one-element all-reduce of ones returned {int(one.item())}, not the world size {env.world_size}")

@@ -1,0 +1,147 @@
+"""Several nodes on one machine: one elastic agent process per node, one rendezvous.
+
+``dlaunch cluster=2x2`` with no ``cluster.node_rank`` starts, for each node, the
+process that a real node would run (``dlaunch ... cluster.node_rank=i``): its
+own ``torch.distributed.elastic`` agent and workers, meeting the others at node
+0's c10d rendezvous store. Node rank, local rank and group rank are the real
+ones. This parent only waits, stops the rest when one node fails, and shows
+the root cause once across all nodes.
+
+    python -m launcher.launch.emulate JOB NODE_RANK RUN_ID PORT [LISTEN_FD]   # one node's agent
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+from launcher.config.schema import RunSpec
+from launcher.launch import elastic, failures, rendezvous, report
+from launcher.runtime import outputs
+
+log = logging.getLogger("dlaunch")
+MODULE = "launcher.launch.emulate"
+
+
+def failures_file(run_dir: Path, node_rank: int) -> Path:
+    return run_dir / outputs.STATE_DIR / f"node-{node_rank}.failures.json"
+
+
+def run(spec: RunSpec, run_dir: Path, job: Path) -> int:
+    """Start every node's agent here; return the job's exit code."""
+    c = spec.cluster
+    sock = rendezvous.bind(c.master_addr, c.master_port)  # node 0's store serves on it: the port is known up front
+    port = sock.getsockname()[1]
+    run_id = f"dlaunch-{uuid.uuid4().hex[:12]}"
+    log.info("emulating %d nodes on this machine: one elastic agent per node, rendezvous on %s:%d", c.nodes, c.master_addr, port)
+    procs = []
+    with _stop_on_sigterm():
+        try:
+            for node in range(c.nodes):
+                args = [str(job), str(node), run_id, str(port), *([str(sock.fileno())] if node == 0 else [])]
+                procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], pass_fds=(sock.fileno(),) if node == 0 else ()))
+            codes = _wait(procs, spec.launch.shutdown_grace_s + 10)
+        except KeyboardInterrupt:
+            _stop(procs, spec.launch.shutdown_grace_s)
+            log.warning("interrupted; every node's workers were shut down")
+            return 130
+    return _outcome(spec, run_dir, codes)
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM to dlaunch stops every node's agent gracefully, as Ctrl-C does."""
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _wait(procs: list[subprocess.Popen], grace_s: float) -> list[int]:
+    """Every node's exit code; once one fails, the others get ``grace_s`` to fail or finish on their own."""
+    deadline = None
+    while any(p.poll() is None for p in procs):
+        failed = any(p.returncode not in (None, 0) for p in procs)
+        if failed and deadline is None:
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            _stop(procs, grace_s)
+        time.sleep(0.05)
+    return [p.returncode for p in procs]
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _outcome(spec: RunSpec, run_dir: Path, codes: list[int]) -> int:
+    real: list[failures.RootCause] = []
+    finished: list[failures.RootCause] = []
+    for node in range(len(codes)):
+        path = failures_file(run_dir, node)
+        if path.exists():
+            data = json.loads(path.read_text())
+            real += [failures.RootCause(**c) for c in data["real"]]
+            finished += [failures.RootCause(**c) for c in data["finished"]]
+    if real or finished:
+        return report.report_failures(real, finished, spec, run_dir)
+    signals = [c for c in codes if c >= 128]
+    return max(signals) if signals else int(any(codes))
+
+
+# ---------- one node's agent (a child process) ----------
+def _record_failures(real: list, finished: list, spec: RunSpec, run_dir: Path, node: int) -> int:
+    data = {"real": [c.as_dict() for c in real], "finished": [c.as_dict() for c in finished]}
+    failures_file(run_dir, node).write_text(json.dumps(data))
+    return 1 if real else 0
+
+
+def node_main(argv: list[str]) -> int:
+    from rich.console import Console
+
+    from launcher.runtime.progress import setup_logging
+    from launcher.runtime.worker import die_with_launcher
+
+    die_with_launcher()
+    job_path, node, run_id, port, *fd = argv
+    node_rank = int(node)
+    setup_logging(node_rank, Console(stderr=True), who="node")
+    job = json.loads(Path(job_path).read_text())
+    spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+    spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"master_port": int(port)})})
+    run_dir = Path(job["run_dir"])
+
+    def on_failure(real: list, finished: list, spec: RunSpec, run_dir: Path) -> int:
+        return _record_failures(real, finished, spec, run_dir, node_rank)
+
+    listen_fd = int(fd[0]) if fd else None
+    return elastic.run_node(spec, run_dir, Path(job_path), node_rank, run_id, listen_fd, on_failure)
+
+
+if __name__ == "__main__":
+    sys.exit(node_main(sys.argv[1:]))

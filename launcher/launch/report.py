@@ -1,0 +1,76 @@
+"""What the launcher tells the user when a run fails: the root cause once, and summary.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from launcher.config.schema import RunSpec
+from launcher.launch import failures
+from launcher.runtime import outputs
+
+log = logging.getLogger("dlaunch")
+
+
+def causes_of(exc: ChildFailedError, run_dir: Path) -> tuple[list[failures.RootCause], list[failures.RootCause]]:
+    """(real failures, failures of ranks that had already completed) among an agent's workers."""
+    causes = [failures.from_process_failure(rank, f) for rank, f in exc.failures.items()]
+    finished = [c for c in causes if outputs.completion_marker(run_dir, c.rank).exists()]
+    return [c for c in causes if c not in finished], finished
+
+
+def report_failures(real: list[failures.RootCause], finished: list[failures.RootCause], spec: RunSpec, run_dir: Path) -> int:
+    """Show the root cause once; a rank that died after completing does not fail the run."""
+    if not real:
+        if finished:
+            ranks = ", ".join(f"rank {c.rank} ({c.exit})" for c in sorted(finished, key=lambda c: c.rank))
+            log.warning("%s ended abnormally during teardown after completing; the run completed", ranks)
+        return 0
+    root = failures.first(real)
+    others = [c for c in real + finished if c.rank != root.rank]
+    failures.render(root, others, last_logged_step(run_dir))
+    record_failure(spec, run_dir, root)
+    return 1
+
+
+def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) -> int:
+    return report_failures(*causes_of(exc, run_dir), spec, run_dir)
+
+
+def logged(run_dir: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (run_dir / outputs.METRICS).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    records = logged(run_dir)
+    return int(records[-1]["step"]) if records else None
+
+
+def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause) -> None:
+    """A failed run's summary.json: the same keys as a completed one, plus the root cause."""
+    records = logged(run_dir)
+    summary = {
+        "status": "failed",
+        "strategy": spec.strategy.name,
+        "recipe": spec.recipe.name,
+        "cluster": spec.cluster.shape,
+        "num_replicas_in_sync": spec.num_replicas,
+        "world_size": spec.cluster.world_size if spec.num_replicas > 1 else 1,
+        "global_batch_size": spec.input.global_batch_size,
+        "steps": spec.trainer.steps,
+        "first_loss": records[0]["loss"] if records else None,
+        "final_loss": records[-1]["loss"] if records else None,
+        "examples_per_sec": records[-1]["examples_per_sec"] if records else None,
+        "wall_seconds": None,
+        "param_norm": None,
+        "metrics": {},
+        "last_logged_step": last_logged_step(run_dir),
+        "error": root.as_dict(),
+    }
+    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

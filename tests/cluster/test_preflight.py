@@ -1,0 +1,50 @@
+"""The preflight: a rank that never joins is named quickly; a working job passes it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from launcher.cluster.env import WorkerEnv
+from launcher.cluster.preflight import missing_ranks_message
+from launcher.launch.function import WorkerFailed, run_function
+
+SPEC = {"trainer": {"steps": 10}, "cluster": {"nodes": 1, "node_rank": None}}
+
+
+def rank_1_is_late(delay_s: float, timeout_s: float) -> int:
+    from launcher.cluster import preflight
+
+    env = WorkerEnv.from_environ()
+    if env.rank == 1:
+        time.sleep(delay_s)
+    preflight.check(env, SPEC, timeout_s, "gloo", "cpu")
+    return env.world_size
+
+
+@pytest.mark.slow
+def test_every_rank_present_passes_and_all_reduces():
+    assert run_function(rank_1_is_late, nproc=2, args=(0.0, 20.0)) == {0: 2, 1: 2}
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_joins_is_named_within_30s():
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed) as info:
+        run_function(rank_1_is_late, nproc=2, args=(60.0, 3.0))
+    assert time.monotonic() - start < 30
+    root = info.value.root
+    assert root.rank == 0 and "PreflightError" in root.exception
+    assert "1 of 2 ranks joined within 3 s" in root.exception
+    assert "node 0: rank(s) 1 (local rank 1; on host" in root.exception
+
+
+def test_missing_whole_node_message():
+    env = WorkerEnv(rank=0, local_rank=0, world_size=6, local_world_size=2, group_rank=0, master_addr="10.0.0.1", master_port=29500)
+    present = {r: {"host": f"h{r // 2}", "node": r // 2} for r in (0, 1, 3)}
+    text = missing_ranks_message(present, env, 30)
+    assert "3 of 6 ranks joined within 30 s" in text
+    assert "node 1: rank(s) 2 (local rank 0; on host h1)" in text
+    assert "node 2: rank(s) 4, 5 (local rank 0, 1; no rank of this node joined)" in text
+    assert "10.0.0.1:29500" in text

@@ -1,0 +1,128 @@
+"""Several nodes on loopback: emulated (one agent per node) and as separate ``dlaunch`` commands."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import PROBE, dlaunch, summary
+
+pytestmark = pytest.mark.slow
+COMMON = ("recipe=linear", "strategy=mirrored", "trainer.steps=30", "trainer.log_every=10",
+          f"recipe.entry={PROBE}", "+recipe.save_params=true", "+recipe.record_env=true", "input.global_batch_size=32")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def params(run_dir):
+    return torch.load(run_dir / "params.pt", weights_only=True)
+
+
+def assert_same_model(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def ranks_seen(run_dirs) -> dict[int, dict]:
+    found = {}
+    for run_dir in run_dirs:
+        for path in run_dir.glob("env-rank*.json"):
+            data = json.loads(path.read_text())
+            found[data["rank"]] = data
+    return found
+
+
+def assert_real_2x2_ranks(found):
+    assert sorted(found) == [0, 1, 2, 3]
+    for rank, env in found.items():
+        assert (env["group_rank"], env["local_rank"]) == divmod(rank, 2), env
+        assert (env["world_size"], env["local_world_size"]) == (4, 2)
+
+
+def node_command(tmp_path, node_rank, port, *extra):
+    args = [*COMMON, "cluster=2x2", f"cluster.node_rank={node_rank}", f"cluster.master_port={port}",
+            f"hydra.run.dir={tmp_path / f'node{node_rank}'}", *extra]
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli.main", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_emulated_2x2_equals_1x4_and_one_device(run_dlaunch):
+    proc, emulated = run_dlaunch(*COMMON, "cluster=2x2", name="emulated")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "emulated on this machine" in proc.stderr
+    assert_real_2x2_ranks(ranks_seen([emulated]))
+    assert summary(emulated)["world_size"] == 4
+
+    proc, flat = run_dlaunch(*COMMON, "cluster=1x4", name="flat")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, one = run_dlaunch(*[a for a in COMMON if a != "strategy=mirrored"], "strategy=one_device", name="one")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_model(params(emulated), params(flat))
+    assert_same_model(params(emulated), params(one))
+
+
+def test_two_dlaunch_commands_form_one_2x2_job(tmp_path, run_dlaunch):
+    port = free_port()
+    later = node_command(tmp_path, 1, port)  # node 1 first: it waits for node 0's store
+    time.sleep(1)
+    first = node_command(tmp_path, 0, port)
+    out0, err0 = first.communicate(timeout=180)
+    out1, err1 = later.communicate(timeout=60)
+    assert first.returncode == 0, err0[-3000:]
+    assert later.returncode == 0, err1[-3000:]
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    assert summary(node0)["status"] == "completed" and not (node1 / "summary.json").exists()
+    assert "rank 0 wrote the results on node 0" in err1
+    assert_real_2x2_ranks(ranks_seen([node0, node1]))
+
+    proc, one = run_dlaunch(*[a for a in COMMON if a != "strategy=mirrored"], "strategy=one_device", name="one")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_model(params(node0), params(one))
+
+
+def test_a_node_that_never_comes_is_named_within_30s(tmp_path):
+    port = free_port()
+    start = time.monotonic()
+    alone = node_command(tmp_path, 0, port, "launch.rdzv_timeout_s=5")
+    _, err = alone.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert alone.returncode == 1
+    assert "missing: node 1 (ranks 2-3)" in err and "cluster.node_rank" in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_node_0_is_named(tmp_path):
+    port = free_port()
+    alone = node_command(tmp_path, 1, port, "launch.rdzv_timeout_s=3")
+    _, err = alone.communicate(timeout=60)
+    assert alone.returncode == 1
+    assert "missing node 0" in " ".join(err.split()) and "Traceback" not in err
+
+
+def test_nodes_started_with_different_configs_stop_with_the_keys(tmp_path):
+    port = free_port()
+    node1 = node_command(tmp_path, 1, port, "trainer.steps=31")
+    node0 = node_command(tmp_path, 0, port)
+    _, err0 = node0.communicate(timeout=120)
+    _, err1 = node1.communicate(timeout=60)
+    assert node0.returncode == 1 and node1.returncode == 1
+    for err in (err0, err1):
+        assert "trainer.steps: 30 on node 0, 31 on node 1" in " ".join(err.split())
+
+
+def test_a_failure_on_node_1_is_shown_once_by_the_emulating_parent(run_dlaunch):
+    proc, run_dir = run_dlaunch(*COMMON, "cluster=2x2", "+recipe.fail_replica=3", name="fail")
+    assert proc.returncode == 1
+    assert proc.stderr.count("root cause") == 1 and "injected failure on replica 3" in proc.stderr
+    assert summary(run_dir)["error"]["rank"] == 3
