@@ -18,12 +18,14 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cluster.env import full_errors
+from launcher.cli import scheduled
+from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
 from launcher.config.errors import ConfigError, Problem, render
 
 log = logging.getLogger("dlaunch")
 MAX_PRECHECKED_JOBS = 64
+REMOTE_CUDA = 1 << 16  # validating for another machine: assume it has the devices asked for
 
 
 class _Status:
@@ -83,7 +85,8 @@ def _check_output_dirs(overrides: list[str]) -> list[Problem]:
 def precheck(overrides: list[str], multirun: bool) -> None:
     """Compose and validate every job before anything starts; raise ConfigError."""
     composer.register_configs(overrides)
-    cuda = cuda_devices()
+    # A SLURM job runs on nodes this machine cannot see: their devices are checked there.
+    cuda = REMOTE_CUDA if scheduled.launcher_of(overrides) == "submitit_slurm" else cuda_devices()
     problems: list[Problem] = _check_output_dirs(overrides)
     for job in _job_overrides(overrides, multirun):
         try:
@@ -107,19 +110,25 @@ def task(cfg: Any) -> Any:
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
         spec = _Status.validated.get(_job_key(list(HydraConfig.get().overrides.task))) or composer.validate(cfg, cuda)
+        spec = scheduled.placed(spec)
     except ConfigError as exc:
         render(exc, console)
         _Status.codes.append(2)
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    outputs.start_run(run_dir)
-    (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
+    if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
+        outputs.start_run(run_dir)
+        (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
     show_plan(spec, cuda, run_dir, console, spec.launch.dry_run)
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None
     code = _run(spec, run_dir, cuda, console)
     _Status.codes.append(code)
+    if code and scheduler_tasks():
+        raise scheduled.JobFailed(
+            f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "
+            f"(summary.json) and in the task logs under .submitit/")
     summary = outputs.read_summary(run_dir)
     if code == 0 and summary:
         show_summary(summary, run_dir, console)
@@ -184,7 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     _Status.codes = []
-    _hydra_main(argv)
+    launcher = scheduled.launcher_of(args.overrides)
+    if launcher and not informational:
+        if not args.multirun:  # Hydra runs a job through its launcher plugin only in multirun mode
+            argv = ["-m", *argv]
+        try:
+            argv += scheduled.resource_overrides(launcher, args.overrides, list(_Status.validated.values()))
+        except ConfigError as exc:
+            render(exc)
+            return 2
+    try:
+        _hydra_main(argv)
+    except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line
+        if not launcher:
+            raise
+        return exc.code if isinstance(exc.code, int) else 1
     return max(_Status.codes, default=0, key=_severity)
 
 

@@ -64,7 +64,7 @@ def tf_config(environ: Mapping[str, str] | None = None) -> dict:
 
 SLURM_VARIABLES = (
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NODELIST",
-    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID",
+    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID",
 )
 
 
@@ -72,6 +72,25 @@ def slurm(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The SLURM_* variables a SLURM job step describes its tasks with (empty outside SLURM)."""
     env = os.environ if environ is None else environ
     return {k: env[k] for k in SLURM_VARIABLES if k in env}
+
+
+def scheduler_tasks(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This job step's tasks in SLURM's variables: SLURM's own, or submitit's local executor's in SLURM terms.
+
+    ``hydra/launcher=submitit_local`` runs its tasks on this machine and describes
+    them with SUBMITIT_LOCAL_* variables; translated, the same SLURM resolver reads both.
+    """
+    env = os.environ if environ is None else environ
+    found = slurm(env)
+    if "SLURM_PROCID" in found:
+        return found
+    if "SUBMITIT_LOCAL_GLOBALID" not in env:
+        return {}
+    tasks = env.get("SUBMITIT_LOCAL_NTASKS", "1")
+    return {
+        "SLURM_PROCID": env["SUBMITIT_LOCAL_GLOBALID"], "SLURM_NTASKS": tasks, "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_TASKS_PER_NODE": tasks, "SLURM_JOB_ID": env.get("SUBMITIT_LOCAL_JOB_ID", "0"),
+    }
 
 
 def error_file() -> str | None:

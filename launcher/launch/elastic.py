@@ -33,13 +33,19 @@ WORKER_MODULE = "launcher.runtime.worker"
 
 
 def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
-    """The validated spec, as workers read it: they never run Hydra."""
+    """The validated spec, as workers read it: they never run Hydra.
+
+    Nodes that share a run directory (a scheduler's tasks on a shared file system)
+    each write their own job file; node 0 clears what a previous run left.
+    """
     state = run_dir / outputs.STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
-    for pattern in ("rank-*.done", "node-*.failures.json"):  # a reused run directory must not speak for this run
-        for stale in state.glob(pattern):
-            stale.unlink()
-    path = state / "job.json"
+    node = spec.cluster.node_rank
+    if not node:
+        for pattern in ("rank-*.done", "node-*.failures.json"):  # a reused run directory must not speak for this run
+            for stale in state.glob(pattern):
+                stale.unlink()
+    path = state / ("job.json" if node is None else f"job-node{node}.json")
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "run_dir": str(run_dir.resolve()), "cuda_devices": cuda_devices}))
     return path
 

@@ -32,7 +32,8 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
     failures.render(root, others, last_logged_step(run_dir))
-    record_failure(spec, run_dir, root)
+    if not spec.cluster.node_rank:  # node 0 owns summary.json (nodes may share the run directory)
+        record_failure(spec, run_dir, root)
     return 1
 
 

@@ -1,0 +1,61 @@
+"""hydra-submitit-launcher: cluster=NxM becomes the allocation, and a 2x2 job runs through submitit_local."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cli import scheduled
+from launcher.config.compose import compose_and_validate
+from launcher.config.errors import ConfigError
+from tests.conftest import dlaunch, summary
+
+REMOTE = 1 << 16
+
+
+def spec(*overrides):
+    return compose_and_validate(["strategy=mirrored", "input.global_batch_size=64", *overrides], REMOTE)
+
+
+def test_slurm_gets_nodes_one_task_per_node_and_gpus():
+    s = spec("cluster=2x8")
+    assert scheduled.resources("submitit_slurm", s) == {"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8}
+    assert scheduled.resources("submitit_slurm", spec("cluster=2x8", "cluster.device=cpu")) == {"nodes": 2, "tasks_per_node": 1}
+    assert scheduled.resources("submitit_local", s) == {"nodes": 1, "tasks_per_node": 2}
+
+
+def test_overrides_fill_in_what_the_user_left_out():
+    extra = scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=2"], [spec("cluster=2x8")])
+    assert extra == ["hydra.launcher.tasks_per_node=1", "hydra.launcher.gpus_per_node=8"]
+
+
+def test_a_conflicting_allocation_is_a_config_error():
+    with pytest.raises(ConfigError) as info:
+        scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=3"], [spec("cluster=2x8")])
+    (p,) = info.value.problems
+    assert p.key == "hydra.launcher.nodes" and "needs nodes=2" in p.message
+
+
+def test_a_sweep_over_cluster_shapes_is_refused():
+    with pytest.raises(ConfigError, match="one allocation shape"):
+        scheduled.resource_overrides("submitit_slurm", [], [spec("cluster=1x8"), spec("cluster=2x8")])
+
+
+def test_launcher_is_read_from_the_overrides():
+    assert scheduled.launcher_of(["x=1", "hydra/launcher=submitit_slurm"]) == "submitit_slurm"
+    assert scheduled.launcher_of(["hydra/launcher=basic"]) is None
+
+
+@pytest.mark.slow
+def test_a_2x2_job_through_submitit_local(tmp_path):
+    common = ("recipe=linear", "strategy=mirrored", "trainer.steps=20", "input.global_batch_size=32")
+    proc = dlaunch("hydra/launcher=submitit_local", *common, "cluster=2x2", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = tmp_path / "sweep" / "0"
+    result = summary(job)
+    assert (result["status"], result["world_size"]) == ("completed", 4)
+    log = (job / "dlaunch.log").read_text()
+    assert "scheduler task 1 of 2: node 1" in log and "starting 2 worker process(es) on node 1 of 2" in log
+
+    flat = dlaunch(*common, "cluster=1x4", f"hydra.run.dir={tmp_path / 'flat'}", cwd=tmp_path)
+    assert flat.returncode == 0, flat.stderr[-3000:]
+    assert result["param_norm"] == pytest.approx(summary(tmp_path / "flat")["param_norm"], rel=1e-5)
