@@ -220,3 +220,51 @@ def test_every_op_gives_the_seed_numbers_across_two_processes():
             assert torch.equal(r["batch"][0], torch.tensor([2.0, 3.0, 4.0, 5.0])), name
             assert torch.equal(r["batch"][1], torch.tensor([0.75])), name  # (0.25 + 1.25) / 2
             assert torch.equal(r["ctx"], torch.tensor([1.5])), name
+
+
+def two_nodes_of_two():
+    """4 processes as 2 "nodes" x 2 ranks: hierarchical runs in real subgroups and equals the plain all-reduce."""
+    import torch.distributed as dist
+
+    hierarchical = dl.HierarchicalCopyAllReduce(ranks_per_node=2)
+    s = dl.MirroredStrategy(cross_device_ops=hierarchical)  # joins the process group and builds the subgroups
+    rank = dist.get_rank()
+    topo = hierarchical.topology()
+    one_node = dl.HierarchicalCopyAllReduce()  # the worker env: every rank on node 0
+    dl.MirroredStrategy(cross_device_ops=one_node)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+    plain = x.clone()
+    dist.all_reduce(plain)
+    pairs = [(PerReplica([x]), None), (PerReplica([torch.arange(5) * (rank + 1)]), None), (PerReplica([x[:7] * 3]), None)]
+    return {
+        "nodes": topo.nodes,
+        "node_size": dist.get_world_size(topo.node_group),
+        "leaders": None if topo.leaders_group is None else dist.get_process_group_ranks(topo.leaders_group),
+        "one_node": one_node.topology().nodes,
+        "one_node_leaders": one_node.topology().leaders_group is None,
+        "plain": plain,
+        "hierarchical": s.reduce(ReduceOp.SUM, PerReplica([x]), axis=None),
+        "one_node_sum": one_node.reduce(ReduceOp.SUM, x),
+        "root_3": dl.ReductionToOneDevice(root_rank=3).reduce(ReduceOp.MEAN, x),
+        "packed": dl.NcclAllReduce(num_packs=2).batch_reduce(ReduceOp.SUM, pairs),
+        "unpacked": dl.NcclAllReduce(num_packs=0).batch_reduce(ReduceOp.SUM, pairs),
+        "hierarchical_packed": hierarchical.batch_reduce(ReduceOp.SUM, pairs),
+    }
+
+
+@pytest.mark.slow
+def test_hierarchical_on_two_nodes_of_two_ranks_uses_subgroups_and_equals_all_reduce():
+    results = run_function(two_nodes_of_two, nproc=4)
+    plain = results[0]["plain"]
+    for rank, r in results.items():
+        assert r["nodes"] == ((0, 1), (2, 3)) and r["node_size"] == 2
+        assert r["leaders"] == ([0, 2] if rank in (0, 2) else None)
+        assert r["one_node"] == ((0, 1, 2, 3),) and r["one_node_leaders"]
+        for key in ("plain", "hierarchical", "one_node_sum"):
+            torch.testing.assert_close(r[key], plain, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(r["root_3"], plain / 4, rtol=1e-6, atol=1e-6)
+        for packed in (r["packed"], r["hierarchical_packed"]):
+            torch.testing.assert_close(packed[0], plain, rtol=1e-6, atol=1e-6)
+            assert torch.equal(packed[1], torch.arange(5) * 10)  # 1 + 2 + 3 + 4
+            for got, want in zip(packed, r["unpacked"]):
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
