@@ -13,6 +13,7 @@ from launcher.config.schema import MirroredSpec
 from launcher.distribute import PerReplica, ReduceOp
 from launcher.distribute import cross_device_ops as cdo
 from launcher.launch.function import run_function
+from tests.conftest import train_briefly
 
 OPS = {
     "default": lambda: None,
@@ -104,22 +105,8 @@ def test_replica_context_all_reduce(threaded):
         assert torch.equal(v, torch.tensor([4.0, 6.0]))
 
 
-def _train(strategy, steps=4):
-    torch.manual_seed(0)
-    with strategy.scope():
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        model, opt = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(steps)]
-
-    def step(batch):
-        x, y = batch
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-
-    for batch in strategy.experimental_distribute_dataset(data):
-        strategy.run(step, args=(batch,))
+def _train(strategy):
+    model = train_briefly(strategy)
     return [torch.cat([p.detach().flatten() for p in replica.parameters()]) for replica in model.replicas]
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from launcher.launch.function import run_function
+from tests.conftest import train_briefly
 
 pytestmark = pytest.mark.slow
 
@@ -161,21 +162,7 @@ def ddp_with_each_cross_device_op():
     out = {}
     for name, op in ops.items():
         s = dl.MirroredStrategy(cross_device_ops=op)
-        torch.manual_seed(dist.get_rank())  # DDP broadcasts rank 0's parameters
-        with s.scope():
-            model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-            model, opt = s.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-        g = torch.Generator().manual_seed(0)
-        data = [(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)) for _ in range(5)]
-
-        def step(batch):
-            x, y = batch
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            opt.zero_grad()
-
-        for batch in s.experimental_distribute_dataset(data):
-            s.run(step, args=(batch,))
+        model = train_briefly(s, steps=5, seed=dist.get_rank())  # DDP broadcasts rank 0's parameters
         out[name] = {
             "params": torch.cat([p.detach().flatten() for p in model.parameters()]),
             "hooked": s.extended._cross_device_ops._ddp_comm_hook() is not None,
