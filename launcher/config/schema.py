@@ -62,7 +62,7 @@ class MirroredSpec(Strict):
     def _reduction(self) -> str:
         if self.cross_device_ops is None:
             return "DDP all-reduce"
-        return f"DDP, cross_device_ops={self.cross_device_ops}"
+        return f"DDP + cross_device_ops {self.cross_device_ops}"
 
     def ddp_options(self) -> dict:
         """Keyword arguments for ``DistributedDataParallel``."""
