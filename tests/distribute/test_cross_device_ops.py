@@ -191,6 +191,8 @@ def every_op_across_processes():
             "public": s.extended._cross_device_ops.reduce(ReduceOp.SUM, v, "cpu:0"),
             "ctx": s.experimental_local_results(s.run(lambda t: dl.get_replica_context().all_reduce("sum", t), args=(w,)))[0],
         }
+    workers = dl.MultiWorkerMirroredStrategy(cross_device_ops=dl.ReductionToOneDevice(root_rank=1))
+    results["multi_worker"] = {"sum": workers.reduce(ReduceOp.SUM, _seed_value(workers), axis=None)}
     return results
 
 
@@ -198,6 +200,7 @@ def every_op_across_processes():
 def test_every_op_gives_the_seed_numbers_across_two_processes():
     results = run_function(every_op_across_processes, nproc=2)
     for rank in (0, 1):
+        assert torch.equal(results[rank].pop("multi_worker")["sum"], torch.tensor([4, 6, 8, 10]))
         for name, r in results[rank].items():
             assert torch.equal(r["sum"], torch.tensor([4, 6, 8, 10])), name
             assert torch.equal(r["mean"], torch.tensor([2.0, 3.0, 4.0, 5.0])), name
