@@ -24,9 +24,6 @@ class SingleProcess:
     def check_same_shape(self, tensor: torch.Tensor) -> None:
         pass
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
     def all_reduce_count(self, count: int) -> int:
         return count
 
@@ -35,17 +32,16 @@ class SingleProcess:
 
 
 class ProcessCollectives:
-    """Collectives over a torch.distributed process group (gloo on CPU, nccl on CUDA)."""
+    """Collectives over a torch.distributed process group (gloo on CPU, nccl on CUDA).
+
+    Sums of values are the cross-device ops' (``cross_device_ops.py``); these are the
+    bookkeeping collectives around them (shapes, counts, gathers).
+    """
 
     def __init__(self, group: dist.ProcessGroup | None = None):
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = self.comm_buffer(tensor)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out.to(tensor.device)
 
     def comm_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of ``tensor`` on the device this group's backend communicates from."""

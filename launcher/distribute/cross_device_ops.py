@@ -4,28 +4,21 @@ Select one with ``MirroredStrategy(cross_device_ops=HierarchicalCopyAllReduce())
 or in a config with ``strategy.cross_device_ops=hierarchical_copy``. Each op is
 a torch mechanism at two levels:
 
-* **Between processes** (one replica per process, DDP): gradients go through
-  DDP; an op whose process step is not the plain all-reduce becomes a DDP
-  communication hook (``register_comm_hook``) that reduces each gradient
-  bucket its way. ``strategy.reduce`` and ``extended.reduce_to`` use the same step.
+* **Between processes** (one replica per process): gradients go through DDP;
+  an op whose process step is not the plain all-reduce becomes a DDP
+  communication hook (``register_comm_hook``) that reduces each gradient bucket
+  its way. ``strategy.reduce`` and ``extended.reduce_to`` take the same step.
 * **Between the thread replicas of one process** (``devices=["cpu:0", "cpu:1"]``):
-  the op decides where the per-replica values are summed and which replica
-  thread does the work.
+  the op decides on which device the values are summed and which replica
+  thread does the work; the result is copied back to every replica.
 
-==============================  =============================================  ==========================================
-op (config name)                between processes                              between thread replicas
-==============================  =============================================  ==========================================
-``None`` (``CrossDeviceOps()``)  ``dist.all_reduce`` (DDP's own all-reduce)     every replica sums every n-th tensor
-``NcclAllReduce``                the same; the backend decides (nccl on CUDA,   ``torch.cuda.nccl.all_reduce`` on CUDA
-(``nccl_all_reduce``)            gloo on CPU)                                   devices; on CPU as ``None``
-``HierarchicalCopyAllReduce``    ``dist.reduce`` to the node leader, all-reduce  one node: sum on the first device,
-(``hierarchical_copy``)          among the leaders, ``dist.broadcast`` in the   copy back
-                                 node (``new_subgroups_by_enumeration``)
-``ReductionToOneDevice``         ``dist.reduce`` to ``root_rank``, then         sum on ``reduce_to_device`` (default
-(``reduction_to_one_device``)    ``dist.broadcast``                             the first), copy back
-==============================  =============================================  ==========================================
-
-All of them give the same numbers (up to the order of floating-point additions).
+``None`` (the base class): ``dist.all_reduce``, DDP's own; thread replicas share
+the sums. ``NcclAllReduce``: the same between processes (nccl on CUDA, gloo on
+CPU); ``torch.cuda.nccl.all_reduce`` between CUDA thread replicas.
+``HierarchicalCopyAllReduce``: reduce to each node's leader, all-reduce among
+leaders, broadcast within the node, in subgroups. ``ReductionToOneDevice``:
+``dist.reduce`` to one rank, then ``dist.broadcast``. All give the same numbers
+(up to the order of floating-point additions).
 
 Example::
 
