@@ -276,7 +276,11 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
         self._topologies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> NodeTopology
 
     def topology(self, group: Any = None) -> NodeTopology:
-        """This op's topology for ``group`` (default: the whole job), built on first use by every rank."""
+        """This op's topology for ``group`` (default: the whole job), built on first use by every rank.
+
+        Every process of the job takes part in building it (``new_group``'s rule), so
+        ``group`` must span the job; strategies build it when they join the group.
+        """
         key = group if group is not None else dist.group.WORLD
         if key not in self._topologies:
             self._topologies[key] = self._build_topology(group)

@@ -154,8 +154,8 @@ def test_public_reduce_batch_reduce_and_broadcast(name):
     copies = op.reduce("mean", v, destinations=["cpu:0", "cpu:1"])
     copies.values[0].add_(100)  # one copy per destination, not aliases
     torch.testing.assert_close(copies.values[1], torch.tensor([2.0, 3.0, 4.0, 5.0]))
-    total, mean = op.batch_reduce(ReduceOp.SUM, [(v, None), (PerReplica([torch.ones(2), torch.ones(2)]), "cpu:0")])
-    assert torch.equal(total, torch.tensor([4, 6, 8, 10])) and torch.equal(mean, torch.tensor([2.0, 2.0]))
+    total, twos = op.batch_reduce(ReduceOp.SUM, [(v, None), (PerReplica([torch.ones(2), torch.ones(2)]), "cpu:0")])
+    assert torch.equal(total, torch.tensor([4, 6, 8, 10])) and torch.equal(twos, torch.tensor([2.0, 2.0]))
     source = torch.tensor([1.0])
     out = op.broadcast(source, "cpu:0")
     out.add_(1)
