@@ -66,3 +66,28 @@ def strategy(monkeypatch):
     yield s
     if s.extended._threads is not None:
         s.extended._threads.close()
+
+
+def train_briefly(strategy, steps: int = 4, seed: int = 0):
+    """Train a small MLP (SGD with momentum) on ``steps`` global batches of 16 under ``strategy``.
+
+    Returns the prepared model; the model's initial parameters come from ``seed``.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        model, opt = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)) for _ in range(steps)]
+
+    def step(batch):
+        x, y = batch
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for batch in strategy.experimental_distribute_dataset(data):
+        strategy.run(step, args=(batch,))
+    return model

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.devices import canonical_name
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -48,12 +49,20 @@ class MirroredSpec(Strict):
     bucket_cap_mb: float = Field(25.0, gt=0, le=4096, description="DDP gradient bucket size")
     gradient_as_bucket_view: bool = True
     find_unused_parameters: bool = False
+    cross_device_ops: CrossDeviceOpsName | None = Field(
+        None, description="how gradients and reduce() combine replicas; null: DDP's own all-reduce"
+    )
 
     def replicas(self, cluster: "ClusterSpec") -> int:
         return cluster.world_size
 
     def describe(self) -> str:
-        return f"mirrored (DDP all-reduce, {self.bucket_cap_mb:g} MB buckets)"
+        return f"{self.name} ({self._reduction()}, {self.bucket_cap_mb:g} MB buckets)"
+
+    def _reduction(self) -> str:
+        if self.cross_device_ops is None:
+            return "DDP all-reduce"
+        return f"DDP + cross_device_ops {self.cross_device_ops}"
 
     def ddp_options(self) -> dict:
         """Keyword arguments for ``DistributedDataParallel``."""
@@ -68,9 +77,6 @@ class MultiWorkerMirroredSpec(MirroredSpec):
     """``strategy=multi_worker_mirrored``: mirrored across workers (processes, and later nodes)."""
 
     name: Literal["multi_worker_mirrored"]  # type: ignore[assignment]
-
-    def describe(self) -> str:
-        return f"multi_worker_mirrored (DDP all-reduce, {self.bucket_cap_mb:g} MB buckets)"
 
 
 StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec], Field(discriminator="name")]

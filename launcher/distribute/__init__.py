@@ -21,6 +21,12 @@ from launcher.distribute.context import (
     has_strategy,
     in_cross_replica_context,
 )
+from launcher.distribute.cross_device_ops import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
+)
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode, ValueContext
 from launcher.distribute.reduce_op import ReduceOp
@@ -46,13 +52,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'launcher.distribute' has no attribute {name!r}")
 
 __all__ = [
+    "CrossDeviceOps",
+    "HierarchicalCopyAllReduce",
     "InputContext",
     "InputOptions",
     "InputReplicationMode",
     "MirroredStrategy",
+    "NcclAllReduce",
     "OneDeviceStrategy",
     "PerReplica",
     "ReduceOp",
+    "ReductionToOneDevice",
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",

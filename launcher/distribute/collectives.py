@@ -24,9 +24,6 @@ class SingleProcess:
     def check_same_shape(self, tensor: torch.Tensor) -> None:
         pass
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
     def all_reduce_count(self, count: int) -> int:
         return count
 
@@ -35,17 +32,20 @@ class SingleProcess:
 
 
 class ProcessCollectives:
-    """Collectives over a torch.distributed process group (gloo on CPU, nccl on CUDA)."""
+    """Collectives over a torch.distributed process group (gloo on CPU, nccl on CUDA).
+
+    Sums of values are the cross-device ops' (``cross_device_ops.py``); these are the
+    bookkeeping collectives around them (shapes, counts, gathers).
+    """
 
     def __init__(self, group: dist.ProcessGroup | None = None):
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.detach().to(self._comm_device(), copy=True).contiguous()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out.to(tensor.device)
+    def comm_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of ``tensor`` on the device this group's backend communicates from."""
+        return tensor.detach().to(self._comm_device(), copy=True).contiguous()
 
     def check_same_shape(self, tensor: torch.Tensor) -> None:
         """Every process must reduce the same shape (gloo would crash, nccl would hang)."""
@@ -113,29 +113,24 @@ class ThreadRendezvous:
         self.wait()  # nobody deposits the next value before everyone has read this one
         return values
 
-    def all_reduce_mean_(self, local_id: int, tensors: list[torch.Tensor | None], meanwhile: Callable[[], None] | None = None) -> None:
+    def all_reduce_mean_(
+        self, local_id: int, tensors: list[torch.Tensor | None], ops: Any, meanwhile: Callable[[], None] | None = None
+    ) -> None:
         """Average ``tensors`` in place over the replicas (gradients of mirrored copies).
 
-        Replica ``r`` reduces every ``num_replicas``-th tensor and writes the result
-        into all copies, so the work is shared and every copy ends bitwise equal.
+        The cross-device ops ``ops`` say which replica reduces each tensor and how
+        (by default replica ``r`` takes every ``num_replicas``-th one, so the work
+        is shared); the result is written into all copies, which end bitwise equal.
         ``meanwhile`` runs while every replica is inside this call.
         """
-        n = self.num_replicas
         self._slots[local_id] = tensors
         self.wait()
         lists = list(self._slots)
-        for j in range(local_id, len(tensors), n):
-            copies = [lst[j] for lst in lists if lst[j] is not None]
-            if not copies:
-                continue
-            home = copies[0]
-            total = home.clone()
-            for other in copies[1:]:
-                total.add_(other.to(home.device, non_blocking=True))
-            total.div_(n)
-            for lst in lists:
-                if lst[j] is not None:
-                    lst[j].copy_(total, non_blocking=True)
+        for j in range(len(tensors)):
+            row = [lst[j] for lst in lists]
+            copies = [t for t in row if t is not None]
+            if copies and ops._thread_owner(j, row) == local_id:
+                ops._all_reduce_copies_(copies, self.num_replicas)
         if meanwhile is not None:
             meanwhile()
         self.wait()

@@ -3,7 +3,8 @@
 A strategy is a list of local replica devices plus the process level (one
 process, or a torch.distributed group). Everything in this file is written
 once against those two levels; strategies differ in how they place devices and
-how they ``prepare`` a model (DDP, replica copies, a plain move).
+how they ``prepare`` a model (DDP, replica copies, a plain move). Values are
+combined by the strategy's cross-device ops (``cross_device_ops.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import torch
 
 from launcher.distribute import devices as devlib
+from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute.collectives import ReplicaThreads, SingleProcess, ThreadRendezvous, device_guard
 from launcher.distribute.context import ReplicaContext, _current_frame, _enter
 from launcher.distribute.reduce_op import ReduceOp
@@ -27,7 +29,10 @@ if TYPE_CHECKING:
 class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware."""
 
-    def __init__(self, devices: Sequence[str], collectives: Any = None, parameter_devices: Sequence[str] | None = None):
+    def __init__(
+        self, devices: Sequence[str], collectives: Any = None, parameter_devices: Sequence[str] | None = None,
+        cross_device_ops: cdo.CrossDeviceOps | None = None,
+    ):
         if not devices:
             raise ValueError("a strategy needs at least one device")
         self._device_names = tuple(devlib.canonical_name(d) for d in devices)
@@ -38,6 +43,7 @@ class StrategyExtended:
             devlib.canonical_name(d) for d in (parameter_devices or self._device_names)
         )
         self._proc = collectives or SingleProcess()
+        self._cross_device_ops = cdo.resolve(cross_device_ops)
         self._num_local = len(self._devices)
         self._replica_offset = self._proc.rank * self._num_local
         self._rendezvous = ThreadRendezvous(self._num_local) if self._num_local > 1 else None
@@ -132,23 +138,52 @@ class StrategyExtended:
         if not isinstance(leaf, PerReplica):
             return self._reduce_plain(reduce_op, leaf, axis)
         parts = [torch.as_tensor(v) for v in leaf.values]
-        home = parts[0].device
         if axis is None:
-            _check_same_shapes(parts)
-            self._proc.check_same_shape(parts[0])
-            total = _sum_on_first(*parts)
+            self._check_same_shapes(parts)
             count = None  # known: the number of replicas in sync
         else:
-            total = parts[0].sum(dim=axis)
-            for p in parts[1:]:
-                total = total + p.sum(dim=axis).to(home)
             count = sum(p.shape[axis] for p in parts)
-        total = self._proc.all_reduce_sum(total)
+            parts = [p.sum(dim=axis) for p in parts]
+        total = self._cross_device_ops._reduce(ReduceOp.SUM, PerReplica(parts), None, self._proc)
         if reduce_op is ReduceOp.SUM:
             return total
         if count is None:
             return total / self.num_replicas_in_sync
         return total / self._proc.all_reduce_count(count)
+
+    def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any) -> Any:
+        """Combine ``value`` across replicas (SUM or MEAN) and place the result on ``destinations``.
+
+        Uses the strategy's cross-device ops. ``destinations`` is a device name,
+        a tensor (its device), a list of devices or a ``PerReplica`` (one result
+        per component, as a ``PerReplica``), or None. A value that is not
+        per-replica is taken as already reduced, as by ``Strategy.reduce``::
+
+            v = PerReplica([torch.tensor([0, 1, 2, 3]), torch.tensor([4, 5, 6, 7])])
+            strategy.extended.reduce_to(ReduceOp.SUM, v, "cpu:0")   # tensor([ 4,  6,  8, 10])
+        """
+        return self.batch_reduce_to(reduce_op, [(value, destinations)])[0]
+
+    def batch_reduce_to(self, reduce_op: ReduceOp | str, value_destination_pairs: Sequence[tuple[Any, Any]]) -> list:
+        """``reduce_to`` for several ``(value, destinations)`` pairs; ops with ``num_packs``
+        reduce them together in that many buffers per dtype."""
+        op = ReduceOp.from_any(reduce_op)
+        pairs = list(value_destination_pairs)
+        out: list[Any] = [None] * len(pairs)
+        distributed = [i for i, (value, _) in enumerate(pairs) if isinstance(value, PerReplica)]
+        for i, (value, destinations) in enumerate(pairs):
+            if isinstance(value, PerReplica):
+                self._check_same_shapes([torch.as_tensor(v) for v in value.values])
+            else:
+                out[i] = cdo.place(torch.as_tensor(self._reduce_plain(op, value, None)), destinations)
+        reduced = self._cross_device_ops._batch_reduce(op, [pairs[i] for i in distributed], self._proc)
+        for i, result in zip(distributed, reduced):
+            out[i] = result
+        return out
+
+    def _check_same_shapes(self, parts: list[torch.Tensor]) -> None:
+        _check_same_shapes(parts)
+        self._proc.check_same_shape(parts[0])
 
     def _gather(self, value: Any, axis: int) -> Any:
         def leaf_gather(leaf: Any) -> torch.Tensor:
@@ -182,11 +217,12 @@ class StrategyExtended:
         def finish(total: torch.Tensor) -> torch.Tensor:
             return total if reduce_op is ReduceOp.SUM else total / self.num_replicas_in_sync
 
+        ops = self._cross_device_ops
         if self._num_local == 1:
-            return map_structure(lambda t: finish(self._proc.all_reduce_sum(torch.as_tensor(t))), value)
+            return map_structure(lambda t: finish(ops._process_sum(torch.as_tensor(t), self._proc)), value)
         contributions = self._rendezvous.exchange(local_id, value)
-        local_total = map_structure(_sum_on_first, *contributions)
-        total = self._leader_then_share(local_id, lambda: map_structure(self._proc.all_reduce_sum, local_total))
+        local_total = map_structure(lambda *parts: ops._local_sum(parts), *contributions)
+        total = self._leader_then_share(local_id, lambda: map_structure(lambda t: ops._process_sum(t, self._proc), local_total))
         device = self._devices[local_id]
         return map_structure(lambda t: finish(t).to(device), total)
 
@@ -227,14 +263,6 @@ class StrategyExtended:
 
     def _input_devices(self) -> list[torch.device]:
         return list(self._devices)
-
-
-def _sum_on_first(*tensors: Any) -> torch.Tensor:
-    ts = [torch.as_tensor(t) for t in tensors]
-    total = ts[0].clone()
-    for t in ts[1:]:
-        total = total + t.to(total.device)
-    return total
 
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:

@@ -1,10 +1,11 @@
 """Mirrored copies of a model inside one process: one copy per local replica.
 
 ``MirroredModule`` runs the copy of the replica that calls it. When a replica's
-backward pass ends, the copies' gradients are averaged (as DDP does across
-processes, so ``clip_grad_norm_`` and friends see averaged gradients) and the
-buffers are copied from replica 0. ``MirroredOptimizer`` then steps every copy,
-so the copies stay bitwise identical (TF's mirrored variables).
+backward pass ends, the copies' gradients are averaged by the strategy's
+cross-device ops (as DDP does across processes, so ``clip_grad_norm_`` and
+friends see averaged gradients) and the buffers are copied from replica 0.
+``MirroredOptimizer`` then steps every copy, so the copies stay bitwise
+identical (TF's mirrored variables).
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ def _local_id(strategy: Any) -> int | None:
 class MirroredModule(torch.nn.Module):
     """Holds the primary module (replica 0) and a copy per other local device."""
 
-    def __init__(self, module: torch.nn.Module, devices: Sequence[torch.device], strategy: Any, rendezvous: ThreadRendezvous):
+    def __init__(
+        self, module: torch.nn.Module, devices: Sequence[torch.device], strategy: Any, rendezvous: ThreadRendezvous,
+        cross_device_ops: Any,
+    ):
         super().__init__()
         self.module = module.to(devices[0])
         copies = [self.module] + [copy.deepcopy(self.module).to(d) for d in devices[1:]]
         object.__setattr__(self, "replicas", copies)  # not submodules: parameters() is the primary's
         object.__setattr__(self, "_strategy", strategy)
         object.__setattr__(self, "_rendezvous", rendezvous)
+        object.__setattr__(self, "_cross_device_ops", cross_device_ops)  # how the copies' gradients are combined
         object.__setattr__(self, "_pending", [False] * len(copies))
         object.__setattr__(self, "_in_run", [False] * len(copies))  # forward ran inside strategy.run
         for local, replica in enumerate(copies):
@@ -58,7 +63,7 @@ class MirroredModule(torch.nn.Module):
     def _sync(self, local: int) -> None:
         self._pending[local] = self._in_run[local] = False
         grads = [p.grad for p in self.replicas[local].parameters()]
-        self._rendezvous.all_reduce_mean_(local, grads, meanwhile=lambda: self._copy_buffers(local))
+        self._rendezvous.all_reduce_mean_(local, grads, self._cross_device_ops, meanwhile=lambda: self._copy_buffers(local))
 
     def _copy_buffers(self, local: int) -> None:
         # Every replica's forward is over (they are all in backward's end), so replica 0's

@@ -9,6 +9,11 @@ Two modes, one API:
   process, gradients averaged by DDP's bucketed all-reduce that overlaps with
   backward. ``num_replicas_in_sync`` counts every process.
 
+``cross_device_ops`` picks how values are combined in either mode
+(``launcher/distribute/cross_device_ops.py``): across processes a
+``HierarchicalCopyAllReduce`` or ``ReductionToOneDevice`` becomes DDP's
+communication hook; between thread replicas it decides where the sum is made.
+
 Example::
 
     strategy = MirroredStrategy(devices=["cpu:0", "cpu:1"])
@@ -28,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.cluster.env import WorkerEnv
 from launcher.cluster.process_group import ensure_process_group, process_device
 from launcher.cluster.resolvers import TorchElasticClusterResolver
+from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.extended import StrategyExtended
@@ -37,8 +43,11 @@ from launcher.strategies import Runtime, register
 
 
 class _MirroredExtended(StrategyExtended):
-    def __init__(self, devices: Sequence[str], collectives: Any = None, ddp_options: dict | None = None):
-        super().__init__(devices, collectives)
+    def __init__(
+        self, devices: Sequence[str], collectives: Any = None, ddp_options: dict | None = None,
+        cross_device_ops: cdo.CrossDeviceOps | None = None,
+    ):
+        super().__init__(devices, collectives, cross_device_ops=cross_device_ops)
         self._ddp_options = dict(ddp_options or {})
         self._copies: weakref.WeakSet = weakref.WeakSet()  # mirrored modules and optimizers to resync
 
@@ -56,7 +65,7 @@ class _MirroredExtended(StrategyExtended):
             return self._wrap_ddp(module), optimizer
         if self._num_local == 1:
             return module.to(self._devices[0]), optimizer
-        mirrored = MirroredModule(module, self._devices, self._container, self._rendezvous)
+        mirrored = MirroredModule(module, self._devices, self._container, self._rendezvous, self._cross_device_ops)
         self._copies.add(mirrored)
         if optimizer is None:
             return mirrored, None
@@ -67,11 +76,15 @@ class _MirroredExtended(StrategyExtended):
     def _wrap_ddp(self, module: torch.nn.Module) -> DistributedDataParallel:
         device = self._devices[0]
         module = module.to(device)
-        return DistributedDataParallel(
+        ddp = DistributedDataParallel(
             module,
             device_ids=[device.index] if device.type == "cuda" else None,
             **self._ddp_options,
         )
+        hook = self._cross_device_ops._ddp_comm_hook()
+        if hook is not None:  # None: DDP's own all-reduce is the op
+            ddp.register_comm_hook(ddp.process_group, hook)
+        return ddp
 
 
 class MirroredStrategy(Strategy):
@@ -82,7 +95,9 @@ class MirroredStrategy(Strategy):
             ``["GPU:0", "GPU:1"]``. Default: every visible GPU, else the CPU. When
             this process is one of several workers, the default is this
             process's device and only one device may be given.
-        cross_device_ops: must be None (torch's all-reduce; DDP across processes).
+        cross_device_ops: how replicas' values are combined: ``NcclAllReduce()``,
+            ``HierarchicalCopyAllReduce()``, ``ReductionToOneDevice()``, or None for
+            the default all-reduce (DDP's own across processes).
         ddp_options: keyword arguments for ``DistributedDataParallel`` across processes
             (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``find_unused_parameters``).
         env: where this process sits in a multi-process job; by default what the
@@ -93,8 +108,7 @@ class MirroredStrategy(Strategy):
         self, devices: Sequence[str] | None = None, cross_device_ops: Any = None, *,
         ddp_options: dict | None = None, env: WorkerEnv | None | str = "from-environment",
     ):
-        if cross_device_ops is not None:
-            raise ValueError("cross_device_ops: only None (torch's all-reduce) is supported in this version")
+        ops = cdo.resolve(cross_device_ops)
         if env == "from-environment":
             env = WorkerEnv.from_environ()
         resolver = None
@@ -104,10 +118,13 @@ class MirroredStrategy(Strategy):
                 raise ValueError(
                     f"with one process per replica each process takes one device; got devices={devices}"
                 )
-            extended = _MirroredExtended(devices, ProcessCollectives(), ddp_options)
+            processes = ProcessCollectives()
+            ops._join(processes, env)
+            extended = _MirroredExtended(devices, processes, ddp_options, ops)
             resolver = TorchElasticClusterResolver(env, extended._devices[0].type) if env is not None else None
         else:
-            extended = _MirroredExtended(list(devices) if devices else devlib.default_local_devices(), None, ddp_options)
+            local = list(devices) if devices else devlib.default_local_devices()
+            extended = _MirroredExtended(local, None, ddp_options, ops)
         super().__init__(extended, cluster_resolver=resolver)
 
 
@@ -116,4 +133,5 @@ def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
     """One replica per process, on the device type the validated spec resolved."""
     ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s, runtime.device_type)
     device = devlib.canonical_name(process_device(runtime.env, runtime.device_type))
-    return MirroredStrategy(devices=[device], ddp_options=spec.ddp_options(), env=runtime.env)
+    ops = cdo.from_name(spec.cross_device_ops)
+    return MirroredStrategy(devices=[device], cross_device_ops=ops, ddp_options=spec.ddp_options(), env=runtime.env)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from launcher.cluster.env import WorkerEnv, tf_config
 from launcher.cluster.process_group import default_backend, ensure_process_group, process_device
 from launcher.cluster.resolvers import TFConfigClusterResolver, TorchElasticClusterResolver, validate_task
+from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.strategy import Strategy
@@ -98,10 +99,14 @@ class MultiWorkerMirroredStrategy(Strategy):
     Args:
         cluster_resolver: where the workers are; default from TF_CONFIG or the launcher's environment.
         communication_options: ``CommunicationOptions`` (implementation, timeout).
+        cross_device_ops: how the workers' values are combined (an addition to TF's
+            signature): as for ``MirroredStrategy``; None is the plain all-reduce.
     """
 
     def __init__(self, cluster_resolver: Any = None, communication_options: CommunicationOptions | None = None, *,
-                 ddp_options: dict | None = None, device_type: str | None = None):
+                 cross_device_ops: cdo.CrossDeviceOps | None = None, ddp_options: dict | None = None,
+                 device_type: str | None = None):
+        ops = cdo.resolve(cross_device_ops)
         options = communication_options or CommunicationOptions()
         resolver = cluster_resolver if cluster_resolver is not None else default_resolver()
         timeout_s = options.timeout_seconds or 300.0
@@ -117,9 +122,12 @@ class MultiWorkerMirroredStrategy(Strategy):
         if grouped:
             env = resolver.env if isinstance(resolver, TorchElasticClusterResolver) else None
             device = devlib.canonical_name(process_device(env, kind))
-            extended = _MirroredExtended([device], ProcessCollectives(), ddp_options)
+            processes = ProcessCollectives()
+            ops._join(processes, env)
+            extended = _MirroredExtended([device], processes, ddp_options, ops)
         else:
-            extended = _MirroredExtended(devlib.default_local_devices() if kind == "cuda" else ["cpu:0"], None, ddp_options)
+            local = devlib.default_local_devices() if kind == "cuda" else ["cpu:0"]
+            extended = _MirroredExtended(local, None, ddp_options, ops)
         super().__init__(extended, cluster_resolver=resolver)
 
 
@@ -127,4 +135,7 @@ class MultiWorkerMirroredStrategy(Strategy):
 def from_spec(spec: Any, runtime: Runtime) -> MultiWorkerMirroredStrategy:
     resolver = TorchElasticClusterResolver(runtime.env, runtime.device_type) if runtime.env is not None else None
     options = CommunicationOptions(timeout_seconds=runtime.collective_timeout_s)
-    return MultiWorkerMirroredStrategy(resolver, options, ddp_options=spec.ddp_options(), device_type=runtime.device_type)
+    return MultiWorkerMirroredStrategy(
+        resolver, options, cross_device_ops=cdo.from_name(spec.cross_device_ops),
+        ddp_options=spec.ddp_options(), device_type=runtime.device_type,
+    )

@@ -57,6 +57,10 @@ CASES = [
     (["strategy.device=cuda:0"], "strategy.device", "0 CUDA device"),
     (["strategy=mirrored", "strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite"),
     (["strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], "input.drop_remainder", "keep input.drop_remainder=true"),
+    (["strategy=mirrored", "strategy.cross_device_ops=hierarchical"], "strategy.cross_device_ops",
+     "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device"),
+    (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),
+    (["strategy=one_device", "+strategy.cross_device_ops=hierarchical_copy"], "strategy.cross_device_ops", "unknown key"),
 ]
 
 

@@ -80,3 +80,11 @@ def test_a_strategy_the_recipe_does_not_declare():
 def test_all_problems_are_reported_together():
     found = problems(["trainer.steps=0", "trainer.log_every=-1", "launch.max_restarts=-2"])
     assert {p.key for p in found} == {"trainer.steps", "trainer.log_every", "launch.max_restarts"}
+
+
+def test_cross_device_ops_in_the_plan():
+    from launcher.config.schema import MirroredSpec, MultiWorkerMirroredSpec
+
+    assert MirroredSpec(name="mirrored").describe() == "mirrored (DDP all-reduce, 25 MB buckets)"
+    spec = MultiWorkerMirroredSpec(name="multi_worker_mirrored", cross_device_ops="reduction_to_one_device")
+    assert spec.describe() == "multi_worker_mirrored (DDP + cross_device_ops reduction_to_one_device, 25 MB buckets)"

@@ -68,8 +68,9 @@ def test_duplicate_devices_are_rejected(monkeypatch):
         dl.MirroredStrategy(devices=["cpu:0", "CPU:0"])
 
 
-def test_cross_device_ops_other_than_none_are_rejected():
-    with pytest.raises(ValueError, match="cross_device_ops"):
+def test_cross_device_ops_that_are_not_cross_device_ops_are_rejected(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(TypeError, match="cross_device_ops must be None or a CrossDeviceOps"):
         dl.MirroredStrategy(devices=["cpu:0", "cpu:1"], cross_device_ops=object())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.conftest import FIXTURES, PROBE, summary
 
@@ -42,3 +43,20 @@ def test_manual_mode_step_runs_unchanged_under_both(run_dlaunch, tmp_path):
     one, _ = final_params(run_dlaunch, "m1", "strategy=one_device", entry=probe)
     two, _ = final_params(run_dlaunch, "m2", "strategy=mirrored", "cluster=1x2", entry=probe)
     assert_same_model(one, two)
+
+
+def test_every_cross_device_op_trains_the_same_model(tmp_path):
+    from tests.conftest import dlaunch
+
+    sweep = tmp_path / "sweep"
+    ops = ("null", "nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device")
+    proc = dlaunch("-m", "recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=20",
+                   f"strategy.cross_device_ops={','.join(ops)}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [summary(sweep / str(i)) for i in range(len(ops))]
+    assert all(r["status"] == "completed" and r["world_size"] == 2 for r in runs), runs
+    chosen = [OmegaConf.load(sweep / str(i) / "config.yaml").strategy.cross_device_ops for i in range(len(ops))]
+    assert chosen == [None, *ops[1:]]
+    for r in runs[1:]:
+        assert r["param_norm"] == pytest.approx(runs[0]["param_norm"], rel=1e-6)
+        assert r["final_loss"] == pytest.approx(runs[0]["final_loss"], rel=1e-6)

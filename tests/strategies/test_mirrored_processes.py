@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from launcher.launch.function import run_function
+from tests.conftest import train_briefly
 
 pytestmark = pytest.mark.slow
 
@@ -131,3 +132,50 @@ def mismatched_shapes():
 def test_reduce_without_axis_on_unequal_shapes_is_a_clear_error_on_every_process():
     results = run_function(mismatched_shapes, nproc=2)
     assert all("different shapes across processes" in r for r in results.values()), results
+
+
+def _counting(cls, **kwargs):
+    """``cls(**kwargs)`` that counts the gradient buckets DDP hands to its comm hook."""
+
+    class Counting(cls):
+        buckets = 0
+
+        def _reduce_bucket(self, state, bucket):
+            self.buckets += 1
+            return super()._reduce_bucket(state, bucket)
+
+    return Counting(**kwargs)
+
+
+def ddp_with_each_cross_device_op():
+    """Train the same model under each op (4 processes; hierarchical as 2 nodes x 2 ranks)."""
+    import torch.distributed as dist
+
+    from launcher import distribute as dl
+
+    ops = {
+        "default": None,
+        "nccl_all_reduce": dl.NcclAllReduce(),
+        "hierarchical_copy": _counting(dl.HierarchicalCopyAllReduce, ranks_per_node=2),
+        "reduction_to_one_device": _counting(dl.ReductionToOneDevice, root_rank=1),
+    }
+    out = {}
+    for name, op in ops.items():
+        s = dl.MirroredStrategy(cross_device_ops=op)
+        model = train_briefly(s, steps=5, seed=dist.get_rank())  # DDP broadcasts rank 0's parameters
+        out[name] = {
+            "params": torch.cat([p.detach().flatten() for p in model.parameters()]),
+            "hooked": s.extended._cross_device_ops._ddp_comm_hook() is not None,
+            "buckets": getattr(op, "buckets", 0),
+        }
+    return out
+
+
+def test_ddp_comm_hooks_train_like_ddps_own_all_reduce():
+    results = run_function(ddp_with_each_cross_device_op, nproc=4)
+    reference = results[0]["default"]["params"]
+    for rank, r in results.items():
+        assert [name for name, v in r.items() if v["hooked"]] == ["hierarchical_copy", "reduction_to_one_device"]
+        assert r["hierarchical_copy"]["buckets"] >= 5 and r["reduction_to_one_device"]["buckets"] >= 5  # every step
+        for name, v in r.items():
+            torch.testing.assert_close(v["params"], reference, rtol=1e-6, atol=1e-7, msg=f"rank {rank}, {name}")

@@ -1,0 +1,430 @@
+"""Cross-device ops: how per-replica values are combined, as ``tf.distribute.CrossDeviceOps``.
+
+Select one with ``MirroredStrategy(cross_device_ops=HierarchicalCopyAllReduce())``,
+or in a config with ``strategy.cross_device_ops=hierarchical_copy``. Each op is
+a torch mechanism at two levels:
+
+* **Between processes** (one replica per process): gradients go through DDP;
+  an op whose process step is not the plain all-reduce becomes a DDP
+  communication hook (``register_comm_hook``) that reduces each gradient bucket
+  its way. ``strategy.reduce`` and ``extended.reduce_to`` take the same step.
+* **Between the thread replicas of one process** (``devices=["cpu:0", "cpu:1"]``):
+  the op decides on which device the values are summed and which replica
+  thread does the work; the result is copied back to every replica.
+
+``None`` (the base class): ``dist.all_reduce``, DDP's own; thread replicas share
+the sums. ``NcclAllReduce``: the same between processes (nccl on CUDA, gloo on
+CPU); ``torch.cuda.nccl.all_reduce`` between CUDA thread replicas.
+``HierarchicalCopyAllReduce``: reduce to each node's leader, all-reduce among
+leaders, broadcast within the node, in subgroups. ``ReductionToOneDevice``:
+``dist.reduce`` to one rank, then ``dist.broadcast``. All give the same numbers
+(up to the order of floating-point additions).
+
+Example::
+
+    strategy = MirroredStrategy(devices=["cpu:0", "cpu:1"], cross_device_ops=ReductionToOneDevice())
+    v = PerReplica([torch.tensor([0, 1, 2, 3]), torch.tensor([4, 5, 6, 7])])
+    strategy.extended.reduce_to(ReduceOp.SUM, v, destinations="cpu:0")   # tensor([ 4,  6,  8, 10])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import weakref
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+import torch.distributed as dist
+
+from launcher.distribute import devices as devlib
+from launcher.distribute.collectives import ProcessCollectives, SingleProcess
+from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.values import PerReplica
+
+# The names a config may give as strategy.cross_device_ops (null: the default all-reduce).
+Name = Literal["nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device"]
+
+
+class CrossDeviceOps:
+    """Base class for cross-device reduction and broadcasting algorithms.
+
+    The base class itself is the default that ``cross_device_ops=None`` selects:
+    a plain all-reduce between processes (DDP's own), and between thread
+    replicas a sum that the replicas share (each one reduces every n-th tensor).
+    Subclasses change one level or both by overriding ``_local_sum``,
+    ``_thread_owner`` or ``_all_reduce_sum_``.
+    """
+
+    name: str | None = None  # the config name; None for the default
+    num_packs = 0  # batch_reduce packs values into this many buffers per dtype; 0: one collective per value
+
+    # ----- tf.distribute.CrossDeviceOps -----
+    def reduce(self, reduce_op: ReduceOp | str, per_replica_value: Any, destinations: Any = None) -> Any:
+        """Reduce ``per_replica_value`` (a ``PerReplica`` or a tensor) to ``destinations``.
+
+        Across processes when this process is one of several in the default
+        process group. ``destinations`` is a device name, a tensor (its device),
+        a list of devices or a ``PerReplica`` (one result per component), or
+        None (where the sum was made).
+        """
+        return self._reduce(ReduceOp.from_any(reduce_op), per_replica_value, destinations, _default_processes())
+
+    def batch_reduce(self, reduce_op: ReduceOp | str, value_destination_pairs: Sequence[tuple[Any, Any]]) -> list:
+        """Reduce several values at once; packed into ``num_packs`` buffers per dtype between processes."""
+        return self._batch_reduce(ReduceOp.from_any(reduce_op), list(value_destination_pairs), _default_processes())
+
+    def broadcast(self, tensor: torch.Tensor, destinations: Any) -> Any:
+        """A copy of ``tensor`` on each of ``destinations`` (one device: a tensor, several: a ``PerReplica``)."""
+        return place(torch.as_tensor(tensor), destinations, copy=True)
+
+    # ----- used by strategies, with their process level -----
+    def _reduce(self, op: ReduceOp, value: Any, destinations: Any, processes: Any) -> Any:
+        return self._batch_reduce(op, [(value, destinations)], processes)[0]
+
+    def _batch_reduce(self, op: ReduceOp, pairs: list[tuple[Any, Any]], processes: Any) -> list:
+        components = [_components(value) for value, _ in pairs]
+        totals = self._process_sums([self._local_sum(parts) for parts in components], processes)
+        out = []
+        for parts, total, (_, destinations) in zip(components, totals, pairs):
+            if op is ReduceOp.MEAN:
+                total = total / (len(parts) * processes.world_size)
+            out.append(place(total, destinations))
+        return out
+
+    def _local_sum(self, parts: Sequence[Any]) -> torch.Tensor:
+        """The sum of this process's per-replica values (a new tensor), on the first one's device."""
+        tensors = [torch.as_tensor(p) for p in parts]
+        return _add_n([t.to(tensors[0].device) for t in tensors])
+
+    def _process_sum(self, tensor: torch.Tensor, processes: Any) -> torch.Tensor:
+        """The sum over processes of every process's ``tensor``."""
+        if processes.world_size == 1:
+            return tensor
+        buffer = processes.comm_buffer(tensor)
+        self._all_reduce_sum_(buffer, processes.group)
+        return buffer.to(tensor.device)
+
+    def _process_sums(self, tensors: list[torch.Tensor], processes: Any) -> list[torch.Tensor]:
+        if processes.world_size == 1:
+            return tensors
+        if self.num_packs <= 0:
+            return [self._process_sum(t, processes) for t in tensors]
+        return _packed(tensors, self.num_packs, lambda chunk: self._process_sum(chunk, processes))
+
+    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
+        """In place: every process's ``buffer`` becomes the sum over ``group``."""
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
+
+    # ----- thread replicas of one process (gradients of mirrored copies) -----
+    def _thread_owner(self, index: int, copies: Sequence[torch.Tensor | None]) -> int:
+        """Which local replica reduces the ``index``-th tensor: shared round-robin by default."""
+        return index % len(copies)
+
+    def _all_reduce_copies_(self, copies: list[torch.Tensor], divisor: int) -> None:
+        """In place: every copy becomes the sum of the copies divided by ``divisor``."""
+        total = self._local_sum(copies) / divisor
+        for c in copies:
+            c.copy_(total, non_blocking=True)
+
+    # ----- DDP -----
+    def _ddp_comm_hook(self) -> Callable | None:
+        """A hook for ``DistributedDataParallel.register_comm_hook``; None where DDP's own all-reduce is the op."""
+        if type(self)._all_reduce_sum_ is CrossDeviceOps._all_reduce_sum_:
+            return None
+        return self._reduce_bucket
+
+    def _reduce_bucket(self, state, bucket):  # no annotations: DDP compares them with real types
+        """Average one gradient bucket with this op's process step.
+
+        The collectives run in order before the hook returns: unlike DDP's own
+        all-reduce they do not overlap with the rest of backward, and every rank
+        issues them in the same (bucket) order.
+        """
+        buffer = bucket.buffer()
+        buffer.div_(dist.get_world_size(state))
+        self._all_reduce_sum_(buffer, state)
+        future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+        future.set_result(buffer)
+        return future
+
+    def _join(self, processes: ProcessCollectives, env: Any) -> None:
+        """Called by a strategy once it is in a process group; builds what the op needs collectively."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NcclAllReduce(CrossDeviceOps):
+    """Reduction using an NCCL all-reduce: the plain all-reduce over the process group.
+
+    Between processes the backend of the process group runs it: nccl on CUDA,
+    gloo on CPU (same numbers, so the name is kept for TF code). Between the
+    CUDA thread replicas of one process it is ``torch.cuda.nccl.all_reduce``,
+    driven by replica 0's thread; on CPU replicas it is the default.
+
+    Args:
+        num_packs: ``batch_reduce`` concatenates values of one dtype and splits them
+            into this many buffers, one collective each (0: one collective per value).
+    """
+
+    name = "nccl_all_reduce"
+
+    def __init__(self, num_packs: int = 1):
+        self.num_packs = _non_negative("num_packs", num_packs)
+
+    def _local_sum(self, parts: Sequence[Any]) -> torch.Tensor:
+        tensors = [torch.as_tensor(p) for p in parts]
+        if _nccl_ready(tensors):
+            return torch.cuda.comm.reduce_add(tensors, destination=tensors[0].device.index)
+        return super()._local_sum(tensors)
+
+    def _thread_owner(self, index: int, copies: Sequence[torch.Tensor | None]) -> int:
+        # One thread issues every NCCL call: concurrent calls on one communicator can deadlock.
+        return 0 if _nccl_ready([c for c in copies if c is not None]) else super()._thread_owner(index, copies)
+
+    def _all_reduce_copies_(self, copies: list[torch.Tensor], divisor: int) -> None:
+        if not _nccl_ready(copies):
+            return super()._all_reduce_copies_(copies, divisor)
+        torch.cuda.nccl.all_reduce(copies)
+        for c in copies:
+            c.div_(divisor)
+
+    def __repr__(self) -> str:
+        return f"NcclAllReduce(num_packs={self.num_packs})"
+
+
+class ReductionToOneDevice(CrossDeviceOps):
+    """Always do reduction to one device first and then do broadcasting.
+
+    Between processes: ``dist.reduce`` onto ``root_rank``, then ``dist.broadcast``
+    from it (a DDP communication hook for gradients). Between thread replicas:
+    ``accumulation_fn`` sums the values on ``reduce_to_device`` on replica 0's
+    thread, and the result is copied back to every replica.
+
+    Args:
+        reduce_to_device: where thread replicas' values are summed, e.g. ``"cuda:0"``;
+            default the first replica's device.
+        accumulation_fn: ``fn(list_of_tensors) -> tensor``; default adds them in replica order.
+        root_rank: the process that receives the reduction across processes.
+    """
+
+    name = "reduction_to_one_device"
+
+    def __init__(self, reduce_to_device: str | None = None, accumulation_fn: Callable | None = None, *, root_rank: int = 0):
+        self.reduce_to_device = None if reduce_to_device is None else devlib.canonical_name(reduce_to_device)
+        self.accumulation_fn = accumulation_fn or _add_n
+        self.root_rank = _non_negative("root_rank", root_rank)
+
+    def _local_sum(self, parts: Sequence[Any]) -> torch.Tensor:
+        tensors = [torch.as_tensor(p) for p in parts]
+        device = devlib.to_torch(self.reduce_to_device) if self.reduce_to_device else tensors[0].device
+        return self.accumulation_fn([t.to(device) for t in tensors])
+
+    def _thread_owner(self, index: int, copies: Sequence[torch.Tensor | None]) -> int:
+        return 0
+
+    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
+        size = dist.get_world_size(group)
+        if self.root_rank >= size:
+            raise ValueError(f"ReductionToOneDevice(root_rank={self.root_rank}) needs more than {size} processes")
+        dist.reduce(buffer, group_dst=self.root_rank, op=dist.ReduceOp.SUM, group=group)
+        dist.broadcast(buffer, group_src=self.root_rank, group=group)
+
+    def __repr__(self) -> str:
+        return f"ReductionToOneDevice(reduce_to_device={self.reduce_to_device!r}, root_rank={self.root_rank})"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeTopology:
+    """The nodes of a process group and the subgroups hierarchical reduction runs in."""
+
+    nodes: tuple[tuple[int, ...], ...]  # group ranks per node; the first of each is its leader
+    node_group: Any  # this rank's node as a process group; None when the node has one process
+    leaders_group: Any  # the leaders as a process group, on leaders only; None with one node
+
+
+class HierarchicalCopyAllReduce(CrossDeviceOps):
+    """Reduction using hierarchical copy all-reduce: within nodes, then across them.
+
+    Between processes: ``dist.reduce`` to the node's leader (its lowest rank),
+    ``dist.all_reduce`` among the leaders, then ``dist.broadcast`` from the leader
+    within the node, each in its own subgroup. The subgroups are built once per
+    process group, by every rank in the same order. Nodes come, in this order,
+    from ``ranks_per_node``, from the worker env's node rank (``GROUP_RANK``
+    under torch.distributed.elastic), or from the host name. With one node it is
+    an intra-node reduce and broadcast.
+
+    Between the thread replicas of one process (one node) the values are summed
+    on the first replica's device, the node leader, by its thread and copied
+    back; TF's split of many GPUs into two sub-trees is not reproduced.
+
+    Args:
+        num_packs: as for ``NcclAllReduce``.
+        ranks_per_node: override the topology: ranks ``[0, n)`` are node 0, ``[n, 2n)``
+            node 1, ... (e.g. 2 to run 2 "nodes" of 2 ranks on one machine).
+    """
+
+    name = "hierarchical_copy"
+
+    def __init__(self, num_packs: int = 1, *, ranks_per_node: int | None = None):
+        self.num_packs = _non_negative("num_packs", num_packs)
+        if ranks_per_node is not None and ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+        self.ranks_per_node = ranks_per_node
+        self._env_node: int | None = None
+        self._topologies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> NodeTopology
+
+    def topology(self, group: Any = None) -> NodeTopology:
+        """This op's topology for ``group`` (default: the whole job), built on first use by every rank.
+
+        Every process of the job takes part in building it (``new_group``'s rule), so
+        ``group`` must span the job; strategies build it when they join the group.
+        """
+        key = group if group is not None else dist.group.WORLD
+        if key not in self._topologies:
+            self._topologies[key] = self._build_topology(group)
+        return self._topologies[key]
+
+    def _join(self, processes: ProcessCollectives, env: Any) -> None:
+        if env is not None:
+            self._env_node = env.group_rank
+        self.topology(processes.group)
+
+    def _node_key(self, rank: int) -> Any:
+        if self.ranks_per_node is not None:
+            return rank // self.ranks_per_node
+        if self._env_node is not None:
+            return self._env_node
+        return socket.gethostname()
+
+    def _build_topology(self, group: Any) -> NodeTopology:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        keys: list[Any] = [None] * size
+        dist.all_gather_object(keys, self._node_key(rank), group=group)
+        nodes: dict[Any, list[int]] = {}
+        for r, key in enumerate(keys):
+            nodes.setdefault(key, []).append(r)
+        ranks = [tuple(members) for members in nodes.values()]
+
+        def to_global(members: Sequence[int]) -> list[int]:
+            return [dist.get_global_rank(group, r) if group is not None else r for r in members]
+
+        # Every rank creates every subgroup, in the same order (torch's requirement).
+        node_group, _ = dist.new_subgroups_by_enumeration([to_global(m) for m in ranks])
+        leaders = [m[0] for m in ranks]
+        leaders_group = dist.new_group(to_global(leaders)) if len(ranks) > 1 else None
+        mine = next(m for m in ranks if rank in m)
+        return NodeTopology(
+            nodes=tuple(ranks),
+            node_group=node_group if len(mine) > 1 else None,
+            leaders_group=leaders_group if rank in leaders else None,
+        )
+
+    def _thread_owner(self, index: int, copies: Sequence[torch.Tensor | None]) -> int:
+        return 0  # the node leader
+
+    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
+        topo = self.topology(group)
+        if topo.node_group is not None:
+            dist.reduce(buffer, group_dst=0, op=dist.ReduceOp.SUM, group=topo.node_group)
+        if topo.leaders_group is not None:
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=topo.leaders_group)
+        if topo.node_group is not None:
+            dist.broadcast(buffer, group_src=0, group=topo.node_group)
+
+    def __repr__(self) -> str:
+        return f"HierarchicalCopyAllReduce(num_packs={self.num_packs}, ranks_per_node={self.ranks_per_node})"
+
+
+_BY_NAME: dict[str, type[CrossDeviceOps]] = {
+    cls.name: cls for cls in (NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice)
+}
+
+
+def from_name(name: str | None) -> CrossDeviceOps | None:
+    """The op a config names (``strategy.cross_device_ops``), with its defaults; None stays None."""
+    if name is None:
+        return None
+    try:
+        return _BY_NAME[name]()
+    except KeyError:
+        raise ValueError(f"unknown cross_device_ops {name!r}; allowed: {', '.join(_BY_NAME)}") from None
+
+
+def resolve(ops: CrossDeviceOps | None) -> CrossDeviceOps:
+    """The op a strategy uses: the given one, or the default all-reduce for None."""
+    if ops is None:
+        return CrossDeviceOps()
+    if not isinstance(ops, CrossDeviceOps):
+        raise TypeError(
+            f"cross_device_ops must be None or a CrossDeviceOps such as NcclAllReduce(), "
+            f"HierarchicalCopyAllReduce() or ReductionToOneDevice(); got {ops!r}"
+        )
+    return ops
+
+
+def place(tensor: torch.Tensor, destinations: Any, copy: bool = False) -> Any:
+    """``tensor`` on ``destinations``: one device gives a tensor, several a ``PerReplica``."""
+    if destinations is None:
+        return tensor.clone() if copy else tensor
+    if isinstance(destinations, PerReplica):
+        destinations = destinations.values
+    if isinstance(destinations, (list, tuple)):
+        return PerReplica([tensor.to(_device_of(d), copy=True) for d in destinations])
+    return tensor.to(_device_of(destinations), copy=copy)
+
+
+def _device_of(destination: Any) -> torch.device:
+    if isinstance(destination, torch.Tensor):
+        return destination.device
+    if isinstance(destination, torch.device):
+        return destination
+    return devlib.to_torch(destination)
+
+
+def _components(value: Any) -> list[torch.Tensor]:
+    values = value.values if isinstance(value, PerReplica) else (value,)
+    return [torch.as_tensor(v) for v in values]
+
+
+def _add_n(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Add in order into a new tensor (the same additions, so the same bits, as a plain sum)."""
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total = total + t
+    return total
+
+
+def _packed(tensors: list[torch.Tensor], num_packs: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """Reduce ``tensors`` as ``num_packs`` flat buffers per (dtype, device) instead of one by one."""
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    kinds: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        kinds.setdefault((t.dtype, t.device), []).append(i)
+    for indices in kinds.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in indices])
+        for chunk in flat.tensor_split(max(1, min(num_packs, flat.numel()))):
+            chunk.copy_(reduce(chunk))
+        for i, part in zip(indices, flat.split([tensors[i].numel() for i in indices])):
+            out[i] = part.view(tensors[i].shape)
+    return out  # type: ignore[return-value]
+
+
+def _nccl_ready(tensors: Sequence[torch.Tensor]) -> bool:
+    """Several CUDA tensors on distinct devices that ``torch.cuda.nccl`` can reduce."""
+    if len(tensors) < 2 or not all(t.is_cuda for t in tensors):
+        return False
+    return torch.cuda.nccl.is_available(tensors)
+
+
+def _default_processes() -> Any:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return ProcessCollectives()
+    return SingleProcess()
+
+
+def _non_negative(what: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return value
