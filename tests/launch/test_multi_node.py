@@ -71,6 +71,11 @@ def test_emulated_2x2_equals_1x4_and_one_device(run_dlaunch):
     assert_same_model(params(emulated), params(flat))
     assert_same_model(params(emulated), params(one))
 
+    # Hierarchical all-reduce over the emulated nodes' real groups: reduce in node, across leaders, broadcast.
+    proc, tiered = run_dlaunch(*COMMON, "cluster=2x2", "strategy.cross_device_ops=hierarchical_copy", name="tiered")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_model(params(emulated), params(tiered))
+
 
 def test_two_dlaunch_commands_form_one_2x2_job(tmp_path, run_dlaunch):
     port = free_port()
