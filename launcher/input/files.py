@@ -201,9 +201,10 @@ def _write_csv(path: Path, columns: Columns) -> None:
 def write_shards(columns: Columns, directory: str | Path, shards: int, fmt: str = "jsonl", prefix: str = "train") -> list[Path]:
     """Split ``columns`` into ``shards`` files ``PREFIX-00000-of-0000N.FMT`` of near-equal size."""
     n = num_rows(columns)
-    bounds = [round(i * n / shards) for i in range(shards + 1)]
+    bounds = [i * n // shards for i in range(shards + 1)]
+    # clone: torch.save of a slice would store the whole tensor's memory
     return [
-        write_file(Path(directory) / f"{prefix}-{i:05d}-of-{shards:05d}.{fmt}", {k: v[bounds[i] : bounds[i + 1]] for k, v in columns.items()}, fmt)
+        write_file(Path(directory) / f"{prefix}-{i:05d}-of-{shards:05d}.{fmt}", {k: v[bounds[i] : bounds[i + 1]].clone() for k, v in columns.items()}, fmt)
         for i in range(shards)
     ]
 
