@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.config.schema import RunSpec
-from launcher.input.auto_shard import resolve_policy, shard_rows
+from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
 from launcher.input.files import count_rows
 
 
@@ -75,12 +75,32 @@ def shard_table(spec: RunSpec) -> Table | None:
     names = [os.path.relpath(f, base) for f in inp.files]
     counts = [count_rows(f, inp.file_format) for f in inp.files]
     nodes, per_node = (spec.cluster.nodes, spec.cluster.devices_per_node) if workers > 1 else (1, 1)
-    table = Table(title=f"input shards ({policy.value}, {sum(counts)} elements)", title_justify="left", box=None, padding=(0, 2))
+    table = Table(
+        title=f"input shards ({policy.value}, {sum(counts)} elements)", caption=_uneven_note(spec, policy, counts),
+        title_justify="left", caption_justify="left", box=None, padding=(0, 2),
+    )
     for column in ("rank", "node", "reads", "elements"):
         table.add_column(column, justify="right" if column == "elements" else "left")
     for row in shard_rows(policy, names, counts, nodes, per_node):
         table.add_row(*row)
     return table
+
+
+def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> str | None:
+    """FILE shards of different sizes: every epoch ends at the shortest worker's last batch."""
+    workers = spec.num_processes
+    if policy is not AutoShardPolicy.FILE or workers == 1:
+        return None
+    local = spec.input.global_batch_size // workers
+    sizes = [ShardPlan(policy, workers, w).element_count(counts) for w in range(workers)]
+    steps = min(sizes) // local
+    if all(size // local == steps for size in sizes):
+        return None
+    left_out = sum(sizes) - steps * local * workers
+    return (
+        f"uneven shards: each epoch ends with the shortest worker, after {steps} steps; "
+        f"{left_out} of {sum(sizes)} elements are left out of each epoch (equal-sized files, a multiple of {workers} of them, avoid this)"
+    )
 
 
 def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool) -> None:
