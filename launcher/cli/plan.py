@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from launcher.config.schema import RunSpec
+from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
+from launcher.input.files import count_rows
 
 
 def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str, str]]:
     device = spec.device_type(cuda_devices)
     c = spec.cluster
     n = spec.num_replicas
-    processes = c.world_size if n > 1 else 1
+    processes = spec.num_processes
     if device == "cuda":
         devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
     else:
@@ -30,6 +33,7 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str
         ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
         *_rendezvous_row(spec, processes),
         ("batch", f"global {spec.input.global_batch_size} = {n} replica(s) x {spec.per_replica_batch_size} per replica"),
+        ("input", _input_summary(spec)),
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
         ("run dir", str(run_dir)),
     ]
@@ -69,6 +73,62 @@ def _rendezvous_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:
                            f"nodes wait {spec.launch.rdzv_timeout_s} s, ranks {spec.launch.preflight_timeout_s} s)")]
 
 
+def _input_summary(spec: RunSpec) -> str:
+    inp = spec.input
+    order = f"shuffled (seed {spec.input_seed})" if inp.shuffle else "in file order"
+    if not inp.files:
+        return f"the recipe's data, {order}; each global batch split across replicas"
+    resolved = resolve_policy(inp.policy, len(inp.files), spec.num_processes).value
+    policy = resolved if inp.auto_shard_policy == resolved else f"{inp.auto_shard_policy} -> {resolved}"
+    return (
+        f"{len(inp.files)} {inp.file_format} file(s) in {_common_dir(inp.files)}, {order}; "
+        f"auto_shard_policy {policy}; prefetch {inp.prefetch}"
+    )
+
+
+def _common_dir(files: list[str]) -> str:
+    return os.path.commonpath([os.path.dirname(f) for f in files])
+
+
+def shard_table(spec: RunSpec) -> Table | None:
+    """Which worker reads which files (or which share of the elements); None without input.files."""
+    inp = spec.input
+    if not inp.files:
+        return None
+    workers = spec.num_processes
+    policy = resolve_policy(inp.policy, len(inp.files), workers)
+    base = _common_dir(inp.files)
+    names = [os.path.relpath(f, base) for f in inp.files]
+    counts = [count_rows(f, inp.file_format) for f in inp.files]
+    nodes, per_node = (spec.cluster.nodes, spec.cluster.devices_per_node) if workers > 1 else (1, 1)
+    table = Table(
+        title=f"input shards ({policy.value}, {sum(counts)} elements)", caption=_uneven_note(spec, policy, counts),
+        title_justify="left", caption_justify="left", box=None, padding=(0, 2),
+    )
+    for column in ("rank", "node", "reads", "elements"):
+        table.add_column(column, justify="right" if column == "elements" else "left")
+    for row in shard_rows(policy, names, counts, nodes, per_node):
+        table.add_row(*row)
+    return table
+
+
+def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> str | None:
+    """FILE shards of different sizes: every epoch ends at the shortest worker's last batch."""
+    workers = spec.num_processes
+    if policy is not AutoShardPolicy.FILE or workers == 1:
+        return None
+    local = spec.input.global_batch_size // workers
+    sizes = [ShardPlan(policy, workers, w).element_count(counts) for w in range(workers)]
+    steps = min(sizes) // local
+    if all(size // local == steps for size in sizes):
+        return None
+    left_out = sum(sizes) - steps * local * workers
+    return (
+        f"uneven shards: each epoch ends with the shortest worker, after {steps} steps; "
+        f"{left_out} of {sum(sizes)} elements are left out of each epoch (equal-sized files, a multiple of {workers} of them, avoid this)"
+    )
+
+
 def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool) -> None:
     table = Table(title="dlaunch plan" + (" (dry run: nothing is started)" if dry_run else ""), show_header=False, title_justify="left", box=None, padding=(0, 2))
     table.add_column(style="bold")
@@ -76,6 +136,9 @@ def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console,
     for key, value in plan_rows(spec, cuda_devices, run_dir):
         table.add_row(key, value)
     console.print(table)
+    shards = shard_table(spec)
+    if shards is not None:
+        console.print(shards)
 
 
 def show_summary(summary: dict, run_dir: Path, console: Console) -> None:

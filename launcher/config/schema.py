@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.devices import canonical_name
+from launcher.input import files as files_lib
+from launcher.input.auto_shard import AutoShardPolicy, too_few_files
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -185,6 +187,50 @@ class InputSpec(Strict):
     shuffle: bool = True
     drop_remainder: bool = Field(True, description="drop a last partial global batch in training")
     num_workers: Annotated[int, Field(ge=0)] = 0
+    files: list[str] = Field(
+        default_factory=list,
+        description="globs, relative to the directory dlaunch starts in; validation resolves them to absolute paths",
+    )
+    format: Literal["jsonl", "csv", "pt", "npy"] | None = Field(None, description="default: the files' extension")
+    seed: Annotated[int, Field(ge=0)] | None = Field(None, description="shuffle seed; default: trainer.seed")
+    auto_shard_policy: Literal["AUTO", "FILE", "DATA", "OFF"] = "AUTO"
+    prefetch: Annotated[int, Field(ge=0)] = Field(1, description="steps fetched to the devices ahead of the one in use")
+
+    @field_validator("auto_shard_policy", mode="before")
+    @classmethod
+    def _policy_name(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _resolve_files(cls, value: Any, info: ValidationInfo) -> Any:
+        """The parent resolves the globs once; workers get the same ordered list of absolute paths."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return value  # pydantic reports the type
+        try:
+            return files_lib.resolve_files(value, (info.context or {}).get("cwd"))
+        except FileNotFoundError as exc:
+            raise PlanError("input.files", value, str(exc)) from None
+
+    @model_validator(mode="after")
+    def _format_known(self) -> "InputSpec":
+        if self.files and self.format is None:
+            try:
+                files_lib.infer_format(self.files)
+            except ValueError as exc:
+                raise PlanError("input.format", None, f"{exc}; set input.format") from None
+        return self
+
+    @property
+    def file_format(self) -> str | None:
+        """``format``, or the one the files' extension names; None without files."""
+        return (self.format or files_lib.infer_format(self.files)) if self.files else None
+
+    @property
+    def policy(self) -> AutoShardPolicy:
+        return AutoShardPolicy[self.auto_shard_policy]
 
 
 class LaunchSpec(Strict):
@@ -224,6 +270,15 @@ class RunSpec(Strict):
     def per_replica_batch_size(self) -> int:
         return self.input.global_batch_size // self.num_replicas
 
+    @property
+    def num_processes(self) -> int:
+        """Worker processes, one per replica: the input pipelines that auto-sharding divides data among."""
+        return self.cluster.world_size if self.num_replicas > 1 else 1
+
+    @property
+    def input_seed(self) -> int:
+        return self.trainer.seed if self.input.seed is None else self.input.seed
+
     def device_type(self, cuda_devices: int) -> str:
         if self.cluster.device == "auto":
             return "cuda" if cuda_devices > 0 else "cpu"
@@ -239,7 +294,7 @@ class RunSpec(Strict):
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
         for rule in (_one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
-                     _devices_exist, _strategy_device_exists, _backend_fits):
+                     _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
 
@@ -301,6 +356,22 @@ def _whole_batches(spec: RunSpec, cuda: int) -> None:
             "input.drop_remainder", False,
             f"with {spec.num_replicas} replicas a last partial global batch leaves some replicas short or empty, "
             "and averaging their mean losses would weigh examples unequally; keep input.drop_remainder=true",
+        )
+
+
+def _files_cover_workers(spec: RunSpec, cuda: int) -> None:
+    if spec.input.auto_shard_policy != "FILE":
+        return
+    files, workers = len(spec.input.files), spec.num_processes
+    if files == 0:
+        raise PlanError(
+            "input.auto_shard_policy", "FILE",
+            "FILE shards input.files across workers, but input.files is not set; set input.files or use AUTO, DATA or OFF",
+        )
+    if files < workers:
+        raise PlanError(
+            "input.auto_shard_policy", "FILE",
+            f"input.files matched {too_few_files(files, workers)} (cluster {spec.cluster.shape} = {workers} worker processes)",
         )
 
 

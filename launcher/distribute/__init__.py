@@ -32,6 +32,7 @@ from launcher.distribute.input_context import InputContext, InputOptions, InputR
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import PerReplica
+from launcher.input.auto_shard import AutoShardPolicy
 
 # Strategies live in launcher/strategies/ (one per file) and import this package's
 # modules, so they are looked up on first use rather than imported here.
@@ -52,6 +53,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'launcher.distribute' has no attribute {name!r}")
 
 __all__ = [
+    "AutoShardPolicy",
     "CrossDeviceOps",
     "HierarchicalCopyAllReduce",
     "InputContext",

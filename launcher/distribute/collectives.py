@@ -27,6 +27,9 @@ class SingleProcess:
     def all_reduce_count(self, count: int) -> int:
         return count
 
+    def all_reduce_min(self, value: int) -> int:
+        return value
+
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         return tensor
 
@@ -64,6 +67,12 @@ class ProcessCollectives:
     def all_reduce_count(self, count: int) -> int:
         t = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return int(t.item())
+
+    def all_reduce_min(self, value: int) -> int:
+        """The smallest ``value`` over the processes (e.g. how many batches every worker still has)."""
+        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:

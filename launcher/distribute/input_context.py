@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from launcher.input.auto_shard import AutoShardPolicy
+
 
 class InputReplicationMode(enum.Enum):
     """How ``distribute_datasets_from_function`` calls the dataset function.
@@ -28,16 +30,27 @@ class InputOptions:
         experimental_replication_mode: see ``InputReplicationMode``.
         experimental_place_dataset_on_device: TF's option, validated as TF does;
             dlaunch builds datasets on the host either way.
-        experimental_per_replica_buffer_size: TF's option, validated; dlaunch does not
-            prefetch ahead yet (``DataLoader(num_workers=..., prefetch_factor=...)`` does).
+        experimental_per_replica_buffer_size: how many steps are fetched to the
+            devices ahead of the one in use (0: on demand). On CUDA the copies run
+            on a side stream from pinned memory; on CPU steps are only read ahead.
+        auto_shard_policy: how ``experimental_distribute_dataset`` shards a
+            file-backed dataset across workers (``AutoShardPolicy``; a name such as
+            ``"FILE"`` is accepted). Datasets that are not file-backed are split by
+            global batch under AUTO, DATA and OFF alike; FILE rejects them.
+
+    Example::
+
+        options = InputOptions(auto_shard_policy=AutoShardPolicy.DATA, experimental_per_replica_buffer_size=2)
     """
 
     experimental_fetch_to_device: bool = True
     experimental_replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER
     experimental_place_dataset_on_device: bool = False
     experimental_per_replica_buffer_size: int = 1
+    auto_shard_policy: AutoShardPolicy = AutoShardPolicy.AUTO
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "auto_shard_policy", AutoShardPolicy.from_any(self.auto_shard_policy))
         if self.experimental_place_dataset_on_device and self.experimental_fetch_to_device:
             raise ValueError(
                 "`experimental_place_dataset_on_device` can not be set to True when "

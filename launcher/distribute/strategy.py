@@ -98,6 +98,12 @@ class Strategy:
         per-replica batch size; a last partial batch of 6 over 2 replicas gives
         ``[0,1,2,3]`` / ``[4,5]``. For a ``DataLoader`` over a map-style dataset,
         each process loads only its own replicas' rows.
+
+        A batched ``launcher.input.files.FileDataset`` is first sharded across
+        worker processes by ``options.auto_shard_policy`` (FILE: worker ``i`` of
+        ``n`` reads files ``i, i+n, ...``; DATA: it keeps elements ``k % n == i``;
+        OFF: every worker sees every element; AUTO: FILE when files >= workers,
+        else DATA). Workers with uneven FILE shards stop together at the shortest.
         """
         from launcher.input.distributed_dataset import DistributedDataset
 

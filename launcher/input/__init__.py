@@ -1,1 +1,1 @@
-"""Dataset distribution: splitting global batches, per-process loading, device fetch."""
+"""Dataset distribution: auto-sharding across workers, file-backed datasets, splitting global batches, device prefetch."""

@@ -2,19 +2,28 @@
 ``distribute_datasets_from_function`` return.
 
 Both yield, per step, one batch per local replica: a ``PerReplica`` when more
-than one replica is in sync, the plain batch otherwise.
+than one replica is in sync, the plain batch otherwise. A ``FileDataset`` is
+first sharded across workers (``InputOptions.auto_shard_policy``); any other
+dataset yields global batches, and each worker keeps its replicas' rows.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+import logging
+
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
-from launcher.distribute.values import map_structure, regroup
+from launcher.distribute.values import regroup
+from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, warn_data_once
+from launcher.input.files import FileDataset, FileShard
+from launcher.input.prefetch import Prefetcher
 from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch, split_batch
+
+log = logging.getLogger("dlaunch")
 
 if TYPE_CHECKING:
     from launcher.distribute.strategy import Strategy
@@ -76,7 +85,7 @@ def _local_loader(loader: DataLoader, first: int, num_local: int, num_replicas: 
 
 
 class DistributedDataset:
-    """Global batches from ``dataset``, split across replicas and fetched to their devices."""
+    """Global batches from ``dataset``, sharded across workers, split across replicas, fetched to devices."""
 
     def __init__(self, dataset: Iterable, strategy: "Strategy", options: InputOptions):
         ext = strategy.extended
@@ -86,22 +95,46 @@ class DistributedDataset:
         self._num_local = ext._num_local
         self._first = ext._replica_offset
         self._devices = ext._input_devices()
+        self._proc = ext._proc
         self._local = None
         self._global_batch_size: int | None = None
+        self._shard: FileShard | None = None
+        self._epoch = 0
+        if isinstance(dataset, FileDataset):
+            self._shard = _shard_files(dataset, options.auto_shard_policy, ext._proc.world_size, ext._proc.rank)
+            return
+        resolve_policy(options.auto_shard_policy, None, ext._proc.world_size)  # FILE needs files: say so now
         if isinstance(dataset, DataLoader) and self._num_replicas > 1:
             found = _local_loader(dataset, self._first, self._num_local, self._num_replicas)
             if found is not None:
                 self._local, self._global_batch_size = found
 
     def __iter__(self) -> Iterator[Any]:
-        if self._local is not None:
-            return self._iter_local_rows()
-        return self._iter_global_batches()
+        if self._shard is not None:
+            steps = self._iter_file_shard()
+        elif self._local is not None:
+            steps = self._iter_local_rows()
+        else:
+            steps = self._iter_global_batches()
+        return _deliver(steps, self._devices, self._options, self._num_replicas)
 
     def __len__(self) -> int:
+        if self._shard is not None:
+            return len(self._shard.batches(self._epoch))  # this worker's steps, before any agreement
         return len(self._dataset)  # type: ignore[arg-type]
 
-    def _iter_local_rows(self) -> Iterator[Any]:
+    def _iter_file_shard(self) -> Iterator[list[Any]]:
+        shard, epoch = self._shard, self._epoch
+        self._epoch += 1
+        batches = shard.batches(epoch)
+        steps = len(batches)
+        if shard.plan.policy is AutoShardPolicy.FILE and self._proc.world_size > 1:
+            steps = _agree_on_steps(self._proc, steps, epoch)
+        local = shard.local_batch_size()
+        for rows in batches[:steps]:
+            yield split_batch(shard.collate(rows), range(self._num_local), self._num_local, local)
+
+    def _iter_local_rows(self) -> Iterator[list[Any]]:
         b = per_replica_size(self._global_batch_size, self._num_replicas)
         template = None
         for rows in self._local:
@@ -112,20 +145,45 @@ class DistributedDataset:
             else:
                 template = slice_batch(rows, 0, 0)
             n = batch_size_of(rows)
-            pieces = [slice_batch(rows, *rows_for_replica(k, b, n)) for k in range(self._num_local)]
-            yield self._package(pieces)
+            yield [slice_batch(rows, *rows_for_replica(k, b, n)) for k in range(self._num_local)]
 
-    def _iter_global_batches(self) -> Iterator[Any]:
+    def _iter_global_batches(self) -> Iterator[list[Any]]:
         for batch in self._dataset:
             if self._global_batch_size is None:
                 self._global_batch_size = batch_size_of(batch)
             mine = range(self._first, self._first + self._num_local)
-            yield self._package(split_batch(batch, mine, self._num_replicas, self._global_batch_size))
+            yield split_batch(batch, mine, self._num_replicas, self._global_batch_size)
 
-    def _package(self, pieces: list[Any]) -> Any:
-        if self._options.experimental_fetch_to_device:
-            pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices)]
-        return pieces[0] if self._num_replicas == 1 else regroup(pieces)
+
+def _shard_files(dataset: FileDataset, policy: AutoShardPolicy, num_workers: int, worker: int) -> FileShard:
+    resolved = resolve_policy(policy, len(dataset.files), num_workers)
+    if resolved is AutoShardPolicy.DATA:
+        warn_data_once(len(dataset.files), num_workers)
+    return dataset.shard(ShardPlan(resolved, num_workers, worker))
+
+
+def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
+    """FILE shards may hold different numbers of batches: every worker stops at the shortest.
+
+    The shard is loaded, so its length is known: one MIN all-reduce per epoch
+    gives what a per-step "has data" flag would, without a collective per step.
+    """
+    agreed = proc.all_reduce_min(mine)
+    if agreed < mine:
+        log.warning(
+            "epoch %d: FILE shards are uneven; rank %d has %d batch(es), the shortest worker %d: "
+            "dropping this worker's last %d batch(es) so that every worker stops together",
+            epoch, proc.rank, mine, agreed, mine - agreed,
+        )
+    return agreed
+
+
+def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> Iterator[Any]:
+    """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
+    if options.experimental_fetch_to_device:
+        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)
+    for pieces in steps:
+        yield pieces[0] if num_replicas == 1 else regroup(pieces)
 
 
 class DistributedDatasetsFromFunction:
@@ -145,6 +203,9 @@ class DistributedDatasetsFromFunction:
         self._datasets = [dataset_fn(ctx) for ctx in self.input_contexts]
 
     def __iter__(self) -> Iterator[Any]:
+        return _deliver(self._steps(), self._devices, self._options, self._num_replicas)
+
+    def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]
         sources = iterators if len(iterators) == self._num_local else iterators * self._num_local
         while True:
@@ -153,19 +214,4 @@ class DistributedDatasetsFromFunction:
             if not found:
                 return
             # A last partial step: replicas whose data ran out get an empty batch, as in TF.
-            pieces = [slice_batch(found[0], 0, 0) if p is _Empty else p for p in pieces]
-            if self._options.experimental_fetch_to_device:
-                pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices)]
-            yield pieces[0] if self._num_replicas == 1 else regroup(pieces)
-
-
-def _to_device(piece: Any, device: torch.device) -> Any:
-    if device.type == "cpu":
-        return piece
-
-    def move(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        return t.pin_memory().to(device, non_blocking=True) if t.device.type == "cpu" else t.to(device)
-
-    return map_structure(move, piece)
+            yield [slice_batch(found[0], 0, 0) if p is _Empty else p for p in pieces]

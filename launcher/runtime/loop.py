@@ -20,8 +20,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from launcher import strategies
 from launcher.cluster.env import WorkerEnv
 from launcher.config.schema import RunSpec
+from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
+from launcher.input.files import FileDataset
 from launcher.runtime import outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.progress import ProgressReporter, log
@@ -50,9 +52,9 @@ def param_norm(model: torch.nn.Module) -> float:
 
 
 def global_batches(data: Any, spec: RunSpec) -> Any:
-    """A map-style dataset becomes a loader of global batches, shuffled by ``trainer.seed``."""
+    """A map-style dataset becomes a loader of global batches, shuffled by ``input.seed`` (default ``trainer.seed``)."""
     if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-        generator = torch.Generator().manual_seed(spec.trainer.seed)
+        generator = torch.Generator().manual_seed(spec.input_seed)
         return DataLoader(
             data,
             batch_size=spec.input.global_batch_size,
@@ -62,6 +64,19 @@ def global_batches(data: Any, spec: RunSpec) -> Any:
             generator=generator,
         )
     return data
+
+
+def file_dataset(spec: RunSpec) -> FileDataset | None:
+    """The dataset ``input.files`` describes, batched and shuffled as the input section says."""
+    inp = spec.input
+    if not inp.files:
+        return None
+    dataset = FileDataset(tuple(inp.files), inp.file_format).batch(inp.global_batch_size, inp.drop_remainder)
+    return dataset.shuffle(spec.input_seed) if inp.shuffle else dataset
+
+
+def input_options(spec: RunSpec) -> InputOptions:
+    return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=spec.input.prefetch)
 
 
 def forever(dataset: Any) -> Iterator[Any]:
@@ -124,14 +139,14 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     ctx = recipe_lib.BuildContext(
         strategy=strategy, seed=spec.trainer.seed, global_batch_size=spec.input.global_batch_size,
         per_replica_batch_size=spec.per_replica_batch_size, num_replicas_in_sync=strategy.num_replicas_in_sync,
-        run_dir=run_dir, is_chief=chief,
+        run_dir=run_dir, is_chief=chief, input_files=file_dataset(spec),
     )
     with strategy.scope():
         parts = loaded.module.build(loaded.config, ctx)
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
 
-    batches = forever(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec)))
+    batches = forever(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
     loop_started = time.perf_counter()
     losses = _run_steps(spec, strategy, make_replica_step(loaded, model, optimizer), batches, run_dir, chief, console)
     loop_seconds = time.perf_counter() - loop_started

@@ -63,7 +63,8 @@ class Parts:
     """What ``build`` returns.
 
     ``train_data`` is a map-style ``torch.utils.data.Dataset`` (dlaunch batches,
-    shuffles and splits it) or an iterable of global batches.
+    shuffles and splits it), the ``FileDataset`` of ``ctx.input_files`` (dlaunch
+    shards it across workers), or an iterable of global batches.
     """
 
     model: torch.nn.Module
@@ -74,7 +75,14 @@ class Parts:
 
 @dataclasses.dataclass(frozen=True)
 class BuildContext:
-    """What ``build`` may want to know about the run."""
+    """What ``build`` may want to know about the run.
+
+    ``input_files`` is the ``FileDataset`` that ``input.files`` describes (already
+    batched by ``input.global_batch_size`` and shuffled by ``input.seed``), or None
+    when no files are set. A recipe that returns it as ``train_data`` gets it
+    sharded across workers by ``input.auto_shard_policy``; ``.select("x", "y")``
+    makes its batches tuples instead of dicts.
+    """
 
     strategy: Any
     seed: int
@@ -83,6 +91,7 @@ class BuildContext:
     num_replicas_in_sync: int
     run_dir: Path
     is_chief: bool
+    input_files: Any = None
 
 
 class RecipeError(Exception):

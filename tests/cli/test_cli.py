@@ -62,3 +62,21 @@ def test_multirun_runs_each_job_in_its_own_directory(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     strategies = sorted(summary(sweep / str(i))["strategy"] for i in (0, 1))
     assert strategies == ["mirrored", "one_device"]
+
+
+def test_dry_run_shows_which_worker_reads_which_files(run_dlaunch, tmp_path):
+    import subprocess
+    import sys
+
+    made = subprocess.run([sys.executable, "-m", "launcher.recipes.linear", "data", "--shards", "6"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    proc, _ = run_dlaunch("strategy=mirrored", "cluster=1x4", "input.files=data/train-*.jsonl", "launch.dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stderr
+    assert "auto_shard_policy AUTO -> FILE" in plan and "input shards (FILE, 8192 elements)" in plan
+    rows = {line.split()[0]: line.split() for line in plan.splitlines() if line.strip()[:1].isdigit()}
+    assert rows["0"][1:] == ["0", "train-00000-of-00006.jsonl,", "train-00004-of-00006.jsonl", "2730"]
+    assert rows["3"][1:] == ["0", "train-00003-of-00006.jsonl", "1365"]
+    assert "uneven shards: each epoch ends with the shortest worker, after 85 steps" in " ".join(plan.split())
+    proc, _ = run_dlaunch("strategy=mirrored", "cluster=1x4", "input.files=data/train-*.jsonl", "input.auto_shard_policy=DATA", "launch.dry_run=true", name="data")
+    assert "0-3" in proc.stderr and "rank r keeps elements k%4==r" in proc.stderr and "2048" in proc.stderr

@@ -144,3 +144,46 @@ def test_per_worker_last_step_gives_a_short_replica_an_empty_batch(strategy):
     assert len(steps) == 2  # the third batch is not dropped
     last = strategy.experimental_local_results(steps[1])
     assert torch.equal(last[0], torch.tensor([5, 6])) and last[1].shape == (0,)
+
+
+def _ids(step):
+    """Each local replica's element ids in one step of a file dataset (dict batches)."""
+    return [piece.tolist() for piece in step["id"].values]
+
+
+def _file_dataset(tmp_path, n=10, shards=2):
+    from launcher.input.files import FileDataset, write_shards
+
+    write_shards({"id": torch.arange(n), "x": torch.randn(n, 3)}, tmp_path, shards=shards, fmt="jsonl")
+    return FileDataset.from_patterns(str(tmp_path / "*.jsonl"))
+
+
+def test_file_dataset_in_one_process_splits_each_global_batch_across_thread_replicas(strategy, tmp_path):
+    ds = _file_dataset(tmp_path).batch(4, drop_remainder=False)
+    steps = [_ids(s) for s in strategy.experimental_distribute_dataset(ds)]
+    assert steps == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], []]]
+
+
+@pytest.mark.parametrize("policy", ["AUTO", "FILE", "DATA", "OFF"])
+def test_one_worker_reads_everything_under_every_policy(strategy, tmp_path, policy):
+    ds = _file_dataset(tmp_path, n=8).shuffle(seed=1).batch(4)
+    dist = strategy.experimental_distribute_dataset(ds, InputOptions(auto_shard_policy=policy))
+    rows = sorted(r for s in dist for piece in _ids(s) for r in piece)
+    assert rows == list(range(8)) and len(dist) == 2
+
+
+def test_file_dataset_reshuffles_each_epoch(strategy, tmp_path):
+    dist = strategy.experimental_distribute_dataset(_file_dataset(tmp_path, n=32).shuffle(seed=0).batch(32))
+    (first,), (second,) = [_ids(s) for s in dist], [_ids(s) for s in dist]
+    assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(32))
+
+
+def test_file_policy_needs_a_file_backed_dataset(strategy):
+    with pytest.raises(ValueError, match="file-backed"):
+        strategy.experimental_distribute_dataset([torch.arange(8)], InputOptions(auto_shard_policy=dl.AutoShardPolicy.FILE))
+
+
+def test_selected_fields_come_out_as_a_tuple_of_per_replica_values(strategy, tmp_path):
+    ds = _file_dataset(tmp_path, n=8).batch(8).select("x", "id")
+    ((x, ids),) = list(strategy.experimental_distribute_dataset(ds))
+    assert [t.shape for t in x.values] == [(4, 3), (4, 3)] and [t.tolist() for t in ids.values] == [[0, 1, 2, 3], [4, 5, 6, 7]]

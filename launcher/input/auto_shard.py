@@ -1,0 +1,204 @@
+"""Auto-sharding across workers: ``AutoShardPolicy`` and the shard plan it makes.
+
+A *worker* is one input pipeline: one process (``num_input_pipelines`` =
+processes). With ``n`` workers, worker ``i`` gets:
+
+* ``FILE``: files ``i, i+n, i+2n, ...`` of the ordered file list; it reads only
+  those. Needs at least one file per worker.
+* ``DATA``: every file is read; it keeps element ``k`` of the (shuffled) stream
+  when ``k % n == i``. Every worker reads everything, so this warns once.
+* ``OFF``: no sharding; every worker sees every element, and each global batch
+  is split across replicas as usual (worker ``i`` keeps its block of rows).
+* ``AUTO``: ``FILE`` when the dataset is file-backed with files >= workers,
+  ``DATA`` otherwise.
+
+Each worker batches its share into ``global_batch_size / n`` rows per step, and
+splits that across its local replicas. With the same shuffle seed everywhere,
+``DATA`` and ``OFF`` see the same global batches as one device does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+from typing import Sequence, TypeVar
+
+import torch
+
+log = logging.getLogger("dlaunch")
+T = TypeVar("T")
+
+
+class AutoShardPolicy(enum.Enum):
+    """How a distributed dataset is sharded across workers (tf.data's names).
+
+    Example::
+
+        options = InputOptions(auto_shard_policy=AutoShardPolicy.DATA)
+        dist = strategy.experimental_distribute_dataset(files.batch(64), options)
+    """
+
+    AUTO = "AUTO"
+    FILE = "FILE"
+    DATA = "DATA"
+    OFF = "OFF"
+
+    @classmethod
+    def from_any(cls, value: "AutoShardPolicy | str") -> "AutoShardPolicy":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls[str(value).upper()]
+        except KeyError:
+            raise ValueError(f"unknown auto_shard_policy {value!r}; allowed: {', '.join(cls.__members__)}") from None
+
+
+class TooFewFilesError(ValueError):
+    """``FILE`` sharding with fewer files than workers."""
+
+
+def too_few_files(num_files: int, num_workers: int) -> str:
+    return (
+        f"{num_files} file{'s' if num_files != 1 else ''} for {num_workers} workers: FILE sharding needs at least "
+        f"one file per worker; use DATA (every worker reads every file and keeps every {num_workers}th element) "
+        "or OFF (no sharding), or write more files"
+    )
+
+
+def resolve_policy(policy: AutoShardPolicy | str, num_files: int | None, num_workers: int) -> AutoShardPolicy:
+    """The policy that runs: ``AUTO`` decided, ``FILE`` checked.
+
+    ``num_files`` is None for a dataset that is not read from files.
+    """
+    policy = AutoShardPolicy.from_any(policy)
+    if policy is AutoShardPolicy.AUTO:
+        can_file = num_files is not None and num_files >= num_workers
+        return AutoShardPolicy.FILE if can_file else AutoShardPolicy.DATA
+    if policy is AutoShardPolicy.FILE:
+        if num_files is None:
+            raise ValueError("AutoShardPolicy.FILE needs a file-backed dataset (launcher.input.files.FileDataset); use DATA or OFF")
+        if num_files < num_workers:
+            raise TooFewFilesError(too_few_files(num_files, num_workers))
+    return policy
+
+
+_warned_data = False
+
+
+def warn_data_once(num_files: int, num_workers: int) -> None:
+    """DATA makes every worker read everything: say so, once per process."""
+    global _warned_data
+    if _warned_data or num_workers == 1:
+        return
+    _warned_data = True
+    log.warning(
+        "auto_shard_policy DATA: every one of the %d workers reads all %d file(s) and keeps every %dth element; "
+        "FILE sharding (at least one file per worker) avoids the redundant reads",
+        num_workers, num_files, num_workers,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """Worker ``worker`` of ``num_workers`` under a resolved ``policy`` (FILE, DATA or OFF)."""
+
+    policy: AutoShardPolicy
+    num_workers: int = 1
+    worker: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy is AutoShardPolicy.AUTO:
+            raise ValueError("a ShardPlan needs a resolved policy; call resolve_policy first")
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker {self.worker} is not in [0, {self.num_workers})")
+
+    def files(self, files: Sequence[T]) -> list[T]:
+        """The files this worker reads: its own under FILE, all of them otherwise."""
+        if self.policy is AutoShardPolicy.FILE:
+            return list(files[self.worker :: self.num_workers])
+        return list(files)
+
+    def local_batch_size(self, global_batch_size: int) -> int:
+        """Rows this worker contributes to each global batch."""
+        if global_batch_size % self.num_workers:
+            raise ValueError(
+                f"global batch {global_batch_size} is not divisible by {self.num_workers} workers "
+                f"({global_batch_size} % {self.num_workers} = {global_batch_size % self.num_workers})"
+            )
+        return global_batch_size // self.num_workers
+
+    def worker_batches(self, order: torch.Tensor, global_batch_size: int, drop_remainder: bool) -> list[torch.Tensor]:
+        """This worker's row indices for each step, given its rows' order for the epoch.
+
+        ``order`` holds every row this worker loaded: all rows under DATA and OFF
+        (the same order on every worker), its own files' rows under FILE.
+        """
+        n, local = len(order), self.local_batch_size(global_batch_size)
+        if self.policy is AutoShardPolicy.FILE:
+            return _cut(order, local, _steps(n, local, drop_remainder))
+        steps = _steps(n, global_batch_size, drop_remainder)
+        if self.policy is AutoShardPolicy.DATA:
+            return _cut(order[self.worker :: self.num_workers], local, steps)
+        # OFF: the same global batches everywhere; this worker keeps its block of each.
+        blocks = []
+        for s in range(steps):
+            end = min((s + 1) * global_batch_size, n)
+            start = min(s * global_batch_size + self.worker * local, end)
+            blocks.append(order[start : min(start + local, end)])
+        return blocks
+
+    def element_count(self, counts: Sequence[int]) -> int:
+        """How many elements this worker keeps, given each file's element count."""
+        if self.policy is AutoShardPolicy.FILE:
+            return sum(self.files(counts))
+        total = sum(counts)
+        if self.policy is AutoShardPolicy.DATA:
+            return len(range(self.worker, total, self.num_workers))
+        return total
+
+
+
+def _steps(n: int, batch: int, drop_remainder: bool) -> int:
+    return n // batch if drop_remainder else math.ceil(n / batch)
+
+
+def _cut(rows: torch.Tensor, size: int, steps: int) -> list[torch.Tensor]:
+    return [rows[s * size : (s + 1) * size] for s in range(steps)]
+
+
+def collapse(names: Sequence[str], keep: int = 3) -> str:
+    """``a, b, c`` or ``a, b, ..., z (12 files)``: short enough for one table cell."""
+    names = list(names)
+    if len(names) <= keep:
+        return ", ".join(names)
+    return f"{', '.join(names[: keep - 1])}, ..., {names[-1]} ({len(names)} files)"
+
+
+MAX_ROWS = 16
+
+
+def shard_rows(policy: AutoShardPolicy, names: Sequence[str], counts: Sequence[int], nodes: int, devices_per_node: int) -> list[tuple[str, str, str, str]]:
+    """The plan's table: (rank, node, what it reads, elements), one row per worker under FILE.
+
+    Under DATA and OFF every worker reads every file, so one row says it for all.
+    More than ``MAX_ROWS`` workers keep the first and last rows.
+    """
+    workers = nodes * devices_per_node
+    plans = [ShardPlan(policy, workers, i) for i in range(workers)]
+    if policy is not AutoShardPolicy.FILE or workers == 1:
+        sizes = sorted({p.element_count(counts) for p in plans})
+        elements = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} each"
+        ranks, where = ("0", "0") if workers == 1 else (f"0-{workers - 1}", "all" if nodes > 1 else "0")
+        if workers == 1:
+            reads = f"all {len(names)} files"
+        elif policy is AutoShardPolicy.DATA:
+            reads = f"all {len(names)} files; rank r keeps elements k%{workers}==r"
+        else:
+            reads = f"all {len(names)} files; rank r keeps block r of {workers} of each global batch"
+        return [(ranks, where, reads, elements)]
+    rows = [(str(p.worker), str(p.worker // devices_per_node), collapse(p.files(names)), str(p.element_count(counts))) for p in plans]
+    if len(rows) > MAX_ROWS:
+        rows = [*rows[: MAX_ROWS - 4], ("...", "", f"{len(rows) - MAX_ROWS + 1} more workers", ""), *rows[-3:]]
+    return rows

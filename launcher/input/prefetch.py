@@ -1,0 +1,89 @@
+"""Device prefetch: each step's per-replica batches moved to their devices ahead of time.
+
+``Prefetcher(steps, devices, depth)`` iterates ``steps`` (one list of per-replica
+pieces per step) and keeps ``depth`` steps in flight beyond the one being used.
+On CUDA each piece is copied from pinned host memory with ``non_blocking=True``
+on a side stream per device; the step's stream waits for that copy (an event),
+and the tensors are marked as used by it (``record_stream``) so that the
+caching allocator does not hand their memory out early. On CPU there is
+nothing to copy: the steps are only read ahead, in order.
+
+All of it happens on the calling thread, so a collective that the source may
+run (the FILE-shard agreement) keeps the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from launcher.distribute.values import map_structure
+
+_END = object()
+
+
+class Prefetcher:
+    """Iterate ``steps`` with pieces on ``devices``, ``depth`` steps ahead (0: fetch on demand)."""
+
+    def __init__(self, steps: Iterable[list[Any]], devices: Sequence[torch.device], depth: int = 1):
+        if depth < 0:
+            raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+        self.steps, self.devices, self.depth = steps, list(devices), depth
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        source = iter(self.steps)
+        copier = _CudaCopier(self.devices) if any(d.type == "cuda" for d in self.devices) else None
+        pending: collections.deque = collections.deque()
+        while True:
+            while len(pending) < self.depth + 1:  # the step about to be used, plus `depth` in flight
+                pieces = next(source, _END)
+                if pieces is _END:
+                    break
+                pending.append(copier.start(pieces) if copier else (pieces, None))
+            if not pending:
+                return
+            pieces, ready = pending.popleft()
+            yield copier.finish(pieces, ready) if copier else pieces
+
+
+class _CudaCopier:
+    """Host-to-device copies on one side stream per CUDA device."""
+
+    def __init__(self, devices: Sequence[torch.device]):
+        self.devices = list(devices)
+        self.streams = {d: torch.cuda.Stream(device=d) for d in set(self.devices) if d.type == "cuda"}
+
+    def start(self, pieces: list[Any]) -> tuple[list[Any], list[Any]]:
+        moved, events = [], []
+        for piece, device in zip(pieces, self.devices):
+            if device.type != "cuda":
+                moved.append(piece)
+                events.append(None)
+                continue
+            stream = self.streams[device]
+            with torch.cuda.stream(stream):
+                moved.append(map_structure(lambda t: _copy(t, device), piece))
+                event = torch.cuda.Event()
+                event.record(stream)
+            events.append(event)
+        return moved, events
+
+    def finish(self, pieces: list[Any], events: list[Any]) -> list[Any]:
+        for piece, device, event in zip(pieces, self.devices, events):
+            if event is None:
+                continue
+            consumer = torch.cuda.current_stream(device)
+            consumer.wait_event(event)
+            map_structure(lambda t: t.record_stream(consumer) if isinstance(t, torch.Tensor) and t.is_cuda else None, piece)
+        return pieces
+
+
+def _copy(t: Any, device: torch.device) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device, non_blocking=True)
+

@@ -1,0 +1,109 @@
+"""Auto-sharding across two real gloo worker processes: which rank reads what, and no hang on uneven shards."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from launcher.input.files import FileDataset, write_file
+from launcher.launch.function import run_function
+
+pytestmark = pytest.mark.slow
+
+
+def write_ids(directory, sizes):
+    """Files with consecutive ids: sizes [4, 4, 2] -> ids 0-3, 4-7, 8-9."""
+    start, paths = 0, []
+    for i, n in enumerate(sizes):
+        ids = torch.arange(start, start + n)
+        paths.append(str(write_file(directory / f"part-{i}.jsonl", {"id": ids, "x": ids.float().unsqueeze(1)})))
+        start += n
+    return paths
+
+
+def read_steps(files, policy, global_batch, epochs=1, shuffle_seed=None):
+    """Each epoch's ids on this rank, with a collective every step (as training has)."""
+    from launcher import distribute as dl
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("dlaunch").addHandler(handler)
+    strategy = dl.MirroredStrategy()
+    ds = FileDataset(tuple(files)).batch(global_batch)
+    ds = ds if shuffle_seed is None else ds.shuffle(shuffle_seed)
+    dist = strategy.experimental_distribute_dataset(ds, dl.InputOptions(auto_shard_policy=policy))
+    epochs_seen = []
+    for _ in range(epochs):
+        steps = []
+        for batch in dist:
+            total = strategy.reduce("SUM", strategy.run(lambda b: b["x"].sum(), args=(batch,)), axis=None)
+            (mine,) = strategy.experimental_local_results(batch)  # one replica per process
+            steps.append({"ids": mine["id"].tolist(), "global_sum": float(total)})
+        epochs_seen.append(steps)
+    return {"epochs": epochs_seen, "own_steps": len(dist), "warnings": [m for m in messages if "FILE shards are uneven" in m]}
+
+
+def ids(result, epoch=0):
+    return [s["ids"] for s in result["epochs"][epoch]]
+
+
+def test_file_sharding_gives_each_rank_its_own_files(tmp_path):
+    files = write_ids(tmp_path, [4, 4, 4, 4])
+    results = run_function(read_steps, nproc=2, args=(files, "FILE", 4))
+    assert ids(results[0]) == [[0, 1], [2, 3], [8, 9], [10, 11]]  # files 0 and 2
+    assert ids(results[1]) == [[4, 5], [6, 7], [12, 13], [14, 15]]  # files 1 and 3
+    assert [s["global_sum"] for s in results[0]["epochs"][0]] == [0 + 1 + 4 + 5, 2 + 3 + 6 + 7, 8 + 9 + 12 + 13, 10 + 11 + 14 + 15]
+    assert results[0]["warnings"] == results[1]["warnings"] == []
+
+
+def test_uneven_file_shards_end_together_without_a_hang(tmp_path):
+    files = write_ids(tmp_path, [4, 4, 2])  # rank 0 reads files 0 and 2 (6 ids), rank 1 file 1 (4 ids)
+    results = run_function(read_steps, nproc=2, args=(files, "FILE", 4, 2), timeout_s=90)
+    for epoch in (0, 1):
+        assert ids(results[0], epoch) == [[0, 1], [2, 3]]  # its third batch [8, 9] is dropped
+        assert ids(results[1], epoch) == [[4, 5], [6, 7]]
+    assert (results[0]["own_steps"], results[1]["own_steps"]) == (3, 2)
+    assert len(results[0]["warnings"]) == 2 and "dropping this worker's last 1 batch(es)" in results[0]["warnings"][0]
+    assert results[1]["warnings"] == []
+
+
+def test_data_sharding_sees_the_global_batches_of_one_worker(tmp_path):
+    files = write_ids(tmp_path, [5, 7])  # DATA: both ranks read both files
+    results = run_function(read_steps, nproc=2, args=(files, "DATA", 4, 1, 3))
+    one_worker = [b["id"].tolist() for b in FileDataset(tuple(files)).shuffle(3).batch(4)]
+    assert len(ids(results[0])) == len(ids(results[1])) == len(one_worker) == 3
+    for step, global_batch in enumerate(one_worker):
+        assert sorted(ids(results[0])[step] + ids(results[1])[step]) == sorted(global_batch)
+        assert ids(results[0])[step] == global_batch[0::2] and ids(results[1])[step] == global_batch[1::2]
+
+
+def test_auto_falls_back_to_data_with_fewer_files_than_workers(tmp_path):
+    files = write_ids(tmp_path, [8])
+    results = run_function(read_steps, nproc=2, args=(files, "AUTO", 4))
+    assert ids(results[0]) == [[0, 2], [4, 6]] and ids(results[1]) == [[1, 3], [5, 7]]
+
+
+def input_contexts():
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+    seen = []
+
+    def dataset_fn(ctx):
+        seen.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync))
+        b = ctx.get_per_replica_batch_size(4)
+        mine = torch.arange(16)[ctx.input_pipeline_id :: ctx.num_input_pipelines]
+        return [mine[i : i + b] for i in range(0, len(mine), b)]
+
+    steps = [strategy.experimental_local_results(t)[0].tolist() for t in strategy.distribute_datasets_from_function(dataset_fn)]
+    return {"contexts": seen, "steps": steps}
+
+
+def test_datasets_from_function_per_worker_gets_one_pipeline_per_process():
+    results = run_function(input_contexts, nproc=2)
+    assert results[0]["contexts"] == [(2, 0, 2)] and results[1]["contexts"] == [(2, 1, 2)]
+    assert results[0]["steps"] == [[0, 2], [4, 6], [8, 10], [12, 14]]
+    assert results[1]["steps"] == [[1, 3], [5, 7], [9, 11], [13, 15]]
