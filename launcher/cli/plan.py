@@ -90,8 +90,11 @@ def _common_dir(files: list[str]) -> str:
     return os.path.commonpath([os.path.dirname(f) for f in files])
 
 
-def shard_table(spec: RunSpec) -> Table | None:
-    """Which worker reads which files (or which share of the elements); None without input.files."""
+def shard_table(spec: RunSpec, count: bool = True) -> Table | None:
+    """Which worker reads which files (or which share of the elements); None without input.files.
+
+    Counting elements reads every file, so a real run (whose workers read them anyway) skips it.
+    """
     inp = spec.input
     if not inp.files:
         return None
@@ -99,10 +102,11 @@ def shard_table(spec: RunSpec) -> Table | None:
     policy = resolve_policy(inp.policy, len(inp.files), workers)
     base = _common_dir(inp.files)
     names = [os.path.relpath(f, base) for f in inp.files]
-    counts = [count_rows(f, inp.file_format) for f in inp.files]
+    counts = [count_rows(f, inp.file_format) for f in inp.files] if count else None
     nodes, per_node = (spec.cluster.nodes, spec.cluster.devices_per_node) if workers > 1 else (1, 1)
+    total = f"{sum(counts)} elements" if counts is not None else "element counts: launch.dry_run=true"
     table = Table(
-        title=f"input shards ({policy.value}, {sum(counts)} elements)", caption=_uneven_note(spec, policy, counts),
+        title=f"input shards ({policy.value}, {total})", caption=_uneven_note(spec, policy, counts) if counts else None,
         title_justify="left", caption_justify="left", box=None, padding=(0, 2),
     )
     for column in ("rank", "node", "reads", "elements"):
@@ -136,7 +140,7 @@ def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console,
     for key, value in plan_rows(spec, cuda_devices, run_dir):
         table.add_row(key, value)
     console.print(table)
-    shards = shard_table(spec)
+    shards = shard_table(spec, count=dry_run)
     if shards is not None:
         console.print(shards)
 

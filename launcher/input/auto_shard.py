@@ -179,8 +179,10 @@ def collapse(names: Sequence[str], keep: int = 3) -> str:
 MAX_ROWS = 16
 
 
-def shard_rows(policy: AutoShardPolicy, names: Sequence[str], counts: Sequence[int], nodes: int, devices_per_node: int) -> list[tuple[str, str, str, str]]:
+def shard_rows(policy: AutoShardPolicy, names: Sequence[str], counts: Sequence[int] | None, nodes: int, devices_per_node: int) -> list[tuple[str, str, str, str]]:
     """The plan's table: (rank, node, what it reads, elements), one row per worker under FILE.
+
+    Without ``counts`` (the files were not counted) the elements column stays empty.
 
     Under DATA and OFF every worker reads every file, so one row says it for all.
     More than ``MAX_ROWS`` workers keep the first and last rows.
@@ -188,7 +190,7 @@ def shard_rows(policy: AutoShardPolicy, names: Sequence[str], counts: Sequence[i
     workers = nodes * devices_per_node
     plans = [ShardPlan(policy, workers, i) for i in range(workers)]
     if policy is not AutoShardPolicy.FILE or workers == 1:
-        sizes = sorted({p.element_count(counts) for p in plans})
+        sizes = sorted({p.element_count(counts) for p in plans}) if counts is not None else [""]
         elements = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} each"
         ranks, where = ("0", "0") if workers == 1 else (f"0-{workers - 1}", "all" if nodes > 1 else "0")
         if workers == 1:
@@ -198,7 +200,8 @@ def shard_rows(policy: AutoShardPolicy, names: Sequence[str], counts: Sequence[i
         else:
             reads = f"all {len(names)} files; rank r keeps block r of {workers} of each global batch"
         return [(ranks, where, reads, elements)]
-    rows = [(str(p.worker), str(p.worker // devices_per_node), collapse(p.files(names)), str(p.element_count(counts))) for p in plans]
+    rows = [(str(p.worker), str(p.worker // devices_per_node), collapse(p.files(names)),
+             str(p.element_count(counts)) if counts is not None else "") for p in plans]
     if len(rows) > MAX_ROWS:
         rows = [*rows[: MAX_ROWS - 4], ("...", "", f"{len(rows) - MAX_ROWS + 1} more workers", ""), *rows[-3:]]
     return rows

@@ -50,7 +50,7 @@ def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
     return path
 
 
-def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str, listen_fd: int | None = None) -> LaunchConfig:
+def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None, listen_fd: int | None = None) -> LaunchConfig:
     """The elastic agent's settings for node ``node_rank`` of the spec's cluster."""
     c = spec.cluster
     return local_config(
@@ -154,7 +154,7 @@ def run_node(
     listen_fd: int | None = None, on_failure: Callable[..., int] = report.report_failures,
 ) -> int:
     """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``."""
-    config = node_config(spec, run_dir, node_rank, run_id or f"dlaunch-{uuid.uuid4().hex[:12]}", listen_fd)
+    config = node_config(spec, run_dir, node_rank, run_id, listen_fd)
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic", config.nproc_per_node, where)
     try:
