@@ -102,6 +102,7 @@ def task(cfg: Any) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from launcher import checkpoint
     from launcher.cli.plan import show_plan, show_summary
     from launcher.runtime import outputs
 
@@ -116,10 +117,16 @@ def task(cfg: Any) -> Any:
         _Status.codes.append(2)
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        resume_from = checkpoint.find(spec, run_dir)
+    except checkpoint.CheckpointError as exc:
+        render(ConfigError([Problem(key="trainer.resume", value=spec.trainer.resume, message=str(exc))]), console)
+        _Status.codes.append(2)
+        return None
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
-        outputs.start_run(run_dir)
+        outputs.start_run(run_dir, resuming=resume_from is not None)
         (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
-    show_plan(spec, cuda, run_dir, console, spec.launch.dry_run)
+    show_plan(spec, cuda, run_dir, console, spec.launch.dry_run, resume_from)
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None
@@ -139,7 +146,7 @@ def task(cfg: Any) -> Any:
 
 
 def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
-    if spec.num_replicas == 1:
+    if spec.num_replicas == 1 and spec.launch.max_restarts == 0:
         return _run_in_process(spec, run_dir, cuda, console)
     from launcher.launch.elastic import launch
 
@@ -147,13 +154,20 @@ def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
 
 
 def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
-    """One replica needs no worker processes: train here (pdb and profilers just work)."""
+    """One replica needs no worker processes: train here (pdb and profilers just work).
+
+    With ``launch.max_restarts`` it runs as one elastic worker instead, so that it can be restarted.
+    """
     from launcher.launch import failures, report
     from launcher.runtime.loop import train
+    from launcher.runtime.preemption import Preempted
 
     try:
         train(spec, None, run_dir, cuda, console)
         return 0
+    except Preempted as exc:
+        log.warning("%s", exc)
+        return exc.exit_code
     except KeyboardInterrupt:
         log.warning("interrupted")
         return 130

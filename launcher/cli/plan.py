@@ -8,12 +8,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from launcher import checkpoint
+from launcher.checkpoint import layout, manifest
 from launcher.config.schema import RunSpec
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
 from launcher.input.files import count_rows
 
 
-def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str, str]]:
+def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path | None = None) -> list[tuple[str, str]]:
     device = spec.device_type(cuda_devices)
     c = spec.cluster
     n = spec.num_replicas
@@ -35,8 +37,32 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path) -> list[tuple[str
         ("batch", f"global {spec.input.global_batch_size} = {n} replica(s) x {spec.per_replica_batch_size} per replica"),
         ("input", _input_summary(spec)),
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+        ("checkpoints", _checkpoints(spec, run_dir)),
+        *_resume_rows(spec, resume_from),
         ("run dir", str(run_dir)),
     ]
+    return rows
+
+
+def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
+    c = spec.trainer.checkpoint
+    if not c.every_steps:
+        restarts = "; a restart begins again at step 0" if spec.launch.max_restarts else ""
+        return f"off (trainer.checkpoint.every_steps=N turns them on){restarts}"
+    return (f"every {c.every_steps} steps, at the end and on SIGTERM/SIGINT/SIGHUP (DCP; keep {c.keep}) "
+            f"in {checkpoint.root_of(spec, run_dir)}")
+
+
+def _resume_rows(spec: RunSpec, resume_from: Path | None) -> list[tuple[str, str]]:
+    if resume_from is None:
+        return []
+    saved = layout.read_manifest(resume_from)
+    pos = saved["data_position"]
+    rows = [("resume", f"from step {saved['step']} ({resume_from}; {saved['strategy']} {saved['cluster']}, "
+                       f"epoch {pos['epoch']}, batch {pos['offset']})")]
+    rows += [("  changed", change) for change in manifest.changes(saved, spec)]
+    if saved["step"] >= spec.trainer.steps:
+        rows.append(("  note", f"the checkpoint already reaches trainer.steps={spec.trainer.steps}: nothing left to train"))
     return rows
 
 
@@ -133,11 +159,11 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
     )
 
 
-def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool) -> None:
+def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None = None) -> None:
     table = Table(title="dlaunch plan" + (" (dry run: nothing is started)" if dry_run else ""), show_header=False, title_justify="left", box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    for key, value in plan_rows(spec, cuda_devices, run_dir):
+    for key, value in plan_rows(spec, cuda_devices, run_dir, resume_from):
         table.add_row(key, value)
     console.print(table)
     shards = shard_table(spec, count=dry_run)

@@ -25,6 +25,7 @@ class WorkerEnv:
     master_port: int
     restart_count: int = 0
     run_id: str = ""
+    agent_store: bool = False  # MASTER_ADDR:MASTER_PORT is the elastic agent's store, shared by every attempt
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerEnv | None":
@@ -43,6 +44,7 @@ class WorkerEnv:
             master_port=int(env.get("MASTER_PORT", 0)),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
             run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         )
 
 

@@ -38,11 +38,26 @@ def ensure_process_group(
     device = process_device(env, device_type)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend=backend or default_backend(device.type),
+        store=attempt_store(env, timeout),
         rank=env.rank,
         world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
     return True
+
+
+def attempt_store(env: WorkerEnv, timeout: datetime.timedelta) -> dist.Store | None:
+    """The agent's store, with a key space of this attempt's own (None: let ``env://`` build the store).
+
+    torch.distributed.elastic keeps one store for every restart of the workers;
+    without a prefix, a restarted worker could read a dead peer's address that
+    its previous attempt left there, and wait on it.
+    """
+    if not env.agent_store:
+        return None
+    store = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"dlaunch/{env.run_id}/attempt{env.restart_count}", store)

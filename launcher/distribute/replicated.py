@@ -128,6 +128,11 @@ class MirroredOptimizer(torch.optim.Optimizer):
         self.optimizers = [primary] + [_clone_for(primary, module.module, r) for r in module.replicas[1:]]
 
     @property
+    def primary(self) -> torch.optim.Optimizer:
+        """Replica 0's optimizer: the one checkpoints save and load."""
+        return self._primary
+
+    @property
     def param_groups(self) -> list[dict]:  # type: ignore[override]
         return self._primary.param_groups
 

@@ -20,6 +20,7 @@ from launcher.distribute.input_context import InputContext, InputOptions, InputR
 from launcher.distribute.values import regroup
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, warn_data_once
 from launcher.input.files import FileDataset, FileShard
+from launcher.input.position import Position
 from launcher.input.prefetch import Prefetcher
 from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch, split_batch
 
@@ -100,6 +101,7 @@ class DistributedDataset:
         self._global_batch_size: int | None = None
         self._shard: FileShard | None = None
         self._epoch = 0
+        self._skip = 0  # batches of the next epoch already delivered before a resume
         if isinstance(dataset, FileDataset):
             self._shard = _shard_files(dataset, options.auto_shard_policy, ext._proc.world_size, ext._proc.rank)
             return
@@ -108,6 +110,23 @@ class DistributedDataset:
             found = _local_loader(dataset, self._first, self._num_local, self._num_replicas)
             if found is not None:
                 self._local, self._global_batch_size = found
+
+    @property
+    def seekable(self) -> bool:
+        """Whether ``set_position`` can skip to a position without reading the batches before it."""
+        return self._shard is not None or hasattr(self._sampler(), "set_position")
+
+    def set_position(self, position: Position) -> None:
+        """The next ``iter()`` starts at ``position`` (epoch, batches already delivered in it)."""
+        if self._shard is not None:
+            self._epoch, self._skip = position.epoch, position.offset
+        elif hasattr(self._sampler(), "set_position"):
+            self._sampler().set_position(position)
+        else:
+            raise TypeError(f"{type(self._dataset).__name__} cannot seek; iterate it instead")
+
+    def _sampler(self) -> Any:
+        return getattr(self._dataset, "batch_sampler", None)
 
     def __iter__(self) -> Iterator[Any]:
         if self._shard is not None:
@@ -124,14 +143,14 @@ class DistributedDataset:
         return len(self._dataset)  # type: ignore[arg-type]
 
     def _iter_file_shard(self) -> Iterator[list[Any]]:
-        shard, epoch = self._shard, self._epoch
-        self._epoch += 1
+        shard, epoch, skip = self._shard, self._epoch, self._skip
+        self._epoch, self._skip = self._epoch + 1, 0
         batches = shard.batches(epoch)
         steps = len(batches)
         if shard.plan.policy is AutoShardPolicy.FILE and self._proc.world_size > 1:
             steps = _agree_on_steps(self._proc, steps, epoch)
         local = shard.local_batch_size()
-        for rows in batches[:steps]:
+        for rows in batches[skip:steps]:
             yield split_batch(shard.collate(rows), range(self._num_local), self._num_local, local)
 
     def _iter_local_rows(self) -> Iterator[list[Any]]:

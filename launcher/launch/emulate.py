@@ -43,34 +43,38 @@ def run(spec: RunSpec, run_dir: Path, job: Path) -> int:
     run_id = f"dlaunch-{uuid.uuid4().hex[:12]}"
     log.info("emulating %d nodes on this machine: one elastic agent per node, rendezvous on %s:%d", c.nodes, c.master_addr, port)
     procs = []
-    with _stop_on_sigterm():
+    with _stop_on_signals():
         try:
             for node in range(c.nodes):
                 args = [str(job), str(node), run_id, str(port), *([str(sock.fileno())] if node == 0 else [])]
                 procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], pass_fds=(sock.fileno(),) if node == 0 else ()))
             codes = _wait(procs, spec.launch.shutdown_grace_s + 10)
-        except KeyboardInterrupt:
-            _stop(procs, spec.launch.shutdown_grace_s)
-            log.warning("interrupted; every node's workers were shut down")
-            return 130
+        except _Stopped as stopped:
+            _stop(procs, spec.launch.shutdown_grace_s + 5, stopped.signum)
+            log.warning("stopped by %s; every node's workers were shut down", signal.Signals(stopped.signum).name)
+            return 128 + stopped.signum
     return _outcome(spec, run_dir, codes)
 
 
-class _Terminated(KeyboardInterrupt):
-    pass
+class _Stopped(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM to dlaunch stops every node's agent gracefully, as Ctrl-C does."""
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP to dlaunch reach every node's agent, which passes them to its workers."""
     def handler(signum: int, frame: object) -> None:
-        raise _Terminated()
+        raise _Stopped(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _wait(procs: list[subprocess.Popen], grace_s: float) -> list[int]:
@@ -86,10 +90,10 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> list[int]:
     return [p.returncode for p in procs]
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+def _stop(procs: list[subprocess.Popen], grace_s: float, signum: int = signal.SIGTERM) -> None:
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signum)
     end = time.monotonic() + grace_s
     for p in procs:
         try:

@@ -32,6 +32,9 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
     failures.render(root, others, last_logged_step(run_dir))
+    if spec.launch.max_restarts:
+        log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
+                  "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
     if not spec.cluster.node_rank:  # node 0 owns summary.json (nodes may share the run directory)
         record_failure(spec, run_dir, root)
     return 1

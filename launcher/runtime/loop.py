@@ -7,25 +7,30 @@ build the recipe inside ``strategy.scope()``, then call the step through
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from launcher import strategies
+from launcher import checkpoint, strategies
+from launcher.checkpoint import Checkpointer
+from launcher.checkpoint.state import unwrap
 from launcher.cluster.env import WorkerEnv
 from launcher.config.schema import RunSpec
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
+from launcher.input.position import DataStream, EpochBatchSampler
 from launcher.runtime import outputs
 from launcher.runtime import recipe as recipe_lib
+from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.progress import ProgressReporter, log
 
 
@@ -41,28 +46,21 @@ def seed_everything(seed: int) -> None:
         pass
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside DDP or mirrored copies."""
-    return getattr(model, "module", model)
-
-
 def param_norm(model: torch.nn.Module) -> float:
     with torch.no_grad():
         return math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in unwrap(model).parameters()))
 
 
 def global_batches(data: Any, spec: RunSpec) -> Any:
-    """A map-style dataset becomes a loader of global batches, shuffled by ``input.seed`` (default ``trainer.seed``)."""
+    """A map-style dataset becomes a loader of global batches; epoch ``e`` is shuffled with ``input.seed + e``.
+
+    The order is a function of (seed, epoch), so a resumed run can seek to any
+    batch without reading the ones before it.
+    """
     if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-        generator = torch.Generator().manual_seed(spec.input_seed)
-        return DataLoader(
-            data,
-            batch_size=spec.input.global_batch_size,
-            shuffle=spec.input.shuffle,
-            drop_last=spec.input.drop_remainder,
-            num_workers=spec.input.num_workers,
-            generator=generator,
-        )
+        inp = spec.input
+        sampler = EpochBatchSampler(len(data), inp.global_batch_size, inp.shuffle, spec.input_seed, inp.drop_remainder)
+        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers)
     return data
 
 
@@ -77,20 +75,6 @@ def file_dataset(spec: RunSpec) -> FileDataset | None:
 
 def input_options(spec: RunSpec) -> InputOptions:
     return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=spec.input.prefetch)
-
-
-def forever(dataset: Any) -> Iterator[Any]:
-    """Iterate epoch after epoch (each epoch reshuffles)."""
-    while True:
-        empty = True
-        for batch in dataset:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError(
-                "the training data yields no batch: it is smaller than one global batch "
-                "(lower input.global_batch_size, or set input.drop_remainder=false)"
-            )
 
 
 def make_replica_step(loaded: recipe_lib.LoadedRecipe, model: Any, optimizer: Any) -> Callable[[Any], torch.Tensor]:
@@ -114,24 +98,28 @@ def make_replica_step(loaded: recipe_lib.LoadedRecipe, model: Any, optimizer: An
 class _Meter:
     """Throughput between log points and over the whole run."""
 
-    def __init__(self, global_batch: int, total_steps: int):
+    def __init__(self, global_batch: int, total_steps: int, first_step: int = 0):
         self.global_batch, self.total = global_batch, total_steps
         self.start = self.mark = time.perf_counter()
-        self.mark_step = 0
+        self.first_step = self.mark_step = first_step
 
     def window(self, step: int) -> tuple[float, float]:
         now = time.perf_counter()
         rate = (step - self.mark_step) * self.global_batch / max(now - self.mark, 1e-9)
-        per_step = (now - self.start) / max(step, 1)
+        per_step = (now - self.start) / max(step - self.first_step, 1)
         self.mark, self.mark_step = now, step
         return rate, per_step * (self.total - step)
 
 
 def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int, console: Console | None = None) -> dict[str, Any]:
-    """Run the recipe under the spec's strategy; rank 0 writes metrics and the summary."""
+    """Run the recipe under the spec's strategy; rank 0 writes metrics and the summary.
+
+    Resumes from ``trainer.resume``'s checkpoint when there is one, saves every
+    ``trainer.checkpoint.every_steps``, and on SIGTERM/SIGINT/SIGHUP saves and
+    raises ``Preempted``.
+    """
     started = time.perf_counter()
     rank = env.rank if env else 0
-    chief = rank == 0
     runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices), spec.launch.collective_timeout_s)
     seed_everything(spec.trainer.seed)
     strategy = strategies.build(spec.strategy, runtime)
@@ -139,24 +127,27 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     ctx = recipe_lib.BuildContext(
         strategy=strategy, seed=spec.trainer.seed, global_batch_size=spec.input.global_batch_size,
         per_replica_batch_size=spec.per_replica_batch_size, num_replicas_in_sync=strategy.num_replicas_in_sync,
-        run_dir=run_dir, is_chief=chief, input_files=file_dataset(spec),
+        run_dir=run_dir, is_chief=rank == 0, input_files=file_dataset(spec),
     )
     with strategy.scope():
         parts = loaded.module.build(loaded.config, ctx)
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
 
-    batches = forever(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
+    stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
+    loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console)
+    resumed_at = loop.resume(checkpoint.find(spec, run_dir))
     loop_started = time.perf_counter()
-    losses = _run_steps(spec, strategy, make_replica_step(loaded, model, optimizer), batches, run_dir, chief, console)
+    losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1)
     loop_seconds = time.perf_counter() - loop_started
 
     metrics = {}
     evaluate = loaded.evaluate()
-    if chief and evaluate is not None:
+    if rank == 0 and evaluate is not None:
         with torch.no_grad():
             metrics = {k: float(v) for k, v in evaluate(unwrap(model), parts).items()}
         log.info("eval: %s", ", ".join(f"{k}={v:.6g}" for k, v in metrics.items()))
+    curve = loop.curve or losses
     summary = {
         "status": "completed",
         "strategy": spec.strategy.name,
@@ -169,40 +160,82 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "global_batch_size": spec.input.global_batch_size,
         "per_replica_batch_size": spec.per_replica_batch_size,
         "steps": spec.trainer.steps,
-        "first_loss": losses[0],
-        "final_loss": losses[-1],
-        "examples_per_sec": spec.trainer.steps * spec.input.global_batch_size / loop_seconds,
+        "resumed_from_step": resumed_at or None,
+        "restarts": env.restart_count if env else 0,
+        "first_loss": curve[0] if curve else None,
+        "final_loss": curve[-1] if curve else None,
+        "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / loop_seconds,
         "wall_seconds": time.perf_counter() - started,
         "param_norm": param_norm(model),
         "metrics": metrics,
     }
-    if chief:
+    if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
     return summary
 
 
-def _run_steps(spec: RunSpec, strategy: Strategy, replica_step: Callable, batches: Iterator[Any], run_dir: Path, chief: bool, console: Console | None) -> list[float]:
-    steps, every = spec.trainer.steps, spec.trainer.log_every
-    progress = ProgressReporter(steps, enabled=chief, console=console or Console(stderr=True))
-    metrics_log = outputs.MetricsLog(run_dir / outputs.METRICS) if chief else None
-    meter = _Meter(spec.input.global_batch_size, steps)
-    losses: list[float] = []
-    try:
-        for step in range(1, steps + 1):
-            per_replica = strategy.run(replica_step, args=(next(batches),))
-            if step == 1 or step % every == 0 or step == steps:
-                loss = float(strategy.reduce(ReduceOp.MEAN, per_replica, axis=None))
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
-                losses.append(loss)
-                rate, eta = meter.window(step)
-                progress.logged(step, loss, rate, eta)
-                if metrics_log:
-                    metrics_log.write({"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time()})
-            else:
-                progress.advance(step)
-    finally:
-        progress.close()
+@dataclasses.dataclass
+class _Loop:
+    """The steps from a (possibly resumed) start to ``trainer.steps``: log, checkpoint, stop on signals."""
+
+    spec: RunSpec
+    strategy: Strategy
+    model: Any
+    optimizer: Any
+    stream: DataStream
+    ckpt: Checkpointer
+    run_dir: Path
+    chief: bool
+    console: Console | None
+    curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
+
+    def resume(self, path: Path | None) -> int:
+        """Load ``path`` (None: start at step 0); return the step it was saved after."""
+        if path is None:
+            return 0
+        step, position = self.ckpt.load(path, self.model, self.optimizer)
+        self.stream.seek(position)
+        log.info("resumed from %s: step %d, epoch %d, batch %d of that epoch", path, step, position.epoch, position.offset)
+        return step
+
+    def run(self, replica_step: Callable[[Any], torch.Tensor], start: int, distributed: bool) -> list[float]:
+        if self.ckpt.enabled:
+            self.ckpt.start()
+        steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
+        progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
+        metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
+        meter = _Meter(self.spec.input.global_batch_size, steps, start)
+        losses: list[float] = []
+        try:
+            with StopRequests(distributed, force_on_repeat=not distributed) as stop:
+                for step in range(start + 1, steps + 1):
+                    per_replica = self.strategy.run(replica_step, args=(next(self.stream),))
+                    if step == 1 or step % every == 0 or step == steps:
+                        loss = self._log(step, per_replica, meter, progress, metrics_log)
+                        losses.append(loss)
+                    else:
+                        progress.advance(step)
+                    if self.ckpt.due(step):
+                        self._save(step)
+                    signum = stop.agreed()
+                    if signum:
+                        raise Preempted(signum, step, self._save(step) if self.ckpt.enabled else None)
+        finally:
+            progress.close()
+            if metrics_log:
+                self.curve = [r["loss"] for r in metrics_log.kept] + losses
+                metrics_log.close()
+        return losses
+
+    def _log(self, step: int, per_replica: Any, meter: "_Meter", progress: ProgressReporter, metrics_log: Any) -> float:
+        loss = float(self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None))
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
+        rate, eta = meter.window(step)
+        progress.logged(step, loss, rate, eta)
         if metrics_log:
-            metrics_log.close()
-    return losses
+            metrics_log.write({"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time()})
+        return loss
+
+    def _save(self, step: int) -> Path:
+        return self.ckpt.save(step, self.stream.position, self.model, self.optimizer)

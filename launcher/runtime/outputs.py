@@ -17,10 +17,14 @@ SUMMARY = "summary.json"
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers
 
 
-def start_run(run_dir: Path) -> None:
-    """A reused run directory must not show the previous run's results as this one's."""
-    for name in (METRICS, SUMMARY):
-        (run_dir / name).unlink(missing_ok=True)
+def start_run(run_dir: Path, resuming: bool = False) -> None:
+    """A reused run directory must not show the previous run's results as this one's.
+
+    A run that resumes from a checkpoint keeps its metrics: the curve continues.
+    """
+    (run_dir / SUMMARY).unlink(missing_ok=True)
+    if not resuming:
+        (run_dir / METRICS).unlink(missing_ok=True)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -38,16 +42,39 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 class MetricsLog:
-    """One JSON object per logged step, starting afresh with each run."""
+    """One JSON object per logged step.
 
-    def __init__(self, path: Path):
+    A run resumed at step ``resumed_at`` keeps the records up to that step and
+    continues after them (records of steps it will redo are dropped); a fresh run
+    starts an empty file.
+    """
+
+    def __init__(self, path: Path, resumed_at: int = 0):
+        self.kept = [r for r in read_records(path) if r.get("step", 0) <= resumed_at] if resumed_at else []
         self._file = path.open("w", buffering=1)
+        for record in self.kept:
+            self.write(record)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(_finite(record)) + "\n")
 
     def close(self) -> None:
         self._file.close()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file; a torn last line (a killed writer) is left out."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
 
 
 def completion_marker(run_dir: Path, rank: int) -> Path:

@@ -30,7 +30,7 @@ def setup_logging(rank: int, console: Console, who: str = "rank") -> None:
 class ProgressReporter:
     """Shows step, loss, examples/s and ETA."""
 
-    def __init__(self, total_steps: int, enabled: bool, console: Console):
+    def __init__(self, total_steps: int, enabled: bool, console: Console, start: int = 0):
         self.total = total_steps
         self.enabled = enabled
         self._bar: Progress | None = None
@@ -46,7 +46,7 @@ class ProgressReporter:
                 console=console,
                 transient=False,
             )
-            self._task = self._bar.add_task("train", total=total_steps, loss="-", speed="-")
+            self._task = self._bar.add_task("train", total=total_steps, completed=start, loss="-", speed="-")
             self._bar.start()
 
     def advance(self, step: int) -> None:

@@ -21,7 +21,8 @@ from launcher.config.schema import RunSpec
 from launcher.launch.failures import write_error_file
 from launcher.runtime import outputs
 from launcher.runtime.loop import train
-from launcher.runtime.progress import setup_logging
+from launcher.runtime.preemption import Preempted
+from launcher.runtime.progress import log, setup_logging
 
 
 def die_with_launcher() -> None:
@@ -36,10 +37,30 @@ def die_with_launcher() -> None:
 
 
 def teardown() -> None:
+    """Leave the process group in step with the others: no rank closes its connections while a peer still uses them."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer already gone; destroying is all that is left
+            pass
         dist.destroy_process_group()
+
+
+def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
+    """A restart after every rank had completed (a rank aborted in teardown): nothing to redo.
+
+    Otherwise this rank's marker from an earlier attempt is stale. Every rank sees
+    the same set of markers here (none deletes one while all exist), so every rank
+    decides alike.
+    """
+    world = env.world_size if env else 1
+    rank = env.rank if env else 0
+    if env is not None and env.restart_count and all(outputs.completion_marker(run_dir, r).exists() for r in range(world)):
+        return True
+    outputs.completion_marker(run_dir, rank).unlink(missing_ok=True)
+    return False
 
 
 def run(job_path: Path) -> int:
@@ -50,6 +71,9 @@ def run(job_path: Path) -> int:
     console = Console(stderr=True)
     setup_logging(rank, console)
     run_dir = Path(job["run_dir"])
+    if already_completed(run_dir, env):
+        log.warning("restart %d: every rank had already completed this run; nothing to redo", env.restart_count)
+        return 0
     try:
         cuda = job["cuda_devices"]
         spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": cuda})
@@ -60,6 +84,10 @@ def run(job_path: Path) -> int:
         outputs.completion_marker(run_dir, rank).touch()
         teardown()
         return 0
+    except Preempted as exc:
+        log.warning("%s", exc)
+        teardown()
+        return exc.exit_code
     except KeyboardInterrupt as exc:
         write_error_file(env_lib.error_file(), exc, rank)
         return 130

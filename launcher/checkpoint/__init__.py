@@ -1,0 +1,158 @@
+"""Checkpoints through torch.distributed.checkpoint (DCP), and exact resume.
+
+A checkpoint holds the model, the optimizer, the step, every rank's RNG states
+(torch, numpy, python, CUDA) and the data position, so a resumed run continues
+mid-epoch with the batches the interrupted one would have seen next. Saves are
+atomic (``layout``), loads never unpickle code (``safe``), and the manifest
+explains what changed since the save (``manifest``).
+
+    ckpt = Checkpointer(spec, run_dir, rank=0)
+    step, position = ckpt.load(path, model, optimizer)     # any world size: DCP reshards
+    ckpt.save(step, position, model, optimizer)             # collective: every rank calls it
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from launcher.checkpoint import layout, manifest, state
+from launcher.checkpoint.safe import CheckpointError, SafeLoadPlanner, SafeReader, UnsafeCheckpoint
+from launcher.config.schema import RunSpec
+from launcher.input.position import Position
+
+__all__ = ["Checkpointer", "CheckpointError", "UnsafeCheckpoint", "root_of", "find", "read_tensors"]
+log = logging.getLogger("dlaunch")
+
+
+def root_of(spec: RunSpec, run_dir: Path) -> Path:
+    """Where the run's checkpoints live: ``trainer.checkpoint.dir``, else ``RUN_DIR/checkpoints``."""
+    configured = spec.trainer.checkpoint.dir
+    return Path(configured) if configured else run_dir / "checkpoints"
+
+
+def find(spec: RunSpec, run_dir: Path) -> Path | None:
+    """The checkpoint this run resumes from (``trainer.resume``), checked against the spec; None: none."""
+    path = layout.resolve(spec.trainer.resume, root_of(spec, run_dir))
+    if path is not None:
+        manifest.check_compatible(layout.read_manifest(path), spec, str(path))
+        SafeReader(path).read_metadata()  # refuses a planted pickle before any process starts
+    return path
+
+
+def read_tensors(path: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
+    """The tensors saved under ``prefix`` (``model``: the module's state dict), in one process, on CPU.
+
+    ``torch.nn.Linear(32, 1).load_state_dict(read_tensors("outputs/.../checkpoints/step-00000200"))``
+    """
+    reader = SafeReader(str(path))
+    metadata = reader.read_metadata()
+    wanted = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith(prefix + ".") and isinstance(meta, TensorStorageMetadata)
+    }
+    if not wanted:
+        raise CheckpointError(f"{path} holds no tensors under {prefix!r}")
+    _load(wanted, Path(path))
+    return {key[len(prefix) + 1 :]: value for key, value in wanted.items()}
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+class Checkpointer:
+    """One worker's side of saving and loading; ``save`` and ``load`` are collective."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, rank: int):
+        self.spec, self.rank = spec, rank
+        self.root = root_of(spec, run_dir)
+        self.every = spec.trainer.checkpoint.every_steps
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+    def due(self, step: int) -> bool:
+        return self.enabled and (step % self.every == 0 or step == self.spec.trainer.steps)
+
+    def start(self) -> None:
+        """Before the first save: rank 0 drops saves that a killed process left unfinished."""
+        if self.rank == 0:
+            layout.clean_partials(self.root)
+        if _distributed():
+            dist.barrier()
+
+    def save(self, step: int, position: Position, model: Any, optimizer: Any) -> Path:
+        started = time.perf_counter()
+        partial = layout.partial_dir(self.root, step)
+        partial.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            **state.model_and_optimizer(model, optimizer),
+            "progress": state.progress(step, position.epoch, position.offset),
+            "rng": {f"rank{self.rank}": state.rng_state()},
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
+        final = layout.step_dir(self.root, step)
+        if self.rank == 0:  # DCP returned: every rank's files are written
+            final = layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+            log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
+        return final
+
+    def load(self, path: Path, model: Any, optimizer: Any) -> tuple[int, Position]:
+        """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position)."""
+        saved = layout.read_manifest(path)
+        manifest.check_compatible(saved, self.spec, str(path))
+        tensors: dict[str, Any] = {**state.model_and_optimizer(model, optimizer), "progress": state.progress(0, 0, 0)}
+        own_rng = self.rank < saved["world_size"]
+        if own_rng:
+            tensors["rng"] = {f"rank{self.rank}": state.rng_template()}
+        _load(tensors, path)
+        state.load_model_and_optimizer(model, optimizer, tensors)
+        if own_rng:
+            state.set_rng_state(tensors["rng"][f"rank{self.rank}"])
+        else:
+            log.info("rank %d has no saved RNG state (the checkpoint has %d rank(s)); it keeps its seeded RNG",
+                     self.rank, saved["world_size"])
+        p = tensors["progress"]
+        return int(p["step"]), Position(int(p["epoch"]), int(p["offset"]))
+
+
+def _load(tensors: dict[str, Any], path: Path) -> None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(tensors, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=not _distributed())
+    except CheckpointException as exc:
+        raise _explain(exc, path) from None
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - DCP's own errors, reworded with the path
+        raise _explain(exc, path) from None
+
+
+def _explain(exc: BaseException, path: Path) -> CheckpointError:
+    """DCP wraps each rank's failure; show the first one in words."""
+    failures = getattr(exc, "failures", None)
+    cause = next(iter(failures.values()))[0] if failures else exc
+    if isinstance(cause, CheckpointError):
+        return cause
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    if "Weights only load failed" in text or "UnpicklingError" in type(cause).__name__:
+        return UnsafeCheckpoint(f"{path} holds data that is not plain tensors; it was not loaded ({text[:200]})")
+    if "Size mismatch" in text or "size mismatch" in text or "Missing key" in text:
+        return CheckpointError(f"{path} does not fit this run's model ({text[:300]}); did a recipe setting that "
+                               "shapes the model change? (the plan lists what changed since the checkpoint)")
+    return CheckpointError(f"cannot load {path}: {type(cause).__name__}: {text[:300]}")

@@ -1,0 +1,103 @@
+"""What a checkpoint records about the run that wrote it, and what changed since.
+
+``manifest.json`` (plain JSON, written last) holds the step, the data position,
+the world size, strategy, mesh, batch sizes, input partitioning and the recipe
+settings. Resuming compares it with the new run: a different recipe is an
+error; a different world size, batch split or data partitioning is shown in
+the plan and the run continues (DCP reshards the saved tensors).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from launcher.checkpoint.safe import CheckpointError
+from launcher.config.schema import RunSpec
+from launcher.input.auto_shard import resolve_policy
+from launcher.input.position import Position
+
+FORMAT = 1
+
+
+def build(spec: RunSpec, step: int, position: Position) -> dict[str, Any]:
+    n = spec.num_replicas
+    return {
+        "format": FORMAT,
+        "step": step,
+        "data_position": position.as_dict(),
+        "world_size": spec.num_processes,
+        "num_replicas": n,
+        "strategy": spec.strategy.name,
+        "cluster": spec.cluster.shape,
+        "mesh": {"dims": ["replica"], "shape": [n]},
+        "global_batch_size": spec.input.global_batch_size,
+        "per_replica_batch_size": spec.per_replica_batch_size,
+        "input": _input_layout(spec),
+        "recipe": spec.recipe.model_dump(mode="json"),
+        "trainer_seed": spec.trainer.seed,
+        "torch": torch.__version__,
+        "time": time.time(),
+    }
+
+
+def _input_layout(spec: RunSpec) -> dict[str, Any]:
+    inp = spec.input
+    policy = resolve_policy(inp.policy, len(inp.files), spec.num_processes).value if inp.files else None
+    return {"files": len(inp.files), "policy": policy, "workers": spec.num_processes, "seed": spec.input_seed, "shuffle": inp.shuffle}
+
+
+def check_compatible(manifest: dict[str, Any], spec: RunSpec, where: str) -> None:
+    """Raise ``CheckpointError`` when the checkpoint belongs to another kind of run."""
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{where} has manifest format {manifest.get('format')!r}; this dlaunch reads format {FORMAT}")
+    saved = manifest.get("recipe", {}).get("name")
+    if saved != spec.recipe.name:
+        raise CheckpointError(
+            f"{where} was saved by recipe {saved}, but this run's recipe is {spec.recipe.name}; "
+            "resume it with the same recipe, or start afresh with trainer.resume=never"
+        )
+
+
+def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
+    """What differs between the run that saved ``manifest`` and ``spec``, in words."""
+    out = []
+    old_world, new_world = manifest["world_size"], spec.num_processes
+    if old_world != new_world:
+        out.append(f"world size {old_world} -> {new_world} (DCP reshards the saved state)")
+    if manifest["strategy"] != spec.strategy.name:
+        out.append(f"strategy {manifest['strategy']} -> {spec.strategy.name}")
+    if manifest["per_replica_batch_size"] != spec.per_replica_batch_size:
+        out.append(f"per-replica batch {manifest['per_replica_batch_size']} -> {spec.per_replica_batch_size} "
+                   f"({manifest['num_replicas']} -> {spec.num_replicas} replicas)")
+    if manifest["global_batch_size"] != spec.input.global_batch_size:
+        out.append(f"global batch {manifest['global_batch_size']} -> {spec.input.global_batch_size}: the data position "
+                   f"(epoch {manifest['data_position']['epoch']}, batch {manifest['data_position']['offset']}) now counts other batches")
+    out += _data_changes(manifest["input"], _input_layout(spec))
+    out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _diff(manifest.get("recipe", {}), spec.recipe.model_dump(mode="json"))]
+    return out
+
+
+def _data_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    if old["seed"] != new["seed"] or old["shuffle"] != new["shuffle"]:
+        return [f"data order: seed {old['seed']} shuffle {old['shuffle']} -> seed {new['seed']} shuffle {new['shuffle']}"]
+    if old["workers"] == new["workers"]:
+        return []
+    if new["files"] and (old["policy"] == "FILE" or new["policy"] == "FILE"):
+        return [f"data re-partitioned: {old['policy']} over {old['workers']} worker(s) -> {new['policy']} over "
+                f"{new['workers']}; the epoch continues at the same step with the new shards"]
+    return [f"data re-partitioned: each global batch is split among {new['workers']} worker(s) instead of "
+            f"{old['workers']}; the global batches are the same"]
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out

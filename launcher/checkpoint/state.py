@@ -1,0 +1,74 @@
+"""A rank's state as tensors: model, optimizer, progress and random number generators.
+
+Model and optimizer go through torch's ``get_state_dict`` / ``set_state_dict``
+(parameter names as keys, so the same checkpoint loads into a DDP module, a
+plain one or mirrored copies, at any world size). RNG states become integer
+tensors rather than pickled tuples, so a checkpoint is tensors only and loads
+with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside DDP or mirrored copies."""
+    return getattr(model, "module", model)
+
+
+def primary(optimizer: Any) -> Any:
+    """The optimizer of the user's module (mirrored copies have one per replica)."""
+    return getattr(optimizer, "primary", optimizer)
+
+
+def model_and_optimizer(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    module_state, optim_state = get_state_dict(unwrap(model), primary(optimizer))
+    return {"model": module_state, "optim": optim_state}
+
+
+def load_model_and_optimizer(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    set_state_dict(unwrap(model), primary(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for copies in (model, optimizer):  # mirrored copies in one process follow their primary
+        if hasattr(copies, "resync"):
+            copies.resync()
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    version, mt, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": torch.tensor([version, *mt], dtype=torch.int64),
+        "python_gauss": torch.tensor([gauss is not None, gauss or 0.0], dtype=torch.float64),
+        "numpy": torch.from_numpy(keys.astype(np.int64)),
+        "numpy_extra": torch.tensor([pos, has_gauss, cached], dtype=torch.float64),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def rng_template() -> dict[str, torch.Tensor]:
+    """Tensors of the right shapes to load a saved ``rng_state`` into."""
+    return {k: torch.empty_like(v) for k, v in rng_state().items()}
+
+
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    values = state["python"].tolist()
+    has_gauss, gauss = state["python_gauss"].tolist()
+    random.setstate((values[0], tuple(values[1:]), gauss if has_gauss else None))
+    pos, has_np_gauss, cached = state["numpy_extra"].tolist()
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(pos), int(has_np_gauss), cached))
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def progress(step: int, epoch: int, offset: int) -> dict[str, torch.Tensor]:
+    return {"step": torch.tensor(step), "epoch": torch.tensor(epoch), "offset": torch.tensor(offset)}

@@ -1,0 +1,125 @@
+"""Where the input stands: (epoch, batches delivered in that epoch), and how to get back there.
+
+A checkpoint records the position; a resumed run seeks to it and sees exactly
+the batches the interrupted run would have seen next. Seeking is cheap where
+the order is a function of (seed, epoch): ``EpochBatchSampler`` (what dlaunch
+builds for a map-style dataset) and file-backed datasets skip index lists, not
+data. Any other iterable is replayed batch by batch from its start.
+
+Example::
+
+    sampler = EpochBatchSampler(len(dataset), batch_size=64, shuffle=True, seed=0)
+    stream = DataStream(strategy.experimental_distribute_dataset(DataLoader(dataset, batch_sampler=sampler)))
+    stream.seek(Position(epoch=1, offset=8))   # the 9th batch of the second epoch comes next
+    batch = next(stream)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterator
+
+import torch
+
+log = logging.getLogger("dlaunch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """``offset`` batches of epoch ``epoch`` have been delivered."""
+
+    epoch: int = 0
+    offset: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class EpochBatchSampler:
+    """Global batches of indices; epoch ``e`` is shuffled with ``seed + e``, so any epoch can be regenerated.
+
+    Each ``iter()`` is the next epoch (as a ``DataLoader`` calls it); ``set_position``
+    makes the next ``iter()`` start at a given epoch and offset.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+        self.num_examples, self.batch_size = num_examples, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self._next = Position()
+
+    def set_position(self, position: Position) -> None:
+        self._next = position
+
+    def order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_examples))
+        return torch.randperm(self.num_examples, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        position, self._next = self._next, Position(self._next.epoch + 1, 0)
+        order = self.order(position.epoch)
+        for start in range(position.offset * self.batch_size, self._usable(), self.batch_size):
+            yield order[start : start + self.batch_size]
+
+    def _usable(self) -> int:
+        return self.num_examples - self.num_examples % self.batch_size if self.drop_last else self.num_examples
+
+    def __len__(self) -> int:
+        return -(-self._usable() // self.batch_size)
+
+
+class DataStream:
+    """Batches epoch after epoch, counting the position; ``seek`` resumes at a position.
+
+    ``dataset`` is iterated once per epoch. If it is ``seekable`` (dlaunch's
+    distributed datasets over files or an ``EpochBatchSampler`` are) the seek is
+    delegated to its ``set_position``; otherwise the batches before
+    the position are read and dropped.
+    """
+
+    def __init__(self, dataset: Any):
+        self._dataset = dataset
+        self._position = Position()
+        self._epoch_iter: Iterator[Any] | None = None
+
+    @property
+    def position(self) -> Position:
+        return self._position
+
+    def seek(self, position: Position) -> None:
+        self._position = position
+        if getattr(self._dataset, "seekable", False):
+            self._dataset.set_position(position)
+            self._epoch_iter = iter(self._dataset)
+            return
+        log.warning("the training data cannot seek; reading and dropping the batches before epoch %d, batch %d",
+                    position.epoch, position.offset)
+        for _ in range(position.epoch):
+            for _ in self._dataset:
+                pass
+        self._epoch_iter = iter(self._dataset)
+        for _ in range(position.offset):
+            next(self._epoch_iter)
+
+    def __iter__(self) -> "DataStream":
+        return self
+
+    def __next__(self) -> Any:
+        if self._epoch_iter is None:
+            self._epoch_iter = iter(self._dataset)
+        for fresh_epoch in (False, True):
+            try:
+                batch = next(self._epoch_iter)
+            except StopIteration:
+                if fresh_epoch and self._position.offset == 0:
+                    break
+                self._position = Position(self._position.epoch + 1, 0)
+                self._epoch_iter = iter(self._dataset)
+                continue
+            self._position = Position(self._position.epoch, self._position.offset + 1)
+            return batch
+        raise ValueError(
+            "the training data yields no batch: it is smaller than one global batch "
+            "(lower input.global_batch_size, or set input.drop_remainder=false)"
+        )

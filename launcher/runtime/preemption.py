@@ -1,0 +1,89 @@
+"""Stopping on SIGTERM, SIGINT or SIGHUP at a step every rank agrees on.
+
+A preempted job gets a signal, then a grace period before SIGKILL. Each rank's
+handler only sets a flag; after every step the ranks combine their flags with
+a MAX all-reduce on a small gloo group, started asynchronously and read one
+step later, so it overlaps with training and every rank reads the same value
+after the same step. Then each rank saves its part of a checkpoint (when
+checkpoints are on) and leaves with ``128 + signal``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("dlaunch")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Preempted(Exception):
+    """Training stopped early because of a signal; the exit code is ``128 + signum``."""
+
+    explained = True
+
+    def __init__(self, signum: int, step: int, checkpoint: Any = None):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        saved = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint (trainer.checkpoint.every_steps is 0)"
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}{saved}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopRequests:
+    """Signal flags, agreed across ranks one step late.
+
+    ``force_on_repeat``: a second signal raises ``KeyboardInterrupt`` at once (an
+    impatient Ctrl-C in a single process). Workers keep it off: they receive
+    both the terminal's Ctrl-C and the elastic agent's forwarded copy.
+    """
+
+    def __init__(self, distributed: bool, force_on_repeat: bool = False):
+        self.signum = 0
+        self._force = force_on_repeat
+        self._group = dist.new_group(backend="gloo") if distributed else None
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        if self._pending is not None:
+            try:
+                self._pending[0].wait()
+            except Exception:  # noqa: BLE001 - a peer is gone; the real error is reported elsewhere
+                pass
+            self._pending = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.signum and self._force:
+            raise KeyboardInterrupt
+        if not self.signum:
+            log.warning("%s received: stopping after the current step", signal.Signals(signum).name)
+        self.signum = self.signum or signum
+
+    def agreed(self) -> int:
+        """After a step: the signal every rank stops for (0: go on)."""
+        if self._group is None:
+            return self.signum
+        result = 0
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            result = int(flag.item())
+        flag = torch.tensor([self.signum], dtype=torch.int32)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
+        return result

@@ -1,0 +1,57 @@
+"""The checkpoint directory: atomic commits, the latest marker, retention, unfinished saves."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.checkpoint import CheckpointError, layout
+
+
+def fake_save(root, step, keep=3, complete=True):
+    partial = layout.partial_dir(root, step)
+    partial.mkdir(parents=True)
+    (partial / ".metadata").write_bytes(b"meta")
+    if complete:
+        return layout.commit(partial, {"step": step}, keep)
+    return partial
+
+
+def test_latest_moves_only_with_a_complete_checkpoint(tmp_path):
+    fake_save(tmp_path, 5)
+    assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 5)
+    fake_save(tmp_path, 10, complete=False)  # killed midway through the save
+    assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 5)
+    assert (tmp_path / "latest").read_text().strip() == "step-00000005"
+    layout.clean_partials(tmp_path)
+    assert not layout.partial_dir(tmp_path, 10).exists()
+
+
+def test_keep_prunes_the_oldest(tmp_path):
+    for step in (5, 10, 15, 20):
+        fake_save(tmp_path, step, keep=2)
+    assert [p.name for p in layout.complete_steps(tmp_path)] == ["step-00000015", "step-00000020"]
+
+
+def test_a_lost_latest_marker_falls_back_to_the_newest_complete(tmp_path):
+    fake_save(tmp_path, 5)
+    fake_save(tmp_path, 10)
+    (tmp_path / "latest").write_text("garbage\n")
+    assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 10)
+
+
+def test_resume_choices(tmp_path):
+    assert layout.resolve("never", tmp_path) is None
+    assert layout.resolve("auto", tmp_path) is None  # nothing saved yet: start afresh
+    fake_save(tmp_path, 5)
+    assert layout.resolve("auto", tmp_path) == layout.step_dir(tmp_path, 5)
+    assert layout.resolve(str(tmp_path), tmp_path / "elsewhere") == layout.step_dir(tmp_path, 5)
+    assert layout.resolve(str(layout.step_dir(tmp_path, 5)), tmp_path) == layout.step_dir(tmp_path, 5)
+    with pytest.raises(CheckpointError, match="neither a checkpoint"):
+        layout.resolve(str(tmp_path / "missing"), tmp_path)
+
+
+def test_manifest_must_be_dlaunch_json(tmp_path):
+    path = fake_save(tmp_path, 5)
+    (path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="not a dlaunch checkpoint manifest"):
+        layout.read_manifest(path)

@@ -1,0 +1,108 @@
+"""Exact resume: a run stopped and resumed ends bitwise equal to one that never stopped.
+
+Each strategy trains 30 steps straight through, and again as 17 steps plus a
+resumed 13 (step 17 is mid-epoch: 10 batches per epoch). Parameters, optimizer
+state and the loss curve after the resume point must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from launcher.checkpoint import layout, read_tensors
+from tests.conftest import summary
+
+pytestmark = pytest.mark.slow
+COMMON = ("recipe=linear", "recipe.examples=640", "trainer.log_every=1", "trainer.checkpoint.every_steps=5")
+STRATEGIES = {
+    "one_device": ("strategy=one_device",),
+    "mirrored": ("strategy=mirrored", "cluster=1x2"),
+    "multi_worker_mirrored": ("strategy=multi_worker_mirrored", "cluster=1x2"),
+}
+
+
+def losses(run_dir) -> dict[int, float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert steps == sorted(set(steps)), f"a step is missing or repeated: {steps}"
+    return {r["step"]: r["loss"] for r in records}
+
+
+def final_state(run_dir) -> tuple[dict, dict]:
+    final = layout.latest(run_dir / "checkpoints")
+    return read_tensors(final, "model"), read_tensors(final, "optim")
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def run_ok(run_dlaunch, name, *args):
+    proc, run_dir = run_dlaunch(*COMMON, *args, name=name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, run_dir
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, strategy):
+    args = STRATEGIES[strategy]
+    _, straight = run_ok(run_dlaunch, "straight", *args, "trainer.steps=30")
+    _, stopped = run_ok(run_dlaunch, "stopped", *args, "trainer.steps=17")
+    proc, resumed = run_ok(run_dlaunch, "stopped", *args, "trainer.steps=30")
+    assert "resume" in proc.stderr and "from step 17" in proc.stderr and "epoch 1, batch 7" in proc.stderr
+
+    model_a, optim_a = final_state(straight)
+    model_b, optim_b = final_state(resumed)
+    assert_bitwise_equal(model_a, model_b)
+    assert_bitwise_equal(optim_a, optim_b)
+    curve_a, curve_b = losses(straight), losses(resumed)
+    assert list(curve_b) == list(range(1, 31)), "no step lost or doubled"
+    assert curve_a == curve_b
+    s = summary(resumed)
+    assert s["resumed_from_step"] == 17 and s["first_loss"] == curve_a[1] and s["final_loss"] == curve_a[30]
+
+
+@pytest.mark.parametrize("shape,name", [("1x1", "one"), ("2x2", "four")])
+def test_resume_at_another_world_size_continues_the_loss(run_dlaunch, shape, name):
+    """Saved at 1x2, resumed at 1x1 or 2x2: DCP reshards, the plan says what changed, the loss follows."""
+    args = ("strategy=mirrored",)
+    _, straight = run_ok(run_dlaunch, "straight", *args, "cluster=1x2", "trainer.steps=30")
+    run_ok(run_dlaunch, name, *args, "cluster=1x2", "trainer.steps=17")
+    proc, resumed = run_ok(run_dlaunch, name, *args, f"cluster={shape}", "trainer.steps=30")
+    workers = {"1x1": 1, "2x2": 4}[shape]
+    assert f"world size 2 -> {workers}" in proc.stderr
+    assert f"per-replica batch 32 -> {64 // workers}" in proc.stderr
+    assert "data re-partitioned" in proc.stderr
+    expected, got = losses(straight), losses(resumed)
+    assert list(got) == list(range(1, 31))
+    for step in range(18, 31):
+        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-7), step
+    assert summary(resumed)["world_size"] == (workers if workers > 1 else 1)
+
+
+def test_a_checkpoint_of_another_recipe_is_refused_before_anything_starts(run_dlaunch, tmp_path):
+    _, run_dir = run_ok(run_dlaunch, "run", "trainer.steps=5")
+    manifest = json.loads((layout.latest(run_dir / "checkpoints") / "manifest.json").read_text())
+    manifest["recipe"]["name"] = "digits"
+    (layout.latest(run_dir / "checkpoints") / "manifest.json").write_text(json.dumps(manifest))
+    proc, _ = run_dlaunch(*COMMON, "trainer.steps=10", name="run")
+    assert proc.returncode == 2
+    text = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps long paths
+    assert "trainer.resume" in text and "saved by recipe digits" in text
+    assert "Traceback" not in text
+
+
+def test_a_model_that_changed_shape_is_explained(run_dlaunch):
+    run_ok(run_dlaunch, "run", "trainer.steps=5")
+    proc, run_dir = run_dlaunch(*COMMON, "trainer.steps=10", "recipe.features=16", name="run")
+    assert proc.returncode == 1
+    text = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps and frames
+    assert "recipe.features: 32 -> 16" in text  # the plan
+    assert "does not fit this run's model" in text
+    assert "Traceback" not in text
+    assert summary(run_dir)["status"] == "failed"

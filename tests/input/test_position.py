@@ -1,0 +1,64 @@
+"""Seeking the input: the batches after a position are the ones an uninterrupted stream gives."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from launcher import distribute as dl
+from launcher.input.files import FileDataset, write_shards
+from launcher.input.position import DataStream, EpochBatchSampler, Position
+
+
+def take(stream, n):
+    return [b for b in itertools.islice(stream, n)]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(torch.utils.data.default_collate(a), torch.utils.data.default_collate(b)))
+
+
+def test_epoch_sampler_regenerates_any_epoch():
+    sampler = EpochBatchSampler(10, 4, shuffle=True, seed=3, drop_last=True)
+    first, second = list(sampler), list(sampler)
+    assert len(first) == len(sampler) == 2 and first != second
+    sampler.set_position(Position(1, 1))
+    assert list(sampler) == second[1:]
+    assert sorted(sum(list(EpochBatchSampler(10, 4, False, 0, drop_last=False)), [])) == list(range(10))
+
+
+def loader(n=40, batch=8):
+    data = TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1))
+    return DataLoader(data, batch_sampler=EpochBatchSampler(n, batch, shuffle=True, seed=0))
+
+
+def test_stream_seek_matches_an_uninterrupted_stream():
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    straight = DataStream(strategy.experimental_distribute_dataset(loader()))
+    expected = take(straight, 13)  # 5 batches per epoch: crosses two epoch boundaries
+    assert straight.position == Position(2, 3)
+    resumed = DataStream(strategy.experimental_distribute_dataset(loader()))
+    resumed.seek(Position(1, 2))
+    got = take(resumed, 6)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(got, expected[7:]))
+    assert resumed.position == Position(2, 3)
+
+
+def test_seek_on_file_shards(tmp_path):
+    files = write_shards({"x": torch.arange(24, dtype=torch.float32).unsqueeze(1)}, tmp_path, 3, "pt")
+    make = lambda: FileDataset(tuple(map(str, files)), "pt").batch(4).shuffle(1)  # noqa: E731
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    expected = take(DataStream(strategy.experimental_distribute_dataset(make())), 10)
+    resumed = DataStream(strategy.experimental_distribute_dataset(make()))
+    resumed.seek(Position(1, 1))
+    got = take(resumed, 3)
+    assert all(torch.equal(a["x"], b["x"]) for a, b in zip(got, expected[7:]))
+
+
+def test_a_plain_iterable_is_replayed():
+    batches = [torch.full((2,), float(i)) for i in range(5)]
+    stream = DataStream(batches)
+    stream.seek(Position(1, 3))
+    assert [float(b[0]) for b in take(stream, 4)] == [3.0, 4.0, 0.0, 1.0]

@@ -1,0 +1,126 @@
+"""Elastic restarts: a killed worker costs one restart and no step; a hopeless one is tried N+1 times.
+
+The kill points are drawn at random (the seed is in the test id) and each must
+give a run bitwise equal to one that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.checkpoint import layout, read_tensors
+from tests.conftest import PROBE, summary
+
+pytestmark = pytest.mark.slow
+COMMON = (f"recipe.entry={PROBE}", "recipe.examples=640", "trainer.steps=30", "trainer.log_every=1",
+          "trainer.checkpoint.every_steps=4")
+MIRRORED = ("strategy=mirrored", "cluster=1x2")
+KILL_POINTS = random.Random(20261122).sample(range(3, 28), 3)
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    """dlaunch with COMMON and ``args`` (mirrored 1x2 unless ``args`` name a strategy)."""
+    shape = () if any(a.startswith("strategy=") for a in args) else MIRRORED
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli.main", *COMMON, *shape, *args, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"},
+    )
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    try:
+        return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def worker_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of this run's live worker processes."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"launcher.runtime.worker" not in cmdline or str(run_dir).encode() not in b" ".join(cmdline):
+                continue
+            env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
+            found[int(env[b"RANK"])] = int(proc.name)
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    out = finish(start(run_dir))
+    assert summary(run_dir)["status"] == "completed", out[-3000:]
+    return read_tensors(layout.latest(run_dir / "checkpoints")), json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kill_at", KILL_POINTS, ids=[f"kill-at-step-{k}" for k in KILL_POINTS])
+def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, uninterrupted, kill_at):
+    run_dir = tmp_path / "run"
+    victim = random.Random(kill_at).choice([0, 1])
+    proc = start(run_dir, "launch.max_restarts=2", "+recipe.step_sleep=0.05", "+recipe.record_attempts=true")
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= kill_at, 120, f"step {kill_at}")
+        os.kill(worker_pids(run_dir)[victim], signal.SIGKILL)
+    finally:
+        out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["restarts"] == 1
+    assert len((run_dir / "attempts-rank0.txt").read_text().split()) == 2, "exactly one restart"
+    assert logged_steps(run_dir) == list(range(1, 31)), "no step lost or doubled"
+    params, last = uninterrupted
+    got = read_tensors(layout.latest(run_dir / "checkpoints"))
+    assert all(torch.equal(params[k], got[k]) for k in params), f"rank {victim} killed at step {kill_at}"
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["loss"] == last["loss"]
+
+
+def test_a_worker_that_always_fails_is_tried_n_plus_one_times(tmp_path):
+    run_dir = tmp_path / "run"
+    out = finish(start(run_dir, "launch.max_restarts=2", "+recipe.fail_replica=1", "+recipe.fail_step=2",
+                       "+recipe.record_attempts=true"))
+    assert len((run_dir / "attempts-rank1.txt").read_text().split()) == 3
+    assert "restarts exhausted" in out and "launch.max_restarts=2" in out
+    assert out.count("root cause") == 1
+    assert summary(run_dir)["status"] == "failed"
+
+
+def test_an_abort_in_teardown_after_completing_is_neither_a_failure_nor_a_restart(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "launch.max_restarts=2", "+recipe.abort_in_teardown=1", "+recipe.record_attempts=true")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert summary(run_dir)["status"] == "completed"
+    assert len((run_dir / "attempts-rank1.txt").read_text().split()) == 1, "nothing was trained twice"
+    assert "SIGABRT" in out or "already completed" in out, "the abort did happen"

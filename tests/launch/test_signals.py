@@ -1,0 +1,64 @@
+"""Preemption: SIGINT, SIGTERM and SIGHUP save a checkpoint, stop every worker within 10 s, exit 128+N."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from launcher.checkpoint import layout
+from tests.launch.test_restarts import finish, logged_steps, start, wait_for, worker_pids
+
+pytestmark = pytest.mark.slow
+LONG = ("trainer.steps=100000", "trainer.checkpoint.every_steps=100000", "+recipe.step_sleep=0.05")
+
+
+def stop_with(run_dir, signum, *args, in_process=False):
+    """Start a long run, signal dlaunch once training is under way; (exit code, seconds until no worker is left, output)."""
+    proc = start(run_dir, *LONG, *args)
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and (in_process or worker_pids(run_dir)), 120, "training")
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        wait_for(lambda: not worker_pids(run_dir) and proc.poll() is not None, 30, "every process to end")
+        gone = time.monotonic() - sent
+    finally:
+        out = finish(proc, timeout=30)
+    return proc.returncode, gone, out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
+    run_dir = tmp_path / "run"
+    code, gone, out = stop_with(run_dir, signum)
+    assert code == 128 + signum, out[-3000:]
+    assert gone < 10, f"workers still alive {gone:.1f} s after {signal.Signals(signum).name}"
+    saved = layout.latest(run_dir / "checkpoints")
+    assert saved is not None, out[-3000:]
+    assert layout.read_manifest(saved)["step"] >= 3
+
+
+def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_path):
+    run_dir = tmp_path / "run"
+    code, gone, out = stop_with(run_dir, signal.SIGTERM, "+recipe.ignore_signals=true", "launch.shutdown_grace_s=3")
+    assert code == 143, out[-3000:]
+    assert 2.5 < gone < 10, f"{gone:.1f} s"
+
+
+def test_one_device_in_process_saves_on_sigterm_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    code, gone, out = stop_with(run_dir, signal.SIGTERM, "strategy=one_device", "cluster=1x1", in_process=True)
+    assert code == 143, out[-3000:]
+    step = layout.read_manifest(layout.latest(run_dir / "checkpoints"))["step"]
+    out = finish(start(run_dir, "strategy=one_device", "cluster=1x1", f"trainer.steps={step + 3}"))
+    assert f"from step {step}" in out
+    assert logged_steps(run_dir) == list(range(1, step + 4))
+
+
+def test_emulated_nodes_stop_on_sigterm_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    code, gone, out = stop_with(run_dir, signal.SIGTERM, "strategy=mirrored", "cluster=2x1")
+    assert code == 143, out[-3000:]
+    assert gone < 10
+    assert layout.latest(run_dir / "checkpoints") is not None
