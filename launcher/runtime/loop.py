@@ -24,7 +24,7 @@ from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
-from launcher.runtime import outputs
+from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.progress import ProgressReporter, log
 
@@ -148,7 +148,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
 
     batches = forever(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
     loop_started = time.perf_counter()
-    losses = _run_steps(spec, strategy, make_replica_step(loaded, model, optimizer), batches, run_dir, chief, console)
+    with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch:
+        losses = _run_steps(spec, strategy, make_replica_step(loaded, model, optimizer), batches, run_dir, chief, console, watch)
     loop_seconds = time.perf_counter() - loop_started
 
     metrics = {}
@@ -181,7 +182,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     return summary
 
 
-def _run_steps(spec: RunSpec, strategy: Strategy, replica_step: Callable, batches: Iterator[Any], run_dir: Path, chief: bool, console: Console | None) -> list[float]:
+def _run_steps(spec: RunSpec, strategy: Strategy, replica_step: Callable, batches: Iterator[Any], run_dir: Path, chief: bool, console: Console | None,
+               watch: heartbeat.Heartbeat) -> list[float]:
     steps, every = spec.trainer.steps, spec.trainer.log_every
     progress = ProgressReporter(steps, enabled=chief, console=console or Console(stderr=True))
     metrics_log = outputs.MetricsLog(run_dir / outputs.METRICS) if chief else None
@@ -189,9 +191,11 @@ def _run_steps(spec: RunSpec, strategy: Strategy, replica_step: Callable, batche
     losses: list[float] = []
     try:
         for step in range(1, steps + 1):
-            per_replica = strategy.run(replica_step, args=(next(batches),))
+            with watch.step(step):
+                per_replica = strategy.run(replica_step, args=(next(batches),))
             if step == 1 or step % every == 0 or step == steps:
-                loss = float(strategy.reduce(ReduceOp.MEAN, per_replica, axis=None))
+                with watch.operation(f"loss reduce at step {step}"):
+                    loss = float(strategy.reduce(ReduceOp.MEAN, per_replica, axis=None))
                 if not math.isfinite(loss):
                     raise FloatingPointError(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
                 losses.append(loss)
