@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
+from launcher.runtime.heartbeat import CollectiveTimeout
+
 
 @dataclasses.dataclass(frozen=True)
 class RootCause:
@@ -79,9 +81,14 @@ _CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socke
 
 
 def is_consequence(cause: RootCause) -> bool:
-    """A rank stopped by dlaunch, or one whose collective broke because a peer had gone."""
+    """A rank stopped by dlaunch, or one whose collective broke because a peer had gone.
+
+    A collective that timed out is a cause: its message names the rank that never came.
+    """
     if not cause.exception:
         return cause.exit == "signal SIGTERM"
+    if cause.exception.startswith(f"{CollectiveTimeout.__name__}:"):
+        return False
     return any(marker in cause.exception for marker in _CONSEQUENCES)
 
 

@@ -74,7 +74,8 @@ def test_a_rank_killed_without_a_word_gets_its_last_step_from_its_heartbeat(tmp_
 def test_a_collective_timeout_is_the_root_cause_not_the_stuck_rank_stopped_after_it(tmp_path):
     from launcher.runtime.heartbeat import CollectiveTimeout
 
-    explained = CollectiveTimeout('the gradient all-reduce in "train step 12" timed out after 20 s on rank 0: ...')
+    explained = CollectiveTimeout('the gradient all-reduce in "train step 12" timed out after 20 s on rank 0 (the other '
+                                  "ranks' heartbeats could not be read: Connection reset by peer)")
     timeout = failures.from_process_failure(0, process_failure(tmp_path, 0, 1, explained, when=5.0))
     stuck = failures.from_process_failure(1, ProcessFailure(1, 4242, -15, str(tmp_path / "none.json")))
     root = failures.first([stuck, timeout])
