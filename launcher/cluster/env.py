@@ -105,15 +105,34 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("DLAUNCH_DEBUG") == "1"
 
 
-def worker_environment(single_node: bool) -> dict[str, str]:
-    """Variables the launcher sets for its workers.
+def nccl_settings(trace_prefix: str) -> tuple[tuple[tuple[str, ...], str], ...]:
+    """NCCL's own hang tooling: (the names torch 2.13 reads a setting under, the value dlaunch gives it)."""
+    return (
+        (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"), "1"),  # a timed-out collective ends the process
+        (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), "2000"),  # the flight recorder keeps the last collectives
+        (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),  # ... and writes them out when one times out
+        (("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"), trace_prefix),  # ... to this prefix + rank
+    )
+
+
+def worker_environment(
+    single_node: bool, nccl_trace_prefix: str | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Variables the launcher sets for its workers; a value the user set is kept.
 
     Single-node jobs keep gloo's sockets on the loopback interface, so that nothing
-    listens on a routable address.
+    listens on a routable address. With ``nccl_trace_prefix`` (an nccl job), NCCL's
+    async error handling and flight recorder are on, and a timeout dumps each
+    rank's recent collectives to ``nccl_trace_prefix`` + rank.
     """
-    extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = os.environ if environ is None else environ
+    extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
     if single_node:
-        extra["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", _loopback_interface())
+        extra["GLOO_SOCKET_IFNAME"] = env.get("GLOO_SOCKET_IFNAME", _loopback_interface())
+    if nccl_trace_prefix is not None:
+        for names, value in nccl_settings(nccl_trace_prefix):
+            if not any(name in env for name in names):  # the user's setting, under any of its names, stays
+                extra[names[0]] = value
     return extra
 
 

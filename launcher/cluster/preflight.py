@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.cluster.env import WorkerEnv
-from launcher.cluster.process_group import ensure_process_group, process_device
+from launcher.cluster.process_group import ensure_process_group, job_store, process_device
 
 PER_NODE_KEYS = (("cluster", "node_rank"), ("cluster", "task"))  # differ between nodes by design
 
@@ -34,10 +34,7 @@ class PreflightError(RuntimeError):
 
 def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, device_type: str, collective_timeout_s: float = 300) -> None:
     """Run every check on this rank; raise ``PreflightError`` naming what is wrong."""
-    store = dist.PrefixStore(
-        f"dlaunch/preflight/{env.run_id}/{env.restart_count}",
-        dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout_s)),
-    )
+    store = job_store(env, f"dlaunch/preflight/{env.run_id}/{env.restart_count}", timeout_s)
     shared = _shared_part(spec)
     _announce(store, env, shared)
     _wait_for_all(store, env, timeout_s)

@@ -10,6 +10,12 @@ import torch.distributed as dist
 from launcher.cluster.env import WorkerEnv
 
 
+def job_store(env: WorkerEnv, prefix: str, timeout_s: float) -> dist.Store:
+    """A client of the job's store (the one the launcher's rendezvous hosts), its keys under ``prefix``."""
+    client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.PrefixStore(prefix, client)
+
+
 def default_backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 

@@ -15,12 +15,14 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.cluster.env import worker_environment
@@ -42,7 +44,8 @@ def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
     state.mkdir(parents=True, exist_ok=True)
     node = spec.cluster.node_rank
     if not node:
-        for pattern in ("rank-*.done", "node-*.failures.json"):  # a reused run directory must not speak for this run
+        # a reused run directory must not speak for this run
+        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json"):
             for stale in state.glob(pattern):
                 stale.unlink()
     path = state / ("job.json" if node is None else f"job-node{node}.json")
@@ -158,7 +161,8 @@ def run_node(
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic", config.nproc_per_node, where)
     try:
-        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback)
+        trace = nccl_trace_prefix(spec, run_dir, json.loads(job.read_text())["cuda_devices"])
+        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace)
         return 0
     except ChildFailedError as exc:
         return on_failure(*report.causes_of(exc, run_dir), spec, run_dir)
@@ -174,6 +178,13 @@ def run_node(
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
         log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
         return 1
+
+
+def nccl_trace_prefix(spec: RunSpec, run_dir: Path, cuda_devices: int) -> str | None:
+    """Where an nccl job's flight recorder dumps each rank's last collectives on a timeout; None for gloo."""
+    if spec.backend(cuda_devices) != "nccl":
+        return None
+    return str(run_dir.resolve() / outputs.STATE_DIR / "nccl_trace_rank_")
 
 
 def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
@@ -195,8 +206,44 @@ def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
     )
 
 
-def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool) -> None:
-    """``python -m module job`` on every worker, under the elastic agent; raises on failure."""
+class _Agent(LocalElasticAgent):
+    """torch's agent, except that stopping the workers never waits longer than ``shutdown_timeout``.
+
+    In torch 2.13 the process context stops the other workers after a failure with
+    ``close()``'s default grace of 30 s (and ``_stop_workers`` passes no grace
+    either): a worker that does not exit on SIGTERM (one blocked in a C++
+    collective, whose Python handler cannot run) held every failure for 30 s,
+    whatever ``launch.shutdown_grace_s`` said.
+    """
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        started = super()._start_workers(worker_group)
+        pcontext, grace = self._pcontext, self._shutdown_timeout
+        close = pcontext.close
+
+        def graceful_close(death_sig: Any = None, timeout: float = grace) -> None:
+            close(death_sig, min(timeout, grace))
+
+        pcontext.close = graceful_close
+        return started
+
+
+@contextlib.contextmanager
+def _graceful_agent() -> Iterator[None]:
+    """``elastic_launch`` builds its agent from this module attribute; the swap lasts one launch."""
+    saved = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = _Agent
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = saved
+
+
+def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool, nccl_trace_prefix: str | None = None) -> None:
+    """``python -m module job`` on every worker, under the elastic agent; raises on failure.
+
+    ``nccl_trace_prefix``: an nccl job's flight-recorder dumps go to this prefix + rank.
+    """
     _quiet_agent()
-    with _worker_env(worker_environment(single_node=single_node)):
+    with _worker_env(worker_environment(single_node, nccl_trace_prefix)), _graceful_agent():
         elastic_launch(config, sys.executable)("-u", "-m", module, str(job))

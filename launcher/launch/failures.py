@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
+from launcher.runtime.heartbeat import CollectiveTimeout
+
 
 @dataclasses.dataclass(frozen=True)
 class RootCause:
@@ -31,13 +33,14 @@ class RootCause:
     exception: str  # "ValueError: boom" or "" when the process died without one
     traceback: str
     time: float
+    last_step: int | None = None  # the rank's last completed step, when it said or its heartbeat did
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def write_error_file(path: str | None, exc: BaseException, rank: int) -> None:
-    """Record ``exc`` where the elastic agent looks (its format, plus dlaunch's fields)."""
+def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dict[str, Any] | None = None) -> None:
+    """Record ``exc`` where the elastic agent looks (its format, plus dlaunch's fields and ``extra``)."""
     if not path:  # not under an elastic agent: nobody else will show it
         traceback.print_exception(type(exc), exc, exc.__traceback__)
         return
@@ -46,7 +49,7 @@ def write_error_file(path: str | None, exc: BaseException, rank: int) -> None:
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {"py_callstack": _format(exc), "timestamp": str(int(time.time()))},
         },
-        "dlaunch": {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()},
+        "dlaunch": {**(extra or {}), "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()},
     }
     Path(path).write_text(json.dumps(data))
 
@@ -68,6 +71,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
         exception=message.get("message", ""),
         traceback=message.get("extraInfo", {}).get("py_callstack", ""),
         time=float(extra.get("time", failure.timestamp)),
+        last_step=extra.get("last_step"),
     )
 
 
@@ -77,9 +81,14 @@ _CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socke
 
 
 def is_consequence(cause: RootCause) -> bool:
-    """A rank stopped by dlaunch, or one whose collective broke because a peer had gone."""
+    """A rank stopped by dlaunch, or one whose collective broke because a peer had gone.
+
+    A collective that timed out is a cause: its message names the rank that never came.
+    """
     if not cause.exception:
         return cause.exit == "signal SIGTERM"
+    if cause.exception.startswith(f"{CollectiveTimeout.__name__}:"):
+        return False
     return any(marker in cause.exception for marker in _CONSEQUENCES)
 
 
@@ -89,13 +98,16 @@ def first(causes: list[RootCause]) -> RootCause:
     return min(causes_only or causes, key=lambda c: c.time)
 
 
-def render(root: RootCause, others: list[RootCause], last_step: int | None, console: Console | None = None) -> None:
+def render(root: RootCause, others: list[RootCause], last_logged: int | None, console: Console | None = None) -> None:
+    """The root cause in one panel (its last completed step, else the last logged one), then a line per other rank."""
     console = console or Console(stderr=True, highlight=False)
     lines = [
         f"[bold]rank[/] {root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   [bold]exit[/] {root.exit}",
     ]
-    if last_step is not None:
-        lines.append(f"[bold]last logged step[/] {last_step}")
+    if root.last_step is not None:
+        lines.append(f"[bold]last completed step[/] {root.last_step}")
+    elif last_logged is not None:
+        lines.append(f"[bold]last logged step[/] {last_logged}")
     if root.exception:
         lines.append(f"[bold red]{escape(root.exception)}[/]")
     body = "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -17,9 +18,16 @@ log = logging.getLogger("dlaunch")
 
 def causes_of(exc: ChildFailedError, run_dir: Path) -> tuple[list[failures.RootCause], list[failures.RootCause]]:
     """(real failures, failures of ranks that had already completed) among an agent's workers."""
-    causes = [failures.from_process_failure(rank, f) for rank, f in exc.failures.items()]
+    causes = [with_last_step(failures.from_process_failure(rank, f), run_dir) for rank, f in exc.failures.items()]
     finished = [c for c in causes if outputs.completion_marker(run_dir, c.rank).exists()]
     return [c for c in causes if c not in finished], finished
+
+
+def with_last_step(cause: failures.RootCause, run_dir: Path) -> failures.RootCause:
+    """A rank that died without saying its last completed step (SIGKILL, a segfault): its heartbeat's."""
+    if cause.last_step is not None:
+        return cause
+    return dataclasses.replace(cause, last_step=outputs.last_completed_step(run_dir, cause.rank))
 
 
 def report_failures(real: list[failures.RootCause], finished: list[failures.RootCause], spec: RunSpec, run_dir: Path) -> int:
@@ -75,6 +83,7 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause) -> No
         "param_norm": None,
         "metrics": {},
         "last_logged_step": last_logged_step(run_dir),
+        "last_completed_step": root.last_step,
         "error": root.as_dict(),
     }
     outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

@@ -28,7 +28,7 @@ from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
 from launcher.input.position import DataStream, EpochBatchSampler
-from launcher.runtime import outputs
+from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.progress import ProgressReporter, log
@@ -138,7 +138,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console)
     resumed_at = loop.resume(checkpoint.find(spec, run_dir))
     loop_started = time.perf_counter()
-    losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1)
+    with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch:
+        losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1, watch)
     loop_seconds = time.perf_counter() - loop_started
 
     metrics = {}
@@ -198,9 +199,11 @@ class _Loop:
         log.info("resumed from %s: step %d, epoch %d, batch %d of that epoch", path, step, position.epoch, position.offset)
         return step
 
-    def run(self, replica_step: Callable[[Any], torch.Tensor], start: int, distributed: bool) -> list[float]:
+    def run(self, replica_step: Callable[[Any], torch.Tensor], start: int, distributed: bool, watch: heartbeat.Heartbeat) -> list[float]:
+        watch.last_completed = start
         if self.ckpt.enabled:
-            self.ckpt.start()
+            with watch.operation("checkpoint clean-up barrier"):
+                self.ckpt.start()
         steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
@@ -209,15 +212,18 @@ class _Loop:
         try:
             with StopRequests(distributed, force_on_repeat=not distributed) as stop:
                 for step in range(start + 1, steps + 1):
-                    per_replica = self.strategy.run(replica_step, args=(next(self.stream),))
+                    with watch.step(step):
+                        per_replica = self.strategy.run(replica_step, args=(next(self.stream),))
                     if step == 1 or step % every == 0 or step == steps:
-                        loss = self._log(step, per_replica, meter, progress, metrics_log)
-                        losses.append(loss)
+                        with watch.operation(f"loss reduce at step {step}"):
+                            losses.append(self._log(step, per_replica, meter, progress, metrics_log))
                     else:
                         progress.advance(step)
                     if self.ckpt.due(step):
-                        self._save(step)
-                    signum = stop.agreed()
+                        with watch.operation(f"checkpoint save at step {step}"):
+                            self._save(step)
+                    with watch.operation(f"stop-signal agreement after step {step}"):
+                        signum = stop.agreed()
                     if signum:
                         raise Preempted(signum, step, self._save(step) if self.ckpt.enabled else None)
         finally:

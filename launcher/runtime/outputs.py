@@ -14,7 +14,7 @@ from typing import Any
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
-STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers
+STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 
 
 def start_run(run_dir: Path, resuming: bool = False) -> None:
@@ -79,6 +79,19 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def completion_marker(run_dir: Path, rank: int) -> Path:
     return run_dir / STATE_DIR / f"rank-{rank}.done"
+
+
+def progress_file(run_dir: Path, rank: int) -> Path:
+    """A rank's last heartbeat record (``step``: its last completed step), rewritten about once a second."""
+    return run_dir / STATE_DIR / f"rank-{rank}.progress.json"
+
+
+def last_completed_step(run_dir: Path, rank: int) -> int | None:
+    """The last completed step a rank's heartbeat recorded, or None."""
+    try:
+        return int(json.loads(progress_file(run_dir, rank).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _finite(data: Any) -> Any:

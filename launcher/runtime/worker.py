@@ -19,7 +19,7 @@ from launcher.cluster import env as env_lib
 from launcher.cluster import preflight
 from launcher.config.schema import RunSpec
 from launcher.launch.failures import write_error_file
-from launcher.runtime import outputs
+from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
 from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log, setup_logging
@@ -89,10 +89,10 @@ def run(job_path: Path) -> int:
         teardown()
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        write_error_file(env_lib.error_file(), exc, rank)
+        write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
         return 130
     except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
-        write_error_file(env_lib.error_file(), exc, rank)
+        write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
         return 1
 
 

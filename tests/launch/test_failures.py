@@ -19,13 +19,13 @@ from tests.conftest import dlaunch
 SPEC = compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
 
 
-def process_failure(tmp_path, rank: int, exitcode: int, exc: BaseException | None, when: float) -> ProcessFailure:
+def process_failure(tmp_path, rank: int, exitcode: int, exc: BaseException | None, when: float, extra: dict | None = None) -> ProcessFailure:
     error_file = tmp_path / f"error-{rank}.json"
     if exc is not None:
         try:
             raise exc
         except BaseException as raised:  # noqa: BLE001 - recorded like a worker does
-            failures.write_error_file(str(error_file), raised, rank)
+            failures.write_error_file(str(error_file), raised, rank, extra)
         data = json.loads(error_file.read_text())
         data["dlaunch"]["time"] = when
         error_file.write_text(json.dumps(data))
@@ -45,11 +45,42 @@ def test_render_shows_the_root_cause_once(tmp_path):
     root = failures.from_process_failure(1, process_failure(tmp_path, 1, 1, ValueError("bad batch"), 1.0))
     other = failures.from_process_failure(0, ProcessFailure(0, 99, -15, str(tmp_path / "none.json")))
     console = Console(record=True, width=120)
-    failures.render(root, [other], last_step=7, console=console)
+    failures.render(root, [other], last_logged=7, console=console)
     text = console.export_text()
     assert text.count("root cause") == 1
     assert "rank 1" in text and "last logged step 7" in text
     assert "rank 0: signal SIGTERM (stopped by dlaunch)" in text
+
+
+def test_the_root_cause_shows_the_last_completed_step_its_rank_recorded(tmp_path):
+    failed = process_failure(tmp_path, 1, 1, ValueError("bad batch"), 1.0, extra={"last_step": 11, "operation": "train step 12"})
+    root = failures.from_process_failure(1, failed)
+    assert root.last_step == 11
+    console = Console(record=True, width=120)
+    failures.render(root, [], last_logged=10, console=console)
+    text = console.export_text()
+    assert "last completed step 11" in text and "last logged" not in text
+
+
+def test_a_rank_killed_without_a_word_gets_its_last_step_from_its_heartbeat(tmp_path):
+    (tmp_path / outputs.STATE_DIR).mkdir()
+    outputs.write_json_atomic(outputs.progress_file(tmp_path, 1), {"step": 29, "operation": "train step 30"})
+    killed = ProcessFailure(1, 4242, -9, str(tmp_path / "none.json"))
+    assert report.report_child_failure(ChildFailedError("worker", {1: killed}), SPEC, tmp_path) == 1
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["last_completed_step"] == 29 and s["error"]["last_step"] == 29 and s["last_logged_step"] is None
+
+
+def test_a_collective_timeout_is_the_root_cause_not_the_stuck_rank_stopped_after_it(tmp_path):
+    from launcher.runtime.heartbeat import CollectiveTimeout
+
+    explained = CollectiveTimeout('the gradient all-reduce in "train step 12" timed out after 20 s on rank 0 (the other '
+                                  "ranks' heartbeats could not be read: Connection reset by peer)")
+    timeout = failures.from_process_failure(0, process_failure(tmp_path, 0, 1, explained, when=5.0))
+    stuck = failures.from_process_failure(1, ProcessFailure(1, 4242, -15, str(tmp_path / "none.json")))
+    root = failures.first([stuck, timeout])
+    assert root.rank == 0 and root.exception.startswith("CollectiveTimeout: the gradient all-reduce")
+    assert root.traceback == "", "the message says it all"
 
 
 def test_a_rank_that_completed_then_aborted_does_not_fail_the_run(tmp_path):

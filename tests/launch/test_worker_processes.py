@@ -1,4 +1,4 @@
-"""A whole ``dlaunch`` job meeting trouble: a worker that raises, and Ctrl-C."""
+"""A whole ``dlaunch`` job meeting trouble: a worker that raises, hangs or is killed, and Ctrl-C."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import json
 import time
 
 import pytest
@@ -21,21 +22,68 @@ def workers_of(run_dir) -> list[str]:
     return [line for line in out.splitlines() if str(run_dir) in line and "launcher.runtime.worker" in line]
 
 
-def test_a_raising_worker_is_reported_once_and_stops_the_job(run_dlaunch):
-    started = time.monotonic()
-    proc, run_dir = run_dlaunch(
-        "strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.fail_replica=1", "+recipe.fail_step=3",
-        "trainer.steps=500", "trainer.log_every=1",
-    )
+PROBE_1X2 = ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "trainer.steps=100000")
+
+
+def seconds_after(since: float, what: str) -> float:
+    took = time.time() - since
+    print(f"dlaunch exited {took:.1f} s after {what}")
+    return took
+
+
+def test_a_raising_worker_stops_the_job_within_10s_and_is_reported_once(run_dlaunch):
+    # rank 0 waits in the gradient all-reduce; the collective timeout is long, so it cannot be what ends the job
+    proc, run_dir = run_dlaunch(*PROBE_1X2, "+recipe.fail_replica=1", "+recipe.fail_step=30", "trainer.log_every=1",
+                                "launch.collective_timeout_s=300")
     assert proc.returncode == 1
-    assert time.monotonic() - started < 60
+    s = summary(run_dir)
+    assert seconds_after(s["error"]["time"], "rank 1 raised") < 10
     out = proc.stdout + proc.stderr
     assert out.count("root cause") == 1
     assert out.count("Traceback (most recent call last)") == 1
-    assert "worker rank 1 failed" in out and "RuntimeError: injected failure on replica 1 at step 3" in out
-    assert "last logged step 2" in out
-    s = summary(run_dir)
-    assert s["status"] == "failed" and s["error"]["rank"] == 1
+    assert f"rank 1   host {s['error']['host']}   pid {s['error']['pid']}   exit exit code 1" in out
+    assert "worker rank 1 failed" in out and "RuntimeError: injected failure on replica 1 at step 30" in out
+    assert "last completed step 29" in out
+    assert s["status"] == "failed" and s["error"]["rank"] == 1 and s["last_completed_step"] == 29
+    assert workers_of(run_dir) == []
+
+
+def test_a_peer_that_ignores_sigterm_is_killed_after_the_grace_not_30s(run_dlaunch):
+    # rank 0 is blocked and its SIGTERM handler cannot finish, as a rank stuck in a C++ collective
+    proc, run_dir = run_dlaunch(*PROBE_1X2, "+recipe.fail_replica=1", "+recipe.fail_step=30", "+recipe.deaf_replica=0",
+                                "+recipe.hang_replica=0", "+recipe.hang_step=30", "launch.collective_timeout_s=300",
+                                "launch.shutdown_grace_s=3")
+    assert proc.returncode == 1
+    assert seconds_after(summary(run_dir)["error"]["time"], "rank 1 raised (grace 3 s)") < 10
+    out = proc.stdout + proc.stderr
+    assert "worker rank 1 failed" in out and "rank 0: signal SIGKILL (stopped by dlaunch)" in out
+    assert workers_of(run_dir) == []
+
+
+def test_a_hung_rank_is_named_when_the_collective_times_out(run_dlaunch):
+    proc, run_dir = run_dlaunch(*PROBE_1X2, "+recipe.hang_replica=1", "+recipe.hang_step=12", "trainer.log_every=5",
+                                "launch.collective_timeout_s=10")
+    assert proc.returncode == 1
+    hung = json.loads((run_dir / ".dlaunch" / "rank-1.progress.json").read_text())
+    assert hung["operation"] == "train step 12" and hung["step"] == 11
+    # timeout, the settling wait, then the stuck rank gets launch.shutdown_grace_s to stop before SIGKILL
+    assert seconds_after(hung["since"], "rank 1 stopped in step 12 (collective timeout 10 s)") < 10 + 15
+    out = " ".join((proc.stdout + proc.stderr).replace("│", " ").split())  # the panel's lines, rejoined
+    assert out.count("root cause") == 1 and "worker rank 0 failed" in out and "Traceback" not in out
+    assert 'CollectiveTimeout: the gradient all-reduce in "train step 12" timed out after 10 s on rank 0:' in out
+    assert f"rank 1 (host {hung['host']}, pid {hung['pid']}) has not reached it: it last completed step 11" in out
+    assert 'and is in "train step 12" for ' in out and "at train_step (probe_recipe.py:" in out and "(alive: heartbeat" in out
+    # the stuck rank takes SIGTERM as a request to stop after its step, which never ends: SIGKILL after the grace
+    assert "last completed step 11" in out and "rank 1: signal SIGKILL (stopped by dlaunch)" in out
+    assert summary(run_dir)["error"]["exception"].startswith("CollectiveTimeout")
+    assert workers_of(run_dir) == []
+
+
+def test_a_killed_rank_shows_the_last_step_its_heartbeat_recorded(run_dlaunch):
+    proc, run_dir = run_dlaunch(*PROBE_1X2, "+recipe.kill_replica=1", "+recipe.kill_step=30", "trainer.log_every=1000")
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert "worker rank 1 failed" in out and "exit signal SIGKILL" in out and "last completed step 29" in out
     assert workers_of(run_dir) == []
 
 

@@ -1,0 +1,356 @@
+"""Heartbeats: every rank says, about once a second, how far it got and what it is doing.
+
+A daemon thread per rank publishes a ``Record`` in the job's store (the one the
+launcher's rendezvous hosts): the last completed step, the operation the loop is
+in and since when, and where the rank's own code is. The loop labels what it does::
+
+    with heartbeat.start(env, run_dir, collective_timeout_s) as watch:
+        for step in range(1, steps + 1):
+            with watch.step(step):                    # "train step 12"; completed when it returns
+                per_replica = strategy.run(replica_step, args=(next(batches),))
+            with watch.operation(f"loss reduce at step {step}"):
+                strategy.reduce(ReduceOp.MEAN, per_replica, axis=None)
+
+When a collective times out inside an operation (gloo's "Timed out waiting
+20000ms for recv operation"), the rank reads every rank's record and raises
+``CollectiveTimeout``, naming the ranks that never reached the collective, what
+they are doing and whether they are alive. Every exception that leaves an
+operation carries this rank's last completed step (``progress_of``) to the
+worker's error file, and the thread keeps the last record in
+``RUN_DIR/.dlaunch/rank-R.progress.json`` for a rank that dies without a word
+(SIGKILL, a segfault).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher.cluster.env import WorkerEnv
+from launcher.cluster.process_group import job_store
+from launcher.runtime import outputs
+
+log = logging.getLogger("dlaunch")
+
+INTERVAL_S = 1.0
+STALE_AFTER_S = 5.0  # no record for this long: the process is dead or stopped
+STORE_TIMEOUT_S = 10.0
+MAX_LISTED = 8  # ranks named one per line in a timeout message
+_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")  # gloo's, nccl's
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective timed out; the message names the ranks that never reached it."""
+
+    explained = True  # the message says what there is to say: no traceback
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One rank's heartbeat."""
+
+    rank: int
+    host: str
+    pid: int
+    step: int  # the last completed step (0: none yet)
+    operation: str  # what the loop is doing, "" between operations
+    since: float  # when the operation began (time.time())
+    beat: float  # when this record was made
+    where: str = ""  # the innermost frame of the rank's own code: "train_step (recipe.py:42)"
+    timed_out: bool = False  # a collective in ``operation`` timed out on this rank
+
+    def dumps(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> "Record":
+        return cls(**json.loads(text))
+
+
+def start(env: WorkerEnv | None, run_dir: Path | None, collective_timeout_s: float) -> "Heartbeat":
+    """This rank's heartbeat, beating (a silent one unless the job has several processes)."""
+    return Heartbeat(env, run_dir, collective_timeout_s).start()
+
+
+class Heartbeat:
+    """Publishes this rank's ``Record``; labels operations; explains collective timeouts."""
+
+    def __init__(self, env: WorkerEnv | None, run_dir: Path | None, collective_timeout_s: float, interval_s: float = INTERVAL_S):
+        self.env, self.run_dir, self.timeout_s, self.interval_s = env, run_dir, collective_timeout_s, interval_s
+        self.last_completed = 0
+        self._op: tuple[str, float] = ("", time.time())
+        self._timed_out_in: str | None = None  # the operation a collective timed out in
+        self._main = threading.get_ident()
+        self._host = socket.gethostname()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.env is not None and self.env.world_size > 1
+
+    @property
+    def prefix(self) -> str:
+        return f"dlaunch/heartbeat/{self.env.run_id}/{self.env.restart_count}/" if self.env else ""
+
+    def start(self) -> "Heartbeat":
+        if self.enabled and self._thread is None:
+            self._thread = threading.Thread(target=self._beat, name="dlaunch-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval_s)
+            self._thread = None
+
+    def __enter__(self) -> "Heartbeat":
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        self.stop()
+        if exc is not None:
+            _tag(exc, self.last_completed, "")
+        return False
+
+    def step(self, n: int) -> "_Operation":
+        """``train step n``; when it returns, step ``n`` is completed."""
+        return _Operation(self, f"train step {n}", completes=n)
+
+    def operation(self, label: str) -> "_Operation":
+        """Label what the rank does (``"loss reduce at step 12"``) for the other ranks to see."""
+        return _Operation(self, label)
+
+    def record(self) -> Record:
+        operation, since = self._op
+        return Record(self.env.rank if self.env else 0, self._host, os.getpid(), self.last_completed, operation, since,
+                      time.time(), where(self._main), operation == self._timed_out_in)
+
+    # ----- the thread -----
+    def _beat(self) -> None:
+        store = self._connect()
+        saved: tuple[int, str] | None = None
+        while True:
+            record = self.record()
+            store = self._publish(store, record)
+            if (record.step, record.operation) != saved:
+                self._save(record)
+                saved = (record.step, record.operation)
+            if self._stopping.wait(self.interval_s):
+                return
+
+    def _connect(self) -> dist.Store | None:
+        try:
+            return job_store(self.env, self.prefix, STORE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - training goes on without heartbeats
+            log.warning("heartbeat: cannot reach the job's store at %s:%s (%s); a hang will be reported without "
+                        "the other ranks' state", self.env.master_addr, self.env.master_port, exc)
+            return None
+
+    def _publish(self, store: dist.Store | None, record: Record) -> dist.Store | None:
+        if store is None:
+            return None
+        try:
+            store.set(f"rank{record.rank}", record.dumps())
+            return store
+        except Exception as exc:  # noqa: BLE001 - e.g. node 0 is gone with its store
+            log.warning("heartbeat: the job's store stopped answering (%s); heartbeats stop", exc)
+            return None
+
+    def _save(self, record: Record) -> None:
+        if self.run_dir is None:
+            return
+        try:
+            outputs.write_json_atomic(outputs.progress_file(self.run_dir, record.rank), dataclasses.asdict(record))
+        except OSError:
+            pass  # a full or read-only disk must not stop training
+
+    # ----- a collective timed out -----
+    def timed_out(self, exc: BaseException) -> CollectiveTimeout:
+        """``exc``, a timeout in the current operation, as a ``CollectiveTimeout`` naming the ranks that never came."""
+        self._timed_out_in = self._op[0]
+        me = self.record()
+        what = collective_kind(exc)
+        try:
+            records = self._settle(me)
+        except Exception as problem:  # noqa: BLE001 - the store is gone or unreachable
+            head = f'{what} in "{me.operation}" timed out after {self.timeout_s:g} s on rank {me.rank}'
+            return CollectiveTimeout(f"{head} (the other ranks' heartbeats could not be read: {problem})")
+        return CollectiveTimeout(explain(what, me, records, self.env.world_size, self.timeout_s, time.time()))
+
+    def _settle(self, me: Record) -> dict[int, Record]:
+        """Every rank's record, once the ranks waiting in the same collective had time to time out too."""
+        store = job_store(self.env, self.prefix, STORE_TIMEOUT_S)
+        store.set(f"rank{me.rank}", me.dumps())
+        deadline = time.monotonic() + min(5.0, self.timeout_s / 4)
+        while True:
+            records = read_records(store, self.env.world_size)
+            if time.monotonic() >= deadline or not _undecided(records, me, time.time()):
+                return records
+            time.sleep(0.25)
+
+
+class _Operation:
+    """``with watch.operation(label):``: cheap enough to wrap every step."""
+
+    __slots__ = ("watch", "label", "completes", "outer")
+
+    def __init__(self, watch: Heartbeat, label: str, completes: int | None = None):
+        self.watch, self.label, self.completes = watch, label, completes
+
+    def __enter__(self) -> None:
+        self.outer = self.watch._op
+        self.watch._op = (self.label, time.time())
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        try:
+            if exc is None:
+                if self.completes is not None:
+                    self.watch.last_completed = self.completes
+                return False
+            _tag(exc, self.watch.last_completed, self.label)
+            if self.watch.enabled and is_collective_timeout(exc):
+                explained = self.watch.timed_out(exc)
+                _tag(explained, self.watch.last_completed, self.label)
+                raise explained from exc
+            return False
+        finally:
+            self.watch._op = self.outer
+
+
+# ----- what the launcher and the worker read -----
+def progress_of(exc: BaseException) -> dict[str, Any]:
+    """``{"last_step": 11, "operation": "train step 12"}`` for an exception that left the loop, else ``{}``."""
+    return dict(getattr(exc, "_dlaunch_progress", {}))
+
+
+def _tag(exc: BaseException, last_step: int, operation: str) -> None:
+    if not hasattr(exc, "_dlaunch_progress"):  # the innermost operation knows best
+        try:
+            exc._dlaunch_progress = {"last_step": last_step, "operation": operation}  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # an exception type without a __dict__
+            pass
+
+
+def read_records(store: dist.Store, world_size: int) -> dict[int, Record]:
+    keys = [f"rank{r}" for r in range(world_size)]
+    if store.check(keys):
+        return {r: Record.loads(v) for r, v in enumerate(store.multi_get(keys))}
+    return {r: Record.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """Gloo's or NCCL's timeout of a collective (not a peer that died: that is not a hang)."""
+    if isinstance(exc, CollectiveTimeout) or not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return any(m in text for m in _TIMEOUT_MARKERS) or (isinstance(exc, dist.DistError) and "timed out" in text.lower())
+
+
+def collective_kind(exc: BaseException) -> str:
+    """Which collective ``exc`` came from, as its traceback shows: ``the all_reduce``, ``the gradient all-reduce``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if frame.filename.endswith(os.path.join("distributed", "distributed_c10d.py")) and not frame.name.startswith("_"):
+            return f"the {frame.name}"
+    if any(frame.filename.startswith(_AUTOGRAD_DIR) for frame in frames):
+        return "the gradient all-reduce"  # DDP's, waited for at the end of backward
+    return "a collective"
+
+
+# ----- the message -----
+def explain(what: str, me: Record, records: dict[int, Record], world_size: int, timeout_s: float, now: float) -> str:
+    """Which ranks never reached the collective ``me`` timed out in, and what each of them is doing."""
+    head = f'{what} in "{me.operation}" timed out after {timeout_s:g} s on rank {me.rank}'
+    missing = [r for r in range(world_size) if r != me.rank and not _reached(records.get(r), me)]
+    if not missing:
+        return (f"{head}: every rank reached it and timed out, so they wait in different collectives "
+                "(one that only some ranks call, or that ranks call in a different order)")
+    lines = [f"{head}:"]
+    lines += [f"  {absent(r, records.get(r), now)}" for r in missing[:MAX_LISTED]]
+    if len(missing) > MAX_LISTED:
+        lines.append(f"  ... and {len(missing) - MAX_LISTED} more ranks")
+    lines.append(f"a rank that is only slow (a long first step, work done on one rank) needs a larger "
+                 f"launch.collective_timeout_s (now {timeout_s:g})")
+    return "\n".join(lines)
+
+
+def absent(rank: int, record: Record | None, now: float) -> str:
+    """One rank that has not reached the collective: how far it got, what it does, whether it lives."""
+    if record is None:
+        return f"rank {rank} has not reached it: it never sent a heartbeat (it did not start training, or cannot reach the store)"
+    done = f"it last completed step {record.step}" if record.step else "it has completed no step"
+    who = f"rank {rank} (host {record.host}, pid {record.pid}) has not reached it: {done}"
+    doing = f'"{record.operation}"' if record.operation else "no operation"
+    age = now - record.beat
+    if age > STALE_AFTER_S:
+        return f"{who} and has sent no heartbeat for {age:.0f} s (dead or stopped; it was in {doing})"
+    if record.timed_out:
+        return f"{who} and timed out in another collective, in {doing}"
+    at = f", at {record.where}" if record.where else ""
+    return f"{who} and is in {doing} for {now - record.since:.0f} s{at} (alive: heartbeat {age:.1f} s ago)"
+
+
+def _reached(record: Record | None, me: Record) -> bool:
+    return record is not None and record.timed_out and record.operation == me.operation
+
+
+def _undecided(records: dict[int, Record], me: Record, now: float) -> bool:
+    """Some rank is alive in the same operation, and may yet time out in the same collective."""
+    return any(r.rank != me.rank and not r.timed_out and r.operation == me.operation and now - r.beat <= STALE_AFTER_S
+               for r in records.values())
+
+
+# ----- where a rank's own code is -----
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # as frames name their files
+_RECIPES_DIR = os.path.join(_PACKAGE_DIR, "recipes")  # shipped recipes are user code
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd")
+_NOT_USER = (_PACKAGE_DIR, _TORCH_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+
+
+def where(main_thread: int) -> str:
+    """The innermost frame of user code in the main thread, or in a thread running dlaunch's code (a replica)."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    others = [f for ident, f in frames.items() if ident not in (main_thread, me) and _runs_dlaunch(f)]
+    for frame in [frames.get(main_thread), *others]:
+        found = _innermost_user_frame(frame)
+        if found:
+            return found
+    return ""
+
+
+def _is_user_file(filename: str) -> bool:
+    return filename.startswith(_RECIPES_DIR) or not (filename.startswith(_NOT_USER) or filename.startswith("<"))
+
+
+def _innermost_user_frame(frame: FrameType | None) -> str:
+    while frame is not None:
+        if _is_user_file(frame.f_code.co_filename):
+            return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+        frame = frame.f_back
+    return ""
+
+
+def _runs_dlaunch(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE_DIR) and not frame.f_code.co_filename.startswith(_RECIPES_DIR):
+            return True
+        frame = frame.f_back
+    return False

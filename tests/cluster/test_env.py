@@ -1,0 +1,42 @@
+"""The environment the launcher gives its workers: loopback for gloo, NCCL's hang tooling for nccl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.cluster.env import worker_environment
+from launcher.config.compose import compose_and_validate
+from launcher.launch.elastic import nccl_trace_prefix
+
+PREFIX = "/runs/r/.dlaunch/nccl_trace_rank_"
+NCCL = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": PREFIX,
+}
+
+
+def test_an_nccl_job_gets_async_error_handling_and_the_flight_recorder():
+    extra = worker_environment(single_node=True, nccl_trace_prefix=PREFIX, environ={})
+    assert {k: extra[k] for k in NCCL} == NCCL
+    assert extra["GLOO_SOCKET_IFNAME"].startswith("lo") and extra["OMP_NUM_THREADS"] == "1"
+
+
+def test_what_the_user_set_is_kept_under_any_of_its_names():
+    user = {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+            "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr_", "OMP_NUM_THREADS": "4"}
+    extra = worker_environment(single_node=False, nccl_trace_prefix=PREFIX, environ=user)
+    assert not set(NCCL) & set(extra), "each of these was set by the user, under this name or torch's other one"
+    assert extra["OMP_NUM_THREADS"] == "4" and "GLOO_SOCKET_IFNAME" not in extra
+
+
+def test_a_gloo_job_gets_no_nccl_settings():
+    assert not any(k.startswith(("TORCH_NCCL", "TORCH_FR")) for k in worker_environment(single_node=True, environ={}))
+
+
+def test_the_dumps_go_to_the_run_directory_when_the_backend_is_nccl(tmp_path):
+    cuda = compose_and_validate(["strategy=mirrored", "cluster=1x2", "cluster.device=cuda"], cuda_devices=2)
+    assert nccl_trace_prefix(cuda, tmp_path, cuda_devices=2) == str(tmp_path.resolve() / ".dlaunch" / "nccl_trace_rank_")
+    cpu = compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
+    assert nccl_trace_prefix(cpu, Path("r"), cuda_devices=0) is None

@@ -1,0 +1,185 @@
+"""Heartbeats: what a rank publishes, what an exception carries, and how a timeout names the missing rank."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from launcher.cluster.env import WorkerEnv
+from launcher.launch import rendezvous
+from launcher.runtime import heartbeat, outputs
+from launcher.runtime.heartbeat import CollectiveTimeout, Heartbeat, Record
+
+GLOO_TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete"
+NOW = 1000.0
+
+
+def record(rank: int, step: int = 11, operation: str = "train step 12", since: float = NOW - 23, beat: float = NOW - 0.4,
+           timed_out: bool = False, where: str = "") -> Record:
+    return Record(rank, "h", 100 + rank, step, operation, since, beat, where, timed_out)
+
+
+def test_a_live_rank_that_never_came_is_named_with_what_it_does():
+    me = record(0, timed_out=True)
+    stuck = record(1, where="train_step (recipe.py:9)")
+    text = heartbeat.explain("the gradient all-reduce", me, {0: me, 1: stuck}, 2, 20, NOW)
+    assert text.startswith('the gradient all-reduce in "train step 12" timed out after 20 s on rank 0:')
+    assert ('rank 1 (host h, pid 101) has not reached it: it last completed step 11 and is in "train step 12" for 23 s, '
+            "at train_step (recipe.py:9) (alive: heartbeat 0.4 s ago)") in text
+    assert "launch.collective_timeout_s (now 20)" in text
+
+
+def test_a_silent_rank_is_dead_or_stopped_and_a_missing_record_is_said():
+    me = record(0, timed_out=True)
+    text = heartbeat.explain("the all_reduce", me, {0: me, 1: record(1, beat=NOW - 25)}, 3, 20, NOW)
+    assert ("rank 1 (host h, pid 101) has not reached it: it last completed step 11 and has sent no heartbeat "
+            'for 25 s (dead or stopped; it was in "train step 12")') in text
+    assert "rank 2 has not reached it: it never sent a heartbeat" in text
+
+
+def test_ranks_that_timed_out_in_the_same_collective_are_not_named():
+    records = {r: record(r, timed_out=True) for r in range(3)}
+    text = heartbeat.explain("a collective", records[0], records, 3, 20, NOW)
+    assert "every rank reached it and timed out, so they wait in different collectives" in text
+    records[2] = record(2, timed_out=True, operation="loss reduce at step 11")
+    text = heartbeat.explain("a collective", records[0], records, 3, 20, NOW)
+    assert "rank 1" not in text and 'rank 2 (host h, pid 102) has not reached it' in text
+    assert 'timed out in another collective, in "loss reduce at step 11"' in text
+
+
+def test_a_long_list_of_missing_ranks_is_cut():
+    me = record(0, timed_out=True)
+    text = heartbeat.explain("a collective", me, {0: me}, 20, 20, NOW)
+    assert text.count("has not reached it") == heartbeat.MAX_LISTED
+    assert f"... and {19 - heartbeat.MAX_LISTED} more ranks" in text
+
+
+def test_an_exception_leaving_an_operation_carries_the_last_completed_step():
+    watch = Heartbeat(None, None, 20)
+    with watch.step(1):
+        pass
+    with pytest.raises(ValueError) as info:
+        with watch.step(2):
+            with watch.operation("data"):
+                raise ValueError("bad batch")
+    assert heartbeat.progress_of(info.value) == {"last_step": 1, "operation": "data"}
+    assert watch._op[0] == "" and watch.last_completed == 1
+    with pytest.raises(KeyError) as info:
+        with watch:
+            raise KeyError("after the loop")
+    assert heartbeat.progress_of(info.value) == {"last_step": 1, "operation": ""}
+    assert heartbeat.progress_of(ValueError("never in the loop")) == {}
+
+
+def test_only_collective_timeouts_are_explained():
+    assert heartbeat.is_collective_timeout(RuntimeError(GLOO_TIMEOUT))
+    assert heartbeat.is_collective_timeout(dist.DistBackendError("operation timed out"))
+    assert not heartbeat.is_collective_timeout(RuntimeError("DataLoader timed out after 5 seconds"))
+    assert not heartbeat.is_collective_timeout(RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
+    assert not heartbeat.is_collective_timeout(CollectiveTimeout(GLOO_TIMEOUT))
+
+
+class _TimesOutInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(GLOO_TIMEOUT)
+
+
+def test_the_collective_is_named_from_the_traceback():
+    with pytest.raises(RuntimeError) as backward:
+        _TimesOutInBackward.apply(torch.ones(1, requires_grad=True)).sum().backward()
+    assert heartbeat.collective_kind(backward.value) == "the gradient all-reduce"
+    with pytest.raises((RuntimeError, ValueError)) as c10d:
+        dist.all_reduce(torch.ones(1))  # no process group: raised inside torch's all_reduce
+    assert heartbeat.collective_kind(c10d.value) == "the all_reduce"
+    assert heartbeat.collective_kind(RuntimeError("x")) == "a collective"
+
+
+def _blocked_in_user_code(ready: threading.Event, release: threading.Event) -> None:
+    ready.set()
+    release.wait()
+
+
+def test_where_is_the_innermost_frame_of_user_code():
+    ready, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_blocked_in_user_code, args=(ready, release))
+    thread.start()
+    try:
+        ready.wait(5)
+        assert heartbeat.where(thread.ident).startswith("_blocked_in_user_code (test_heartbeat.py:")
+    finally:
+        release.set()
+        thread.join()
+
+
+@pytest.fixture
+def job(tmp_path):
+    store = rendezvous.listening_store("127.0.0.1", 0)
+    (tmp_path / outputs.STATE_DIR).mkdir()
+
+    def env(rank: int) -> WorkerEnv:
+        return WorkerEnv(rank=rank, local_rank=rank, world_size=2, local_world_size=2, group_rank=0,
+                         master_addr="127.0.0.1", master_port=store.port, run_id="t")
+
+    yield env, store, tmp_path
+
+
+def _wait_for(check, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
+    env, store, run_dir = job
+    with heartbeat.Heartbeat(env(0), run_dir, 20, interval_s=0.05).start() as watch:
+        with watch.step(1):
+            pass
+        with watch.operation("loss reduce at step 1"):
+            prefixed = dist.PrefixStore(watch.prefix, store)
+            seen = _wait_for(lambda: [r for r in heartbeat.read_records(prefixed, 2).values() if r.operation.startswith("loss")])
+    assert (seen[0].rank, seen[0].step, seen[0].timed_out) == (0, 1, False)
+    assert seen[0].where.startswith("_wait_for (test_heartbeat.py:")  # the innermost frame of user code
+    assert outputs.last_completed_step(run_dir, 0) == 1
+    assert json.loads(outputs.progress_file(run_dir, 0).read_text())["operation"] == "loss reduce at step 1"
+
+
+def test_a_timeout_names_the_rank_still_in_its_step(job):
+    env, _, run_dir = job
+    stuck = Heartbeat(env(1), run_dir, 1, interval_s=0.05).start()
+    waiting = Heartbeat(env(0), run_dir, 1, interval_s=0.05).start()
+    try:
+        for watch in (stuck, waiting):
+            with watch.step(11):
+                pass
+        stuck_step = stuck.step(12)
+        stuck_step.__enter__()
+        _wait_for(lambda: outputs.last_completed_step(run_dir, 1) == 11)
+        started = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as info:
+            with waiting.step(12):
+                raise RuntimeError(GLOO_TIMEOUT)
+        assert time.monotonic() - started < 2, "a quarter of the 1 s timeout to let peers time out too, and no more"
+        stuck_step.__exit__(None, None, None)
+    finally:
+        stuck.stop()
+        waiting.stop()
+    text = str(info.value)
+    assert text.startswith('a collective in "train step 12" timed out after 1 s on rank 0:')
+    assert 'rank 1 (host ' in text and 'has not reached it: it last completed step 11 and is in "train step 12" for ' in text
+    assert "(alive: heartbeat " in text
+    assert heartbeat.progress_of(info.value) == {"last_step": 11, "operation": "train step 12"}
+    assert isinstance(info.value.__cause__, RuntimeError) and CollectiveTimeout.explained
