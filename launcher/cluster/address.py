@@ -55,6 +55,16 @@ def _name_problem(host: str) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1: reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def split_address(text: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` as ``(host, port)``; ``ValueError`` says what is wrong."""
     host, sep, port = text.rpartition(":")
@@ -107,9 +117,13 @@ def tasks_layout(tasks: Any, task: Any, nodes: Any) -> dict[str, Any]:
     if not ordered:
         raise TaskListError("cluster.tasks", tasks, "cluster.tasks lists no node; give chief and/or worker addresses")
     try:
-        host, port = [split_address(a) for a in ordered][0]
+        (host, port), *others = [split_address(a) for a in ordered]
     except ValueError as exc:
         raise TaskListError("cluster.tasks", tasks, f"{exc}; every task is host:port") from None
+    remote = next((h for h, _ in others if not is_loopback(h)), None)
+    if is_loopback(host) and remote:
+        raise TaskListError("cluster.tasks", tasks, f"the first task ({ordered[0]}) hosts the rendezvous on loopback, which "
+                                                    f"{remote} cannot reach; give the first task's network address")
     if isinstance(nodes, int) and nodes != len(ordered):
         raise TaskListError("cluster.nodes", nodes, f"cluster.tasks lists {len(ordered)} node(s) but cluster.nodes is {nodes}; give one or the other")
     layout: dict[str, Any] = {"nodes": len(ordered), "master_addr": host, "master_port": port}

@@ -103,15 +103,20 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("DLAUNCH_DEBUG") == "1"
 
 
+# gloo, NCCL's bootstrap and tensorpipe (torch.distributed.rpc) each pick the interface they listen on from these.
+LOOPBACK_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
 def worker_environment(single_node: bool) -> dict[str, str]:
     """Variables the launcher sets for its workers.
 
-    Single-node jobs keep gloo's sockets on the loopback interface, so that nothing
-    listens on a routable address.
+    Single-node jobs keep every collective transport on the loopback interface, so
+    that nothing listens on a routable address; a variable already set wins.
     """
     extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if single_node:
-        extra["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", _loopback_interface())
+        loopback = _loopback_interface()
+        extra.update({name: os.environ.get(name, loopback) for name in LOOPBACK_INTERFACE_VARIABLES})
     return extra
 
 

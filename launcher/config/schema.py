@@ -155,7 +155,7 @@ class ClusterSpec(Strict):
 
     @property
     def loopback(self) -> bool:
-        return self.master_addr in ("localhost", "::1") or self.master_addr.startswith("127.")
+        return address.is_loopback(self.master_addr)
 
     def node_hosts(self) -> list[str] | None:
         """Each node's host, when the cluster was given as a task list."""
