@@ -136,7 +136,12 @@ def task(cfg: Any) -> Any:
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
         outputs.start_run(run_dir)
         (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
-    show_plan(spec, cuda, run_dir, console, spec.launch.dry_run)
+    try:
+        show_plan(spec, cuda, run_dir, console, spec.launch.dry_run)
+    except ConfigError as exc:  # a dry run reads the input files whole to count them
+        render(exc, console)
+        _Status.codes.append(2)
+        return None
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None

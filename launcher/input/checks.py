@@ -5,9 +5,10 @@ bytes (at most ``HEAD_BYTES``): it exists, is a regular readable file, is not
 empty, and starts the way its format does. A jsonl file's first line is a JSON
 object of numbers or lists of numbers; a csv file has a header and a numeric
 first row; ``.npy`` starts with numpy's magic and a header without Python
-objects; ``.pt`` is the zip archive ``torch.save`` writes (or its older pickle
-format). Whole files are never loaded here: a corrupt row further down is still
-found by the worker that reads it.
+objects and as long as the header says; ``.pt`` is the whole zip archive
+``torch.save`` writes (or its older pickle format). Beyond the first bytes only
+the size and the last ``TAIL_BYTES`` are looked at. Whole files are never
+loaded here: a corrupt row further down is still found by the worker that reads it.
 
     >>> file_problem("data/train-0.jsonl", "jsonl")    # None: looks right
     >>> file_problem("data/empty.jsonl", "jsonl")
@@ -19,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -27,8 +29,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 HEAD_BYTES = 1 << 16
+TAIL_BYTES = 1 << 10
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
+ZIP_END = b"PK\x05\x06"  # the end-of-central-directory record, in the last bytes of a whole archive
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"  # pickle protocol 2 + torch's magic number
 
 
@@ -51,9 +55,11 @@ def file_problem(path: str | Path, fmt: str) -> str | None:
             return "is not readable (permission denied)"
         with path.open("rb") as fh:
             head = fh.read(HEAD_BYTES)
+            fh.seek(max(info.st_size - TAIL_BYTES, 0))
+            tail = fh.read(TAIL_BYTES)
     except OSError as exc:
         return f"cannot be read: {exc.strerror or exc}"
-    problem = _CHECKS[fmt](head, len(head) == info.st_size)
+    problem = _CHECKS[fmt](head, info.st_size, tail)
     if problem is None:
         return None
     other = looks_like(head)
@@ -94,8 +100,9 @@ def _lines(head: bytes, complete: bool) -> list[str] | None:
     return [line.rstrip("\r") for line in lines if line.strip()]
 
 
-# ---------- one check per format: (head, complete) -> problem or None ----------
-def _check_jsonl(head: bytes, complete: bool) -> str | None:
+# ---------- one check per format: (first bytes, size, last bytes) -> problem or None ----------
+def _check_jsonl(head: bytes, size: int, tail: bytes) -> str | None:
+    complete = len(head) == size
     lines = _lines(head, complete)
     if lines is None:
         return "it is not UTF-8 text"
@@ -135,7 +142,8 @@ def _kind(value: Any) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
-def _check_csv(head: bytes, complete: bool) -> str | None:
+def _check_csv(head: bytes, size: int, tail: bytes) -> str | None:
+    complete = len(head) == size
     lines = _lines(head, complete)
     if lines is None:
         return "it is not UTF-8 text"
@@ -174,7 +182,7 @@ def _clip(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_npy(head: bytes, complete: bool) -> str | None:
+def _check_npy(head: bytes, size: int, tail: bytes) -> str | None:
     if not head.startswith(NPY_MAGIC):
         return "it does not start with numpy's magic (\\x93NUMPY): np.save writes it"
     fh = io.BytesIO(head)
@@ -190,10 +198,13 @@ def _check_npy(head: bytes, complete: bool) -> str | None:
         return "it holds Python objects (dtype object), which need pickle; save numbers (np.save(path, array))"
     if shape == ():
         return "it holds a single scalar; one row per element needs at least one dimension"
+    expected = fh.tell() + math.prod(shape) * dtype.itemsize
+    if size < expected:
+        return f"it is truncated: its header announces {expected} bytes, the file has {size}"
     return None
 
 
-def _check_pt(head: bytes, complete: bool) -> str | None:
+def _check_pt(head: bytes, size: int, tail: bytes) -> str | None:
     if head.startswith(TORCH_LEGACY_MAGIC):
         return None
     if not head.startswith(ZIP_MAGIC):
@@ -201,9 +212,11 @@ def _check_pt(head: bytes, complete: bool) -> str | None:
     name_length = int.from_bytes(head[26:28], "little")
     if not head[30 : 30 + name_length].endswith(b"data.pkl"):
         return "it is a zip archive, but not one torch.save wrote (no data.pkl first)"
+    if ZIP_END not in tail:
+        return "it is truncated: the zip archive has no end record"
     return None
 
 
-_CHECKS: dict[str, Callable[[bytes, bool], str | None]] = {
+_CHECKS: dict[str, Callable[[bytes, int, bytes], str | None]] = {
     "jsonl": _check_jsonl, "csv": _check_csv, "npy": _check_npy, "pt": _check_pt,
 }

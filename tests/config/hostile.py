@@ -269,7 +269,7 @@ BAD_INPUTS = (
     "ragged.jsonl", "truncated.jsonl", "binary.jsonl", "number.jsonl", "no_header.csv", "not_numbers.csv",
     "short_row.csv", "header_only.csv", "empty_name.csv", "twice.csv", "binary.csv", "jsonl_inside.csv",
     "text.npy", "truncated.npy", "objects.npy", "scalar.npy", "pt_inside.npy", "text.pt", "npy_inside.pt",
-    "other_zip.pt", "pickle.pt", "fifo.jsonl", "broken_link.jsonl", "a_directory.jsonl",
+    "other_zip.pt", "pickle.pt", "fifo.jsonl", "broken_link.jsonl", "a_directory.jsonl", "truncated_data.npy", "truncated_zip.pt",
 )
 MISMATCHED = (("ok.jsonl", "npy"), ("ok.jsonl", "csv"), ("ok.csv", "jsonl"), ("ok.npy", "pt"), ("ok.pt", "csv"), ("ok.pt", "npy"))
 NO_MATCH = ("@DATA@/nothing-*.jsonl", "@DATA@/missing/dir/*.csv", "@DATA@/**/*.nope", "@DATA@/[", "relative/none-*.jsonl",

@@ -81,6 +81,7 @@ def _zip_of(name: str, text: str) -> bytes:
 def bad_inputs() -> dict[str, bytes]:
     jsonl = b'{"x": [0.1, 0.2], "y": [1.0]}\n'
     npy = _saved(lambda f: np.save(f, np.zeros((2, 3), dtype=np.float32)))
+    pt = _saved(lambda f: torch.save(_columns(), f))
     return {
         **{f"empty.{ext}": b"" for ext in ("jsonl", "csv", "pt", "npy")},
         "blank.jsonl": b"\n  \n\n", "not_json.jsonl": b"hello world\n", "list.jsonl": b"[1, 2]\n",
@@ -92,9 +93,10 @@ def bad_inputs() -> dict[str, bytes]:
         "twice.csv": b"x,x\n1,2\n", "binary.csv": bytes(range(256)) * 4, "jsonl_inside.csv": jsonl * 3,
         "text.npy": b"not numpy\n", "truncated.npy": b"\x93NUMPY",
         "objects.npy": _saved(lambda f: np.save(f, np.array([{"a": 1}], dtype=object), allow_pickle=True)),
-        "scalar.npy": _saved(lambda f: np.save(f, np.float32(3))), "pt_inside.npy": _saved(lambda f: torch.save(_columns(), f)),
+        "scalar.npy": _saved(lambda f: np.save(f, np.float32(3))), "pt_inside.npy": pt,
         "text.pt": b"not torch\n", "npy_inside.pt": npy, "other_zip.pt": _zip_of("hello.txt", "hi"),
-        "pickle.pt": pickle.dumps({"a": 1}), "data.txt": b"1\n",
+        "pickle.pt": pickle.dumps({"a": 1}), "data.txt": b"1\n", "truncated_data.npy": npy[:-8],
+        "truncated_zip.pt": pt[: len(pt) // 2], "bad_pickle.pt": _zip_of("archive/data.pkl", "garbage"),
     }
 
 

@@ -117,6 +117,15 @@ def test_a_valid_config_is_accepted(overrides, places, monkeypatch, tmp_path, ca
     assert run_dir.is_dir()
 
 
+def test_a_dry_run_that_cannot_count_a_file_names_it(places, monkeypatch, tmp_path, capsys):
+    """A file that passes the cheap look but cannot be loaded: the dry run, which reads files whole, says which."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main([f"input.files={places['@DATA@']}/bad_pickle.pt", "launch.dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "input.files" in err and "bad_pickle.pt cannot be read as" in err, err
+    assert "Traceback" not in err and "dlaunch plan" not in err
+
+
 SHELL_CASES = [("cluster.master_addr=0.0.0.0",), ("recipe.entry=@RECIPES@/syntax_error.py",), ("input.files='@DATA@/not_json.jsonl'",)]
 
 
