@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,13 +74,29 @@ _OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
 
 
 def _check_output_dirs(overrides: list[str]) -> list[Problem]:
-    """An empty run directory would scatter a run's files into the current directory."""
+    """An empty run directory would scatter a run's files into the current directory; a file cannot hold them."""
     problems = []
     for text in overrides:
         key, _, value = text.partition("=")
-        if key.lstrip("+") in _OUTPUT_DIRS and not value.strip().strip("'\""):
-            problems.append(Problem(key=key.lstrip("+"), value="", message="must name a directory"))
+        key, value = key.lstrip("+"), value.strip().strip("'\"")
+        if key not in _OUTPUT_DIRS:
+            continue
+        why = "must name a directory" if not value else _unusable_dir(value)
+        if why:
+            problems.append(Problem(key=key, value=value, message=why))
     return problems
+
+
+def _unusable_dir(value: str) -> str | None:
+    """Why a run directory cannot be made at ``value`` (up to its first interpolation); None if it can."""
+    fixed = value.split("${")[0]
+    path = Path(fixed or ".").expanduser()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if existing.is_dir():
+        return None if os.access(existing, os.W_OK | os.X_OK) else f"cannot write under {existing} (permission denied)"
+    if existing == path and fixed == value:
+        return f"{path} exists and is not a directory"
+    return f"{existing} is not a directory, so nothing can be made under it"
 
 
 def precheck(overrides: list[str], multirun: bool) -> None:
@@ -126,7 +143,12 @@ def task(cfg: Any) -> Any:
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
         outputs.start_run(run_dir, resuming=resume_from is not None)
         (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
-    show_plan(spec, cuda, run_dir, console, spec.launch.dry_run, resume_from)
+    try:
+        show_plan(spec, cuda, run_dir, console, spec.launch.dry_run, resume_from)
+    except ConfigError as exc:  # a dry run reads the input files whole to count them
+        render(exc, console)
+        _Status.codes.append(2)
+        return None
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from launcher import checkpoint
 from launcher.checkpoint import layout, manifest
+from launcher.config.errors import ConfigError, Problem
 from launcher.config.schema import RunSpec
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
 from launcher.input.files import count_rows
@@ -128,7 +129,7 @@ def shard_table(spec: RunSpec, count: bool = True) -> Table | None:
     policy = resolve_policy(inp.policy, len(inp.files), workers)
     base = _common_dir(inp.files)
     names = [os.path.relpath(f, base) for f in inp.files]
-    counts = [count_rows(f, inp.file_format) for f in inp.files] if count else None
+    counts = [_count(f, inp.file_format) for f in inp.files] if count else None
     nodes, per_node = (spec.cluster.nodes, spec.cluster.devices_per_node) if workers > 1 else (1, 1)
     total = f"{sum(counts)} elements" if counts is not None else "element counts: launch.dry_run=true"
     table = Table(
@@ -140,6 +141,16 @@ def shard_table(spec: RunSpec, count: bool = True) -> Table | None:
     for row in shard_rows(policy, names, counts, nodes, per_node):
         table.add_row(*row)
     return table
+
+
+def _count(path: str, fmt: str) -> int:
+    """A file's element count; a file that cannot be read whole is a config error naming it."""
+    try:
+        return count_rows(path, fmt)
+    except Exception as exc:  # noqa: BLE001 - whatever the reader raises, the file is at fault
+        first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise ConfigError([Problem(key="input.files", value=path, message=f"{path} cannot be read as {fmt} ({reason})")]) from None
 
 
 def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> str | None:
@@ -160,13 +171,13 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
 
 
 def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None = None) -> None:
+    shards = shard_table(spec, count=dry_run)  # first: a file that cannot be counted is an error, not half a plan
     table = Table(title="dlaunch plan" + (" (dry run: nothing is started)" if dry_run else ""), show_header=False, title_justify="left", box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
     for key, value in plan_rows(spec, cuda_devices, run_dir, resume_from):
         table.add_row(key, value)
     console.print(table)
-    shards = shard_table(spec, count=dry_run)
     if shards is not None:
         console.print(shards)
 

@@ -105,6 +105,10 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("DLAUNCH_DEBUG") == "1"
 
 
+# gloo, NCCL's bootstrap and tensorpipe (torch.distributed.rpc) each pick the interface they listen on from these.
+LOOPBACK_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
 def nccl_settings(trace_prefix: str) -> tuple[tuple[tuple[str, ...], str], ...]:
     """NCCL's own hang tooling: (the names torch 2.13 reads a setting under, the value dlaunch gives it)."""
     return (
@@ -120,15 +124,17 @@ def worker_environment(
 ) -> dict[str, str]:
     """Variables the launcher sets for its workers; a value the user set is kept.
 
-    Single-node jobs keep gloo's sockets on the loopback interface, so that nothing
-    listens on a routable address. With ``nccl_trace_prefix`` (an nccl job), NCCL's
-    async error handling and flight recorder are on, and a timeout dumps each
-    rank's recent collectives to ``nccl_trace_prefix`` + rank.
+    Single-node jobs keep every collective transport (gloo, NCCL's bootstrap,
+    tensorpipe) on the loopback interface, so that nothing listens on a routable
+    address. With ``nccl_trace_prefix`` (an nccl job), NCCL's async error handling
+    and flight recorder are on, and a timeout dumps each rank's recent collectives
+    to ``nccl_trace_prefix`` + rank.
     """
     env = os.environ if environ is None else environ
     extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
     if single_node:
-        extra["GLOO_SOCKET_IFNAME"] = env.get("GLOO_SOCKET_IFNAME", _loopback_interface())
+        loopback = _loopback_interface()
+        extra.update({name: env.get(name, loopback) for name in LOOPBACK_INTERFACE_VARIABLES})
     if nccl_trace_prefix is not None:
         for names, value in nccl_settings(nccl_trace_prefix):
             if not any(name in env for name in names):  # the user's setting, under any of its names, stays

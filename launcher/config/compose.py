@@ -126,7 +126,7 @@ def compose(overrides: list[str]) -> DictConfig:
     try:
         return _compose(overrides)
     except MissingConfigException as exc:
-        raise ConfigError([Problem(key=_group_of(exc.missing_cfg_file), value=exc.missing_cfg_file, message="config not found", allowed=tuple(exc.options or ()))]) from None
+        raise ConfigError([Problem(key=_group_of(exc.missing_cfg_file), value=exc.missing_cfg_file.rsplit("/", 1)[-1], message="config not found", allowed=tuple(exc.options or ()))]) from None
     except (ConfigCompositionException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain_composition(parsed, exc)) from None
 
@@ -137,7 +137,7 @@ def _compose(overrides: list[str], return_hydra_config: bool = False) -> DictCon
 
 
 def _group_of(missing: str) -> str:
-    return missing.split("/")[0] if "/" in missing else missing
+    return missing.rsplit("/", 1)[0] if "/" in missing else missing
 
 
 def _is_group_override(ov: Override) -> bool:
@@ -164,7 +164,8 @@ def _explain_composition(parsed: list[Override], exc: Exception) -> list[Problem
         cause = exc.__cause__
         if cause is not None and str(cause).strip():
             message += f" ({str(cause).strip().splitlines()[0]})"
-        problems.append(Problem(key="overrides", message=message, has_value=False))
+        culprit = next((ov.key_or_group for ov in parsed if ov.input_line and ov.input_line in str(exc)), "overrides")
+        problems.append(Problem(key=culprit, message=message, has_value=False))
     return problems
 
 
@@ -204,7 +205,8 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
         raise ConfigError([Problem(key=str(key), message=str(exc).splitlines()[0], has_value=False)]) from None
     data.pop("hydra", None)
     try:
-        spec = RunSpec.model_validate(data, context={"cuda_devices": cuda_devices})
+        # check_files: the parent looks at the input files once (workers need not)
+        spec = RunSpec.model_validate(data, context={"cuda_devices": cuda_devices, "check_files": True})
     except ValidationError as exc:
         raise ConfigError(pydantic_errors.problems(exc, RunSpec, data)) from None
     _validate_recipe(spec)

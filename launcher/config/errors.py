@@ -35,27 +35,43 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
-MAX_PROBLEMS = 6
+MAX_LINES = 25  # one screen, whatever the problems say
 
 
 def render(error: ConfigError, console: Console | None = None) -> None:
-    """Print the problems to stderr: at most a screenful, never a traceback."""
+    """Print the problems to stderr: at most ``MAX_LINES`` lines, never a traceback."""
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     n = len(error.problems)
     console.print(f"[bold red]dlaunch: invalid configuration[/] ({n} problem{'s' if n != 1 else ''})")
-    for p in error.problems[:MAX_PROBLEMS]:
-        shown = f" = {escape(_short(p.value))}" if p.has_value else ""
-        console.print(f"\n  [bold]{escape(p.key)}[/]{shown}")
-        console.print(f"    {escape(p.message)}")
-        if p.suggestion:
-            console.print(f"    did you mean [green]{escape(p.suggestion)}[/]?")
-        if p.allowed:
-            console.print(f"    allowed: {escape(', '.join(p.allowed))}")
-    if n > MAX_PROBLEMS:
-        console.print(f"\n  ... and {n - MAX_PROBLEMS} more")
+    used, shown = 3, 0  # the title and the closing hint
+    for p in error.problems:
+        lines = _lines(p)
+        if used + len(lines) + (2 if shown + 1 < n else 0) > MAX_LINES:
+            break
+        console.print("\n".join(lines))
+        used, shown = used + len(lines), shown + 1
+    if n > shown:
+        console.print(f"\n  ... and {n - shown} more")
     console.print("\nSee `dlaunch --help` for the config groups, `dlaunch --cfg job` for the composed config.")
+
+
+def _lines(p: Problem) -> list[str]:
+    """One problem as printed lines (rich markup; every user-given text escaped and made one line)."""
+    shown = f" = {escape(_short(p.value))}" if p.has_value else ""
+    lines = ["", f"  [bold]{escape(_clean(p.key))}[/]{shown}", f"    {escape(_clean(p.message, 400))}"]
+    if p.suggestion:
+        lines.append(f"    did you mean [green]{escape(_clean(p.suggestion))}[/]?")
+    if p.allowed:
+        lines.append(f"    allowed: {escape(_clean(', '.join(p.allowed)))}")
+    return lines
 
 
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value) if isinstance(value, str) and value == "" else str(value)
+    return _clean(text, limit)
+
+
+def _clean(text: str, limit: int = 200) -> str:
+    """``text`` on one line: control characters (newlines, terminal escapes) shown escaped, then clipped."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -43,17 +43,17 @@ def _walk(model: type[BaseModel] | None, data: Any, loc: tuple) -> tuple[list[st
     return path, parent, parent_data
 
 
-def _members(annotation: Any) -> list[Any]:
+def annotation_members(annotation: Any) -> list[Any]:
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _members(typing.get_args(annotation)[0])
+        return annotation_members(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return [m for a in typing.get_args(annotation) for m in _members(a)]
+        return [m for a in typing.get_args(annotation) for m in annotation_members(a)]
     return [annotation]
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
-    return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return [m for m in annotation_members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
 
 
 def _tag_of(model: type[BaseModel]) -> str | None:

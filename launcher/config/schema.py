@@ -12,8 +12,10 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from launcher.cluster import address
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.devices import canonical_name
+from launcher.input import checks
 from launcher.input import files as files_lib
 from launcher.input.auto_shard import AutoShardPolicy, too_few_files
 
@@ -119,12 +121,24 @@ class ClusterSpec(Strict):
     def _from_tasks(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not data.get("tasks"):
             return data
-        return {**data, **tasks_layout(data["tasks"], data.get("task"), data.get("nodes"))}
+        try:
+            return {**data, **address.tasks_layout(data["tasks"], data.get("task"), data.get("nodes"))}
+        except address.TaskListError as exc:
+            raise PlanError(exc.key, exc.value, exc.message) from None
+
+    @field_validator("master_addr")
+    @classmethod
+    def _one_host(cls, value: str) -> str:
+        problem = address.host_problem(value)
+        if problem:
+            raise PlanError("cluster.master_addr", value, f"{problem}; allowed: {address.ALLOWED}")
+        return value
 
     @model_validator(mode="after")
     def _node_rank_fits(self) -> "ClusterSpec":
         if self.node_rank is not None and self.node_rank >= self.nodes:
-            raise ValueError(f"node_rank {self.node_rank} is not a node of cluster {self.shape} (0..{self.nodes - 1})")
+            raise PlanError("cluster.node_rank", self.node_rank,
+                            f"node_rank {self.node_rank} is not a node of cluster {self.shape} (0..{self.nodes - 1})")
         return self
 
     @property
@@ -142,39 +156,13 @@ class ClusterSpec(Strict):
 
     @property
     def loopback(self) -> bool:
-        return self.master_addr in ("localhost", "::1") or self.master_addr.startswith("127.")
+        return address.is_loopback(self.master_addr)
 
     def node_hosts(self) -> list[str] | None:
         """Each node's host, when the cluster was given as a task list."""
         if not self.tasks:
             return None
-        return [address.rsplit(":", 1)[0] for address in _ordered_tasks(self.tasks)]
-
-
-def _ordered_tasks(tasks: dict[str, list[str]]) -> list[str]:
-    return [*tasks.get("chief", []), *tasks.get("worker", [])]
-
-
-def tasks_layout(tasks: dict, task: Any, nodes: Any) -> dict[str, Any]:
-    """``nodes``, master address and port, and ``node_rank`` from a TF_CONFIG-style task list."""
-    if not isinstance(tasks, dict):
-        return {}
-    if len(tasks.get("chief") or []) > 1:
-        raise ValueError(f"cluster.tasks may list one chief; got {len(tasks['chief'])}")
-    ordered = _ordered_tasks({k: list(v or []) for k, v in tasks.items()})
-    if nodes is not None and nodes != len(ordered):
-        raise ValueError(f"cluster.tasks lists {len(ordered)} node(s) but cluster.nodes is {nodes}; give one or the other")
-    host, sep, port = ordered[0].rpartition(":") if ordered else ("", "", "")
-    if not sep or not port.isdigit():
-        raise ValueError(f"the first task's address must be host:port; got {ordered[0] if ordered else 'nothing'}")
-    layout: dict[str, Any] = {"nodes": len(ordered), "master_addr": host, "master_port": int(port)}
-    if isinstance(task, dict) and "type" in task:
-        offset = 0 if task["type"] == "chief" else len(tasks.get("chief") or [])
-        layout["node_rank"] = offset + int(task.get("index", 0))
-        count = len(tasks.get(task["type"]) or [])
-        if int(task.get("index", 0)) >= count:
-            raise ValueError(f"cluster.task {task['type']}:{task.get('index', 0)} is not in cluster.tasks ({count} {task['type']} task(s))")
-    return layout
+        return [address.split_address(a)[0] for a in address.ordered_tasks(self.tasks)]
 
 
 class CheckpointSpec(Strict):
@@ -256,6 +244,18 @@ class InputSpec(Strict):
                 files_lib.infer_format(self.files)
             except ValueError as exc:
                 raise PlanError("input.format", None, f"{exc}; set input.format") from None
+        return self
+
+    @model_validator(mode="after")
+    def _files_readable(self, info: ValidationInfo) -> "InputSpec":
+        """The parent looks at each file's first bytes (``check_files`` in the context); workers read them whole."""
+        if not self.files or not (info.context or {}).get("check_files"):
+            return self
+        bad = checks.first_problem(self.files, self.file_format)
+        if bad is not None:
+            path, why, count = bad
+            more = f" ({count - 1} more of the {len(self.files)} files fail too)" if count > 1 else ""
+            raise PlanError("input.files", path, f"{path} {why}{more}")
         return self
 
     @property

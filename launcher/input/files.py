@@ -27,6 +27,7 @@ import csv
 import dataclasses
 import glob
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -54,9 +55,25 @@ def resolve_files(patterns: str | Sequence[str], root: str | Path | None = None)
         path = path if path.is_absolute() else base / path
         matches = [str(path)] if path.is_file() else sorted(m for m in glob.glob(str(path), recursive=True) if Path(m).is_file())
         if not matches:
-            raise FileNotFoundError(f"no file matches {pattern!r} (looked in {path.parent})")
+            raise FileNotFoundError(_no_match(pattern, path))
         found.update(dict.fromkeys(str(Path(m).resolve()) for m in matches))
     return list(found)
+
+
+def _no_match(pattern: str, path: Path) -> str:
+    """Why ``pattern`` gives no file, in the user's words."""
+    if not pattern.strip():
+        return "an empty pattern matches no file; give a glob such as 'data/train-*.jsonl'"
+    if path.is_dir():
+        return f"{pattern!r} is a directory; give the files in it, e.g. {str(Path(pattern) / '*.jsonl')!r}"
+    if path.is_symlink() and not path.exists():
+        return f"{pattern!r} is a symbolic link to nothing ({os.readlink(path)})"
+    if path.exists():
+        return f"{pattern!r} is not a regular file"
+    found = [m for m in glob.glob(str(path), recursive=True) if not Path(m).is_file()]
+    if found:
+        return f"{pattern!r} matches {len(found)} path(s), none of them a regular file (e.g. {found[0]})"
+    return f"no file matches {pattern!r} (looked in {path.parent})"
 
 
 def infer_format(files: Sequence[str]) -> str:

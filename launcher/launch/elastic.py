@@ -144,12 +144,27 @@ def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
     """
     job = write_job(spec, run_dir, cuda_devices)
     c = spec.cluster
+    exposed = network_binding(spec)
+    if exposed:
+        log.info("%s", exposed)
     if c.emulated:
         from launcher.launch import emulate
 
         return emulate.run(spec, run_dir, job)
     run_id = f"dlaunch-{c.master_port}" if c.nodes > 1 else None  # every node must name the same run
     return run_node(spec, run_dir, job, c.node_rank or 0, run_id)
+
+
+def network_binding(spec: RunSpec) -> str | None:
+    """Why this node listens on a network address rather than loopback; None when it keeps to loopback."""
+    c = spec.cluster
+    if c.loopback:
+        return None
+    why = "cluster.tasks names hosts on the network" if c.tasks else f"cluster.master_addr={c.master_addr} names a network address"
+    collectives = "the workers' collectives (gloo/NCCL) listen on this machine's network interface"
+    if c.node_rank:
+        return f"{collectives}, not loopback, because {why}"
+    return f"the rendezvous listens on {c.master_addr}:{c.master_port or '<free port>'} and {collectives}, because {why}"
 
 
 def run_node(

@@ -22,13 +22,15 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class RecipeConfig(BaseModel):
@@ -112,36 +114,100 @@ class LoadedRecipe:
         return getattr(self.module, "evaluate", None)
 
 
+MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
 def import_entry(entry: str) -> ModuleType:
-    """Import a recipe by module name (``launcher.recipes.linear``) or by file path."""
+    """Import a recipe by module name (``launcher.recipes.linear``) or by file path.
+
+    Whatever goes wrong while the recipe's own code runs (a SyntaxError, an
+    exception or ``sys.exit`` at import) is a ``RecipeError`` naming the file and line.
+    """
     if entry.endswith(".py"):
-        path = Path(entry)
-        if not path.is_file():
-            raise RecipeError("recipe.entry", entry, f"recipe file {entry} does not exist")
-        name = f"dlaunch_recipe_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
+        return _import_file(entry)
+    if not MODULE_NAME.match(entry):
+        raise RecipeError("recipe.entry", entry, f"{entry!r} is neither a .py file nor a module name (package.module)")
+    return _guarded(entry, importlib.import_module, entry)
+
+
+def _import_file(entry: str) -> ModuleType:
+    path = Path(entry)
+    if not path.is_file():
+        missing = "is not a file" if path.exists() else "does not exist"
+        raise RecipeError("recipe.entry", entry, f"recipe file {entry} {missing}")
+    name = f"dlaunch_recipe_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     try:
-        return importlib.import_module(entry)
+        _guarded(entry, spec.loader.exec_module, module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:
+    """``run(*args)``, with what the recipe's code raises turned into a ``RecipeError``."""
+    try:
+        return run(*args)
+    except (KeyboardInterrupt, RecipeError):
+        raise
     except ModuleNotFoundError as exc:
-        raise RecipeError("recipe.entry", entry, f"cannot import recipe module {entry}: {exc}") from None
+        if exc.name and (entry == exc.name or entry.startswith(exc.name + ".")):  # the recipe itself is missing
+            raise RecipeError("recipe.entry", entry, f"cannot import recipe module {entry}: {exc}") from None
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}") from None
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else entry
+        raise RecipeError("recipe.entry", entry, f"{where}: {type(exc).__name__}: {exc.msg}") from None
+    except SystemExit as exc:
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} called sys.exit({exc.code!r}) at import{_where(exc)}") from None
+    except BaseException as exc:  # noqa: BLE001 - the recipe's own code failed: one line, no traceback
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}") from None
+
+
+def _where(exc: BaseException) -> str:
+    """`` (file:line)`` of the innermost frame outside importlib, or nothing."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames and frames[-1].filename != __file__ else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def config_class(module: ModuleType, entry: str) -> type[RecipeConfig]:
-    """The recipe's ``Config`` model (``RecipeConfig`` when it declares none)."""
+    """The recipe's ``Config`` model (``RecipeConfig`` when it declares none); its functions are checked first."""
     for fn in ("build", "train_step"):
         if not callable(getattr(module, fn, None)):
             raise RecipeError(
                 "recipe.entry", entry,
                 f"recipe module {entry} has no function {fn}(); a recipe defines build(cfg, ctx) and train_step(model, batch)",
             )
+    _takes(module.build, "build must take (cfg, ctx)", entry)
+    if getattr(module, "evaluate", None) is not None:
+        _takes(module.evaluate, "evaluate, when defined, must be a function of (model, parts)", entry)
     cls = getattr(module, "Config", RecipeConfig)
     if not (isinstance(cls, type) and issubclass(cls, RecipeConfig)):
         raise RecipeError("recipe.entry", entry, "the recipe's Config must subclass launcher.runtime.recipe.RecipeConfig")
     return cls
+
+
+def _takes(fn: Any, message: str, entry: str) -> None:
+    """``fn`` is a function that can be called with two positional arguments."""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except (TypeError, ValueError):
+        given = f"it is {getattr(fn, '__name__', 'a callable')}{_signature(fn)}" if callable(fn) else f"it is a {type(fn).__name__}"
+        raise RecipeError("recipe.entry", entry, f"{message}; {given}") from None
+
+
+def _signature(fn: Callable[..., Any]) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
 
 
 def load(recipe: dict[str, Any]) -> LoadedRecipe:
@@ -152,18 +218,27 @@ def load(recipe: dict[str, Any]) -> LoadedRecipe:
     """
     entry = recipe.get("entry", "")
     module = import_entry(entry)
-    config = config_class(module, entry).model_validate(recipe)
-    return LoadedRecipe(module=module, config=config, manual=_is_manual(module.train_step, entry))
+    cls = config_class(module, entry)
+    manual = _is_manual(module.train_step, entry)
+    try:
+        config = cls.model_validate(recipe)
+    except (ValidationError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a validator of the recipe's Config failed by itself
+        raise RecipeError("recipe", entry, f"the recipe's Config raised {_one_line(exc)}{_where(exc)}") from None
+    return LoadedRecipe(module=module, config=config, manual=manual)
 
 
 def _is_manual(step: Any, entry: str) -> bool:
-    params = [
-        p for p in inspect.signature(step).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):
+        parameters = []
+    params = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) not in (2, 3):
         raise RecipeError(
             "recipe.entry", entry,
-            "train_step must take (model, batch) in simple mode or (model, batch, optimizer) in manual mode",
+            f"train_step must take (model, batch) in simple mode or (model, batch, optimizer) in manual mode; "
+            f"it takes {_signature(step)}",
         )
     return len(params) == 3

@@ -1,10 +1,10 @@
-"""The environment the launcher gives its workers: loopback for gloo, NCCL's hang tooling for nccl."""
+"""The environment the launcher gives its workers: every transport on loopback for one node, NCCL's hang tooling for nccl."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.cluster.env import worker_environment
+from launcher.cluster.env import LOOPBACK_INTERFACE_VARIABLES, worker_environment
 from launcher.config.compose import compose_and_validate
 from launcher.launch.elastic import nccl_trace_prefix
 
@@ -40,3 +40,17 @@ def test_the_dumps_go_to_the_run_directory_when_the_backend_is_nccl(tmp_path):
     assert nccl_trace_prefix(cuda, tmp_path, cuda_devices=2) == str(tmp_path.resolve() / ".dlaunch" / "nccl_trace_rank_")
     cpu = compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
     assert nccl_trace_prefix(cpu, Path("r"), cuda_devices=0) is None
+
+
+def test_single_node_collectives_stay_on_loopback(monkeypatch):
+    for name in LOOPBACK_INTERFACE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    env = worker_environment(single_node=True)
+    assert {env[name] for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")} == {env["GLOO_SOCKET_IFNAME"]}
+    assert env["GLOO_SOCKET_IFNAME"].startswith("lo")
+
+
+def test_a_users_interface_wins_and_several_nodes_use_the_network(monkeypatch):
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    assert worker_environment(single_node=True)["NCCL_SOCKET_IFNAME"] == "ib0"
+    assert not set(LOOPBACK_INTERFACE_VARIABLES) & set(worker_environment(single_node=False))

@@ -49,7 +49,7 @@ def test_several_nodes_without_a_node_rank_are_emulated():
 
 def test_a_node_rank_outside_the_cluster():
     (p,) = problems(["strategy=mirrored", "cluster=2x2", "cluster.node_rank=2", "cluster.master_port=29500"])
-    assert p.key == "cluster" and "node_rank 2 is not a node of cluster 2x2 (0..1)" in p.message
+    assert p.key == "cluster.node_rank" and "node_rank 2 is not a node of cluster 2x2 (0..1)" in p.message
 
 
 def test_a_node_rank_needs_a_fixed_port():
@@ -69,7 +69,7 @@ def test_a_cluster_given_as_a_task_list():
 
 def test_a_task_that_is_not_in_the_list():
     (p,) = problems(["strategy=mirrored", "cluster=tasks", "cluster.task={type: worker, index: 5}"])
-    assert p.key == "cluster" and "worker:5 is not in cluster.tasks" in p.message
+    assert p.key == "cluster.task" and "worker:5 is not in cluster.tasks" in p.message
 
 
 def test_a_strategy_the_recipe_does_not_declare():

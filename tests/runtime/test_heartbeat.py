@@ -151,10 +151,11 @@ def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
         with watch.operation("loss reduce at step 1"):
             prefixed = dist.PrefixStore(watch.prefix, store)
             seen = _wait_for(lambda: [r for r in heartbeat.read_records(prefixed, 2).values() if r.operation.startswith("loss")])
+            # the file is rewritten by the thread: read it while the operation is still under way
+            _wait_for(lambda: json.loads(outputs.progress_file(run_dir, 0).read_text())["operation"] == "loss reduce at step 1")
     assert (seen[0].rank, seen[0].step, seen[0].timed_out) == (0, 1, False)
     assert seen[0].where.startswith("_wait_for (test_heartbeat.py:")  # the innermost frame of user code
     assert outputs.last_completed_step(run_dir, 0) == 1
-    assert json.loads(outputs.progress_file(run_dir, 0).read_text())["operation"] == "loss reduce at step 1"
 
 
 def test_a_timeout_names_the_rank_still_in_its_step(job):
