@@ -25,7 +25,11 @@ pytestmark = pytest.mark.slow
 COMMON = (f"recipe.entry={PROBE}", "recipe.examples=640", "trainer.steps=30", "trainer.log_every=1",
           "trainer.checkpoint.every_steps=4")
 MIRRORED = ("strategy=mirrored", "cluster=1x2")
-KILL_POINTS = random.Random(20261122).sample(range(3, 28), 3)
+_DRAW = random.Random(20261122)
+KILLS = [("mirrored", k) for k in _DRAW.sample(range(3, 28), 3)] + [
+    ("multi_worker_mirrored", _DRAW.randrange(3, 28)), ("one_device", _DRAW.randrange(3, 28))]
+SHAPES = {"mirrored": ("strategy=mirrored", "cluster=1x2"), "multi_worker_mirrored": ("strategy=multi_worker_mirrored", "cluster=1x2"),
+          "one_device": ("strategy=one_device", "cluster=1x1")}
 
 
 def start(run_dir: Path, *args: str) -> subprocess.Popen:
@@ -43,6 +47,18 @@ def logged_steps(run_dir: Path) -> list[int]:
         return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return []
+
+
+def run_processes(run_dir: Path) -> list[int]:
+    """Live processes started for this run: workers and node agents (the run's job file is on their command line)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if str(run_dir / ".dlaunch").encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def worker_pids(run_dir: Path) -> dict[int, int]:
@@ -77,19 +93,25 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> str:
             proc.wait()
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    out = finish(start(run_dir))
-    assert summary(run_dir)["status"] == "completed", out[-3000:]
-    return read_tensors(layout.latest(run_dir / "checkpoints")), json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+_straight: dict[str, tuple] = {}
 
 
-@pytest.mark.parametrize("kill_at", KILL_POINTS, ids=[f"kill-at-step-{k}" for k in KILL_POINTS])
-def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, uninterrupted, kill_at):
+def uninterrupted(strategy: str, tmp_path_factory) -> tuple[dict, dict]:
+    """The final parameters and last metrics record of a run that nothing interrupts (once per strategy)."""
+    if strategy not in _straight:
+        run_dir = tmp_path_factory.mktemp(f"straight-{strategy}") / "run"
+        out = finish(start(run_dir, *SHAPES[strategy]))
+        assert summary(run_dir)["status"] == "completed", out[-3000:]
+        last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        _straight[strategy] = (read_tensors(layout.latest(run_dir / "checkpoints")), last)
+    return _straight[strategy]
+
+
+@pytest.mark.parametrize("strategy,kill_at", KILLS, ids=[f"{s}-kill-at-step-{k}" for s, k in KILLS])
+def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, tmp_path_factory, strategy, kill_at):
     run_dir = tmp_path / "run"
-    victim = random.Random(kill_at).choice([0, 1])
-    proc = start(run_dir, "launch.max_restarts=2", "+recipe.step_sleep=0.05", "+recipe.record_attempts=true")
+    victim = random.Random(kill_at).choice([0, 1] if strategy != "one_device" else [0])
+    proc = start(run_dir, *SHAPES[strategy], "launch.max_restarts=2", "+recipe.step_sleep=0.05", "+recipe.record_attempts=true")
     try:
         wait_for(lambda: max(logged_steps(run_dir), default=0) >= kill_at, 120, f"step {kill_at}")
         os.kill(worker_pids(run_dir)[victim], signal.SIGKILL)
@@ -100,10 +122,11 @@ def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, un
     assert s["status"] == "completed" and s["restarts"] == 1
     assert len((run_dir / "attempts-rank0.txt").read_text().split()) == 2, "exactly one restart"
     assert logged_steps(run_dir) == list(range(1, 31)), "no step lost or doubled"
-    params, last = uninterrupted
+    params, last = uninterrupted(strategy, tmp_path_factory)
     got = read_tensors(layout.latest(run_dir / "checkpoints"))
     assert all(torch.equal(params[k], got[k]) for k in params), f"rank {victim} killed at step {kill_at}"
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["loss"] == last["loss"]
+    assert run_processes(run_dir) == []
 
 
 def test_a_worker_that_always_fails_is_tried_n_plus_one_times(tmp_path):

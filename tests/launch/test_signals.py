@@ -8,7 +8,7 @@ import time
 import pytest
 
 from launcher.checkpoint import layout
-from tests.launch.test_restarts import finish, logged_steps, start, wait_for, worker_pids
+from tests.launch.test_restarts import finish, logged_steps, run_processes, start, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 LONG = ("trainer.steps=100000", "trainer.checkpoint.every_steps=100000", "+recipe.step_sleep=0.05")
@@ -21,7 +21,7 @@ def stop_with(run_dir, signum, *args, in_process=False):
         wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and (in_process or worker_pids(run_dir)), 120, "training")
         sent = time.monotonic()
         proc.send_signal(signum)
-        wait_for(lambda: not worker_pids(run_dir) and proc.poll() is not None, 30, "every process to end")
+        wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, 30, "every process to end (no orphans)")
         gone = time.monotonic() - sent
     finally:
         out = finish(proc, timeout=30)
