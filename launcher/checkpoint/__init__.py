@@ -40,12 +40,27 @@ def root_of(spec: RunSpec, run_dir: Path) -> Path:
     return Path(configured) if configured else run_dir / "checkpoints"
 
 
-def find(spec: RunSpec, run_dir: Path) -> Path | None:
-    """The checkpoint this run resumes from (``trainer.resume``), checked against the spec; None: none."""
-    path = layout.resolve(spec.trainer.resume, root_of(spec, run_dir))
-    if path is not None:
-        manifest.check_compatible(layout.read_manifest(path), spec, str(path))
+def find(spec: RunSpec, run_dir: Path, restarted: bool = False) -> Path | None:
+    """The checkpoint this run resumes from, checked against the spec; None: start at step 0.
+
+    ``trainer.resume`` decides, except after an elastic restart: then the run's own
+    newest checkpoint wins (a restart continues the run, whatever it started from).
+    """
+    root = root_of(spec, run_dir)
+    try:
+        path = (restarted and layout.latest(root)) or layout.resolve(spec.trainer.resume, root)
+        if path is None:
+            return None
+        saved = layout.read_manifest(path)
+        manifest.check_compatible(saved, spec, str(path))
         SafeReader(path).read_metadata()  # refuses a planted pickle before any process starts
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the checkpoint directory {root}: {exc}") from None
+    if saved["step"] > spec.trainer.steps:
+        raise CheckpointError(
+            f"{path} is at step {saved['step']}, past trainer.steps={spec.trainer.steps}; raise trainer.steps, "
+            "or resume from an earlier checkpoint (trainer.resume=PATH), or start afresh (trainer.resume=never)"
+        )
     return path
 
 
@@ -78,6 +93,7 @@ class Checkpointer:
         self.spec, self.rank = spec, rank
         self.root = root_of(spec, run_dir)
         self.every = spec.trainer.checkpoint.every_steps
+        self._saved: tuple[int, Path] | None = None  # the last step saved, and where
 
     @property
     def enabled(self) -> bool:
@@ -86,14 +102,18 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.enabled and (step % self.every == 0 or step == self.spec.trainer.steps)
 
-    def start(self) -> None:
-        """Before the first save: rank 0 drops saves that a killed process left unfinished."""
+    def start(self, first_step: int) -> None:
+        """Before the first save: rank 0 drops unfinished saves and sets aside later steps of another timeline."""
         if self.rank == 0:
             layout.clean_partials(self.root)
+            for moved in layout.set_aside_after(self.root, first_step):
+                log.warning("a checkpoint later than this run's start (step %d) was moved aside: %s", first_step, moved)
         if _distributed():
             dist.barrier()
 
     def save(self, step: int, position: Position, model: Any, optimizer: Any) -> Path:
+        if self._saved and self._saved[0] == step:  # e.g. a stop signal right after a scheduled save
+            return self._saved[1]
         started = time.perf_counter()
         partial = layout.partial_dir(self.root, step)
         partial.mkdir(parents=True, exist_ok=True)
@@ -107,8 +127,9 @@ class Checkpointer:
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
         final = layout.step_dir(self.root, step)
         if self.rank == 0:  # DCP returned: every rank's files are written
-            final = layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+            layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
             log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
+        self._saved = (step, final)
         return final
 
     def load(self, path: Path, model: Any, optimizer: Any) -> tuple[int, Position]:
@@ -116,18 +137,38 @@ class Checkpointer:
         saved = layout.read_manifest(path)
         manifest.check_compatible(saved, self.spec, str(path))
         tensors: dict[str, Any] = {**state.model_and_optimizer(model, optimizer), "progress": state.progress(0, 0, 0)}
-        own_rng = self.rank < saved["world_size"]
-        if own_rng:
-            tensors["rng"] = {f"rank{self.rank}": state.rng_template()}
+        rng = state.rng_template(_saved_keys(path, f"rng.rank{self.rank}."))
+        if rng:
+            tensors["rng"] = {f"rank{self.rank}": rng}
         _load(tensors, path)
         state.load_model_and_optimizer(model, optimizer, tensors)
-        if own_rng:
+        if rng:
             state.set_rng_state(tensors["rng"][f"rank{self.rank}"])
         else:
             log.info("rank %d has no saved RNG state (the checkpoint has %d rank(s)); it keeps its seeded RNG",
                      self.rank, saved["world_size"])
         p = tensors["progress"]
+        self._saved = (int(p["step"]), path)
         return int(p["step"]), Position(int(p["epoch"]), int(p["offset"]))
+
+
+def agree(path: Path | None, step: int) -> None:
+    """Every rank must resume from the same step: ranks that see different checkpoints cannot train together."""
+    if not _distributed():
+        return
+    mine = torch.tensor([step, -step])
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    if int(mine[0]) != -int(mine[1]):
+        raise CheckpointError(
+            f"the ranks found different checkpoints to resume from (steps {-int(mine[1])} to {int(mine[0])}; this rank: "
+            f"{path or 'none'}); every node must see the same trainer.checkpoint.dir (a shared file system)"
+        )
+
+
+def _saved_keys(path: Path, prefix: str) -> set[str]:
+    """The names (after ``prefix``) of the tensors the checkpoint holds under ``prefix``."""
+    metadata = SafeReader(str(path)).read_metadata()
+    return {key[len(prefix):] for key in metadata.state_dict_metadata if key.startswith(prefix)}
 
 
 def _load(tensors: dict[str, Any], path: Path) -> None:
@@ -135,11 +176,9 @@ def _load(tensors: dict[str, Any], path: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(tensors, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=not _distributed())
-    except CheckpointException as exc:
-        raise _explain(exc, path) from None
     except CheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001 - DCP's own errors, reworded with the path
+    except (CheckpointException, Exception) as exc:  # DCP's own errors (per rank), reworded with the path
         raise _explain(exc, path) from None
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,11 @@ def complete_steps(root: Path) -> list[Path]:
 
 
 def latest(root: Path) -> Path | None:
-    """The checkpoint ``latest`` names; without a usable marker, the newest complete one."""
+    """The checkpoint ``latest`` names (a ``step-N`` beside it, nothing else); without one, the newest complete."""
     try:
-        named = root / (root / LATEST).read_text().strip()
-        if _STEP.match(named.name) and is_complete(named):
-            return named
+        name = (root / LATEST).read_text().strip()
+        if _STEP.match(name) and is_complete(root / name):
+            return root / name
     except OSError:
         pass
     steps = complete_steps(root)
@@ -69,11 +70,17 @@ def resolve(resume: str, root: Path) -> Path | None:
     path = Path(resume)
     if is_complete(path):
         return path
-    if path.is_dir() and latest(path) is not None:
-        return latest(path)
+    newest = latest(path) if path.is_dir() else None
+    if newest is not None:
+        return newest
     if path.is_dir() and _STEP.match(path.name):
         raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}: its save never finished)")
     raise CheckpointError(f"{path} is neither a checkpoint (a step-N directory with {MANIFEST}) nor a directory of them")
+
+
+# The manifest's keys that resuming reads, and their JSON types.
+_MANIFEST_KEYS = {"format": int, "step": int, "data_position": dict, "world_size": int, "num_replicas": int, "strategy": str,
+                  "cluster": str, "global_batch_size": int, "per_replica_batch_size": int, "input": dict, "recipe": dict}
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -81,15 +88,16 @@ def read_manifest(path: Path) -> dict[str, Any]:
         data = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read {path / MANIFEST}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
-        raise CheckpointError(f"{path / MANIFEST} is not a dlaunch checkpoint manifest")
+    bad = [k for k, kind in _MANIFEST_KEYS.items() if not isinstance(data, dict) or not isinstance(data.get(k), kind)]
+    if bad:
+        raise CheckpointError(f"{path / MANIFEST} is not a dlaunch checkpoint manifest (missing or mistyped: {', '.join(bad)})")
     return data
 
 
 def clean_partials(root: Path) -> None:
-    """Saves that never finished (a process killed midway) are dropped."""
+    """Saves that never finished (a process killed midway) are dropped, and copies a commit was replacing."""
     if root.is_dir():
-        for stale in root.glob(".step-*.partial"):
+        for stale in [*root.glob(".step-*.partial"), *root.glob(".step-*.replaced")]:
             shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -97,15 +105,33 @@ def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
     """Rank 0, once every rank's files are written: manifest, rename, ``latest``, retention."""
     _write_synced(partial / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     final = step_dir(partial.parent, manifest["step"])
-    if final.exists():  # the same step saved again (a run re-done from an older checkpoint)
-        shutil.rmtree(final)
+    replaced = final.with_name(f".{final.name}.replaced")
+    if final.exists():  # the same step saved again: move the old copy aside in one rename, drop it last
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
     os.replace(partial, final)
     marker = partial.parent / (LATEST + ".tmp")
     _write_synced(marker, final.name + "\n")
     os.replace(marker, partial.parent / LATEST)
     _fsync_dir(partial.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
     prune(partial.parent, keep, protect=final)
     return final
+
+
+def set_aside_after(root: Path, step: int) -> list[Path]:
+    """Complete checkpoints later than ``step`` belong to a timeline this run replaces: rename them out of the way.
+
+    They stay on disk (``.superseded-step-N.<time>``), but neither resume nor retention sees them.
+    """
+    moved = []
+    stamp = int(time.time())
+    for path in complete_steps(root):
+        if int(_STEP.match(path.name).group(1)) > step:
+            target = root / f".superseded-{path.name}.{stamp}"
+            os.replace(path, target)
+            moved.append(target)
+    return moved
 
 
 def prune(root: Path, keep: int, protect: Path) -> None:

@@ -33,8 +33,10 @@ class UnsafeCheckpoint(CheckpointError):
     """The checkpoint holds something other than tensors and DCP metadata (e.g. a pickled callable)."""
 
 
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_METADATA = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
+    *((_METADATA, name) for name in ("Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+                                      "ChunkStorageMetadata", "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),
     ("torch", "Size"),
@@ -49,7 +51,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         self._where = where
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES or (module, name) in _ALLOWED or _is_dtype(module, name):
+        # Exact names only: protocol 4 resolves dotted names attribute by attribute (torch.os.system).
+        if "." not in name and ((module, name) in _ALLOWED or _is_dtype(module, name)):
             return super().find_class(module, name)
         raise UnsafeCheckpoint(
             f"{self._where} asks to load {module}.{name}, which is not checkpoint metadata; "
@@ -76,10 +79,19 @@ class SafeReader(FileSystemReader):
                 raise CheckpointError(f"{path} is not readable DCP metadata ({type(exc).__name__}: {exc})") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP metadata")
+        _files_stay_inside(metadata, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def _files_stay_inside(metadata: Metadata, path: Any) -> None:
+    """The data files the metadata names are plain names in the checkpoint directory (no paths elsewhere)."""
+    for info in (metadata.storage_data or {}).values():
+        name = str(getattr(info, "relative_path", ""))
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise UnsafeCheckpoint(f"{path} points at data file {name!r} outside its checkpoint directory; it was not loaded")
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -50,24 +50,31 @@ def rng_state() -> dict[str, torch.Tensor]:
         "numpy_extra": torch.tensor([pos, has_gauss, cached], dtype=torch.float64),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     return state
 
 
-def rng_template() -> dict[str, torch.Tensor]:
-    """Tensors of the right shapes to load a saved ``rng_state`` into."""
-    return {k: torch.empty_like(v) for k, v in rng_state().items()}
+def rng_template(saved: set[str]) -> dict[str, torch.Tensor]:
+    """Tensors to load the saved generators into: those this process has too, by the saved names.
+
+    A checkpoint from a CPU run resumed on a GPU has no CUDA state (the GPU keeps its seeded one),
+    and the other way round.
+    """
+    return {k: torch.empty_like(v) for k, v in rng_state().items() if k in saved}
 
 
 def set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["torch"])
-    values = state["python"].tolist()
-    has_gauss, gauss = state["python_gauss"].tolist()
-    random.setstate((values[0], tuple(values[1:]), gauss if has_gauss else None))
-    pos, has_np_gauss, cached = state["numpy_extra"].tolist()
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(pos), int(has_np_gauss), cached))
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
+    if "python" in state:
+        values = state["python"].tolist()
+        has_gauss, gauss = state["python_gauss"].tolist()
+        random.setstate((values[0], tuple(values[1:]), gauss if has_gauss else None))
+    if "numpy" in state:
+        pos, has_np_gauss, cached = state["numpy_extra"].tolist()
+        np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(pos), int(has_np_gauss), cached))
+    for key, value in state.items():
+        if key.startswith("cuda") and int(key[4:]) < torch.cuda.device_count():
+            torch.cuda.set_rng_state(value, int(key[4:]))
 
 
 def progress(step: int, epoch: int, offset: int) -> dict[str, torch.Tensor]:

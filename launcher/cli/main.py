@@ -119,7 +119,6 @@ def task(cfg: Any) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from launcher import checkpoint
     from launcher.cli.plan import show_plan, show_summary
     from launcher.runtime import outputs
 
@@ -135,9 +134,9 @@ def task(cfg: Any) -> Any:
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        resume_from = checkpoint.find(spec, run_dir)
-    except checkpoint.CheckpointError as exc:
-        render(ConfigError([Problem(key="trainer.resume", value=spec.trainer.resume, message=str(exc))]), console)
+        resume_from = _checkpoints_usable(spec, run_dir)
+    except ConfigError as exc:
+        render(exc, console)
         _Status.codes.append(2)
         return None
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
@@ -165,6 +164,20 @@ def task(cfg: Any) -> Any:
         console.print(f"node {spec.cluster.node_rank} of {spec.cluster.nodes} done; rank 0 wrote the results on node 0 "
                       f"({spec.cluster.master_addr}); this node's worker logs: {run_dir / 'logs'}")
     return summary
+
+
+def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from (None: none), once its directory is known to be writable; else ConfigError."""
+    from launcher import checkpoint
+
+    root = checkpoint.root_of(spec, run_dir)
+    why = _unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
+    if why:
+        raise ConfigError([Problem(key="trainer.checkpoint.dir", value=str(root), message=why)])
+    try:
+        return checkpoint.find(spec, run_dir)
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError([Problem(key="trainer.resume", value=spec.trainer.resume, message=str(exc))]) from None
 
 
 def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:

@@ -56,8 +56,8 @@ def _name_problem(host: str) -> str | None:
 
 
 def is_loopback(host: str) -> bool:
-    """``localhost``, 127.0.0.0/8 or ::1: reachable from this machine only."""
-    if host == "localhost":
+    """``localhost`` (any case, a trailing dot allowed), 127.0.0.0/8 or ::1: reachable from this machine only."""
+    if host.lower().rstrip(".") in ("localhost", "ip6-localhost", "ip6-loopback"):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

@@ -65,5 +65,4 @@ def attempt_store(env: WorkerEnv, timeout: datetime.timedelta) -> dist.Store | N
     """
     if not env.agent_store:
         return None
-    store = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"dlaunch/{env.run_id}/attempt{env.restart_count}", store)
+    return job_store(env, f"dlaunch/{env.run_id}/attempt{env.restart_count}", timeout.total_seconds())

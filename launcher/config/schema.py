@@ -7,26 +7,18 @@ arithmetic. Workers receive ``RunSpec.model_dump()`` and never see Hydra.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from launcher.cluster import address
+from launcher.config.base import PlanError, Port, PositiveInt, Strict
+from launcher.config.trainer import TrainerSpec
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.devices import canonical_name
 from launcher.input import checks
 from launcher.input import files as files_lib
 from launcher.input.auto_shard import AutoShardPolicy, too_few_files
-
-PositiveInt = Annotated[int, Field(gt=0)]
-Port = Annotated[int, Field(ge=0, le=65535)]
-
-
-class Strict(BaseModel):
-    # strict: `true` is not a step count and "1" is not a bool; Hydra already types CLI values.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
 
 # ---------- strategies (one model per registered strategy) ----------
 class OneDeviceSpec(Strict):
@@ -165,46 +157,6 @@ class ClusterSpec(Strict):
         return [address.split_address(a)[0] for a in address.ordered_tasks(self.tasks)]
 
 
-class CheckpointSpec(Strict):
-    """``trainer.checkpoint``: periodic DCP checkpoints (and one on SIGTERM/SIGINT/SIGHUP)."""
-
-    every_steps: Annotated[int, Field(ge=0)] = Field(0, description="save every N steps and at the end; 0: off")
-    keep: PositiveInt = Field(3, description="how many of the newest checkpoints to keep")
-    dir: str | None = Field(None, min_length=1, description="default: RUN_DIR/checkpoints")
-
-    @field_validator("dir", mode="after")
-    @classmethod
-    def _absolute(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else _absolute_path(value, info)
-
-
-class TrainerSpec(Strict):
-    steps: PositiveInt = 100
-    seed: Annotated[int, Field(ge=0)] = 0
-    log_every: PositiveInt = 10
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    resume: str = Field(
-        "auto", min_length=1,
-        description="auto: the newest complete checkpoint of the run, if any; never; or a checkpoint PATH",
-    )
-
-    @field_validator("resume", mode="after")
-    @classmethod
-    def _resume_path(cls, value: str, info: ValidationInfo) -> str:
-        if value in ("auto", "never"):
-            return value
-        path = _absolute_path(value, info)
-        if not os.path.exists(path):
-            raise PlanError("trainer.resume", value, f"no checkpoint at {path}; allowed: auto, never, or the path of a checkpoint")
-        return path
-
-
-def _absolute_path(value: str, info: ValidationInfo) -> str:
-    """Relative paths are taken from the directory dlaunch starts in (workers get the absolute one)."""
-    base = (info.context or {}).get("cwd") or os.getcwd()
-    return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
-
-
 class InputSpec(Strict):
     global_batch_size: PositiveInt = 32
     shuffle: bool = True
@@ -332,14 +284,6 @@ class RunSpec(Strict):
                      _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
-
-
-class PlanError(ValueError):
-    """A cross-field rule failed; ``key`` names the config key to change."""
-
-    def __init__(self, key: str, value: Any, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key, self.value, self.message = key, value, message
 
 
 def _fixed_port(spec: RunSpec, cuda: int) -> None:

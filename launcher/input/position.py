@@ -75,7 +75,9 @@ class DataStream:
     ``dataset`` is iterated once per epoch. If it is ``seekable`` (dlaunch's
     distributed datasets over files or an ``EpochBatchSampler`` are) the seek is
     delegated to its ``set_position``; otherwise the batches before
-    the position are read and dropped.
+    the position are read and dropped: exact only if the iterable gives the same
+    batches each time it is iterated (a ``DataLoader`` with a ``RandomSampler``
+    reshuffles from the global RNG, so it is not).
     """
 
     def __init__(self, dataset: Any):
@@ -99,8 +101,10 @@ class DataStream:
             for _ in self._dataset:
                 pass
         self._epoch_iter = iter(self._dataset)
-        for _ in range(position.offset):
-            next(self._epoch_iter)
+        for taken in range(position.offset):
+            if next(self._epoch_iter, None) is None:
+                raise ValueError(f"the training data has only {taken} batch(es) in an epoch now; the checkpoint was "
+                                 f"saved after batch {position.offset} of epoch {position.epoch}: did the data change?")
 
     def __iter__(self) -> "DataStream":
         return self

@@ -26,6 +26,7 @@ from typing import Iterator
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, failures, rendezvous, report
 from launcher.runtime import outputs
+from launcher.runtime.preemption import STOP_SIGNALS
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.emulate"
@@ -65,11 +66,14 @@ class _Stopped(Exception):
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP to dlaunch reach every node's agent, which passes them to its workers."""
-    def handler(signum: int, frame: object) -> None:
-        raise _Stopped(signum)
+    stopping: list[int] = []
 
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    def handler(signum: int, frame: object) -> None:
+        if not stopping:  # a second signal while the nodes stop changes nothing
+            stopping.append(signum)
+            raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

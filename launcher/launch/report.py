@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from pathlib import Path
 
@@ -53,10 +52,7 @@ def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) ->
 
 
 def logged(run_dir: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in (run_dir / outputs.METRICS).read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []
+    return outputs.read_records(run_dir / outputs.METRICS)
 
 
 def last_logged_step(run_dir: Path) -> int | None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -38,12 +39,7 @@ def seed_everything(seed: int) -> None:
     """Same seed on every rank: identical initial parameters and data order."""
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed)
-    except ImportError:  # numpy is optional for dlaunch itself
-        pass
+    np.random.seed(seed)
 
 
 def param_norm(model: torch.nn.Module) -> float:
@@ -60,7 +56,9 @@ def global_batches(data: Any, spec: RunSpec) -> Any:
     if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
         inp = spec.input
         sampler = EpochBatchSampler(len(data), inp.global_batch_size, inp.shuffle, spec.input_seed, inp.drop_remainder)
-        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers)
+        # Its own generator: each iter() draws the loader workers' base seed, which must not move the global RNG.
+        generator = torch.Generator().manual_seed(spec.input_seed)
+        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator)
     return data
 
 
@@ -136,7 +134,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
     loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console)
-    resumed_at = loop.resume(checkpoint.find(spec, run_dir))
+    resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=env is not None and env.restart_count > 0))
     loop_started = time.perf_counter()
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch:
         losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1, watch)
@@ -165,7 +163,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "restarts": env.restart_count if env else 0,
         "first_loss": curve[0] if curve else None,
         "final_loss": curve[-1] if curve else None,
-        "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / loop_seconds,
+        "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / max(loop_seconds, 1e-9),
         "wall_seconds": time.perf_counter() - started,
         "param_norm": param_norm(model),
         "metrics": metrics,
@@ -193,8 +191,10 @@ class _Loop:
     def resume(self, path: Path | None) -> int:
         """Load ``path`` (None: start at step 0); return the step it was saved after."""
         if path is None:
+            checkpoint.agree(None, 0)
             return 0
         step, position = self.ckpt.load(path, self.model, self.optimizer)
+        checkpoint.agree(path, step)
         self.stream.seek(position)
         log.info("resumed from %s: step %d, epoch %d, batch %d of that epoch", path, step, position.epoch, position.offset)
         return step
@@ -203,7 +203,7 @@ class _Loop:
         watch.last_completed = start
         if self.ckpt.enabled:
             with watch.operation("checkpoint clean-up barrier"):
-                self.ckpt.start()
+                self.ckpt.start(start)
         steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
@@ -224,8 +224,10 @@ class _Loop:
                             self._save(step)
                     with watch.operation(f"stop-signal agreement after step {step}"):
                         signum = stop.agreed()
-                    if signum:
-                        raise Preempted(signum, step, self._save(step) if self.ckpt.enabled else None)
+                    if signum and step < steps:  # a signal during the last step: the run is complete
+                        with watch.operation(f"checkpoint save on a stop signal after step {step}"):
+                            saved = self._save(step) if self.ckpt.enabled else None
+                        raise Preempted(signum, step, saved)
         finally:
             progress.close()
             if metrics_log:

@@ -51,9 +51,10 @@ class MetricsLog:
 
     def __init__(self, path: Path, resumed_at: int = 0):
         self.kept = [r for r in read_records(path) if r.get("step", 0) <= resumed_at] if resumed_at else []
-        self._file = path.open("w", buffering=1)
-        for record in self.kept:
-            self.write(record)
+        tmp = path.with_suffix(path.suffix + ".tmp")  # the kept curve is replaced in one rename, never truncated
+        tmp.write_text("".join(json.dumps(_finite(r)) + "\n" for r in self.kept))
+        os.replace(tmp, path)
+        self._file = path.open("a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(_finite(record)) + "\n")

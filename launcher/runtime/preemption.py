@@ -72,7 +72,7 @@ class StopRequests:
         if self.signum and self._force:
             raise KeyboardInterrupt
         if not self.signum:
-            log.warning("%s received: stopping after the current step", signal.Signals(signum).name)
+            log.warning("%s received: the ranks stop together within a step, then save", signal.Signals(signum).name)
         self.signum = self.signum or signum
 
     def agreed(self) -> int:

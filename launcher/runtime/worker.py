@@ -84,8 +84,9 @@ def run(job_path: Path) -> int:
         outputs.completion_marker(run_dir, rank).touch()
         teardown()
         return 0
-    except Preempted as exc:
+    except Preempted as exc:  # the launcher was signalled too, or only the workers were (then this is the cause)
         log.warning("%s", exc)
+        write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step})
         teardown()
         return exc.exit_code
     except KeyboardInterrupt as exc:

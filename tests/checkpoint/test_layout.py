@@ -55,3 +55,33 @@ def test_manifest_must_be_dlaunch_json(tmp_path):
     (path / "manifest.json").write_text("[1, 2]")
     with pytest.raises(CheckpointError, match="not a dlaunch checkpoint manifest"):
         layout.read_manifest(path)
+
+
+def test_saving_a_step_again_replaces_it_in_one_rename(tmp_path):
+    first = fake_save(tmp_path, 5)
+    (first / "old-copy").write_text("x")
+    again = fake_save(tmp_path, 5)
+    assert again == first and not (again / "old-copy").exists()
+    assert not list(tmp_path.glob(".*.replaced"))
+
+
+def test_latest_names_only_a_checkpoint_beside_it(tmp_path):
+    fake_save(tmp_path / "elsewhere", 9)
+    fake_save(tmp_path / "root", 5)
+    (tmp_path / "root" / "latest").write_text("../elsewhere/step-00000009\n")
+    assert layout.latest(tmp_path / "root") == layout.step_dir(tmp_path / "root", 5)
+
+
+def test_later_checkpoints_of_a_replaced_timeline_are_set_aside(tmp_path):
+    for step in (5, 10, 15):
+        fake_save(tmp_path, step)
+    moved = layout.set_aside_after(tmp_path, 5)
+    assert [p.name.split(".")[1] for p in moved] == ["superseded-step-00000010", "superseded-step-00000015"]
+    assert [p.name for p in layout.complete_steps(tmp_path)] == ["step-00000005"]
+
+
+def test_a_manifest_without_the_keys_resuming_reads_is_refused(tmp_path):
+    path = fake_save(tmp_path, 5)
+    (path / "manifest.json").write_text('{"step": 5, "recipe": "linear"}')
+    with pytest.raises(CheckpointError, match="missing or mistyped: format, data_position"):
+        layout.read_manifest(path)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from tests.conftest import summary
+from tests.conftest import PROBE, summary
 
 pytestmark = pytest.mark.slow
 COMMON = ("recipe=linear", "recipe.examples=640", "trainer.log_every=1", "trainer.checkpoint.every_steps=5")
@@ -21,6 +21,8 @@ STRATEGIES = {
     "one_device": ("strategy=one_device",),
     "mirrored": ("strategy=mirrored", "cluster=1x2"),
     "multi_worker_mirrored": ("strategy=multi_worker_mirrored", "cluster=1x2"),
+    # each step draws noise from the global torch RNG (as dropout does): its state must travel in the checkpoint
+    "mirrored-random-steps": ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.input_noise=0.3"),
 }
 
 

@@ -24,9 +24,13 @@ class Payload:
 
 
 def save_plain(path) -> None:
+    import warnings
+
     import torch.distributed.checkpoint as dcp
 
-    dcp.save({"model": {"weight": torch.ones(2, 3)}, "note": [1, 2.5]}, checkpoint_id=str(path), no_dist=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
+        dcp.save({"model": {"weight": torch.ones(2, 3)}, "note": [1, 2.5]}, checkpoint_id=str(path), no_dist=True)
 
 
 def test_planted_metadata_pickle_is_refused_and_never_runs(tmp_path):
@@ -36,6 +40,34 @@ def test_planted_metadata_pickle_is_refused_and_never_runs(tmp_path):
     with pytest.raises(UnsafeCheckpoint, match="posix.system|os.system"):
         SafeReader(str(tmp_path / "ckpt")).read_metadata()
     assert not marker.exists()
+
+
+def test_a_dotted_name_through_an_allowed_module_is_refused(tmp_path):
+    save_plain(tmp_path / "ckpt")
+    marker = tmp_path / "pwned"
+    # built by hand, as an attacker would: STACK_GLOBAL "torch.distributed.checkpoint.metadata" "torch.os.system"
+    body = (b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00"
+            + b"\x8c" + bytes([len("torch.distributed.checkpoint.metadata")]) + b"torch.distributed.checkpoint.metadata\x94"
+            + b"\x8c\x0ftorch.os.system\x94\x93\x94"
+            + b"\x8c" + bytes([len(f"touch {marker}")]) + f"touch {marker}".encode() + b"\x94\x85\x94R\x94.")
+    (tmp_path / "ckpt" / ".metadata").write_bytes(body)
+    with pytest.raises(UnsafeCheckpoint, match="torch.os.system"):
+        SafeReader(str(tmp_path / "ckpt")).read_metadata()
+    assert not marker.exists()
+    with open(tmp_path / "ckpt" / ".metadata", "rb") as fh:  # the same bytes do run under plain pickle
+        pickle.load(fh)
+    assert marker.exists()
+
+
+def test_metadata_may_not_point_outside_the_checkpoint(tmp_path):
+    save_plain(tmp_path / "ckpt")
+    meta_path = tmp_path / "ckpt" / ".metadata"
+    metadata = pickle.loads(meta_path.read_bytes())
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../etc/passwd"
+    meta_path.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UnsafeCheckpoint, match="outside its checkpoint directory"):
+        read_tensors(tmp_path / "ckpt")
 
 
 def test_planted_data_pickle_is_refused_and_never_runs(tmp_path):

@@ -1,0 +1,23 @@
+"""What every part of the run spec shares: strict models, common field types, the cross-field error."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class Strict(BaseModel):
+    # strict: `true` is not a step count and "1" is not a bool; Hydra already types CLI values.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class PlanError(ValueError):
+    """A cross-field rule failed; ``key`` names the config key to change."""
+
+    def __init__(self, key: str, value: Any, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.value, self.message = key, value, message

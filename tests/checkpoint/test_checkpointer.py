@@ -1,0 +1,70 @@
+"""The worker's side in one process: what is saved, what a restart resumes from, what is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher import checkpoint
+from launcher.checkpoint import Checkpointer, CheckpointError, layout
+from launcher.cli.main import main
+from launcher.config.compose import compose_and_validate
+from launcher.input.position import Position
+
+
+def spec_for(*overrides):
+    return compose_and_validate(["trainer.checkpoint.every_steps=5", "trainer.steps=20", *overrides], cuda_devices=0)
+
+
+def model_and_optimizer(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 1)
+    return model, torch.optim.Adam(model.parameters())
+
+
+def test_save_then_load_restores_model_optimizer_rng_and_position(tmp_path):
+    model, opt = model_and_optimizer()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    ckpt = Checkpointer(spec_for(), tmp_path, rank=0)
+    path = ckpt.save(7, Position(1, 2), model, opt)
+    expected = torch.rand(4)  # the RNG continues from the saved state after a load
+    other, other_opt = model_and_optimizer(seed=1)
+    step, position = Checkpointer(spec_for(), tmp_path, rank=0).load(path, other, other_opt)
+    assert (step, position) == (7, Position(1, 2))
+    assert torch.equal(other.weight, model.weight)
+    assert torch.equal(other_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_the_same_step_is_saved_once(tmp_path):
+    model, opt = model_and_optimizer()
+    ckpt = Checkpointer(spec_for(), tmp_path, rank=0)
+    first = ckpt.save(5, Position(0, 5), model, opt)
+    stamp = (first / "manifest.json").stat().st_mtime_ns
+    assert ckpt.save(5, Position(0, 5), model, opt) == first  # a stop signal right after a scheduled save
+    assert (first / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_a_restart_resumes_from_the_runs_newest_checkpoint_whatever_it_started_from(tmp_path):
+    model, opt = model_and_optimizer()
+    Checkpointer(spec_for(), tmp_path, rank=0).save(10, Position(0, 10), model, opt)
+    never = spec_for("trainer.resume=never")
+    assert checkpoint.find(never, tmp_path) is None
+    assert checkpoint.find(never, tmp_path, restarted=True) == layout.step_dir(tmp_path / "checkpoints", 10)
+
+
+def test_a_checkpoint_past_trainer_steps_is_refused(tmp_path):
+    model, opt = model_and_optimizer()
+    Checkpointer(spec_for(), tmp_path, rank=0).save(10, Position(0, 10), model, opt)
+    with pytest.raises(CheckpointError, match="past trainer.steps=8"):
+        checkpoint.find(spec_for("trainer.steps=8"), tmp_path)
+
+
+def test_a_checkpoint_dir_that_cannot_be_made_is_a_config_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main(["trainer.checkpoint.every_steps=5", f"trainer.checkpoint.dir={blocker}", "launch.dry_run=true",
+                 f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "trainer.checkpoint.dir" in err and "Traceback" not in err
