@@ -92,8 +92,11 @@ class CentralStorageSpec(Strict):
         return len(self.compute_devices) if self.compute_devices else 1
 
     def describe(self) -> str:
-        compute = ", ".join(self.compute_devices) if self.compute_devices else "the cluster's device"
-        return f"central_storage (parameters on {self.parameter_device or 'the default device'}, compute on {compute})"
+        if not self.compute_devices:
+            return f"central_storage (parameters on {self.parameter_device or 'the compute device'}, compute on the cluster's device)"
+        # As CentralStorageStrategy: the only compute device, else the CPU.
+        home = self.parameter_device or (self.compute_devices[0] if len(self.compute_devices) == 1 else "cpu:0")
+        return f"central_storage (parameters once on {home}, compute on {', '.join(self.compute_devices)})"
 
     @field_validator("compute_devices")
     @classmethod

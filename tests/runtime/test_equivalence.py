@@ -1,4 +1,4 @@
-"""The same recipe, seed and global batch give the same model under one_device and mirrored."""
+"""The same recipe, seed and global batch give the same model under one_device, mirrored and central_storage."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def test_one_device_and_mirrored_1x2_agree(run_dlaunch):
     assert_same_model(one, two)
     assert (s1["num_replicas_in_sync"], s2["num_replicas_in_sync"], s2["world_size"]) == (1, 2, 2)
     assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-4)
+    assert s2["param_norm"] == pytest.approx(s1["param_norm"], rel=1e-5)
+
+
+def test_one_device_and_central_storage_on_two_replicas_agree(run_dlaunch):
+    one, s1 = final_params(run_dlaunch, "one", "strategy=one_device")
+    central, s2 = final_params(run_dlaunch, "central", "strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]")
+    assert_same_model(one, central)
+    assert (s2["num_replicas_in_sync"], s2["world_size"], s2["per_replica_batch_size"]) == (2, 1, 32)
     assert s2["param_norm"] == pytest.approx(s1["param_norm"], rel=1e-5)
 
 
