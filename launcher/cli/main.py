@@ -181,7 +181,7 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
 
 
 def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
-    if spec.num_replicas == 1 and spec.launch.max_restarts == 0:
+    if spec.num_processes == 1 and spec.launch.max_restarts == 0:
         return _run_in_process(spec, run_dir, cuda, console)
     from launcher.launch.elastic import launch
 
@@ -189,7 +189,7 @@ def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
 
 
 def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
-    """One replica needs no worker processes: train here (pdb and profilers just work).
+    """One process (one replica, or central storage's replica threads) needs no workers: train here (pdb and profilers just work).
 
     With ``launch.max_restarts`` it runs as one elastic worker instead, so that it can be restarted.
     """

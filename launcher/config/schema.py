@@ -76,7 +76,51 @@ class MultiWorkerMirroredSpec(MirroredSpec):
     name: Literal["multi_worker_mirrored"]  # type: ignore[assignment]
 
 
-StrategySpec = Annotated[Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec], Field(discriminator="name")]
+class CentralStorageSpec(Strict):
+    """``strategy=central_storage``: parameters stored once, compute replicated over devices of one process."""
+
+    name: Literal["central_storage"]
+    compute_devices: list[str] | None = Field(
+        None, min_length=1, description="replica devices, e.g. [cpu:0,cpu:1] or [cuda:0,cuda:1]; null: one of the cluster's type",
+    )
+    parameter_device: str | None = Field(
+        None, description="where parameters and optimizer state live; null: the only compute device, else cpu:0",
+    )
+    in_one_process: ClassVar[bool] = True
+
+    def replicas(self, cluster: "ClusterSpec") -> int:
+        return len(self.compute_devices) if self.compute_devices else 1
+
+    def describe(self) -> str:
+        if not self.compute_devices:
+            return f"central_storage (parameters on {self.parameter_device or 'the compute device'}, compute on the cluster's device)"
+        # As CentralStorageStrategy: the only compute device, else the CPU.
+        home = self.parameter_device or (self.compute_devices[0] if len(self.compute_devices) == 1 else "cpu:0")
+        return f"central_storage (parameters once on {home}, compute on {', '.join(self.compute_devices)})"
+
+    @field_validator("compute_devices")
+    @classmethod
+    def _known_devices(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        names = [canonical_name(v) for v in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"compute_devices must be distinct, got {names}")
+        return names
+
+    @field_validator("parameter_device")
+    @classmethod
+    def _known_device(cls, value: str | None) -> str | None:
+        return None if value is None else canonical_name(value)
+
+    def devices(self) -> list[str]:
+        """Every device it names (to check they exist)."""
+        return [*(self.compute_devices or []), *([self.parameter_device] if self.parameter_device else [])]
+
+
+StrategySpec = Annotated[
+    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec], Field(discriminator="name")
+]
 
 
 # ---------- the rest of the run ----------
@@ -280,7 +324,7 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        for rule in (_one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
+        for rule in (_one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
                      _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
@@ -293,6 +337,17 @@ def _fixed_port(spec: RunSpec, cuda: int) -> None:
             "cluster.master_port", 0,
             f"cluster {c.shape} with cluster.node_rank={c.node_rank}: every node must meet at the same "
             f"address, so give a port (e.g. cluster.master_port=29500)",
+        )
+
+
+def _one_process_shape(spec: RunSpec, cuda: int) -> None:
+    c = spec.cluster
+    if getattr(spec.strategy, "in_one_process", False) and c.world_size > 1:
+        raise PlanError(
+            "cluster", c.shape,
+            f"strategy {spec.strategy.name} runs its {spec.num_replicas} replica(s) as threads of 1 process on 1 machine, "
+            f"but cluster {c.shape} = {c.nodes} node(s) x {c.devices_per_node} device(s) = {c.world_size} processes; "
+            f"use cluster=1x1 and list the devices in strategy.compute_devices",
         )
 
 
@@ -355,12 +410,11 @@ def _files_cover_workers(spec: RunSpec, cuda: int) -> None:
 
 
 def _strategy_device_exists(spec: RunSpec, cuda: int) -> None:
-    device = getattr(spec.strategy, "device", None)
-    if device is None or not device.startswith("cuda"):
-        return
-    index = int(device.split(":")[1])
-    if index >= cuda:
-        raise PlanError("strategy.device", device, f"{device} was asked for, but this machine has {cuda} CUDA device(s)")
+    named = spec.strategy.devices() if hasattr(spec.strategy, "devices") else [getattr(spec.strategy, "device", None)]
+    for device in named:
+        if device is not None and device.startswith("cuda") and int(device.split(":")[1]) >= cuda:
+            key = "strategy.device" if hasattr(spec.strategy, "device") else "strategy"
+            raise PlanError(key, device, f"{device} was asked for, but this machine has {cuda} CUDA device(s)")
 
 
 def _devices_exist(spec: RunSpec, cuda: int) -> None:

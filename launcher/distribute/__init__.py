@@ -37,6 +37,7 @@ from launcher.input.auto_shard import AutoShardPolicy
 # Strategies live in launcher/strategies/ (one per file) and import this package's
 # modules, so they are looked up on first use rather than imported here.
 _STRATEGIES = {
+    "CentralStorageStrategy": "launcher.strategies.central_storage",
     "MirroredStrategy": "launcher.strategies.mirrored",
     "MultiWorkerMirroredStrategy": "launcher.strategies.multi_worker_mirrored",
     "CommunicationOptions": "launcher.strategies.multi_worker_mirrored",
@@ -54,6 +55,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AutoShardPolicy",
+    "CentralStorageStrategy",
     "CrossDeviceOps",
     "HierarchicalCopyAllReduce",
     "InputContext",

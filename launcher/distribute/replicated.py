@@ -27,7 +27,33 @@ def _local_id(strategy: Any) -> int | None:
     return ctx._local_id
 
 
-class MirroredModule(torch.nn.Module):
+class ReplicaParameters(torch.nn.Module):
+    """A module with one replica module per local replica (``replicas``) besides its own ``module``.
+
+    Inside ``strategy.run`` ``parameters()`` are the calling replica's, so
+    ``clip_grad_norm_(model.parameters())`` acts on that replica's gradients.
+    """
+
+    module: torch.nn.Module
+    replicas: list[torch.nn.Module]
+    _strategy: Any
+
+    def parameters(self, recurse: bool = True) -> Any:
+        """Inside ``strategy.run``: this replica's module (so clip_grad_norm_ etc. act on it)."""
+        return self._current().parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        local = _local_id(self._strategy)
+        if local is None:
+            return super().named_parameters(*args, **kwargs)
+        return self.replicas[local].named_parameters(*args, **kwargs)
+
+    def _current(self) -> torch.nn.Module:
+        local = _local_id(self._strategy)
+        return self.module if local is None else self.replicas[local]
+
+
+class MirroredModule(ReplicaParameters):
     """Holds the primary module (replica 0) and a copy per other local device."""
 
     def __init__(
@@ -80,20 +106,6 @@ class MirroredModule(torch.nn.Module):
         self._in_run[local] = True
         return self.replicas[local](*args, **kwargs)
 
-    def parameters(self, recurse: bool = True) -> Any:
-        """Inside ``strategy.run``: this replica's copy (so clip_grad_norm_ etc. act on it)."""
-        return self._current().parameters(recurse)
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
-        local = _local_id(self._strategy)
-        if local is None:
-            return super().named_parameters(*args, **kwargs)
-        return self.replicas[local].named_parameters(*args, **kwargs)
-
-    def _current(self) -> torch.nn.Module:
-        local = _local_id(self._strategy)
-        return self.module if local is None else self.replicas[local]
-
     def resync(self) -> None:
         """Make every copy equal to replica 0 again (after a step failed on some replicas)."""
         self._pending[:] = [False] * len(self.replicas)
@@ -112,24 +124,17 @@ class MirroredModule(torch.nn.Module):
         return self
 
 
-class MirroredOptimizer(torch.optim.Optimizer):
-    """One optimizer per replica copy; ``step()`` inside ``strategy.run`` steps this replica's copy.
+class DelegatingOptimizer(torch.optim.Optimizer):
+    """Wraps a real optimizer (``primary``): its param groups, state and state dict are this one's."""
 
-    ``param_groups`` and ``state_dict`` are the primary optimizer's, so LR
-    schedulers and checkpoints work on it as usual; hyper-parameters are copied
-    to the other replicas at every step.
-    """
-
-    def __init__(self, primary: torch.optim.Optimizer, module: MirroredModule):
+    def __init__(self, primary: torch.optim.Optimizer):
         # torch.optim.Optimizer.__init__ is not called: this object delegates to real optimizers.
         self._primary = primary
-        self._module = module
         self.defaults = primary.defaults
-        self.optimizers = [primary] + [_clone_for(primary, module.module, r) for r in module.replicas[1:]]
 
     @property
     def primary(self) -> torch.optim.Optimizer:
-        """Replica 0's optimizer: the one checkpoints save and load."""
+        """The optimizer that checkpoints save and load."""
         return self._primary
 
     @property
@@ -139,6 +144,23 @@ class MirroredOptimizer(torch.optim.Optimizer):
     @property
     def state(self) -> Any:  # type: ignore[override]
         return self._primary.state
+
+    def state_dict(self) -> dict:  # type: ignore[override]
+        return self._primary.state_dict()
+
+
+class MirroredOptimizer(DelegatingOptimizer):
+    """One optimizer per replica copy; ``step()`` inside ``strategy.run`` steps this replica's copy.
+
+    ``param_groups`` and ``state_dict`` are the primary optimizer's (replica 0's), so LR
+    schedulers and checkpoints work on it as usual; hyper-parameters are copied
+    to the other replicas at every step.
+    """
+
+    def __init__(self, primary: torch.optim.Optimizer, module: MirroredModule):
+        super().__init__(primary)
+        self._module = module
+        self.optimizers = [primary] + [_clone_for(primary, module.module, r) for r in module.replicas[1:]]
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         local = self._require_replica("step")
@@ -157,9 +179,6 @@ class MirroredOptimizer(torch.optim.Optimizer):
         state = self._primary.state_dict()
         for opt in self.optimizers[1:]:
             opt.load_state_dict(state)
-
-    def state_dict(self) -> dict:  # type: ignore[override]
-        return self._primary.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
         for opt in self.optimizers:

@@ -14,7 +14,7 @@ from launcher.cluster.env import WorkerEnv
 if TYPE_CHECKING:
     from launcher.distribute.strategy import Strategy
 
-_BUILTIN = ("one_device", "mirrored", "multi_worker_mirrored")
+_BUILTIN = ("one_device", "mirrored", "multi_worker_mirrored", "central_storage")
 _REGISTRY: dict[str, Callable[[Any, "Runtime"], "Strategy"]] = {}
 
 

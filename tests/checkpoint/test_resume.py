@@ -21,6 +21,7 @@ STRATEGIES = {
     "one_device": ("strategy=one_device",),
     "mirrored": ("strategy=mirrored", "cluster=1x2"),
     "multi_worker_mirrored": ("strategy=multi_worker_mirrored", "cluster=1x2"),
+    "central_storage": ("strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]"),
     # each step draws noise from the global torch RNG (as dropout does): its state must travel in the checkpoint
     "mirrored-random-steps": ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.input_noise=0.3"),
 }

@@ -14,7 +14,7 @@ from tests.conftest import dlaunch
 # (overrides, key the message must name, text that must appear)
 CASES = [
     (["strategy=mirored"], "strategy", "did you mean mirrored"),
-    (["strategy=central"], "strategy", "allowed: mirrored, multi_worker_mirrored, one_device"),
+    (["strategy=centre"], "strategy", "allowed: central_storage, mirrored, multi_worker_mirrored, one_device"),
     (["recipe=lnear"], "recipe", "did you mean linear"),
     (["cluster=2x"], "cluster", "NxM"),
     (["cluster=0x2"], "cluster", "both >= 1"),

@@ -56,6 +56,19 @@ def test_one_device_in_process_saves_on_sigterm_and_resumes(tmp_path):
     assert logged_steps(run_dir) == list(range(1, step + 4))
 
 
+def test_central_storage_in_process_saves_on_sigterm_and_resumes(tmp_path):
+    """Two replica threads in the one dlaunch process: the signal stops both at the same step."""
+    run_dir = tmp_path / "run"
+    args = ("strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]")
+    code, gone, out = stop_with(run_dir, signal.SIGTERM, *args, in_process=True)
+    assert code == 143, out[-3000:]
+    assert "processes      1 (this process)" in out
+    step = layout.read_manifest(layout.latest(run_dir / "checkpoints"))["step"]
+    out = finish(start(run_dir, *args, f"trainer.steps={step + 3}"))
+    assert f"from step {step}" in out
+    assert logged_steps(run_dir) == list(range(1, step + 4))
+
+
 def test_emulated_nodes_stop_on_sigterm_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     code, gone, out = stop_with(run_dir, signal.SIGTERM, "strategy=mirrored", "cluster=2x1")

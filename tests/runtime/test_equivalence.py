@@ -1,4 +1,4 @@
-"""The same recipe, seed and global batch give the same model under one_device and mirrored."""
+"""The same recipe, seed and global batch give the same model under one_device, mirrored and central_storage."""
 
 from __future__ import annotations
 
@@ -24,11 +24,19 @@ def assert_same_model(a, b):
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
 
-def test_one_device_and_mirrored_1x2_agree(run_dlaunch):
+TWO_REPLICAS = {  # args, worker processes
+    "mirrored_1x2": (("strategy=mirrored", "cluster=1x2"), 2),
+    "central_storage_2_threads": (("strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]"), 1),
+}
+
+
+@pytest.mark.parametrize("two", list(TWO_REPLICAS))
+def test_one_device_and_two_replicas_agree(run_dlaunch, two):
+    args, processes = TWO_REPLICAS[two]
     one, s1 = final_params(run_dlaunch, "one", "strategy=one_device")
-    two, s2 = final_params(run_dlaunch, "two", "strategy=mirrored", "cluster=1x2")
-    assert_same_model(one, two)
-    assert (s1["num_replicas_in_sync"], s2["num_replicas_in_sync"], s2["world_size"]) == (1, 2, 2)
+    other, s2 = final_params(run_dlaunch, "two", *args)
+    assert_same_model(one, other)
+    assert (s1["num_replicas_in_sync"], s2["num_replicas_in_sync"], s2["world_size"]) == (1, 2, processes)
     assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-4)
     assert s2["param_norm"] == pytest.approx(s1["param_norm"], rel=1e-5)
 

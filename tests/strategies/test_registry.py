@@ -11,9 +11,9 @@ from launcher.config.compose import compose_and_validate
 
 def test_unknown_strategy_lists_the_available_ones():
     class Spec:
-        name = "central"
+        name = "centre"
 
-    with pytest.raises(KeyError, match="available: mirrored, multi_worker_mirrored, one_device"):
+    with pytest.raises(KeyError, match="available: central_storage, mirrored, multi_worker_mirrored, one_device"):
         strategies.build(Spec(), strategies.Runtime(None, "cpu", "gloo"))
 
 
