@@ -152,7 +152,7 @@ def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
 
         return emulate.run(spec, run_dir, job)
     run_id = f"dlaunch-{c.master_port}" if c.nodes > 1 else None  # every node must name the same run
-    return run_node(spec, run_dir, job, c.node_rank or 0, run_id)
+    return run_node(spec, run_dir, job, cuda_devices, c.node_rank or 0, run_id)
 
 
 def network_binding(spec: RunSpec) -> str | None:
@@ -168,7 +168,7 @@ def network_binding(spec: RunSpec) -> str | None:
 
 
 def run_node(
-    spec: RunSpec, run_dir: Path, job: Path, node_rank: int, run_id: str | None,
+    spec: RunSpec, run_dir: Path, job: Path, cuda_devices: int, node_rank: int, run_id: str | None,
     listen_fd: int | None = None, on_failure: Callable[..., int] = report.report_failures,
 ) -> int:
     """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``."""
@@ -176,7 +176,7 @@ def run_node(
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic", config.nproc_per_node, where)
     try:
-        trace = nccl_trace_prefix(spec, run_dir, json.loads(job.read_text())["cuda_devices"])
+        trace = nccl_trace_prefix(spec, run_dir, cuda_devices)
         start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace)
         return 0
     except ChildFailedError as exc:
