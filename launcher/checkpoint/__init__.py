@@ -117,6 +117,18 @@ class Checkpointer:
         started = time.perf_counter()
         partial = layout.partial_dir(self.root, step)
         partial.mkdir(parents=True, exist_ok=True)
+        if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
+            model.save_to_ps(partial, (step, position.epoch, position.offset))
+        else:
+            self._save_here(partial, step, position, model, optimizer)
+        final = layout.step_dir(self.root, step)
+        if self.rank == 0:  # DCP returned: every rank's files are written
+            layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+            log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
+        self._saved = (step, final)
+        return final
+
+    def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any) -> None:
         tensors = {
             **state.model_and_optimizer(model, optimizer),
             "progress": state.progress(step, position.epoch, position.offset),
@@ -125,17 +137,15 @@ class Checkpointer:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
-        final = layout.step_dir(self.root, step)
-        if self.rank == 0:  # DCP returned: every rank's files are written
-            layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
-            log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
-        self._saved = (step, final)
-        return final
 
     def load(self, path: Path, model: Any, optimizer: Any) -> tuple[int, Position]:
         """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position)."""
         saved = layout.read_manifest(path)
         manifest.check_compatible(saved, self.spec, str(path))
+        if hasattr(model, "load_from_ps"):  # parameter servers: each ps reads the rows it holds
+            step, epoch, offset = model.load_from_ps(path)
+            self._saved = (step, path)
+            return step, Position(epoch, offset)
         tensors: dict[str, Any] = {**state.model_and_optimizer(model, optimizer), "progress": state.progress(0, 0, 0)}
         rng = state.rng_template(_saved_keys(path, f"rng.rank{self.rank}."))
         if rng:

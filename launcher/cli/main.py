@@ -181,6 +181,10 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
 
 
 def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
+    if getattr(spec.strategy, "launches_tasks", False):  # chief, workers and ps tasks, each its own agent
+        from launcher.launch.tasks import launch as launch_tasks
+
+        return launch_tasks(spec, run_dir, cuda)
     if spec.num_processes == 1 and spec.launch.max_restarts == 0:
         return _run_in_process(spec, run_dir, cuda, console)
     from launcher.launch.elastic import launch

@@ -97,9 +97,9 @@ def _task_lists(tasks: Any) -> dict[str, list[str]] | None:
     """``tasks`` when it has the shape of a task list (None: pydantic names what is wrong)."""
     if not isinstance(tasks, dict):
         return None
-    unknown = [role for role in tasks if role not in ("chief", "worker")]
+    unknown = [role for role in tasks if role not in ("chief", "worker", "ps")]
     if unknown:
-        raise TaskListError("cluster.tasks", tasks, f"unknown role {unknown[0]!r}; a task list has chief and worker")
+        raise TaskListError("cluster.tasks", tasks, f"unknown role {unknown[0]!r}; a task list has chief, worker and ps")
     lists = {role: v or [] for role, v in tasks.items()}
     if not all(isinstance(v, list) and all(isinstance(a, str) for a in v) for v in lists.values()):
         return None
@@ -111,6 +111,8 @@ def tasks_layout(tasks: Any, task: Any, nodes: Any) -> dict[str, Any]:
     lists = _task_lists(tasks)
     if lists is None:
         return {}
+    if lists.get("ps"):
+        return _ps_layout(lists, tasks)
     if len(lists.get("chief", [])) > 1:
         raise TaskListError("cluster.tasks", tasks, f"cluster.tasks may list one chief; got {len(lists['chief'])}")
     ordered = ordered_tasks(lists)
@@ -129,6 +131,21 @@ def tasks_layout(tasks: Any, task: Any, nodes: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {"nodes": len(ordered), "master_addr": host, "master_port": port}
     layout.update(_task_rank(lists, task))
     return layout
+
+
+def _ps_layout(lists: dict[str, list[str]], tasks: Any) -> dict[str, Any]:
+    """A parameter-server cluster: one chief (its address hosts the RPC rendezvous), workers and ps tasks."""
+    if len(lists.get("chief", [])) != 1:
+        raise TaskListError("cluster.tasks", tasks, "a cluster with ps tasks needs exactly one chief (it hosts the RPC rendezvous)")
+    try:
+        hosts = [split_address(a)[0] for role in ("chief", "worker", "ps") for a in lists.get(role, [])]
+    except ValueError as exc:
+        raise TaskListError("cluster.tasks", tasks, f"{exc}; every task is host:port") from None
+    if is_loopback(hosts[0]) and any(not is_loopback(h) for h in hosts[1:]):
+        raise TaskListError("cluster.tasks", tasks, "the chief hosts the RPC rendezvous on loopback, which the other hosts "
+                                                    "cannot reach; give the chief's network address")
+    host, port = split_address(lists["chief"][0])
+    return {"workers": len(lists.get("worker", [])), "ps": len(lists["ps"]), "master_addr": host, "master_port": port}
 
 
 def _task_rank(lists: dict[str, list[str]], task: Any) -> dict[str, Any]:

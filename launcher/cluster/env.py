@@ -48,6 +48,38 @@ class WorkerEnv:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class PSTask:
+    """This process's task in a parameter-server job, as dlaunch's task launcher says (``DLAUNCH_TASK``)."""
+
+    type: str  # chief | worker | ps
+    index: int
+    rank: int  # chief 0, workers 1..N, ps N+1..: the task's place in the job
+    attempt: int = 0  # how many times the job's tasks were restarted before this one
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}:{self.index}"
+
+
+TASK_VARIABLES = ("DLAUNCH_TASK", "DLAUNCH_TASK_RANK", "DLAUNCH_ATTEMPT")
+
+
+def ps_task(environ: Mapping[str, str] | None = None) -> PSTask | None:
+    """This process's parameter-server task, or None outside a parameter-server job."""
+    env = os.environ if environ is None else environ
+    if "DLAUNCH_TASK" not in env:
+        return None
+    kind, _, index = env["DLAUNCH_TASK"].partition(":")
+    return PSTask(kind, int(index), int(env.get("DLAUNCH_TASK_RANK", 0)), int(env.get("DLAUNCH_ATTEMPT", 0)))
+
+
+def task_environment(task: PSTask) -> dict[str, str]:
+    """What the task launcher sets for a task's process; TensorPipe's per-connection warnings stay quiet."""
+    return {"DLAUNCH_TASK": task.name, "DLAUNCH_TASK_RANK": str(task.rank), "DLAUNCH_ATTEMPT": str(task.attempt),
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+
+
 def tf_config(environ: Mapping[str, str] | None = None) -> dict:
     """The ``TF_CONFIG`` JSON (cluster, task, rpc_layer, environment), or ``{}`` when unset."""
     import json

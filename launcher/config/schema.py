@@ -118,8 +118,65 @@ class CentralStorageSpec(Strict):
         return [*(self.compute_devices or []), *([self.parameter_device] if self.parameter_device else [])]
 
 
+class PartitionerSpec(Strict):
+    """``strategy.partitioner``: how a large variable is split along dim 0 across ps tasks (TF's partitioners)."""
+
+    kind: Literal["none", "fixed", "min_size", "max_size"] = Field(
+        "min_size", description="none: every variable whole | fixed: num_shards | min_size / max_size: by bytes per shard",
+    )
+    num_shards: PositiveInt | None = Field(None, description="fixed: shards per variable (at most its rows)")
+    min_shard_bytes: PositiveInt = Field(256 << 10, description="min_size: a shard holds at least this many bytes")
+    max_shard_bytes: PositiveInt | None = Field(None, description="max_size: a shard holds at most this many bytes")
+    max_shards: PositiveInt | None = Field(None, description="min_size: null is the number of ps tasks; max_size: null is no cap")
+
+    @model_validator(mode="after")
+    def _settings_given(self) -> "PartitionerSpec":
+        if self.kind == "fixed" and self.num_shards is None:
+            raise PlanError("strategy.partitioner.num_shards", None, "partitioner kind fixed needs num_shards (e.g. 4)")
+        if self.kind == "max_size" and self.max_shard_bytes is None:
+            raise PlanError("strategy.partitioner.max_shard_bytes", None, "partitioner kind max_size needs max_shard_bytes (e.g. 1048576)")
+        return self
+
+    def build(self, num_ps: int) -> Any:
+        from launcher.distribute import partitioners
+
+        return partitioners.from_config(
+            self.kind, num_ps, num_shards=self.num_shards, min_shard_bytes=self.min_shard_bytes,
+            max_shard_bytes=self.max_shard_bytes, max_shards=self.max_shards,
+        )
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "variables whole"
+        if self.kind == "fixed":
+            return f"{self.num_shards} shards per variable"
+        if self.kind == "min_size":
+            return f"shards of >= {self.min_shard_bytes} bytes, at most {self.max_shards or 'one per ps'}"
+        return f"shards of <= {self.max_shard_bytes} bytes" + (f", at most {self.max_shards}" if self.max_shards else "")
+
+
+class ParameterServerSpec(Strict):
+    """``strategy=parameter_server``: variables on ps tasks, a chief and workers that pull, compute and push (RPC)."""
+
+    name: Literal["parameter_server"]
+    mode: Literal["async", "sync"] = Field(
+        "async", description="async: the ps applies each push as it arrives | sync: one gradient per training task per step",
+    )
+    partitioner: PartitionerSpec = PartitionerSpec()
+    rpc_timeout_s: PositiveInt = Field(60, description="an RPC to a ps that does not answer in this time fails")
+    launches_tasks: ClassVar[bool] = True  # one agent per task (launch/tasks.py), not one worker group
+
+    def replicas(self, cluster: "ClusterSpec") -> int:
+        """The training tasks (chief and workers): each reads its share of every global batch."""
+        return 1 + cluster.workers
+
+    def describe(self) -> str:
+        return f"parameter_server ({self.mode}; {self.partitioner.describe()}; torch.distributed.rpc)"
+
+
 StrategySpec = Annotated[
-    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec], Field(discriminator="name")
+    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec, ParameterServerSpec],
+    Field(discriminator="name"),
 ]
 
 
@@ -127,7 +184,7 @@ StrategySpec = Annotated[
 class TaskSpec(Strict):
     """``cluster.task``: this machine's entry in ``cluster.tasks`` (TF_CONFIG's ``task``)."""
 
-    type: Literal["chief", "worker"]
+    type: Literal["chief", "worker", "ps"]
     index: Annotated[int, Field(ge=0)] = 0
 
 
@@ -149,8 +206,10 @@ class ClusterSpec(Strict):
     node_rank: Annotated[int, Field(ge=0)] | None = Field(
         None, description="this machine's node; unset with nodes > 1: every node is emulated on this machine",
     )
-    tasks: dict[Literal["chief", "worker"], list[Annotated[str, Field(min_length=1)]]] | None = None
+    tasks: dict[Literal["chief", "worker", "ps"], list[Annotated[str, Field(min_length=1)]]] | None = None
     task: TaskSpec | None = None
+    workers: Annotated[int, Field(ge=0)] = Field(0, description="parameter_server: worker tasks besides the chief")
+    ps: Annotated[int, Field(ge=0)] = Field(0, description="parameter_server: parameter-server tasks")
 
     @model_validator(mode="before")
     @classmethod
@@ -179,7 +238,13 @@ class ClusterSpec(Strict):
 
     @property
     def shape(self) -> str:
+        if self.ps:
+            return f"chief + {self.workers} worker(s) + {self.ps} ps"
         return f"{self.nodes}x{self.devices_per_node}"
+
+    def ps_tasks(self) -> list[tuple[str, int]]:
+        """Every task of a parameter-server cluster, in rank order: chief, workers, ps."""
+        return [("chief", 0), *(("worker", i) for i in range(self.workers)), *(("ps", i) for i in range(self.ps))]
 
     @property
     def world_size(self) -> int:
@@ -304,6 +369,8 @@ class RunSpec(Strict):
     @property
     def num_processes(self) -> int:
         """Worker processes, one per replica: the input pipelines that auto-sharding divides data among."""
+        if self.strategy.name == "parameter_server":
+            return self.num_replicas  # the chief and the workers; ps tasks read no data
         return self.cluster.world_size if self.num_replicas > 1 else 1
 
     @property
@@ -324,10 +391,27 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        for rule in (_one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
+        for rule in (_ps_cluster, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
                      _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
+
+
+def _ps_cluster(spec: RunSpec, cuda: int) -> None:
+    """ps tasks belong to parameter_server alone; it needs at least one, and one process per task."""
+    c = spec.cluster
+    if spec.strategy.name != "parameter_server":
+        for key, value in (("cluster.ps", c.ps), ("cluster.workers", c.workers)):
+            if value:
+                raise PlanError(key, value, f"only strategy=parameter_server has ps and worker tasks; strategy "
+                                            f"{spec.strategy.name} takes its processes from cluster=NxM")
+        return
+    if c.ps < 1:
+        raise PlanError("cluster.ps", c.ps, "strategy=parameter_server keeps the variables on ps tasks; give cluster.ps=1 or more "
+                                            "(and cluster.workers=N for workers besides the chief)")
+    if c.world_size > 1 and not c.tasks:
+        raise PlanError("cluster", c.shape, f"strategy=parameter_server takes its tasks from cluster.workers and cluster.ps "
+                                            f"(one process each), not from cluster={c.nodes}x{c.devices_per_node}; use cluster=1x1")
 
 
 def _fixed_port(spec: RunSpec, cuda: int) -> None:

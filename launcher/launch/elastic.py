@@ -78,14 +78,14 @@ def local_config(
     nproc: int, log_dir: Path, *, addr: str = "127.0.0.1", port: int = 0, max_restarts: int = 0,
     join_timeout_s: int = 120, monitor_interval_s: float = 0.1, shutdown_grace_s: int = 5,
     nodes: int = 1, node_rank: int | None = None, run_id: str | None = None, listen_fd: int | None = None,
-    local_addr: str | None = "127.0.0.1",
+    local_addr: str | None = "127.0.0.1", label: str | None = None,
 ) -> LaunchConfig:
     """``nproc`` workers of node ``node_rank`` (of ``nodes``), rendezvous on ``addr:port`` (0: a free port).
 
     Node 0 hosts the rendezvous store (on ``listen_fd`` if that socket is already
     bound); the other nodes connect to it.
     """
-    first_tagged = 1 if not node_rank else 0  # rank 0 keeps the terminal (its progress bar)
+    first_tagged = 1 if not node_rank and label is None else 0  # rank 0 keeps the terminal (its progress bar)
     others = {r: Std.ALL for r in range(first_tagged, nproc)}
     rdzv = {"join_timeout": join_timeout_s, "last_call_timeout": 1, "is_host": not node_rank}
     if node_rank is not None:
@@ -106,7 +106,7 @@ def local_config(
         start_method="spawn",
         # The other ranks are tagged on the terminal and kept in logs/.
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=others, tee=others),
-        log_line_prefix_template="[rank${rank}] ",
+        log_line_prefix_template=f"[{label}] " if label else "[rank${rank}] ",
         local_addr=local_addr,
         shutdown_timeout=shutdown_grace_s,
     )
@@ -254,11 +254,13 @@ def _graceful_agent() -> Iterator[None]:
         launcher_api.LocalElasticAgent = saved
 
 
-def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool, nccl_trace_prefix: str | None = None) -> None:
+def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool, nccl_trace_prefix: str | None = None,
+                  extra_env: dict[str, str] | None = None) -> None:
     """``python -m module job`` on every worker, under the elastic agent; raises on failure.
 
     ``nccl_trace_prefix``: an nccl job's flight-recorder dumps go to this prefix + rank.
+    ``extra_env``: more variables for the workers (a parameter-server task's identity).
     """
     _quiet_agent()
-    with _worker_env(worker_environment(single_node, nccl_trace_prefix)), _graceful_agent():
+    with _worker_env({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent():
         elastic_launch(config, sys.executable)("-u", "-m", module, str(job))

@@ -34,6 +34,11 @@ class RootCause:
     traceback: str
     time: float
     last_step: int | None = None  # the rank's last completed step, when it said or its heartbeat did
+    task: str = ""  # a parameter-server job's task (chief:0, worker:1, ps:0); empty otherwise
+
+    @property
+    def who(self) -> str:
+        return f"task {self.task}" if self.task else f"rank {self.rank}"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,7 +107,7 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     """The root cause in one panel (its last completed step, else the last logged one), then a line per other rank."""
     console = console or Console(stderr=True, highlight=False)
     lines = [
-        f"[bold]rank[/] {root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   [bold]exit[/] {root.exit}",
+        f"[bold]{'task' if root.task else 'rank'}[/] {root.task or root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   [bold]exit[/] {root.exit}",
     ]
     if root.last_step is not None:
         lines.append(f"[bold]last completed step[/] {root.last_step}")
@@ -113,10 +118,10 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     body = "\n".join(lines)
     if root.traceback:
         body += "\n\n" + escape(root.traceback.rstrip())
-    console.print(Panel(body, title=f"[bold red]worker rank {root.rank} failed: root cause", border_style="red", expand=False))
+    console.print(Panel(body, title=f"[bold red]{'' if root.task else 'worker '}{root.who} failed: root cause", border_style="red", expand=False))
     for other in sorted(others, key=lambda c: c.rank):
         what = f": {escape(_one_line(other.exception))}" if other.exception else " (stopped by dlaunch)"
-        console.print(f"  rank {other.rank}: {other.exit}{what}")
+        console.print(f"  {other.who}: {other.exit}{what}")
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)

@@ -22,13 +22,13 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from launcher import checkpoint, strategies
 from launcher.checkpoint import Checkpointer
 from launcher.checkpoint.state import unwrap
-from launcher.cluster.env import WorkerEnv
+from launcher.cluster.env import PSTask, WorkerEnv
 from launcher.config.schema import RunSpec
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
-from launcher.input.position import DataStream, EpochBatchSampler
+from launcher.input.position import DataStream, EpochBatchSampler, Position
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.preemption import Preempted, StopRequests
@@ -43,6 +43,8 @@ def seed_everything(seed: int) -> None:
 
 
 def param_norm(model: torch.nn.Module) -> float:
+    if hasattr(model, "param_norm"):  # variables held elsewhere (parameter servers) say their own
+        return float(model.param_norm())
     with torch.no_grad():
         return math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in unwrap(model).parameters()))
 
@@ -109,16 +111,18 @@ class _Meter:
         return rate, per_step * (self.total - step)
 
 
-def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int, console: Console | None = None) -> dict[str, Any]:
-    """Run the recipe under the spec's strategy; rank 0 writes metrics and the summary.
+def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int, console: Console | None = None,
+          task: PSTask | None = None) -> dict[str, Any]:
+    """Run the recipe under the spec's strategy; rank 0 (the chief) writes metrics and the summary.
 
     Resumes from ``trainer.resume``'s checkpoint when there is one, saves every
     ``trainer.checkpoint.every_steps``, and on SIGTERM/SIGINT/SIGHUP saves and
-    raises ``Preempted``.
+    raises ``Preempted``. ``task``: this process's task in a parameter-server job.
     """
     started = time.perf_counter()
-    rank = env.rank if env else 0
-    runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices), spec.launch.collective_timeout_s)
+    rank = env.rank if env else (task.rank if task else 0)
+    runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices), spec.launch.collective_timeout_s,
+                                 run_spec=spec, task=(task.type, task.index) if task else None)
     seed_everything(spec.trainer.seed)
     strategy = strategies.build(spec.strategy, runtime)
     loaded = recipe_lib.load(spec.recipe.model_dump())
@@ -133,8 +137,11 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
+    if task is not None and task.type == "worker":
+        return _worker_task(spec, strategy, make_replica_step(loaded, model, optimizer), stream, task)
     loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console)
-    resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=env is not None and env.restart_count > 0))
+    restarted = (env is not None and env.restart_count > 0) or (task is not None and task.attempt > 0)
+    resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=restarted))
     loop_started = time.perf_counter()
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch:
         losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1, watch)
@@ -168,9 +175,36 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "param_norm": param_norm(model),
         "metrics": metrics,
     }
+    if task is not None:
+        summary["world_size"] = len(spec.cluster.ps_tasks())
+        strategy.extended.finish()  # the ps tasks stop the workers, then end
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
     return summary
+
+
+def _worker_task(spec: RunSpec, strategy: Any, replica_step: Callable[[Any], torch.Tensor], stream: DataStream,
+                 task: PSTask) -> dict[str, Any]:
+    """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
+    start = strategy.global_step
+    if start:
+        stream.seek(position_at(stream, start))
+    local = 0
+    while not strategy.finished and strategy.global_step < spec.trainer.steps:
+        strategy.run(replica_step, args=(next(stream),))
+        local += 1
+    strategy.extended.leave()
+    log.info("%s: %d step(s) from global step %d to %d", task.name, local, start, strategy.global_step)
+    return {"status": "completed", "task": task.name, "local_steps": local}
+
+
+def position_at(stream: DataStream, step: int) -> Position:
+    """Where the data stands after ``step`` global batches (epochs of the dataset's length)."""
+    try:
+        per_epoch = len(stream._dataset)
+    except TypeError:
+        return Position(0, step)
+    return Position(step // per_epoch, step % per_epoch) if per_epoch else Position()
 
 
 @dataclasses.dataclass
@@ -192,12 +226,19 @@ class _Loop:
         """Load ``path`` (None: start at step 0); return the step it was saved after."""
         if path is None:
             checkpoint.agree(None, 0)
+            self._open(0)
             return 0
         step, position = self.ckpt.load(path, self.model, self.optimizer)
         checkpoint.agree(path, step)
         self.stream.seek(position)
         log.info("resumed from %s: step %d, epoch %d, batch %d of that epoch", path, step, position.epoch, position.offset)
+        self._open(step)
         return step
+
+    def _open(self, step: int) -> None:
+        """Variables held elsewhere (parameter servers) are ready once loaded: the other tasks may start."""
+        if hasattr(self.strategy.extended, "open"):
+            self.strategy.extended.open(step)
 
     def run(self, replica_step: Callable[[Any], torch.Tensor], start: int, distributed: bool, watch: heartbeat.Heartbeat) -> list[float]:
         watch.last_completed = start

@@ -66,6 +66,9 @@ def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
 def run(job_path: Path) -> int:
     die_with_launcher()
     job = json.loads(job_path.read_text())
+    task = env_lib.ps_task()
+    if task is not None:
+        return run_task(job, task)
     env = env_lib.WorkerEnv.from_environ()
     rank = env.rank if env else 0
     console = Console(stderr=True)
@@ -95,6 +98,38 @@ def run(job_path: Path) -> int:
     except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
         write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
         return 1
+
+
+def run_task(job: dict, task: env_lib.PSTask) -> int:
+    """One task of a parameter-server job: a ps serves its variables; the chief and workers train."""
+    console = Console(stderr=True)
+    setup_logging(task.rank, console)
+    run_dir = Path(job["run_dir"])
+    outputs.completion_marker(run_dir, task.rank).unlink(missing_ok=True)
+    try:
+        spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+        if task.type == "ps":
+            from launcher.runtime import ps_task
+
+            ps_task.serve(spec, task, run_dir)
+        else:
+            train(spec, None, run_dir, job["cuda_devices"], console, task=task)
+        outputs.completion_marker(run_dir, task.rank).touch()
+        return 0
+    except Preempted as exc:
+        log.warning("%s", exc)
+        write_error_file(env_lib.error_file(), exc, task.rank, {"last_step": exc.step})
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        write_error_file(env_lib.error_file(), exc, task.rank, heartbeat.progress_of(exc))
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
+        write_error_file(env_lib.error_file(), exc, task.rank, heartbeat.progress_of(exc))
+        return 1
+    finally:
+        from launcher.cluster import rpc
+
+        rpc.shutdown()
 
 
 def main() -> None:

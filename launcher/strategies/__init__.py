@@ -14,7 +14,7 @@ from launcher.cluster.env import WorkerEnv
 if TYPE_CHECKING:
     from launcher.distribute.strategy import Strategy
 
-_BUILTIN = ("one_device", "mirrored", "multi_worker_mirrored", "central_storage")
+_BUILTIN = ("one_device", "mirrored", "multi_worker_mirrored", "central_storage", "parameter_server")
 _REGISTRY: dict[str, Callable[[Any, "Runtime"], "Strategy"]] = {}
 
 
@@ -26,6 +26,8 @@ class Runtime:
     device_type: str  # "cpu" or "cuda", resolved by validation
     backend: str  # "gloo" or "nccl"
     collective_timeout_s: float = 300.0
+    run_spec: Any = None  # the whole validated RunSpec (parameter_server reads the cluster's tasks)
+    task: tuple[str, int] | None = None  # parameter_server: this process's task (type, index)
 
 
 def register(name: str) -> Callable[[Callable], Callable]:

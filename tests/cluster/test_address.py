@@ -41,8 +41,16 @@ def test_a_task_list_gives_nodes_master_and_rank():
         "nodes": 3, "master_addr": "10.0.0.1", "master_port": 29500, "node_rank": 2}
 
 
+def test_a_task_list_with_ps_tasks_gives_their_counts_and_the_chief_as_master():
+    tasks = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "ps": ["10.0.0.4:2222"]}
+    assert tasks_layout(tasks, {"type": "ps", "index": 0}, None) == {
+        "workers": 2, "ps": 1, "master_addr": "10.0.0.1", "master_port": 2222}
+
+
 @pytest.mark.parametrize("tasks,task,key,says", [
-    ({"ps": ["a:1"]}, None, "cluster.tasks", "unknown role 'ps'"),
+    ({"evaluator": ["a:1"]}, None, "cluster.tasks", "unknown role 'evaluator'"),
+    ({"ps": ["a:1"]}, None, "cluster.tasks", "needs exactly one chief"),
+    ({"chief": ["127.0.0.1:1"], "ps": ["10.0.0.2:1"]}, None, "cluster.tasks", "chief hosts the RPC rendezvous on loopback"),
     ({"chief": ["a:1", "b:1"]}, None, "cluster.tasks", "one chief"),
     ({"chief": [], "worker": []}, None, "cluster.tasks", "no node"),
     ({"chief": ["a:1"], "worker": ["b"]}, None, "cluster.tasks", "'b' is not host:port"),

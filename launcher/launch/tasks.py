@@ -1,0 +1,176 @@
+"""A parameter-server job's tasks: one torch.distributed.elastic agent per task.
+
+``dlaunch strategy=parameter_server cluster.workers=2 cluster.ps=2`` starts the
+chief, two workers and two ps tasks on this machine, each as its own elastic
+agent with one process; with ``cluster.task`` set (a task list across
+machines) it starts that task alone. Tasks are separate agents, not one group,
+so that a worker that dies does not stop the others, as TF promises: this
+parent reports it and the job goes on (async mode). The chief or a ps failing
+ends the attempt; with ``launch.max_restarts`` every task starts again and the
+chief resumes from the newest checkpoint.
+
+    python -m launcher.launch.tasks JOB TYPE INDEX ATTEMPT    # one task's agent
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from launcher.cluster.env import PSTask, task_environment
+from launcher.config.schema import RunSpec
+from launcher.launch import elastic, emulate, failures, report
+
+log = logging.getLogger("dlaunch")
+MODULE = "launcher.launch.tasks"
+
+
+def all_tasks(spec: RunSpec, attempt: int = 0) -> list[PSTask]:
+    return [PSTask(kind, i, rank, attempt) for rank, (kind, i) in enumerate(spec.cluster.ps_tasks())]
+
+
+def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
+    """Run this machine's tasks to the end (restarting all of them when allowed); return the exit code."""
+    c = spec.cluster
+    if not c.tasks:  # every task here: the chief's RPC rendezvous on a free loopback port
+        spec = spec.model_copy(update={"cluster": c.model_copy(update={"master_port": c.master_port or _free_port(c.master_addr)})})
+    job = elastic.write_job(spec, run_dir, cuda_devices)
+    for attempt in range(spec.launch.max_restarts + 1):
+        tasks = [t for t in all_tasks(spec, attempt) if c.task is None or (t.type, t.index) == (c.task.type, c.task.index)]
+        where = "on this machine" if c.task is None else "here (the other tasks run elsewhere)"
+        log.info("starting %s %s, each under its own torch.distributed.elastic agent%s",
+                 ", ".join(t.name for t in tasks), where, f" (attempt {attempt + 1})" if attempt else "")
+        code, causes = _run_attempt(spec, run_dir, job, tasks)
+        if code == 0 or code >= 128 or not causes:
+            return code
+        if attempt < spec.launch.max_restarts:
+            root = failures.first(causes)
+            log.warning("%s failed (%s%s); restarting every task from the newest checkpoint (restart %d of %d)", root.who,
+                        root.exit, f": {root.exception}" if root.exception else "", attempt + 1, spec.launch.max_restarts)
+            _forget_failures(run_dir, tasks)
+            continue
+        return report.report_failures(causes, [], spec, run_dir)
+    return 1
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -> tuple[int, list[failures.RootCause]]:
+    procs = {}
+    with emulate._stop_on_signals():
+        try:
+            for t in tasks:
+                args = [str(job), t.type, str(t.index), str(t.attempt)]
+                procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
+            fatal = _wait(procs, spec)
+        except emulate._Stopped as stopped:
+            emulate._stop(list(procs.values()), spec.launch.shutdown_grace_s + 5, stopped.signum)
+            log.warning("stopped by signal %d; every task was shut down", stopped.signum)
+            return 128 + stopped.signum, []
+    causes = _causes(run_dir, tasks)
+    if not fatal:
+        for cause in causes:
+            log.warning("%s had failed (%s%s); the job went on without it, as parameter-server training does",
+                        cause.who, cause.exit, f": {cause.exception}" if cause.exception else "")
+        return 0, []
+    for t in fatal:
+        if t.type == "ps":
+            log.error("parameter server %s unavailable: it ended (%s); its variables are gone until the job restarts "
+                      "from a checkpoint", t.name, _exit_text(procs[t].returncode))
+    return 1, [c for c in causes if c.task in {t.name for t in fatal} or c.task == "chief:0"] or causes
+
+
+def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
+    """Wait for every task; return the ones whose failure ends the attempt (after stopping the rest).
+
+    A worker's failure is reported and the job goes on, except in sync mode, where
+    every step needs every worker's gradient.
+    """
+    sync = getattr(spec.strategy, "mode", "async") == "sync"
+    reported: set[PSTask] = set()
+    while True:
+        codes = {t: p.poll() for t, p in procs.items()}
+        failed = [t for t, code in codes.items() if code not in (None, 0)]
+        fatal = [t for t in failed if t.type != "worker" or sync]
+        for t in failed:
+            if t.type == "worker" and not sync and t not in reported:
+                reported.add(t)
+                log.warning("%s stopped (%s); the chief and the other workers go on", t.name, _exit_text(codes[t]))
+        if fatal:
+            emulate._wait(list(procs.values()), spec.launch.shutdown_grace_s + 10)
+            return fatal
+        if all(code is not None for code in codes.values()):
+            return []
+        time.sleep(0.05)
+
+
+def _exit_text(code: int | None) -> str:
+    return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
+def _causes(run_dir: Path, tasks: list[PSTask]) -> list[failures.RootCause]:
+    out = []
+    for t in tasks:
+        path = emulate.failures_file(run_dir, t.rank)
+        if path.exists():
+            out += [failures.RootCause(**c) for c in json.loads(path.read_text())["real"]]
+    return out
+
+
+def _forget_failures(run_dir: Path, tasks: list[PSTask]) -> None:
+    for t in tasks:
+        emulate.failures_file(run_dir, t.rank).unlink(missing_ok=True)
+
+
+# ---------- one task's agent (a child process) ----------
+def task_main(argv: list[str]) -> int:
+    from rich.console import Console
+
+    from launcher.runtime.progress import setup_logging
+    from launcher.runtime.worker import die_with_launcher
+
+    die_with_launcher()
+    job_path, kind, index, attempt = argv
+    job = json.loads(Path(job_path).read_text())
+    spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+    task = next(t for t in all_tasks(spec, int(attempt)) if (t.type, t.index) == (kind, int(index)))
+    setup_logging(task.rank, Console(stderr=True), who="node")
+    run_dir = Path(job["run_dir"])
+    config = elastic.local_config(
+        1, run_dir / "logs" / f"{task.type}{task.index}", max_restarts=0, join_timeout_s=spec.launch.rdzv_timeout_s,
+        monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
+        run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
+    )
+    try:
+        elastic.start_workers(config, elastic.WORKER_MODULE, Path(job_path), single_node=spec.cluster.loopback,
+                              extra_env=task_environment(task))
+        return 0
+    except ChildFailedError as exc:
+        causes = [_as_task(failures.from_process_failure(0, f), task, run_dir) for f in exc.failures.values()]
+        return emulate._record_failures(causes, [], spec, run_dir, task.rank)
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _as_task(cause: failures.RootCause, task: PSTask, run_dir: Path) -> failures.RootCause:
+    return report.with_last_step(dataclasses.replace(cause, rank=task.rank, task=task.name), run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(task_main(sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""A ps task under dlaunch: build the recipe's variables, keep this task's shards, serve until the chief is done.
+
+Every ps task builds the model from the recipe with the run's seed (so its
+values are the ones a one-device run starts from), keeps the shards the
+placement gives it and drops the rest, then serves pulls, pushes and
+checkpoint requests over RPC. The chief and workers never hold the values of
+a whole partitioned variable.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import torch.distributed as dist
+
+from launcher.cluster import rpc
+from launcher.cluster.env import PSTask
+from launcher.config.schema import RunSpec
+from launcher.distribute import server as ps_server
+from launcher.distribute.partitioners import place_module
+from launcher.runtime import recipe as recipe_lib
+from launcher.runtime.progress import log
+from launcher.strategies.parameter_server import cluster_def, contents_for
+
+
+def build_variables(spec: RunSpec, run_dir: Path) -> tuple[object, object]:
+    """The recipe's model and optimizer, built as a one-device run builds them (same seed, same values)."""
+    from launcher.runtime.loop import file_dataset, seed_everything
+
+    seed_everything(spec.trainer.seed)
+    loaded = recipe_lib.load(spec.recipe.model_dump())
+    ctx = recipe_lib.BuildContext(
+        strategy=None, seed=spec.trainer.seed, global_batch_size=spec.input.global_batch_size,
+        per_replica_batch_size=spec.per_replica_batch_size, num_replicas_in_sync=spec.num_replicas,
+        run_dir=run_dir, is_chief=False, input_files=file_dataset(spec),
+    )
+    parts = loaded.module.build(loaded.config, ctx)
+    return parts.model, parts.optimizer
+
+
+def serve(spec: RunSpec, task: PSTask, run_dir: Path) -> None:
+    strategy = spec.strategy
+    server = ps_server.Server(cluster_def(spec.cluster), "ps", task.index, rpc_timeout_s=strategy.rpc_timeout_s)
+    model, optimizer = build_variables(spec, run_dir)
+    placement = place_module(model, spec.cluster.ps, strategy.partitioner.build(spec.cluster.ps))
+    contents = contents_for(task.index, model, optimizer, placement)
+    del model, optimizer
+    store = ps_server.local_store()
+    store.create(contents, spec.num_replicas if strategy.mode == "sync" else None)
+    mine = placement.on(task.index)
+    log.info("%s holds %d shard(s), %.1f MiB: %s", task.name, len(mine), sum(s.nbytes for s in mine) / 2**20,
+             ", ".join(s.key for s in mine) or "none")
+    _checkpoint_group(spec, task)
+    server.join()
+    log.info("%s: the chief is done and every worker has left; stopping", task.name)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:
+    """The ps tasks' gloo group (on the chief's store), over which they write checkpoints together."""
+    store = dist.PrefixStore(f"dlaunch-ps-checkpoints/{task.attempt}", rpc.store())
+    dist.init_process_group("gloo", store=store, rank=task.index, world_size=spec.cluster.ps,
+                            timeout=datetime.timedelta(seconds=spec.launch.collective_timeout_s))

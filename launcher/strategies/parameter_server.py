@@ -1,0 +1,460 @@
+"""``ParameterServerStrategy``: variables on ps tasks; a chief and workers pull, compute and push.
+
+As ``tf.distribute.experimental.ParameterServerStrategy`` (between-graph
+replication): variables live on the ps tasks, placed round-robin, a large one
+split along dim 0 by a partitioner; every training task (the chief and each
+worker) runs the step on its own share of each global batch. Transport is
+torch.distributed.rpc (TensorPipe).
+
+* A forward pulls the current values of the dense variables; an embedding
+  lookup pulls only the rows its ids name, so no task ever holds a whole table.
+* ``optimizer.step()`` pushes the gradients (an embedding's as sparse rows); the
+  ps applies them with the optimizer it holds. Async (TF's mode): each push as
+  it arrives. Sync: once every training task has pushed, the mean, as
+  ``SyncReplicasOptimizer`` does; the result then equals one device's with the
+  same global batch.
+* The global step lives on ps 0; only the chief's pushes advance it. Workers
+  stop when the chief is done; a worker that dies does not stop the job (async).
+
+Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).join()``)::
+
+    strategy = ParameterServerStrategy(TFConfigClusterResolver(), MinSizePartitioner(256 << 10, 2))
+    with strategy.scope():
+        model = WideDeep()                            # created on the meta device: no values here
+    model, optimizer = strategy.prepare(model, torch.optim.Adagrad(model.parameters(), lr=0.05))
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from typing import Any, Sequence
+
+import torch
+import torch.distributed.rpc as trpc
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from launcher.cluster.env import tf_config
+from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver, validate_task
+from launcher.distribute import server as ps_server
+from launcher.distribute.collectives import SingleProcess
+from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.partitioners import Partitioner, Placement, place_module
+from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.strategy import Strategy
+from launcher.distribute.values import PerReplica
+from launcher.strategies import Runtime, register
+
+log = logging.getLogger("dlaunch")
+TRAINING_JOBS = ("chief", "worker")
+
+
+class ParameterServerUnavailable(RuntimeError):
+    """A ps task stopped answering: its variables are gone until the job restarts from a checkpoint."""
+
+
+class _Tasks(SingleProcess):
+    """The process level of a training task: its place among the chief and workers, and no collectives."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+
+# ---------- talking to the ps tasks ----------
+class _Client:
+    """RPCs from one training task to the ps tasks, with a dead ps named in the error."""
+
+    def __init__(self, task: str, num_ps: int, placement: Placement, timeout_s: float):
+        self.task, self.num_ps, self.placement, self.timeout_s = task, num_ps, placement, timeout_s
+        self.global_step, self.finished = 0, False
+
+    def call(self, ps: int, fn: Any, *args: Any) -> Any:
+        return self.wait(ps, trpc.rpc_async(f"ps:{ps}", fn, args=args, timeout=self.timeout_s))
+
+    def wait(self, ps: int, future: Any) -> Any:
+        try:
+            return future.wait()
+        except RuntimeError as exc:
+            raise _unavailable(ps, exc) from None
+
+    def each(self, fn: Any, *args: Any) -> list[Any]:
+        futures = [trpc.rpc_async(f"ps:{k}", fn, args=args, timeout=self.timeout_s) for k in range(self.num_ps)]
+        return [self.wait(k, f) for k, f in enumerate(futures)]
+
+    def pull(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Whole values of ``names`` (their shards concatenated along dim 0)."""
+        shards = [s for n in names for s in self.placement.of(n)]
+        keys = {k: [s.key for s in shards if s.ps == k] for k in range(self.num_ps)}
+        futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_pull, args=(v,), timeout=self.timeout_s) for k, v in keys.items() if v}
+        got = {}
+        for k, future in futures.items():
+            got.update(zip(keys[k], self.wait(k, future)))
+        return {n: _join([got[s.key] for s in self.placement.of(n)]) for n in names}
+
+    def gather(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of variable ``name``, from the shards that hold them."""
+        shards = self.placement.of(name)
+        out = torch.empty((ids.numel(), *shards[0].full_shape[1:]), dtype=shards[0].dtype)
+        pending = []
+        for s in shards:
+            mask = (ids >= s.offset) & (ids < s.offset + s.shape[0])
+            if bool(mask.any()):
+                future = trpc.rpc_async(f"ps:{s.ps}", ps_server.remote_gather, args=(s.key, ids[mask] - s.offset), timeout=self.timeout_s)
+                pending.append((s.ps, mask, future))
+        for ps, mask, future in pending:
+            out[mask] = self.wait(ps, future)
+        return out
+
+    def push(self, grads: dict[int, dict[str, Any]], increment: bool) -> None:
+        """Every ps gets this task's gradients for its shards (possibly none: sync counts every task)."""
+        futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_push, args=(self.task, grads.get(k, {}), increment and k == 0),
+                                     timeout=0 if self._blocking() else self.timeout_s)
+                   for k in range(self.num_ps)}
+        for k, future in futures.items():
+            step, finished = self.wait(k, future)
+            if k == 0:
+                self.global_step = step
+            self.finished |= finished
+
+    def _blocking(self) -> bool:
+        return self.sync  # a sync push waits for the slowest task: no RPC timeout
+
+    sync = False
+
+
+def _unavailable(ps: int, exc: BaseException) -> BaseException:
+    text = " ".join(str(exc).split())
+    if "On WorkerInfo" in text and "Traceback" in text:  # the ps ran the call and raised: its own error
+        return exc
+    return ParameterServerUnavailable(f"parameter server ps:{ps} unavailable: {text[:300]}")
+
+
+def _join(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+# ---------- the model and optimizer a training task sees ----------
+class PSModule(torch.nn.Module):
+    """The user's module, run on values pulled from the ps tasks at each forward.
+
+    ``.local`` is the user's module on the meta device (its structure, no values).
+    An ``nn.Embedding``'s table is never pulled whole: each lookup pulls the rows
+    it needs, and its gradient goes back as those rows.
+    """
+
+    def __init__(self, module: torch.nn.Module, client: _Client, device: torch.device):
+        super().__init__()
+        self.local = module
+        object.__setattr__(self, "_client", client)
+        object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "records", [])  # (variable, row ids or None, pulled leaf) since the last push
+        sparse = []
+        for prefix, sub in module.named_modules():
+            if isinstance(sub, torch.nn.Embedding) and sub.weight.requires_grad:
+                name = f"{prefix}.weight" if prefix else "weight"
+                sub.forward = functools.partial(self._lookup, name, sub)  # type: ignore[method-assign]
+                sparse.append(name)
+        object.__setattr__(self, "sparse_names", sparse)
+        object.__setattr__(self, "dense_names", [n for n in client.placement.names() if n not in sparse])
+        object.__setattr__(self, "trainable", {s.name: s.trainable for s in client.placement.shards})
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        values = {n: v.to(self._device) for n, v in self._client.pull(self.dense_names).items()}
+        if torch.is_grad_enabled():
+            for name, value in values.items():
+                if self.trainable[name]:
+                    value.requires_grad_(True)
+                    self.records.append((name, None, value))
+        return torch.func.functional_call(self.local, values, args, kwargs, strict=False)
+
+    def _lookup(self, name: str, module: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+        unique, inverse = torch.unique(ids.reshape(-1).cpu(), return_inverse=True)
+        rows = self._client.gather(name, unique).to(self._device)
+        if torch.is_grad_enabled():
+            rows.requires_grad_(True)
+            self.records.append((name, unique, rows))
+        return F.embedding(inverse.view(ids.shape).to(self._device), rows)
+
+    def gradients(self) -> dict[int, dict[str, Any]]:
+        """The recorded gradients, cut to shards and grouped by ps: dense slices, or (rows, values)."""
+        out: dict[int, dict[str, Any]] = {}
+        for name, ids, leaf in self.records:
+            if leaf.grad is None:
+                continue
+            grad = leaf.grad.detach().cpu()
+            for s in self._client.placement.of(name):
+                piece = _dense_piece(grad, s) if ids is None else _sparse_piece(ids, grad, s)
+                if piece is not None:
+                    box = out.setdefault(s.ps, {})
+                    box[s.key] = piece if s.key not in box else _add(box[s.key], piece)
+        return out
+
+    def param_norm(self) -> float:
+        return sum(self._client.each(ps_server.remote_sum_of_squares)) ** 0.5
+
+    def save_to_ps(self, path: Any, progress: tuple[int, int, int]) -> None:
+        """Every ps writes its shards into ``path`` (one DCP checkpoint of the whole variables)."""
+        self._client.each(ps_server.remote_save, str(path), tuple(progress))
+
+    def load_from_ps(self, path: Any) -> tuple[int, int, int]:
+        """Every ps reads its rows from ``path``; returns the saved (step, epoch, batch offset)."""
+        return self._client.each(ps_server.remote_load, str(path))[0]
+
+    def state_dict_from_ps(self) -> dict[str, torch.Tensor]:
+        """The whole model's values, pulled (small models only: this materializes every table)."""
+        return self._client.pull(self._client.placement.names())
+
+
+def _dense_piece(grad: torch.Tensor, s: Any) -> torch.Tensor:
+    return grad if s.num_shards == 1 else grad[s.offset : s.offset + s.shape[0]]
+
+
+def _sparse_piece(ids: torch.Tensor, grad: torch.Tensor, s: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    mask = (ids >= s.offset) & (ids < s.offset + s.shape[0])
+    if not bool(mask.any()):
+        return None
+    return ids[mask] - s.offset, grad[mask]
+
+
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, tuple):
+        return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
+    return a + b
+
+
+class PSOptimizer:
+    """``step()`` pushes the gradients of the last forward(s) to the ps tasks, which hold the real optimizer."""
+
+    def __init__(self, primary: torch.optim.Optimizer, module: PSModule, chief: bool):
+        self.primary, self._module, self._chief = primary, module, chief
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.primary.param_groups
+
+    def step(self, closure: Any = None) -> None:
+        if closure is not None:
+            raise ValueError("ParameterServerStrategy's optimizer takes no closure")
+        grads = self._module.gradients()
+        self._module.records.clear()
+        self._module._client.push(grads, increment=self._chief)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._module.records.clear()
+
+    def __repr__(self) -> str:
+        return f"PSOptimizer({type(self.primary).__name__} on the ps tasks)"
+
+
+# ---------- what each ps task is given ----------
+def contents_for(ps: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer, placement: Placement) -> dict[str, Any]:
+    """ps task ``ps``'s shards of ``module`` (real values), their layout, and the optimizer's groups over them."""
+    values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    mine = placement.on(ps)
+    names = {id(p): n for n, p in module.named_parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        group_names = [names[id(p)] for p in group["params"]]
+        keys = [s.key for s in mine if s.name in group_names]
+        groups.append((group_names, keys, {k: v for k, v in group.items() if k != "params"}))
+    return {
+        "shards": {s.key: values[s.name].detach()[s.offset : s.offset + s.shape[0]] if s.num_shards > 1 else values[s.name].detach()
+                   for s in mine},
+        "trainable": {s.key: s.trainable for s in mine},
+        "layout": {s.key: (s.name, s.offset, s.full_shape) for s in mine},
+        "optimizer_cls": type(optimizer),
+        "groups": groups,
+    }
+
+
+# ---------- the strategy ----------
+class _PSExtended(StrategyExtended):
+    def __init__(self, device: str, position: int, training_tasks: int, strategy_args: dict):
+        super().__init__([device], _Tasks(position, training_tasks))
+        self._args = strategy_args
+        self.client: _Client | None = None
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return tuple(f"/job:ps/task:{k}" for k in range(self._args["num_ps"]))
+
+    def _scope(self) -> Any:
+        return _meta_scope(super()._scope())
+
+    def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
+        """This task's values only: training tasks share variables, not collectives."""
+        local = value.values[0] if isinstance(value, PerReplica) else value
+        if axis is None:
+            return local
+        return local.sum(axis) if reduce_op is ReduceOp.SUM else local.float().mean(axis)
+
+    def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        a = self._args
+        placement = place_module(module, a["num_ps"], a["partitioner"])
+        client = _Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
+        client.sync = a["mode"] == "sync"
+        self.client = client
+        chief = a["task"].startswith("chief")
+        if chief and not any(p.is_meta for p in module.parameters()) and optimizer is not None:
+            for k in range(a["num_ps"]):  # the chief initializes the variables (built outside scope(): real values)
+                c = contents_for(k, module, optimizer, placement)
+                client.call(k, ps_server.remote_create, c, a["training_tasks"] if client.sync else None)
+        if chief and a["open_on_prepare"]:
+            self.open(0)
+        if not chief:
+            client.global_step = max(client.each(ps_server.remote_wait_ready, float(a["ready_timeout_s"])))
+        model = PSModule(module.to("meta"), client, self._devices[0])
+        return model, (None if optimizer is None else PSOptimizer(optimizer, model, chief))
+
+    def open(self, global_step: int) -> None:
+        """The chief's word that the variables are initialized (or restored): workers may start."""
+        self.client.each(ps_server.remote_wait_created, float(self._args["ready_timeout_s"]))
+        self.client.each(ps_server.remote_open, int(global_step))
+        self.client.global_step = int(global_step)
+
+    def finish(self) -> None:
+        """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
+        try:
+            self.client.each(ps_server.remote_finish)
+        except ParameterServerUnavailable as exc:
+            log.warning("%s", exc)
+
+    def leave(self) -> None:
+        """A worker is done: the ps tasks need not wait for it."""
+        try:
+            self.client.each(ps_server.remote_leave, self.client.task)
+        except ParameterServerUnavailable:
+            pass
+
+
+_FACTORIES = frozenset({
+    torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint, torch.normal,
+    torch.arange, torch.eye, torch.tensor, torch.as_tensor,
+})
+
+
+class _ModulesOnMeta(TorchFunctionMode):
+    """Inside ``scope()``: tensors a module's ``__init__`` creates (its parameters and buffers) are meta tensors.
+
+    Their values live on the ps tasks; the data a recipe builds in the same scope stays real.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in _FACTORIES and _in_module_init():
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def _in_module_init(depth: int = 12) -> bool:
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.nn.Module):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _MetaScope:
+    def __init__(self, inner: Any):
+        self.inner, self.mode = inner, _ModulesOnMeta()
+
+    def __enter__(self) -> None:
+        self.inner.__enter__()
+        self.mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.mode.__exit__(*exc)
+        return self.inner.__exit__(*exc)
+
+
+def _meta_scope(inner: Any) -> _MetaScope:
+    """Variables created in scope() get no values here: they live on the ps tasks."""
+    return _MetaScope(inner)
+
+
+class ParameterServerStrategy(Strategy):
+    """Variables on ps tasks, training on the chief and workers.
+
+    Args:
+        cluster_resolver: the cluster (chief, worker, ps tasks) and this task's place in it;
+            default ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set. A cluster spec
+            without a task type or id is a ``ValueError``.
+        variable_partitioner: splits large variables along dim 0 (``FixedShardsPartitioner``,
+            ``MinSizePartitioner``, ``MaxSizePartitioner``); None keeps every variable whole.
+        mode: ``"async"`` (default) or ``"sync"``.
+        rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
+
+    The chief initializes the variables: built outside ``scope()`` (real values),
+    ``prepare`` sends them to the ps tasks. Under dlaunch the ps tasks build them
+    from the recipe themselves, so no task ever holds a whole partitioned table.
+    """
+
+    def __init__(self, cluster_resolver: Any = None, variable_partitioner: Partitioner | None = None, *,
+                 mode: str = "async", rpc_timeout_s: float = 60.0, ready_timeout_s: float = 300.0,
+                 device: str = "cpu:0", open_on_prepare: bool = True):
+        if mode not in ("async", "sync"):
+            raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
+        resolver = cluster_resolver if cluster_resolver is not None else (TFConfigClusterResolver() if tf_config() else None)
+        if resolver is None or not resolver.cluster_spec():
+            raise ValueError("ParameterServerStrategy needs a cluster with ps tasks: set TF_CONFIG or pass a cluster resolver")
+        validate_task(resolver)
+        cluster = resolver.cluster_spec()
+        if "ps" not in cluster.jobs:
+            raise ValueError(f"the cluster {cluster.as_dict()} has no ps job: ParameterServerStrategy keeps variables on ps tasks")
+        if resolver.task_type == "ps":
+            raise ValueError("a ps task serves variables and trains nothing: run launcher.distribute.Server(cluster, 'ps', i).join()")
+        training = [(job, i) for job in TRAINING_JOBS if job in cluster.jobs for i in cluster.task_indices(job)]
+        me = (resolver.task_type, int(resolver.task_id))
+        if me not in training:
+            raise ValueError(f"task {me[0]}:{me[1]} is not a training task of {cluster.as_dict()}")
+        ps_server.Server(cluster, me[0], me[1], start=not trpc.api._is_current_rpc_agent_set(), rpc_timeout_s=rpc_timeout_s)
+        args = {
+            "task": f"{me[0]}:{me[1]}", "num_ps": cluster.num_tasks("ps"), "partitioner": variable_partitioner, "mode": mode,
+            "rpc_timeout_s": rpc_timeout_s, "ready_timeout_s": ready_timeout_s, "training_tasks": len(training),
+            "open_on_prepare": open_on_prepare,
+        }
+        super().__init__(_PSExtended(device, training.index(me), len(training), args), cluster_resolver=resolver)
+        self._is_chief = me[0] == "chief"
+
+    @property
+    def is_chief(self) -> bool:
+        return self._is_chief
+
+    @property
+    def global_step(self) -> int:
+        """The global step as last heard from ps 0 (the chief's pushes advance it)."""
+        client = self._extended.client
+        return client.global_step if client else 0
+
+    @property
+    def finished(self) -> bool:
+        """Whether the chief has ended the job (heard at the last push)."""
+        client = self._extended.client
+        return bool(client and client.finished)
+
+
+def cluster_def(cluster: Any) -> dict[str, list[str]]:
+    """The jobs of a validated ``cluster`` section: its ``tasks``, or the chief's address and placeholders."""
+    if cluster.tasks:
+        return {job: list(addresses) for job, addresses in cluster.tasks.items()}
+    chief = f"{cluster.master_addr}:{cluster.master_port}"
+    other = f"{cluster.master_addr}:0"
+    return {"chief": [chief], "worker": [other] * cluster.workers, "ps": [other] * cluster.ps}
+
+
+@register("parameter_server")
+def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
+    """This task's strategy under dlaunch: the ps tasks build the variables, the chief opens them after a resume."""
+    cluster = runtime.run_spec.cluster
+    task_type, index = runtime.task
+    resolver = SimpleClusterResolver(ClusterSpec(cluster_def(cluster)), task_type=task_type, task_id=index)
+    device = "cuda:0" if runtime.device_type == "cuda" else "cpu:0"
+    return ParameterServerStrategy(
+        resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
+        ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
+    )
