@@ -17,6 +17,8 @@ from launcher.input.files import count_rows
 
 
 def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path | None = None) -> list[tuple[str, str]]:
+    if getattr(spec.strategy, "launches_tasks", False):
+        return _task_rows(spec, cuda_devices, run_dir, resume_from)
     device = spec.device_type(cuda_devices)
     c = spec.cluster
     n = spec.num_replicas
@@ -43,6 +45,53 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         ("run dir", str(run_dir)),
     ]
     return rows
+
+
+def _task_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path | None) -> list[tuple[str, str]]:
+    """A parameter-server job: its tasks, their transport, and who trains on what."""
+    c, n = spec.cluster, spec.num_replicas
+    names = ", ".join(f"{kind}:{i}" for kind, i in c.ps_tasks())
+    here = "all on this machine" if c.task is None else f"this machine runs {c.task.type}:{c.task.index}"
+    where = "loopback only" if c.loopback else f"listening on {c.master_addr}"
+    rows = [
+        ("strategy", spec.strategy.describe()),
+        ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),
+        ("cluster", f"{c.shape} ({spec.device_type(cuda_devices)})"),
+        ("tasks", f"{names}: {here}, one torch.distributed.elastic agent each"),
+        ("rpc", f"TensorPipe; endpoints meet at the chief, {c.master_addr}:{c.master_port or '<free port>'} ({where}); "
+                f"a ps silent for {spec.strategy.rpc_timeout_s} s is unavailable"),
+        ("training", f"{n} task(s) (chief + {c.workers} worker(s)) pull, compute, push; "
+                     f"{'one update per step from all of them' if spec.strategy.mode == 'sync' else 'each push applied as it arrives'}; "
+                     f"a dead worker does not stop the job" + (" (async only)" if spec.strategy.mode == "sync" else "")),
+        ("batch", f"global {spec.input.global_batch_size} = {n} task(s) x {spec.per_replica_batch_size} each"),
+        ("input", _input_summary(spec)),
+        ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+        ("checkpoints", _checkpoints(spec, run_dir) + ("; written by the ps tasks from their shards" if spec.trainer.checkpoint.every_steps else "")),
+        *_resume_rows(spec, resume_from),
+        ("run dir", str(run_dir)),
+    ]
+    return rows
+
+
+def placement_table(spec: RunSpec, run_dir: Path) -> Table | None:
+    """Which ps task holds which variable (or shard of one), from the recipe's model built on the meta device."""
+    if not getattr(spec.strategy, "launches_tasks", False):
+        return None
+    from launcher.distribute.partitioners import place_module
+    from launcher.runtime.ps_task import build_variables
+    from launcher.strategies.parameter_server import variables_scope
+
+    with variables_scope():
+        model, _ = build_variables(spec, run_dir)
+    placement = place_module(model, spec.cluster.ps, spec.strategy.partitioner.build(spec.cluster.ps))
+    per_ps = ", ".join(f"ps:{k} {b / 2**20:.1f} MiB" for k, b in enumerate(placement.bytes_per_ps()))
+    table = Table(title=f"variable placement ({spec.strategy.partitioner.describe()}; {per_ps})", title_justify="left",
+                  box=None, padding=(0, 2))
+    for column in ("variable", "shape", "shard", "ps", "size"):
+        table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
+    for row in placement.rows():
+        table.add_row(*row)
+    return table
 
 
 def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
@@ -180,6 +229,9 @@ def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console,
     console.print(table)
     if shards is not None:
         console.print(shards)
+    placement = placement_table(spec, run_dir)
+    if placement is not None:
+        console.print(placement)
 
 
 def show_summary(summary: dict, run_dir: Path, console: Console) -> None:

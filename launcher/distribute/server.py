@@ -121,6 +121,7 @@ class VariableStore:
         self.groups: list[tuple[list[str], dict[str, Any]]] = []  # (variable names, options) per optimizer group
         self.layout: dict[str, tuple[str, int, tuple[int, ...]]] = {}  # key -> (variable, first row, whole shape)
         self.global_step = 0
+        self.updates = 0  # optimizer steps applied here
         self.created = threading.Event()
         self.ready = threading.Event()
         self.finished = threading.Event()
@@ -183,6 +184,7 @@ class VariableStore:
         for key, grad in grads.items():
             self.shards[key].grad = _as_gradient(self.shards[key], grad, count, self.optimizer)
         self.optimizer.step()
+        self.updates += 1
         for key in grads:
             self.shards[key].grad = None
 
@@ -298,6 +300,7 @@ _STORE: dict[str, VariableStore] = {}
 def serve(index: int) -> VariableStore:
     """Make this process ps task ``index``: the RPC functions below act on the returned store."""
     if "store" not in _STORE:
+        torch.sparse.check_sparse_tensor_invariants.disable()  # said explicitly: the optimizers' own sparse tensors stay quiet
         _STORE["store"] = VariableStore(index)
     return _STORE["store"]
 

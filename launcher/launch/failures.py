@@ -82,7 +82,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
 
 # What a rank says when it failed only because a peer died first.
 _CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socket closed", "NCCL communicator was aborted",
-                 "ProcessGroupGloo", "Broken pipe")
+                 "ProcessGroupGloo", "Broken pipe", "ParameterServerUnavailable: ")
 
 
 def is_consequence(cause: RootCause) -> bool:

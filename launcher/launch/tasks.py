@@ -87,11 +87,12 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
             log.warning("%s had failed (%s%s); the job went on without it, as parameter-server training does",
                         cause.who, cause.exit, f": {cause.exception}" if cause.exception else "")
         return 0, []
-    for t in fatal:
-        if t.type == "ps":
-            log.error("parameter server %s unavailable: it ended (%s); its variables are gone until the job restarts "
-                      "from a checkpoint", t.name, _exit_text(procs[t].returncode))
-    return 1, [c for c in causes if c.task in {t.name for t in fatal} or c.task == "chief:0"] or causes
+    for t, proc in procs.items():
+        if t.type == "ps" and proc.returncode not in (0, None) and not stopped_by_us(proc.returncode):
+            ended = next((c.exit for c in causes if c.task == t.name), _exit_text(proc.returncode))
+            log.error("parameter server %s unavailable: its process ended (%s); its variables are gone until the job "
+                      "restarts from a checkpoint", t.name, ended)
+    return 1, causes
 
 
 def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
@@ -116,6 +117,11 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
         if all(code is not None for code in codes.values()):
             return []
         time.sleep(0.05)
+
+
+def stopped_by_us(code: int) -> bool:
+    """The exit of a task agent that dlaunch stopped after another task failed (SIGTERM)."""
+    return code in (-15, 128 + 15)
 
 
 def _exit_text(code: int | None) -> str:

@@ -48,7 +48,7 @@ class OptimizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    name: Literal["sgd", "adam", "adamw", "adagrad"] = "sgd"
     lr: float = Field(0.01, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
@@ -56,6 +56,8 @@ class OptimizerConfig(BaseModel):
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        if self.name == "adagrad":
+            return torch.optim.Adagrad(params, lr=self.lr, weight_decay=self.weight_decay)
         cls = torch.optim.Adam if self.name == "adam" else torch.optim.AdamW
         return cls(params, lr=self.lr, weight_decay=self.weight_decay)
 

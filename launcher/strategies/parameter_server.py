@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 from typing import Any, Sequence
 
@@ -53,6 +54,8 @@ TRAINING_JOBS = ("chief", "worker")
 
 class ParameterServerUnavailable(RuntimeError):
     """A ps task stopped answering: its variables are gone until the job restarts from a checkpoint."""
+
+    explained = True  # the message says it all: no traceback
 
 
 class _Tasks(SingleProcess):
@@ -128,7 +131,8 @@ def _unavailable(ps: int, exc: BaseException) -> BaseException:
     text = " ".join(str(exc).split())
     if "On WorkerInfo" in text and "Traceback" in text:  # the ps ran the call and raised: its own error
         return exc
-    return ParameterServerUnavailable(f"parameter server ps:{ps} unavailable: {text[:300]}")
+    text = re.sub(r"\s*\(this error originated at [^)]*\)", "", text)
+    return ParameterServerUnavailable(f"parameter server ps:{ps} unavailable ({text[:200]})")
 
 
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -375,6 +379,13 @@ class _MetaScope:
 def _meta_scope(inner: Any) -> _MetaScope:
     """Variables created in scope() get no values here: they live on the ps tasks."""
     return _MetaScope(inner)
+
+
+def variables_scope() -> _MetaScope:
+    """Modules built inside get meta parameters (shapes, no values); other tensors stay real."""
+    import contextlib
+
+    return _MetaScope(contextlib.nullcontext())
 
 
 class ParameterServerStrategy(Strategy):

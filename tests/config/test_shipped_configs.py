@@ -18,9 +18,11 @@ RECIPES = sorted(composer.recipe_files())
 def test_every_recipe_validates_with_every_strategy_it_declares(recipe):
     declared = OmegaConf.load(composer.recipe_files()[recipe]).recipe.strategies
     assert declared, f"recipe {recipe} declares no strategies"
+    shapes = {"one_device": ["cluster=1x1"], "central_storage": ["cluster=1x1"],  # central storage: one process
+              "parameter_server": ["cluster.workers=2", "cluster.ps=2"]}
     for strategy in declared:
-        shape = "1x1" if strategy in ("one_device", "central_storage") else "1x2"  # central storage: one process
-        spec = composer.compose_and_validate([f"recipe={recipe}", f"strategy={strategy}", f"cluster={shape}"], cuda_devices=0)
+        shape = shapes.get(strategy, ["cluster=1x2"])
+        spec = composer.compose_and_validate([f"recipe={recipe}", f"strategy={strategy}", *shape], cuda_devices=0)
         assert spec.strategy.name == strategy
         assert spec.recipe.name == recipe
 
