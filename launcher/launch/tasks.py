@@ -33,6 +33,7 @@ from launcher.launch import elastic, emulate, failures, report
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.tasks"
+STOP_OTHERS_AFTER_S = 2.0
 
 
 def all_tasks(spec: RunSpec, attempt: int = 0) -> list[PSTask]:
@@ -111,8 +112,8 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
             if t.type == "worker" and not sync and t not in reported:
                 reported.add(t)
                 log.warning("%s stopped (%s); the chief and the other workers go on", t.name, _exit_text(codes[t]))
-        if fatal:
-            emulate._wait(list(procs.values()), spec.launch.shutdown_grace_s + 10)
+        if fatal:  # the others cannot go on without the chief or a ps: a moment to fail on their own, then stop
+            emulate._wait(list(procs.values()), STOP_OTHERS_AFTER_S)
             return fatal
         if all(code is not None for code in codes.values()):
             return []
