@@ -160,6 +160,9 @@ def task(cfg: Any) -> Any:
     summary = outputs.read_summary(run_dir)
     if code == 0 and summary:
         show_summary(summary, run_dir, console)
+    elif code == 0 and spec.cluster.task is not None and spec.cluster.task.type != "chief":
+        console.print(f"{spec.cluster.task.type}:{spec.cluster.task.index} done; the chief ({spec.cluster.master_addr}) "
+                      f"wrote the results; this task's logs: {run_dir / 'logs'}")
     elif code == 0 and spec.cluster.node_rank:
         console.print(f"node {spec.cluster.node_rank} of {spec.cluster.nodes} done; rank 0 wrote the results on node 0 "
                       f"({spec.cluster.master_addr}); this node's worker logs: {run_dir / 'logs'}")

@@ -412,6 +412,11 @@ def _ps_cluster(spec: RunSpec, cuda: int) -> None:
     if c.world_size > 1 and not c.tasks:
         raise PlanError("cluster", c.shape, f"strategy=parameter_server takes its tasks from cluster.workers and cluster.ps "
                                             f"(one process each), not from cluster={c.nodes}x{c.devices_per_node}; use cluster=1x1")
+    if c.task is not None:
+        count = {"chief": 1, "worker": c.workers, "ps": c.ps}[c.task.type]
+        if c.task.index >= count:
+            raise PlanError("cluster.task", f"{c.task.type}:{c.task.index}",
+                            f"cluster.task {c.task.type}:{c.task.index} is not in cluster.tasks ({count} {c.task.type} task(s))")
 
 
 def _fixed_port(spec: RunSpec, cuda: int) -> None:

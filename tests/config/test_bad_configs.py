@@ -14,7 +14,7 @@ from tests.conftest import dlaunch
 # (overrides, key the message must name, text that must appear)
 CASES = [
     (["strategy=mirored"], "strategy", "did you mean mirrored"),
-    (["strategy=centre"], "strategy", "allowed: central_storage, mirrored, multi_worker_mirrored, one_device"),
+    (["strategy=centre"], "strategy", "allowed: central_storage, mirrored, multi_worker_mirrored, one_device, parameter_server"),
     (["recipe=lnear"], "recipe", "did you mean linear"),
     (["cluster=2x"], "cluster", "NxM"),
     (["cluster=0x2"], "cluster", "both >= 1"),
@@ -61,6 +61,19 @@ CASES = [
      "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device"),
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),
     (["strategy=one_device", "+strategy.cross_device_ops=hierarchical_copy"], "strategy.cross_device_ops", "unknown key"),
+    (["strategy=parameter_server", "recipe=wide_deep"], "cluster.ps", "give cluster.ps=1 or more"),
+    (["strategy=mirrored", "cluster=1x2", "cluster.ps=2"], "cluster.ps", "only strategy=parameter_server has ps"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster=1x2"], "cluster", "not from cluster=1x2"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster.workers=6"], "input.global_batch_size",
+     "chief + 6 worker(s) + 1 ps = 7 replicas"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "strategy.partitioner.kind=fixed"],
+     "strategy.partitioner.num_shards", "needs num_shards"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "strategy.mode=eventually"], "strategy.mode",
+     "allowed: async, sync"),
+    (["strategy=parameter_server", "cluster.ps=1"], "strategy", "recipe linear declares strategies"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster=tasks",
+      'cluster.tasks={chief: ["127.0.0.1:2222"], ps: ["127.0.0.1:2223"]}', "cluster.task={type: ps, index: 1}"],
+     "cluster.task", "ps:1 is not in cluster.tasks (1 ps task(s))"),
 ]
 
 

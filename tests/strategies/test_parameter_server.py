@@ -8,6 +8,10 @@ kill a task or measure memory) or the shipped ``wide_deep`` recipe.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -114,3 +118,24 @@ def test_a_partitioned_million_row_table_never_lands_on_a_worker(run_dlaunch):
     for task in ("ps:0", "ps:1"):  # each ps built the table (to start from one device's values) and keeps half
         assert memory[task]["peak_rss_mib"] - memory[task]["rss_before_mib"] > table_mib / 2
     assert "table.weight" in proc.stdout + proc.stderr and "1/2 rows 0-499999" in proc.stdout + proc.stderr
+
+
+def test_each_task_can_run_its_own_dlaunch_as_on_separate_machines(tmp_path):
+    """cluster=tasks with cluster.task: four dlaunch commands, one per task, meeting at the chief's address."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    tasks = f'{{chief: ["127.0.0.1:{port}"], worker: ["127.0.0.1:2223"], ps: ["127.0.0.1:2224", "127.0.0.1:2225"]}}'
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "launcher.cli.main", *RECIPE, "strategy=parameter_server", "cluster=tasks", f"cluster.tasks={tasks}",
+             f"cluster.task={{type: {kind}, index: {index}}}", "trainer.steps=20", f"hydra.run.dir={tmp_path / name}"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for name, kind, index in (("chief", "chief", 0), ("worker", "worker", 0), ("ps0", "ps", 0), ("ps1", "ps", 1))
+    }
+    outputs = {name: proc.communicate(timeout=240)[0] for name, proc in procs.items()}
+    assert all(proc.returncode == 0 for proc in procs.values()), outputs
+    assert summary(tmp_path / "chief")["steps"] == 20
+    assert "starting ps:1 here (the other tasks run elsewhere)" in " ".join(outputs["ps1"].split())
+    assert "ps:1 done; the chief (127.0.0.1) wrote the results" in " ".join(outputs["ps1"].split())

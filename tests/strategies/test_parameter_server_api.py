@@ -1,0 +1,144 @@
+"""ParameterServerStrategy and Server from Python, as tf.distribute users write them (TF_CONFIG per task)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver
+from launcher.distribute.partitioners import place_module
+from launcher.strategies.parameter_server import ParameterServerStrategy, PSModule, variables_scope
+
+
+def data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, 100, (8, 2), generator=g), torch.randn(8, 1, generator=g)) for _ in range(5)]
+
+
+def new_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Flatten(), torch.nn.Linear(16, 1))
+
+
+def task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
+    """One task with its own TF_CONFIG: ps tasks join a Server; the chief and the worker train in sync."""
+    os.environ.update(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}),
+                      TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+    from launcher import distribute as dl
+    from launcher.cluster import rpc
+
+    if kind == "ps":
+        dl.Server(cluster, "ps", index).join()
+        results.put((f"ps:{index}", None))
+        rpc.shutdown()
+        return
+    strategy = dl.ParameterServerStrategy(variable_partitioner=dl.FixedShardsPartitioner(2), mode="sync")
+    model = new_model()  # built outside scope(): the chief's values initialize the variables
+    model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    mine = slice(0, 4) if kind == "chief" else slice(4, 8)
+    for x, y in data():
+        loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    values = model.state_dict_from_ps() if kind == "chief" else None
+    results.put((f"{kind}:{index}", (values, strategy.global_step)))
+    if kind == "chief":
+        strategy.extended.finish()
+    else:
+        strategy.extended.leave()
+    rpc.shutdown()
+
+
+@pytest.mark.slow
+def test_servers_by_hand_and_sync_training_equal_one_device():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cluster = {"chief": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2", "127.0.0.1:3"]}
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=task, args=(kind, i, cluster, results)) for kind, i in
+             (("chief", 0), ("worker", 0), ("ps", 0), ("ps", 1))]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=180) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    values, step = got["chief:0"]
+    assert step == got["worker:0"][1] == 5  # only the chief's pushes advance the global step
+
+    model = new_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in data():
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(values[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_cluster_without_this_tasks_type_or_id_is_a_value_error(monkeypatch):
+    cluster = ClusterSpec({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]})
+    with pytest.raises(ValueError, match="task_type or task_id is not"):
+        ParameterServerStrategy(SimpleClusterResolver(cluster))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster.as_dict()}))
+    with pytest.raises(ValueError, match="task_type or task_id is not"):
+        ParameterServerStrategy()
+    with pytest.raises(ValueError, match="no ps job"):
+        ParameterServerStrategy(SimpleClusterResolver(ClusterSpec({"chief": ["127.0.0.1:1"]}), task_type="chief", task_id=0))
+    with pytest.raises(ValueError, match="Server"):
+        ParameterServerStrategy(SimpleClusterResolver(cluster, task_type="ps", task_id=0))
+    monkeypatch.delenv("TF_CONFIG")
+    with pytest.raises(ValueError, match="needs a cluster"):
+        ParameterServerStrategy()
+
+
+def test_modules_built_in_scope_have_no_values_but_the_data_does():
+    with variables_scope():
+        table = torch.nn.Embedding(1_000_000, 64)
+        norm = torch.nn.BatchNorm1d(4)
+        batch = torch.randn(3, 4)
+    assert table.weight.is_meta and norm.running_mean.is_meta
+    assert not batch.is_meta
+
+
+class CountingClient:
+    """Stands in for the RPC client: serves a real table and counts the rows asked for."""
+
+    def __init__(self, module: torch.nn.Module, placement):
+        self.placement, self.values, self.rows = placement, dict(module.named_parameters()), []
+
+    def pull(self, names):
+        return {n: self.values[n].detach().clone() for n in names}
+
+    def gather(self, name, ids):
+        self.rows.append(ids.clone())
+        return self.values[name].detach()[ids]
+
+
+def test_an_embedding_lookup_pulls_only_its_rows_and_pushes_their_gradients():
+    real = torch.nn.Sequential(torch.nn.Embedding(1000, 4), torch.nn.Flatten(), torch.nn.Linear(8, 1))
+    with variables_scope():
+        meta = torch.nn.Sequential(torch.nn.Embedding(1000, 4), torch.nn.Flatten(), torch.nn.Linear(8, 1))
+    placement = place_module(meta, 2)
+    client = CountingClient(real, placement)
+    ps_model = PSModule(meta, client, torch.device("cpu"))
+    ids = torch.tensor([[5, 900], [5, 7]])
+    out = ps_model(ids)
+    torch.testing.assert_close(out, real(ids))
+    assert client.rows[0].tolist() == [5, 7, 900]  # each needed row once, never the table
+    out.sum().backward()
+    grads = ps_model.gradients()
+    rows, values = grads[placement.of("0.weight")[0].ps]["0.weight"]
+    out_real = real(ids)
+    out_real.sum().backward()
+    assert rows.tolist() == [5, 7, 900]
+    torch.testing.assert_close(values, real[0].weight.grad[[5, 7, 900]])
+    torch.testing.assert_close(grads[placement.of("2.weight")[0].ps]["2.weight"], real[2].weight.grad)
