@@ -7,12 +7,13 @@ build the recipe inside ``strategy.scope()``, then call the step through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -143,7 +144,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     restarted = (env is not None and env.restart_count > 0) or (task is not None and task.attempt > 0)
     resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=restarted))
     loop_started = time.perf_counter()
-    with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch:
+    with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy, task):
         losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1, watch)
     loop_seconds = time.perf_counter() - loop_started
 
@@ -183,6 +184,17 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     return summary
 
 
+@contextlib.contextmanager
+def _finishing(strategy: Any, task: PSTask | None) -> Iterator[None]:
+    """A parameter-server chief stopped by a signal (after its save) still ends the job: the ps tasks need not wait."""
+    try:
+        yield
+    except Preempted:
+        if task is not None:
+            strategy.extended.finish()
+        raise
+
+
 def _worker_task(spec: RunSpec, strategy: Any, replica_step: Callable[[Any], torch.Tensor], stream: DataStream,
                  task: PSTask) -> dict[str, Any]:
     """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
@@ -190,10 +202,13 @@ def _worker_task(spec: RunSpec, strategy: Any, replica_step: Callable[[Any], tor
     if start:
         stream.seek(position_at(stream, start))
     local = 0
-    while not strategy.finished and strategy.global_step < spec.trainer.steps:
-        strategy.run(replica_step, args=(next(stream),))
-        local += 1
+    with StopRequests(distributed=False) as stop:
+        while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
+            strategy.run(replica_step, args=(next(stream),))
+            local += 1
     strategy.extended.leave()
+    if stop.signum:
+        raise Preempted(stop.signum, strategy.global_step)
     log.info("%s: %d step(s) from global step %d to %d", task.name, local, start, strategy.global_step)
     return {"status": "completed", "task": task.name, "local_steps": local}
 

@@ -9,8 +9,11 @@ a whole partitioned variable.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import signal
 from pathlib import Path
+from typing import Iterator
 
 import torch.distributed as dist
 
@@ -20,6 +23,7 @@ from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
 from launcher.runtime import recipe as recipe_lib
+from launcher.runtime.preemption import STOP_SIGNALS
 from launcher.runtime.progress import log
 from launcher.strategies.parameter_server import cluster_def, contents_for
 
@@ -52,10 +56,28 @@ def serve(spec: RunSpec, task: PSTask, run_dir: Path) -> None:
     log.info("%s holds %d shard(s), %.1f MiB: %s", task.name, len(mine), sum(s.nbytes for s in mine) / 2**20,
              ", ".join(s.key for s in mine) or "none")
     _checkpoint_group(spec, task)
-    server.join()
+    with _serving_through_stop_signals(task):
+        server.join()
     log.info("%s: the chief is done and every worker has left; stopping", task.name)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _serving_through_stop_signals(task: PSTask) -> Iterator[None]:
+    """A stop signal reaches every task at once; a ps serves on, so that the chief can save the variables it holds.
+
+    The chief ends the job after its save; if it is gone instead, the agent's shutdown grace ends this task.
+    """
+    def note(signum: int, frame: object) -> None:
+        log.warning("%s: %s received; serving until the chief has saved and ends the job", task.name, signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:

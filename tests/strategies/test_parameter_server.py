@@ -139,3 +139,29 @@ def test_each_task_can_run_its_own_dlaunch_as_on_separate_machines(tmp_path):
     assert summary(tmp_path / "chief")["steps"] == 20
     assert "starting ps:1 here (the other tasks run elsewhere)" in " ".join(outputs["ps1"].split())
     assert "ps:1 done; the chief (127.0.0.1) wrote the results" in " ".join(outputs["ps1"].split())
+
+
+def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path):
+    """Preemption: every task gets the signal; the ps tasks serve on until the chief has saved, then all stop."""
+    from tests.launch.test_restarts import logged_steps
+
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher.cli.main", *RECIPE, *PS, "trainer.steps=60", "trainer.log_every=1",
+            "trainer.checkpoint.every_steps=50", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    proc = subprocess.Popen([*args, "+recipe.step_sleep=0.1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    deadline = time.time() + 180
+    while not [s for s in logged_steps(run_dir) if s >= 5] and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(15)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out[-3000:]
+    saved = layout.latest(run_dir / "checkpoints")
+    assert saved is not None and 5 <= int(saved.name.split("-")[1]) < 60, out[-3000:]
+    assert not run_processes(run_dir)
+
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["resumed_from_step"] == int(saved.name.split("-")[1]) and s["steps"] == 60
