@@ -112,8 +112,9 @@ class _Client:
 
     def push(self, grads: dict[int, dict[str, Any]], increment: bool) -> None:
         """Every ps gets this task's gradients for its shards (possibly none: sync counts every task)."""
+        timeout = self.sync_timeout_s if self.sync else self.timeout_s  # a sync push waits for the slowest task's step
         futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_push, args=(self.task, grads.get(k, {}), increment and k == 0),
-                                     timeout=0 if self._blocking() else self.timeout_s)
+                                     timeout=timeout)
                    for k in range(self.num_ps)}
         for k, future in futures.items():
             step, finished = self.wait(k, future)
@@ -121,10 +122,8 @@ class _Client:
                 self.global_step = step
             self.finished |= finished
 
-    def _blocking(self) -> bool:
-        return self.sync  # a sync push waits for the slowest task: no RPC timeout
-
     sync = False
+    sync_timeout_s = 300.0
 
 
 def _unavailable(ps: int, exc: BaseException) -> BaseException:
@@ -298,7 +297,7 @@ class _PSExtended(StrategyExtended):
         a = self._args
         placement = place_module(module, a["num_ps"], a["partitioner"])
         client = _Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
-        client.sync = a["mode"] == "sync"
+        client.sync, client.sync_timeout_s = a["mode"] == "sync", float(a["sync_timeout_s"])
         self.client = client
         chief = a["task"].startswith("chief")
         if chief and not any(p.is_meta for p in module.parameters()) and optimizer is not None:
@@ -399,6 +398,7 @@ class ParameterServerStrategy(Strategy):
             ``MinSizePartitioner``, ``MaxSizePartitioner``); None keeps every variable whole.
         mode: ``"async"`` (default) or ``"sync"``.
         rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
+        sync_timeout_s: sync mode: how long a push may wait for the other tasks' gradients of the step.
 
     The chief initializes the variables: built outside ``scope()`` (real values),
     ``prepare`` sends them to the ps tasks. Under dlaunch the ps tasks build them
@@ -407,7 +407,7 @@ class ParameterServerStrategy(Strategy):
 
     def __init__(self, cluster_resolver: Any = None, variable_partitioner: Partitioner | None = None, *,
                  mode: str = "async", rpc_timeout_s: float = 60.0, ready_timeout_s: float = 300.0,
-                 device: str = "cpu:0", open_on_prepare: bool = True):
+                 device: str = "cpu:0", open_on_prepare: bool = True, sync_timeout_s: float = 300.0):
         if mode not in ("async", "sync"):
             raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
         resolver = cluster_resolver if cluster_resolver is not None else (TFConfigClusterResolver() if tf_config() else None)
@@ -427,7 +427,7 @@ class ParameterServerStrategy(Strategy):
         args = {
             "task": f"{me[0]}:{me[1]}", "num_ps": cluster.num_tasks("ps"), "partitioner": variable_partitioner, "mode": mode,
             "rpc_timeout_s": rpc_timeout_s, "ready_timeout_s": ready_timeout_s, "training_tasks": len(training),
-            "open_on_prepare": open_on_prepare,
+            "open_on_prepare": open_on_prepare, "sync_timeout_s": sync_timeout_s,
         }
         super().__init__(_PSExtended(device, training.index(me), len(training), args), cluster_resolver=resolver)
         self._is_chief = me[0] == "chief"
@@ -468,4 +468,5 @@ def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
     return ParameterServerStrategy(
         resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
         ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
+        sync_timeout_s=runtime.run_spec.launch.collective_timeout_s,
     )
