@@ -33,7 +33,7 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
         ("processes", _processes(spec, processes)),
         *_nodes_row(spec, processes),
-        ("replicas", f"{n} in sync"),
+        ("replicas", _replicas(spec, n)),
         ("devices", devices),
         ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
         *_rendezvous_row(spec, processes),
@@ -92,6 +92,15 @@ def placement_table(spec: RunSpec, run_dir: Path) -> Table | None:
     for row in placement.rows():
         table.add_row(*row)
     return table
+
+
+def _replicas(spec: RunSpec, n: int) -> str:
+    assignment = getattr(spec.strategy, "device_assignment", None)
+    if assignment is None:
+        return f"{n} in sync"
+    logical = assignment.logical_devices
+    return (f"{n} in sync, {logical} logical device(s) each: DeviceMesh {n} x {logical} (replica, logical); "
+            f"rank r*{logical}+l is logical device l of replica r")
 
 
 def _checkpoints(spec: RunSpec, run_dir: Path) -> str:

@@ -7,6 +7,7 @@ arithmetic. Workers receive ``RunSpec.model_dump()`` and never see Hydra.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -15,6 +16,7 @@ from launcher.cluster import address
 from launcher.config.base import PlanError, Port, PositiveInt, Strict
 from launcher.config.trainer import TrainerSpec
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
+from launcher.distribute.device_assignment import fit_problem
 from launcher.distribute.devices import canonical_name
 from launcher.input import checks
 from launcher.input import files as files_lib
@@ -174,8 +176,41 @@ class ParameterServerSpec(Strict):
         return f"parameter_server ({self.mode}; {self.partitioner.describe()}; torch.distributed.rpc)"
 
 
+class DeviceAssignmentSpec(Strict):
+    """``strategy.device_assignment``: each replica's logical devices (TPU-style ``computation_shape``), and how many replicas."""
+
+    computation_shape: list[PositiveInt] = Field(
+        default_factory=lambda: [1, 1, 1, 2], min_length=1, description="a replica's block of devices; its product is the logical devices per replica",
+    )
+    num_replicas: PositiveInt | None = Field(None, description="null: the cluster's devices / logical devices per replica")
+
+    @property
+    def logical_devices(self) -> int:
+        return math.prod(self.computation_shape)
+
+
+class MeshSpec(Strict):
+    """``strategy=mesh``: replicas of several logical devices each, on a 2-D DeviceMesh (replica x logical) with DTensor."""
+
+    name: Literal["mesh"]
+    device_assignment: DeviceAssignmentSpec = DeviceAssignmentSpec()
+
+    def replicas(self, cluster: "ClusterSpec") -> int:
+        a = self.device_assignment
+        return a.num_replicas or max(1, cluster.world_size // a.logical_devices)
+
+    def processes(self, cluster: "ClusterSpec") -> int:
+        """One process per device: every logical device of every replica."""
+        return cluster.world_size
+
+    def describe(self) -> str:
+        a = self.device_assignment
+        return (f"mesh ({a.logical_devices} logical device(s) per replica, computation_shape {a.computation_shape}; "
+                f"DeviceMesh (replica, logical), DTensor)")
+
+
 StrategySpec = Annotated[
-    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec, ParameterServerSpec],
+    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec, ParameterServerSpec, MeshSpec],
     Field(discriminator="name"),
 ]
 
@@ -371,6 +406,8 @@ class RunSpec(Strict):
         """Worker processes, one per replica: the input pipelines that auto-sharding divides data among."""
         if self.strategy.name == "parameter_server":
             return self.num_replicas  # the chief and the workers; ps tasks read no data
+        if hasattr(self.strategy, "processes"):
+            return self.strategy.processes(self.cluster)
         return self.cluster.world_size if self.num_replicas > 1 else 1
 
     @property
@@ -391,7 +428,7 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        for rule in (_ps_cluster, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
+        for rule in (_ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
                      _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits):
             rule(self, cuda)
         return self
@@ -440,7 +477,25 @@ def _one_process_shape(spec: RunSpec, cuda: int) -> None:
         )
 
 
+def _mesh_fits(spec: RunSpec, cuda: int) -> None:
+    """Replicas x logical devices must be the cluster's devices, with the arithmetic shown."""
+    if spec.strategy.name != "mesh":
+        return
+    a, c = spec.strategy.device_assignment, spec.cluster
+    where = f"cluster {c.shape} has {c.world_size}"
+    if a.num_replicas is None and c.world_size % a.logical_devices:
+        raise PlanError("strategy.device_assignment.computation_shape", a.computation_shape,
+                        f"computation_shape {a.computation_shape} = {a.logical_devices} logical devices per replica needs "
+                        f"a multiple of {a.logical_devices} devices, but {where}")
+    problem = fit_problem(a.computation_shape, spec.num_replicas, c.world_size, where)
+    if problem:
+        key = "strategy.device_assignment.num_replicas" if a.num_replicas else "strategy.device_assignment.computation_shape"
+        raise PlanError(key, a.num_replicas or a.computation_shape, problem)
+
+
 def _one_device_shape(spec: RunSpec, cuda: int) -> None:
+    if hasattr(spec.strategy, "processes"):
+        return
     if spec.num_replicas == 1 and spec.cluster.world_size > 1:
         raise PlanError(
             "cluster", spec.cluster.shape,

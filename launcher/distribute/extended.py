@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware."""
 
+    collective_forward = False  # True where a model's forward runs collectives (split layers): every rank evaluates
+
     def __init__(
         self, devices: Sequence[str], collectives: Any = None, parameter_devices: Sequence[str] | None = None,
         cross_device_ops: cdo.CrossDeviceOps | None = None,

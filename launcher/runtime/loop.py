@@ -46,8 +46,11 @@ def seed_everything(seed: int) -> None:
 def param_norm(model: torch.nn.Module) -> float:
     if hasattr(model, "param_norm"):  # variables held elsewhere (parameter servers) say their own
         return float(model.param_norm())
+    from torch.distributed.tensor import DTensor
+
     with torch.no_grad():
-        return math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in unwrap(model).parameters()))
+        whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in unwrap(model).parameters()]  # split layers: gathered
+        return math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in whole))
 
 
 def global_batches(data: Any, spec: RunSpec) -> Any:
@@ -150,7 +153,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
 
     metrics = {}
     evaluate = loaded.evaluate()
-    if rank == 0 and evaluate is not None:
+    if evaluate is not None and (rank == 0 or strategy.extended.collective_forward):  # a split model's forward needs every rank
         with torch.no_grad():
             metrics = {k: float(v) for k, v in evaluate(unwrap(model), parts).items()}
         log.info("eval: %s", ", ".join(f"{k}={v:.6g}" for k, v in metrics.items()))

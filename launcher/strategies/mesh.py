@@ -1,0 +1,250 @@
+"""``MeshStrategy``: replicas of several logical devices each, on a DeviceMesh, with DTensor placements.
+
+The TPUStrategy counterpart of model parallelism inside a replica. A
+``DeviceAssignment`` gives ``num_replicas`` replicas of ``num_cores_per_replica``
+logical devices; every device is one process, and the job's processes form a
+2-D ``DeviceMesh`` named ``("replica", "logical")``. Training is synchronous:
+each replica reads its share of every global batch (a replica's logical devices
+read the same rows), and gradients are averaged over the replica dimension.
+
+Inside a replica, tensors are annotated as TPUStrategy does, with DTensor
+placements over the replica's logical devices:
+
+* ``experimental_assign_to_logical_device(t, i)``: the value logical device ``i``
+  computed, on every logical device (``Replicate``);
+* ``experimental_split_to_logical_devices(t, [1, 2, 4, 1])``: split 2-way along
+  dim 1 and 4-way along dim 2 (``Shard`` on a mesh of the split sizes);
+* ``experimental_replicate_to_logical_devices(t)``: the whole value everywhere.
+
+Layers are split with torch's tensor parallelism over ``strategy.logical_mesh``
+(``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel``), as the
+``tp_mlp`` recipe does::
+
+    assignment = DeviceAssignment.build(Topology.from_devices(4), computation_shape=[1, 1, 1, 2], num_replicas=2)
+    strategy = MeshStrategy(assignment)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from launcher.cluster.env import WorkerEnv
+from launcher.cluster.process_group import ensure_process_group, process_device
+from launcher.distribute import devices as devlib
+from launcher.distribute.collectives import ProcessCollectives
+from launcher.distribute.device_assignment import DeviceAssignment, Topology
+from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.strategy import Strategy
+from launcher.distribute.values import map_structure
+from launcher.strategies import Runtime, register
+from launcher.distribute.replicated import DelegatingOptimizer
+
+
+class _AssignedTo(torch.autograd.Function):
+    """Forward: every logical device takes device ``src``'s value. Backward: ``src`` gets the sum of their gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, src: int, group: Any, is_src: bool) -> torch.Tensor:
+        ctx.group, ctx.is_src = group, is_src
+        out = tensor.detach().clone().contiguous()
+        dist.broadcast(out, src=src, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        total = grad.detach().clone().contiguous()
+        dist.all_reduce(total, group=ctx.group)
+        return (total if ctx.is_src else torch.zeros_like(total)), None, None, None
+
+
+class MeshOptimizer(DelegatingOptimizer):
+    """``step()`` first averages the gradients over the replica dimension (one flat all-reduce), then steps."""
+
+    def __init__(self, primary: torch.optim.Optimizer, replica_group: Any, replicas: int):
+        super().__init__(primary)
+        self._group, self._replicas = replica_group, replicas
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        if self._replicas > 1:
+            self._average_gradients()
+        return self._primary.step(closure)
+
+    def _average_gradients(self) -> None:
+        grads = [_local(p.grad) for g in self._primary.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self._group)
+        flat /= self._replicas
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._primary.zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
+        self._primary.load_state_dict(state_dict)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class _MeshExtended(StrategyExtended):
+    collective_forward = True
+
+    def __init__(self, device: str, collectives: Any, mesh: DeviceMesh | None, assignment: DeviceAssignment):
+        super().__init__([device], collectives)
+        self.mesh, self.assignment = mesh, assignment
+        self._split_meshes: dict[tuple[int, ...], DeviceMesh] = {}
+
+    def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
+        return super()._reduce(reduce_op, map_structure(_full, value), axis)
+
+    def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        if optimizer is None:
+            return module, None
+        group = self.mesh.get_group("replica") if self.mesh is not None else None
+        return module, MeshOptimizer(optimizer, group, self.assignment.num_replicas)
+
+    def split_mesh(self, sizes: tuple[int, ...]) -> DeviceMesh:
+        """A mesh of (replica, *sizes) over the same ranks: every process builds it, in the same order."""
+        if sizes not in self._split_meshes:
+            replicas = self.assignment.num_replicas
+            ranks = torch.arange(replicas * math.prod(sizes)).reshape(replicas, *sizes)
+            names = ("replica", *(f"split{i}" for i in range(len(sizes))))
+            self._split_meshes[sizes] = DeviceMesh(self.mesh.device_type, ranks, mesh_dim_names=names)
+        return self._split_meshes[sizes]
+
+
+def _full(value: Any) -> Any:
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+class MeshStrategy(Strategy):
+    """Synchronous replicas of several logical devices each (TPUStrategy's device assignment) on DeviceMesh/DTensor.
+
+    Args:
+        device_assignment: replicas x logical devices; default: one logical device per
+            process (plain data parallelism).
+        device_type: "cpu" or "cuda"; default: CUDA when visible.
+        timeout_s: collective timeout.
+
+    Processes come from the launcher (dlaunch or torchrun): rank ``r * L + l`` is logical
+    device ``l`` of replica ``r``.
+    """
+
+    def __init__(self, device_assignment: DeviceAssignment | None = None, *, device_type: str | None = None,
+                 timeout_s: float = 300.0, env: WorkerEnv | None = None):
+        env = env if env is not None else WorkerEnv.from_environ()
+        kind = device_type or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
+        grouped = ensure_process_group(env, None, timeout_s, kind)
+        world = dist.get_world_size() if grouped else 1
+        assignment = device_assignment or DeviceAssignment.build(Topology.from_devices(world), [1], num_replicas=world)
+        needed = assignment.num_replicas * assignment.num_cores_per_replica
+        if needed != world:
+            raise ValueError(f"computation_shape {assignment.computation_shape} x num_replicas {assignment.num_replicas} = "
+                             f"{needed} devices, but the job has {world} process(es)")
+        mesh = None
+        if grouped:
+            mesh = init_device_mesh(kind, (assignment.num_replicas, assignment.num_cores_per_replica),
+                                    mesh_dim_names=("replica", "logical"))
+        device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
+        collectives = ProcessCollectives(mesh.get_group("replica")) if mesh is not None and assignment.num_replicas > 1 else None
+        super().__init__(_MeshExtended(device, collectives, mesh, assignment))
+
+    # ----- the device assignment -----
+    @property
+    def device_assignment(self) -> DeviceAssignment:
+        return self._extended.assignment
+
+    @property
+    def num_logical_devices(self) -> int:
+        """Logical devices per replica."""
+        return self._extended.assignment.num_cores_per_replica
+
+    @property
+    def mesh(self) -> DeviceMesh | None:
+        """The 2-D ``("replica", "logical")`` DeviceMesh (None in one process)."""
+        return self._extended.mesh
+
+    @property
+    def logical_mesh(self) -> DeviceMesh | None:
+        """This replica's logical devices: the 1-D mesh that tensor parallelism splits layers over."""
+        return None if self.mesh is None else self.mesh["logical"]
+
+    @property
+    def logical_device_id(self) -> int:
+        """Which logical device of its replica this process is."""
+        rank = dist.get_rank() if self.mesh is not None else 0
+        return self._extended.assignment.position(rank)[1]
+
+    # ----- the annotations -----
+    def experimental_assign_to_logical_device(self, tensor: torch.Tensor, logical_device_id: int) -> torch.Tensor:
+        """The value that logical device ``logical_device_id`` computed, on every logical device of the replica."""
+        n = self.num_logical_devices
+        if not isinstance(logical_device_id, int) or not 0 <= logical_device_id < n:
+            raise ValueError(f"logical device id {logical_device_id} is out of range: the device assignment gives each "
+                             f"replica {n} logical device(s) (ids 0..{n - 1})")
+        if self.mesh is None or n == 1:
+            return tensor
+        group = self.mesh.get_group("logical")
+        replica = self._extended.assignment.position(dist.get_rank())[0]
+        src = self._extended.assignment.rank(replica, logical_device_id)
+        value = _AssignedTo.apply(_full(tensor), src, group, dist.get_rank() == src)
+        return DTensor.from_local(value, self.logical_mesh, [Replicate()], run_check=False)
+
+    def experimental_split_to_logical_devices(self, tensor: torch.Tensor, partition_dimensions: Sequence[int]) -> torch.Tensor:
+        """Split ``tensor`` ``partition_dimensions[d]``-way along each dim ``d`` over the replica's logical devices."""
+        dims = [int(d) for d in partition_dimensions]
+        _check_split(tuple(tensor.shape), dims, self.num_logical_devices)
+        split = [d for d, parts in enumerate(dims) if parts > 1]
+        if self.mesh is None or not split:
+            return tensor
+        mesh = self._extended.split_mesh(tuple(dims[d] for d in split))
+        names = tuple(f"split{i}" for i in range(len(split)))
+        sub = mesh[names]
+        local = _full(tensor)
+        for coordinate, d in zip(sub.get_coordinate(), split):
+            local = local.tensor_split(dims[d], dim=d)[coordinate]
+        return DTensor.from_local(local.contiguous(), sub, [Shard(d) for d in split], run_check=False,
+                                  shape=tensor.shape, stride=torch.empty(tensor.shape).stride())
+
+    def experimental_replicate_to_logical_devices(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole value on every logical device (a split DTensor is gathered)."""
+        if self.mesh is None or self.num_logical_devices == 1:
+            return tensor
+        if isinstance(tensor, DTensor):
+            return tensor.redistribute(tensor.device_mesh, [Replicate()] * tensor.device_mesh.ndim)
+        return DTensor.from_local(tensor, self.logical_mesh, [Replicate()], run_check=False)
+
+
+def _check_split(shape: tuple[int, ...], dims: list[int], logical: int) -> None:
+    """The seed's three ValueErrors, in its order."""
+    if len(dims) != len(shape):
+        raise ValueError(f"partition_dimensions {dims} has {len(dims)} entries, but the tensor has rank {len(shape)} "
+                         f"(shape {list(shape)}): give one entry per dimension")
+    if math.prod(dims) != logical:
+        raise ValueError(f"the product of partition_dimensions {dims} is {math.prod(dims)}, but each replica has "
+                         f"{logical} logical device(s)")
+    for d, (size, parts) in enumerate(zip(shape, dims)):
+        if parts < 1 or size % parts:
+            raise ValueError(f"dimension {d} of the tensor (size {size}) is not divisible by its partition {parts} "
+                             f"(shape {list(shape)}, partition_dimensions {dims})")
+
+
+@register("mesh")
+def from_spec(spec: Any, runtime: Runtime) -> MeshStrategy:
+    cluster = runtime.run_spec.cluster
+    assignment = DeviceAssignment.build(Topology.from_devices(cluster.world_size), spec.device_assignment.computation_shape,
+                                        num_replicas=spec.replicas(cluster))
+    return MeshStrategy(assignment, device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env)
