@@ -164,7 +164,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "recipe": spec.recipe.name,
         "cluster": spec.cluster.shape,
         "device": runtime.device_type,
-        "backend": runtime.backend if strategy.num_replicas_in_sync > 1 else None,
+        "backend": runtime.backend if strategy.num_replicas_in_sync > 1 or (env is not None and env.world_size > 1) else None,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "world_size": env.world_size if env else 1,
         "global_batch_size": spec.input.global_batch_size,

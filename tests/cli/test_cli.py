@@ -50,7 +50,7 @@ def test_one_device_run_writes_the_output_contract(run_dlaunch):
 def test_help_lists_the_config_groups(run_dlaunch):
     proc, _ = run_dlaunch("--help")
     assert proc.returncode == 0
-    for group in ("strategy: central_storage, mirrored, multi_worker_mirrored, one_device, parameter_server", "recipe: linear"):
+    for group in ("strategy: central_storage, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server", "recipe: linear"):
         assert group in proc.stdout
 
 

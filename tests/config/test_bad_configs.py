@@ -14,7 +14,7 @@ from tests.conftest import dlaunch
 # (overrides, key the message must name, text that must appear)
 CASES = [
     (["strategy=mirored"], "strategy", "did you mean mirrored"),
-    (["strategy=centre"], "strategy", "allowed: central_storage, mirrored, multi_worker_mirrored, one_device, parameter_server"),
+    (["strategy=centre"], "strategy", "allowed: central_storage, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server"),
     (["recipe=lnear"], "recipe", "did you mean linear"),
     (["cluster=2x"], "cluster", "NxM"),
     (["cluster=0x2"], "cluster", "both >= 1"),
@@ -62,6 +62,12 @@ CASES = [
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),
     (["strategy=one_device", "+strategy.cross_device_ops=hierarchical_copy"], "strategy.cross_device_ops", "unknown key"),
     (["strategy=parameter_server", "recipe=wide_deep"], "cluster.ps", "give cluster.ps=1 or more"),
+    (["strategy=mesh", "recipe=tp_mlp", "cluster=1x2", "strategy.device_assignment.num_replicas=2"],
+     "strategy.device_assignment.num_replicas", "computation_shape [1, 1, 1, 2] x num_replicas 2 = 4 devices, but cluster 1x2 has 2"),
+    (["strategy=mesh", "recipe=tp_mlp", "cluster=1x3"], "strategy.device_assignment.computation_shape",
+     "needs a multiple of 2 devices, but cluster 1x3 has 3"),
+    (["strategy=mesh", "recipe=tp_mlp", "cluster=1x4", "strategy.device_assignment.computation_shape=[1,0,1,2]"],
+     "strategy.device_assignment.computation_shape.1", "greater than 0"),
     (["strategy=mirrored", "cluster=1x2", "cluster.ps=2"], "cluster.ps", "only strategy=parameter_server has ps"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster=1x2"], "cluster", "not from cluster=1x2"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster.workers=6"], "input.global_batch_size",
