@@ -24,6 +24,8 @@ STRATEGIES = {
     "central_storage": ("strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]"),
     # each step draws noise from the global torch RNG (as dropout does): its state must travel in the checkpoint
     "mirrored-random-steps": ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.input_noise=0.3"),
+    # DTensor parameters split over 2 logical devices, 2 replicas
+    "mesh-tp_mlp": ("recipe=tp_mlp", "strategy=mesh", "cluster=1x4"),
 }
 
 
@@ -46,7 +48,8 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
 
 
 def run_ok(run_dlaunch, name, *args):
-    proc, run_dir = run_dlaunch(*COMMON, *args, name=name)
+    common = [a for a in COMMON if not (a.startswith("recipe=") and any(b.startswith("recipe=") for b in args))]
+    proc, run_dir = run_dlaunch(*common, *args, name=name)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, run_dir
 
