@@ -4,6 +4,7 @@
     dlaunch --cfg job                      # print the composed config
     dlaunch launch.dry_run=true ...        # print the plan, start nothing
     dlaunch -m strategy=mirrored cluster=1x1,1x2 recipe.optimizer.lr=0.1,0.01   # Hydra multirun
+    dlaunch report RUN_OR_SWEEP_DIR        # PNG curves and report.html beside the data
 
 Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import scheduled
+from launcher.cli import scheduled, sweep
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
 from launcher.config.errors import ConfigError, Problem, render
@@ -115,7 +116,15 @@ def precheck(overrides: list[str], multirun: bool) -> None:
 
 
 def task(cfg: Any) -> Any:
-    """Hydra's task function: one job, in Hydra's run directory."""
+    """Hydra's task function: one job, in Hydra's run directory; its summary, or for Optuna the objective."""
+    summary = _job(cfg)
+    if _optimizing_sweeper():
+        return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")))
+    return summary
+
+
+def _job(cfg: Any) -> Any:
+    """One job: validate (already done by the pre-check), plan, run; the run's summary (None on a config error)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -167,6 +176,13 @@ def task(cfg: Any) -> Any:
         console.print(f"node {spec.cluster.node_rank} of {spec.cluster.nodes} done; rank 0 wrote the results on node 0 "
                       f"({spec.cluster.master_addr}); this node's worker logs: {run_dir / 'logs'}")
     return summary
+
+
+def _optimizing_sweeper() -> bool:
+    """Optuna's sweeper wants a number back from each job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
 
 
 def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
@@ -232,8 +248,16 @@ def _hydra_main(argv: list[str]) -> None:
         sys.argv = saved
 
 
+# `dlaunch NAME ...` for these names runs a tool, not a training job.
+SUBCOMMANDS = {"report": "launcher.cli.report"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = _hydra_args(argv)
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     try:
@@ -264,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
-    return max(_Status.codes, default=0, key=_severity)
+    codes = [*_Status.codes, *([1] if args.multirun and sweep.failed_jobs() else [])]  # jobs run elsewhere (joblib) too
+    return max(codes, default=0, key=_severity)
 
 
 def _severity(code: int) -> tuple[int, int]:

@@ -384,6 +384,10 @@ class RecipeSpec(BaseModel):
     strategies: list[str] = Field(default_factory=list, description="strategies the recipe declares it supports")
 
 
+class SweepSpec(Strict):
+    objective: str = Field("final_loss", min_length=1, description="final_loss, or a metric the recipe reports (eval_accuracy)")
+
+
 class RunSpec(Strict):
     strategy: StrategySpec
     cluster: ClusterSpec = ClusterSpec()
@@ -391,6 +395,7 @@ class RunSpec(Strict):
     trainer: TrainerSpec = TrainerSpec()
     input: InputSpec = InputSpec()
     launch: LaunchSpec = LaunchSpec()
+    sweep: SweepSpec = SweepSpec()
 
     # ----- derived plan -----
     @property

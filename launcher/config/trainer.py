@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -32,6 +32,16 @@ class TrainerSpec(Strict):
         "auto", min_length=1,
         description="auto: the newest complete checkpoint of the run, if any; never; or a checkpoint PATH",
     )
+    loggers: list[Literal["tensorboard"]] = Field(default_factory=list, description="also log to these (tensorboard: RUN_DIR/tensorboard)")
+
+    @field_validator("loggers", mode="after")
+    @classmethod
+    def _installed(cls, value: list[str]) -> list[str]:
+        from launcher.runtime.loggers import tensorboard_available
+
+        if "tensorboard" in value and not tensorboard_available():
+            raise PlanError("trainer.loggers", value, "the tensorboard logger needs the tensorboard package: pip install tensorboard")
+        return value
 
     @field_validator("resume", mode="after")
     @classmethod

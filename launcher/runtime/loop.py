@@ -32,6 +32,7 @@ from launcher.input.files import FileDataset
 from launcher.input.position import DataStream, EpochBatchSampler, Position
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
+from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.progress import ProgressReporter, log
 
@@ -239,6 +240,7 @@ class _Loop:
     chief: bool
     console: Console | None
     curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
+    loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
 
     def resume(self, path: Path | None) -> int:
         """Load ``path`` (None: start at step 0); return the step it was saved after."""
@@ -266,6 +268,7 @@ class _Loop:
         steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
+        self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
         meter = _Meter(self.spec.input.global_batch_size, steps, start)
         losses: list[float] = []
         try:
@@ -289,6 +292,8 @@ class _Loop:
                         raise Preempted(signum, step, saved)
         finally:
             progress.close()
+            for logger in self.loggers:
+                logger.close()
             if metrics_log:
                 self.curve = [r["loss"] for r in metrics_log.kept] + losses
                 metrics_log.close()
@@ -300,8 +305,11 @@ class _Loop:
             raise FloatingPointError(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
         rate, eta = meter.window(step)
         progress.logged(step, loss, rate, eta)
+        record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time()}
         if metrics_log:
-            metrics_log.write({"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time()})
+            metrics_log.write(record)
+        for logger in self.loggers:
+            logger.log(record)
         return loss
 
     def _save(self, step: int) -> Path:

@@ -62,6 +62,7 @@ CASES = [
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),
     (["strategy=one_device", "+strategy.cross_device_ops=hierarchical_copy"], "strategy.cross_device_ops", "unknown key"),
     (["strategy=parameter_server", "recipe=wide_deep"], "cluster.ps", "give cluster.ps=1 or more"),
+    (["trainer.loggers=[wandb]"], "trainer.loggers.0", "allowed: tensorboard"),
     (["strategy=mesh", "recipe=tp_mlp", "cluster=1x2", "strategy.device_assignment.num_replicas=2"],
      "strategy.device_assignment.num_replicas", "computation_shape [1, 1, 1, 2] x num_replicas 2 = 4 devices, but cluster 1x2 has 2"),
     (["strategy=mesh", "recipe=tp_mlp", "cluster=1x3"], "strategy.device_assignment.computation_shape",

@@ -1,0 +1,124 @@
+"""The end of a sweep (``dlaunch -m ...``): one table of every job, and the same data as JSON and CSV.
+
+A Hydra callback (``hydra.callbacks.sweep_summary`` in ``conf/config.yaml``),
+so it runs in the process that launched the sweep whatever launcher ran the
+jobs (in turn, joblib's processes, SLURM): it reads each job's directory.
+
+    dlaunch -m strategy=one_device,mirrored recipe.optimizer.lr=0.1,0.01
+    # ... then: sweep summary (4 jobs, 1 failed) and SWEEP_DIR/sweep_summary.json, .csv
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from rich.console import Console
+from rich.table import Table
+
+COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds")
+_outcome: dict[str, Any] = {"failed": 0}
+
+
+class SweepSummary(Callback):
+    """``on_multirun_end``: the sweep's table on the terminal, ``sweep_summary.json`` and ``.csv`` beside the jobs."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = collect(sweep_dir)
+        if not rows:
+            return
+        write(sweep_dir, rows)
+        console = Console(stderr=True, highlight=False)
+        if not console.is_terminal:  # a log file or a pipe: room for the overrides on one line
+            console.width = max(console.width, 160)
+        show(rows, sweep_dir, console)
+        _outcome["failed"] = sum(r["status"] != "completed" for r in rows)
+
+
+def failed_jobs() -> int:
+    """Jobs of the last sweep in this process that did not complete (for the exit code)."""
+    return _outcome["failed"]
+
+
+def collect(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per job directory (numbered subdirectories holding a ``.hydra`` folder), in job order."""
+    jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+    return [_row(d) for d in jobs if (d / ".hydra").is_dir()]
+
+
+def _row(job: Path) -> dict[str, Any]:
+    summary = _read_json(job / "summary.json")
+    metrics = summary.get("metrics") or {}
+    metric = next(iter(metrics), None)
+    status = summary.get("status") or ("config error" if not (job / "config.yaml").exists() else "failed")
+    return {
+        "job": int(job.name),
+        "overrides": " ".join(_overrides(job)),
+        "status": status,
+        "final_loss": summary.get("final_loss"),
+        "metric": metric,
+        "metric_value": metrics.get(metric) if metric else None,
+        "examples_per_sec": summary.get("examples_per_sec"),
+        "wall_seconds": summary.get("wall_seconds"),
+        "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
+        "dir": str(job),
+    }
+
+
+def _overrides(job: Path) -> list[str]:
+    path = job / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return []
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra")]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    (sweep_dir / "sweep_summary.json").write_text(json.dumps({"sweep_dir": str(sweep_dir), "jobs": rows}, indent=2))
+    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "error", "dir"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
+    failed = sum(r["status"] != "completed" for r in rows)
+    title = f"sweep summary: {len(rows)} job(s)" + (f", {failed} failed" if failed else "")
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
+    for column in ("job", "overrides", "status", "final loss", "metric", "examples/s", "wall s"):
+        table.add_column(column, justify="right" if column in ("job", "final loss", "examples/s", "wall s") else "left",
+                         overflow="fold")
+    for r in rows:
+        status = r["status"] if r["status"] == "completed" else f"[red]{r['status']}[/]"
+        metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
+        table.add_row(str(r["job"]), r["overrides"], status, _num(r["final_loss"]), metric,
+                      _num(r["examples_per_sec"], ".0f"), _num(r["wall_seconds"], ".2f"))
+    console.print(table)
+    console.print(f"sweep results: [bold]{sweep_dir}[/] (sweep_summary.json, sweep_summary.csv, one directory per job)")
+
+
+def _num(value: Any, fmt: str = ".6g") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def objective(summary: dict[str, Any] | None, name: str) -> float:
+    """The number an optimizing sweeper (Optuna) gets for a job: ``final_loss`` or a metric; NaN for a failed job."""
+    if not summary or summary.get("status") != "completed":
+        return math.nan
+    value = summary.get("final_loss") if name == "final_loss" else (summary.get("metrics") or {}).get(name)
+    return math.nan if value is None else float(value)

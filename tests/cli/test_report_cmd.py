@@ -1,0 +1,206 @@
+"""``dlaunch report``: charts and report.html for a run or a sweep directory, built here from hand-written files."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from launcher.cli import report  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(run_dir: Path, *, lr: float, steps: int = 200, status: str | None = "completed",
+              metrics: dict | None = None, extra: bool = False, overrides: list[str] | None = None) -> None:
+    """A run directory as the training loop leaves it; status None: no summary.json (a job that died)."""
+    run_dir.mkdir(parents=True)
+    records = []
+    for step in [1, *range(10, steps + 1, 10)]:
+        loss = 30.0 * math.exp(-lr * step) + 0.05 + 0.02 * math.sin(step)
+        record = {"step": step, "loss": loss, "examples_per_sec": 5000.0 + step, "time": 1.7e9 + step / 100}
+        if extra:
+            record["grad_norm"] = 1.0 / (1 + step / 20)
+            record["lr"] = lr * (1 - step / (2 * steps))
+        records.append(record)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if status is not None:
+        summary = {"status": status, "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
+                   "examples_per_sec": 5100.0, "wall_seconds": 1.5, "recipe": "linear", "steps": steps,
+                   "metrics": metrics if metrics is not None else {}}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    hydra = run_dir / ".hydra"
+    hydra.mkdir()
+    text = "".join(f"- {o}\n" for o in (overrides or [f"recipe.optimizer.lr={lr}", f"trainer.steps={steps}"]))
+    (hydra / "overrides.yaml").write_text(text or "[]\n")
+
+
+def assert_real_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 200 and height >= 200, (path, width, height)
+    assert len(data) > 5_000, f"{path} is only {len(data)} bytes"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(path))
+    assert pixels.shape[:2] == (height, width)
+    assert pixels[..., :3].var() > 1e-3, f"{path} is (almost) a single colour"
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    root = tmp_path / "sweep"
+    write_run(root / "0", lr=0.05, metrics={"eval_accuracy": 0.81, "eval_loss": 0.42})
+    write_run(root / "1", lr=0.02, metrics={"eval_accuracy": 0.93, "eval_loss": 0.21})
+    write_run(root / "2", lr=0.5, status="failed", metrics={"eval_accuracy": 0.11, "eval_loss": 9.0})
+    write_run(root / "3", lr=0.9, status=None)  # killed: metrics.jsonl but no summary.json
+    write_run(root / "10", lr=0.01, metrics={"eval_accuracy": 0.88, "eval_loss": 0.3})
+    (root / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+    return root
+
+
+def test_run_directory_gets_loss_metrics_and_a_self_contained_page(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(run, lr=0.03, metrics={"eval_loss": 0.25, "eval_auc": 0.97}, extra=True)
+
+    assert report.main([str(run)]) == 0
+
+    printed = capsys.readouterr().out.split()
+    for name in ("loss.png", "metrics.png", "report.html"):
+        assert str(run / name) in printed
+        assert (run / name).exists()
+    assert_real_png(run / "loss.png")
+    assert_real_png(run / "metrics.png")  # the grad_norm and lr curves
+    page = (run / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2
+    assert "src='loss.png'" not in page and 'src="loss.png"' not in page  # embedded, not linked: the page can move
+    for expected in ("eval_loss", "0.25", "eval_auc", "0.97", "completed", "recipe.optimizer.lr=0.03"):
+        assert expected in page, expected
+
+
+def test_run_directory_without_extra_curves_draws_only_the_loss(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, lr=0.03, metrics={"eval_loss": 0.25})
+    (run / "metrics.png").write_bytes(b"stale chart of an earlier report")
+
+    assert report.main([str(run)]) == 0
+
+    assert_real_png(run / "loss.png")
+    assert not (run / "metrics.png").exists()
+    assert "eval_loss" in (run / "report.html").read_text()
+
+
+def test_sweep_overlays_curves_and_charts_the_first_metric(sweep, capsys):
+    assert report.main([str(sweep)]) == 0
+
+    printed = capsys.readouterr().out.split()
+    for name in ("loss.png", "final_metric.png", "report.html"):
+        assert str(sweep / name) in printed
+    assert_real_png(sweep / "loss.png")
+    assert_real_png(sweep / "final_metric.png")
+    page = (sweep / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2
+    for overrides in ("recipe.optimizer.lr=0.05", "recipe.optimizer.lr=0.02", "recipe.optimizer.lr=0.01",
+                      "recipe.optimizer.lr=0.5", "recipe.optimizer.lr=0.9", "trainer.steps=200"):
+        assert overrides in page, overrides
+    assert "eval_accuracy" in page  # summary.json is written with sorted keys: the first metric
+    failed = page.split("Failed jobs", 1)[1]
+    assert "job 2" in failed and "failed" in failed
+    assert "job 3" in failed and "no summary.json" in failed
+    assert "job 0" not in failed and "job 1<" not in failed and "job 10" not in failed
+
+
+def test_sweep_leaves_failed_jobs_out_of_the_charts(sweep, monkeypatch):
+    drawn: dict[str, dict] = {}
+    real_save = report._save
+
+    def spy(fig, path):
+        (ax,) = fig.axes
+        drawn[path.name] = {
+            "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
+            "lines": len(ax.lines), "bars": len(ax.patches), "ticks": [t.get_text() for t in ax.get_xticklabels()],
+        }
+        return real_save(fig, path)
+
+    monkeypatch.setattr(report, "_save", spy)
+    assert report.main([str(sweep)]) == 0
+
+    labels = ["0: recipe.optimizer.lr=0.05", "1: recipe.optimizer.lr=0.02", "10: recipe.optimizer.lr=0.01"]
+    assert drawn["loss.png"]["lines"] == 3 and drawn["loss.png"]["legend"] == labels  # numeric job order
+    assert drawn["final_metric.png"]["bars"] == 3 and drawn["final_metric.png"]["ticks"] == labels
+
+
+def test_sweep_without_metrics_charts_final_loss(tmp_path):
+    root = tmp_path / "sweep"
+    write_run(root / "0", lr=0.05)
+    write_run(root / "1", lr=0.02)
+
+    assert report.main([str(root)]) == 0
+
+    assert_real_png(root / "final_metric.png")
+    assert "Charted metric: <b>final_loss</b>" in (root / "report.html").read_text()
+
+
+def test_the_real_dlaunch_files_are_read(tmp_path):
+    """A sweep as `dlaunch -m` writes it: summary keys sorted, NaN written as null."""
+    root = tmp_path / "sweep"
+    write_run(root / "0", lr=0.05, metrics={"eval_loss": None})
+    write_run(root / "1", lr=0.02, metrics={"eval_loss": 0.3})
+    with (root / "0" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 210, "loss": null, "examples_per_sec": 1.0, "time": 1.0}\n{"step": 22')  # torn last line
+
+    assert report.main([str(root)]) == 0
+    assert_real_png(root / "loss.png")
+    assert_real_png(root / "final_metric.png")
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "file", "no_metrics", "empty_metrics", "all_failed"])
+def test_nothing_to_report_is_a_one_line_error(tmp_path, capsys, case):
+    target = tmp_path / "target"
+    if case == "empty":
+        target.mkdir()
+    elif case == "file":
+        target.write_text("not a directory")
+    elif case == "no_metrics":
+        target.mkdir()
+        (target / "config.yaml").write_text("trainer: {}\n")
+    elif case == "empty_metrics":
+        target.mkdir()
+        (target / "metrics.jsonl").write_text("")
+        (target / "summary.json").write_text(json.dumps({"status": "failed", "metrics": {}}))
+    elif case == "all_failed":
+        write_run(target / "0", lr=0.1, status="failed")
+        write_run(target / "1", lr=0.2, status=None)
+
+    assert report.main([str(target)]) == 2
+
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dlaunch report: error: ") and str(target) in lines[0], err
+    if target.is_dir():
+        assert not (target / "report.html").exists() and not (target / "loss.png").exists()
+
+
+def test_usage_errors_exit_2(capsys):
+    assert report.main([]) == 2
+    assert "RUN_OR_SWEEP_DIR" in capsys.readouterr().err
+    assert report.main(["--help"]) == 0
+
+
+def test_importing_the_command_does_not_import_matplotlib():
+    import subprocess
+    import sys
+
+    code = "import sys, launcher.cli.report; print('matplotlib' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -1,0 +1,65 @@
+"""Sweeps: a job that fails is reported and the sweep goes on; the summary table and files; Optuna; joblib."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher.cli.sweep import objective
+from tests.conftest import dlaunch
+
+
+def test_the_objective_is_the_final_loss_or_a_named_metric_and_nan_for_a_failed_job():
+    done = {"status": "completed", "final_loss": 0.5, "metrics": {"eval_accuracy": 0.97}}
+    assert objective(done, "final_loss") == 0.5
+    assert objective(done, "eval_accuracy") == 0.97
+    assert math.isnan(objective({"status": "failed", "final_loss": 3.0}, "final_loss"))
+    assert math.isnan(objective(None, "final_loss"))
+    assert math.isnan(objective(done, "eval_auc"))  # a metric the recipe does not report
+
+
+@pytest.mark.slow
+def test_a_four_job_sweep_with_a_failing_job_goes_on_and_summarizes(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = dlaunch("-m", "strategy=mirrored", "cluster=1x2", "recipe.optimizer.lr=0.05,0.02,0.01,1e6", "trainer.steps=30",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the sweep ran to the end, and says a job failed
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "completed", "completed", "failed"]
+    assert "recipe.optimizer.lr=1000000.0" in jobs[3]["overrides"] and "loss is" in jobs[3]["error"]
+    assert all(j["final_loss"] is not None and j["metric"] == "eval_loss" for j in jobs[:3])
+    with open(sweep / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == [j["status"] for j in jobs] and rows[0]["examples_per_sec"]
+    text = " ".join(proc.stderr.split())
+    assert "sweep summary: 4 job(s), 1 failed" in text and "recipe.optimizer.lr=0.02" in text
+    ports = {json.loads((sweep / str(i) / "summary.json").read_text())["world_size"] for i in range(3)}
+    assert ports == {2}  # every job ran its own 2-process group
+
+
+@pytest.mark.slow
+def test_an_optuna_study_minimizes_the_final_loss(tmp_path):
+    sweep = tmp_path / "study"
+    proc = dlaunch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.sampler.seed=1",
+                   "recipe.optimizer.lr=interval(0.001,0.1)", "trainer.steps=20", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+                   timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    best = OmegaConf.load(sweep / "optimization_results.yaml")
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert len(jobs) == 4 and all(j["status"] == "completed" for j in jobs)
+    assert best.best_value == pytest.approx(min(j["final_loss"] for j in jobs))
+    assert 0.001 <= best.best_params["recipe.optimizer.lr"] <= 0.1
+
+
+@pytest.mark.slow
+def test_joblib_runs_two_multi_process_jobs_at_once_without_port_clashes(tmp_path):
+    sweep = tmp_path / "parallel"
+    proc = dlaunch("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=mirrored", "cluster=1x2",
+                   "recipe.optimizer.lr=0.05,0.01", "trainer.steps=30", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "completed"]
