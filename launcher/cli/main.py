@@ -4,6 +4,7 @@
     dlaunch --cfg job                      # print the composed config
     dlaunch launch.dry_run=true ...        # print the plan, start nothing
     dlaunch -m strategy=mirrored cluster=1x1,1x2 recipe.optimizer.lr=0.1,0.01   # Hydra multirun
+    dlaunch recipes ls | cp NAME DEST | validate PATH    # the recipe templates
     dlaunch report RUN_OR_SWEEP_DIR        # PNG curves and report.html beside the data
 
 Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
@@ -249,7 +250,7 @@ def _hydra_main(argv: list[str]) -> None:
 
 
 # `dlaunch NAME ...` for these names runs a tool, not a training job.
-SUBCOMMANDS = {"report": "launcher.cli.report"}
+SUBCOMMANDS = {"recipes": "launcher.cli.recipes", "report": "launcher.cli.report"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = _hydra_args(argv)
+    composer.CONFIG_DIRS[:] = [os.path.abspath(args.config_dir)] if args.config_dir else []
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     try:
         if informational:

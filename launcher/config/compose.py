@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
@@ -30,6 +31,7 @@ CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
 SHAPE = re.compile(r"^(\d+)x(\d+)$")
 GENERATED_GROUPS = ("cluster", "recipe")
+CONFIG_DIRS: list[str] = []  # `dlaunch --config-dir DIR`: searched first, as Hydra searches it for the run itself
 
 
 def file_options(group: str) -> list[str]:
@@ -55,7 +57,10 @@ def register_configs(overrides: Iterable[str] = ()) -> None:
     ``NxM`` is an option without a file per shape.
     """
     store = ConfigStore.instance()
+    overridden = {f.stem for d in CONFIG_DIRS for f in Path(d, "recipe").glob("*.yaml")}  # a user's copy wins
     for name, path in recipe_files().items():
+        if name in overridden:
+            continue
         node = OmegaConf.load(path)
         node.recipe.name = name
         node.recipe.entry = f"launcher.recipes.{name}"
@@ -133,6 +138,11 @@ def compose(overrides: list[str]) -> DictConfig:
 
 def _compose(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="dlaunch"):
+        if CONFIG_DIRS:  # the pre-check must see a copied recipe (`dlaunch recipes cp`) as the run will
+            loader = GlobalHydra.instance().config_loader()
+            for directory in reversed(CONFIG_DIRS):
+                loader.config_search_path.prepend("command-line", f"file://{directory}")
+            loader.repository.initialize_sources(loader.config_search_path)
         return hydra_compose("config", overrides=overrides, return_hydra_config=return_hydra_config)
 
 

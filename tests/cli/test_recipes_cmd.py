@@ -1,0 +1,266 @@
+"""``dlaunch recipes``: ls, cp (and running the copy from its own directory), validate."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.cli import recipes
+from launcher.cli.recipes import main
+from launcher.config.compose import recipe_files
+from tests.conftest import ROOT, dlaunch, summary
+
+MARK = "EDITED-COPY-RAN"
+
+
+def declared(path: Path) -> list[str]:
+    return list(yaml.safe_load(path.read_text())["recipe"].get("strategies") or [])
+
+
+def run_command_of(stdout: str) -> str:
+    lines = stdout.splitlines()
+    return lines[lines.index("run the copy:") + 1].strip()
+
+
+def as_argv(command: str) -> list[str]:
+    """The printed ``dlaunch ...`` command's arguments, for tests.conftest.dlaunch."""
+    words = shlex.split(command)
+    assert words[0] == "dlaunch", command
+    return words[1:]
+
+
+def edit_copy(py: Path) -> None:
+    """The user's edit: a print at the start of build()."""
+    text = py.read_text()
+    tree = ast.parse(text)
+    build = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "build")
+    lines = text.splitlines()
+    first = build.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):  # keep the docstring first
+        first = build.body[1]
+    indent = " " * first.col_offset
+    lines.insert(first.lineno - 1, f"{indent}print({MARK!r}, flush=True)")
+    py.write_text("\n".join(lines) + "\n")
+
+
+# ----- validate: every shipped recipe under every strategy it declares -----
+
+@pytest.mark.parametrize("name", sorted(recipe_files()))
+def test_every_shipped_recipe_validates_under_every_strategy_it_declares(name, capsys):
+    path = recipe_files()[name]
+    strategies = declared(path)
+    assert strategies, f"recipe {name} declares no strategies (recipe.strategies)"
+    code = main(["validate", str(path), "--cuda-devices", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    for strategy in strategies:
+        shape = " ".join(recipes.STRATEGY_SHAPES.get(strategy, ()))
+        assert f"ok    {strategy} {shape}".rstrip() in out, out
+    assert "FAIL" not in out and not err
+
+
+# ----- ls -----
+
+def test_ls_shows_each_recipe_with_strategies_purpose_and_command(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # wide enough that only the strategies column wraps
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert set(recipes.shipped()) == set(recipe_files())
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+    assert set(rows) == set(recipe_files()), out
+    for name, path in recipe_files().items():
+        doc = ast.get_docstring(ast.parse(path.with_suffix(".py").read_text()))
+        purpose = doc.strip().splitlines()[0].strip()
+        command = path.read_text().splitlines()[0]
+        assert command.startswith("# dlaunch ")
+        assert purpose in rows[name] and command[2:] in rows[name], rows[name]
+        info = recipes.describe(name, path)
+        assert info.strategies == tuple(declared(path)) and info.purpose == purpose and info.command == command[2:]
+        for strategy in info.strategies:
+            assert strategy in out
+
+
+def test_ls_imports_no_recipe_and_no_torch():
+    code = ("import sys; from launcher.cli.recipes import main; assert main(['ls']) == 0; "
+            "loaded = [m for m in sys.modules if m.startswith('launcher.recipes.') or m == 'torch']; "
+            "assert not loaded, loaded")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ----- cp -----
+
+@pytest.mark.parametrize("name", sorted(recipe_files()))
+def test_cp_writes_the_recipe_with_its_entry_set_to_the_copy(name, tmp_path, capsys):
+    dest = tmp_path / "mine"
+    assert main(["cp", name, str(dest)]) == 0
+    out = capsys.readouterr().out
+    py, config = dest / f"{name}.py", dest / "recipe" / f"{name}.yaml"
+    source = recipe_files()[name]
+    assert py.read_text() == source.with_suffix(".py").read_text()
+    text = config.read_text()
+    assert text.splitlines()[0] == "# @package _global_"  # Hydra reads the header only before any other line
+    copied, shipped = yaml.safe_load(text), yaml.safe_load(source.read_text())
+    assert copied["recipe"]["entry"] == str(py) and copied["recipe"]["name"] == name
+    del copied["recipe"]["entry"], copied["recipe"]["name"]
+    assert copied == shipped  # nothing else changed
+    command = run_command_of(out)
+    assert shlex.split(command)[:4] == ["dlaunch", "--config-dir", str(dest), f"recipe={name}"]
+    assert f"# {command}" in text
+
+
+def copy_and_edit(tmp_path: Path, capsys) -> tuple[Path, str]:
+    dest = tmp_path / "my recipes"  # a space: the printed command quotes it
+    assert main(["cp", "linear", str(dest)]) == 0
+    command = run_command_of(capsys.readouterr().out)
+    edit_copy(dest / "linear.py")
+    return dest, command
+
+
+def test_copy_runs_from_its_directory_and_the_users_edit_takes_effect(tmp_path, capsys):
+    dest, command = copy_and_edit(tmp_path, capsys)
+    argv = [w for w in as_argv(command) if not w.startswith(("strategy=", "cluster"))]  # one device: quick
+    run_dir = tmp_path / "run"
+    proc = dlaunch(*argv, "trainer.steps=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert MARK in proc.stdout + proc.stderr
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["recipe"]["entry"] == str(dest / "linear.py")
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["steps"] == 5
+
+
+@pytest.mark.slow
+def test_the_printed_command_runs_the_copy_in_every_worker(tmp_path, capsys):
+    dest, command = copy_and_edit(tmp_path, capsys)
+    run_dir = tmp_path / "run"
+    # As printed: strategy=mirrored cluster=1x2, two worker processes, each importing the copy by its path.
+    proc = dlaunch(*as_argv(command), "trainer.steps=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert MARK in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["recipe"]["entry"] == str(dest / "linear.py") and config["strategy"]["name"] == "mirrored"
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["num_replicas_in_sync"] == 2
+
+
+def test_copy_runs_through_config_dir(tmp_path, capsys):
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    capsys.readouterr()
+    edit_copy(dest / "linear.py")
+    run_dir = tmp_path / "run"
+    proc = dlaunch("--config-dir", str(dest), "recipe=linear", "trainer.steps=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert MARK in proc.stdout + proc.stderr
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["recipe"]["entry"] == str(dest / "linear.py")
+
+
+def refusal(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.startswith("dlaunch recipes cp: ") and err.count("\n") == 1, err  # one line
+    return err
+
+
+def test_cp_refuses_an_unknown_recipe(tmp_path, capsys):
+    assert main(["cp", "lineer", str(tmp_path / "mine")]) == 2
+    err = refusal(capsys)
+    assert "unknown recipe 'lineer'" in err and "did you mean linear?" in err
+    assert f"available: {', '.join(recipe_files())}" in err
+    assert not (tmp_path / "mine").exists()
+
+
+def test_cp_refuses_to_overwrite_unless_forced(tmp_path, capsys):
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    (dest / "linear.py").write_text("# my work\n")
+    capsys.readouterr()
+    assert main(["cp", "linear", str(dest)]) == 2
+    err = refusal(capsys)
+    assert str(dest / "linear.py") in err and "--force" in err
+    assert (dest / "linear.py").read_text() == "# my work\n"
+    (dest / "linear.py").unlink()  # one file left is refused too
+    assert main(["cp", "linear", str(dest)]) == 2
+    assert str(dest / "recipe" / "linear.yaml") in refusal(capsys)
+    assert main(["cp", "linear", str(dest), "--force"]) == 0
+    assert (dest / "linear.py").read_text() == recipe_files()["linear"].with_suffix(".py").read_text()
+
+
+def test_cp_refuses_a_destination_that_is_a_file(tmp_path, capsys):
+    dest = tmp_path / "taken"
+    dest.write_text("")
+    assert main(["cp", "linear", str(dest)]) == 2
+    assert "is not a directory" in refusal(capsys)
+
+
+def test_cp_never_copies_a_recipe_over_itself(tmp_path, capsys, monkeypatch):
+    package = tmp_path / "package"
+    package.mkdir()
+    for suffix in (".py", ".yaml"):
+        (package / f"linear{suffix}").write_text(recipe_files()["linear"].with_suffix(suffix).read_text())
+    monkeypatch.setattr(recipes, "shipped", lambda: {"linear": package / "linear.yaml"})
+    assert main(["cp", "linear", str(package), "--force"]) == 2
+    assert "where dlaunch's own recipe linear lives" in refusal(capsys)
+    assert (package / "linear.py").read_text() == recipe_files()["linear"].with_suffix(".py").read_text()
+
+
+# ----- validate: a user's copy -----
+
+def test_validate_names_the_bad_key_of_a_broken_copy(tmp_path, capsys):
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    config = dest / "recipe" / "linear.yaml"
+    config.write_text(config.read_text().replace("    lr: 0.05\n", "    lr: -1\n"))
+    capsys.readouterr()
+    assert main(["validate", str(dest), "--cuda-devices", "0"]) == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith("  ")]
+    assert len(lines) == len(declared(config)) and all(line.lstrip().startswith("FAIL") for line in lines), out
+    assert all("recipe.optimizer.lr = -1" in line for line in lines)
+    assert "invalid configuration (1 problem)" in err and "recipe.optimizer.lr = -1" in err and "greater than 0" in err
+    assert "Traceback" not in out + err
+
+
+def test_validate_checks_the_copy_not_the_installed_recipe(tmp_path, capsys):
+    """A field added to the copy's Config, set in its YAML: only the copied module accepts it."""
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    py, config = dest / "linear.py", dest / "recipe" / "linear.yaml"
+    py.write_text(py.read_text().replace("class Config(RecipeConfig):\n", "class Config(RecipeConfig):\n    dropout: float = 0.0\n", 1))
+    config.write_text(config.read_text().replace("  noise: 0.1\n", "  noise: 0.1\n  dropout: 0.5\n"))
+    capsys.readouterr()
+    assert main(["validate", str(config), "--cuda-devices", "0"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert f"runs {py}" in " ".join(out.split())
+    config.write_text(config.read_text().replace(f'  entry: {json.dumps(str(py))}\n', ""))  # back to the installed module
+    assert main(["validate", str(config), "--cuda-devices", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert "runs launcher.recipes.linear" in out and "recipe.dropout" in err and "unknown key" in err
+
+
+def test_validate_explains_a_mistyped_override_and_checks_one_named_strategy(tmp_path, capsys):
+    path = recipe_files()["linear"]
+    assert main(["validate", str(path), "--cuda-devices", "0", "trainer.stpes=3"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.stpes = 3" in err and "did you mean trainer.steps?" in err
+    assert main(["validate", str(path), "strategy=mirrored", "--cuda-devices", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "ok    mirrored cluster=1x2" in out and "one_device" not in out.split("\n", 1)[1]
+
+
+def test_validate_refuses_what_is_no_recipe(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["validate", str(ROOT / "conf")]) == 2
+    assert "no recipe YAML" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recipe: [1\n")
+    assert main(["validate", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert "cannot read this YAML" in err and "line 2" in err and "Traceback" not in out + err
