@@ -26,5 +26,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
+# Benchmarks (docs/PERFORMANCE.md): the bench_mlp workload through dlaunch and hand-written torch,
+# interleaved rounds, then the micro-benchmarks. Results: benchmarks/results/. Quick check: make bench BENCH_ARGS=--quick
+.PHONY: bench
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/micro.py $(filter --quick,$(BENCH_ARGS))
+
 clean:
 	rm -rf $(VENV) outputs multirun build *.egg-info

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -177,6 +178,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "final_loss": curve[-1] if curve else None,
         "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / max(loop_seconds, 1e-9),
         "wall_seconds": time.perf_counter() - started,
+        "steady_ms_per_step": loop.steady_ms_per_step(),
         "param_norm": param_norm(model),
         "metrics": metrics,
     }
@@ -241,6 +243,11 @@ class _Loop:
     console: Console | None
     curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
     loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
+    step_seconds: list[float] = dataclasses.field(default_factory=list)  # wall time of each step this process ran
+
+    def steady_ms_per_step(self) -> float | None:
+        """Median ms per step from this run's 20th step on (warm-up left out); None for runs of fewer than 21 steps."""
+        return statistics.median(self.step_seconds[19:]) * 1000 if len(self.step_seconds) >= 21 else None
 
     def resume(self, path: Path | None) -> int:
         """Load ``path`` (None: start at step 0); return the step it was saved after."""
@@ -274,6 +281,7 @@ class _Loop:
         try:
             with StopRequests(distributed, force_on_repeat=not distributed) as stop:
                 for step in range(start + 1, steps + 1):
+                    tick = time.perf_counter()
                     with watch.step(step):
                         per_replica = self.strategy.run(replica_step, args=(next(self.stream),))
                     if step == 1 or step % every == 0 or step == steps:
@@ -290,6 +298,7 @@ class _Loop:
                         with watch.operation(f"checkpoint save on a stop signal after step {step}"):
                             saved = self._save(step) if self.ckpt.enabled else None
                         raise Preempted(signum, step, saved)
+                    self.step_seconds.append(time.perf_counter() - tick)
         finally:
             progress.close()
             for logger in self.loggers:
