@@ -172,6 +172,10 @@ class ParameterServerSpec(Strict):
         """The training tasks (chief and workers): each reads its share of every global batch."""
         return 1 + cluster.workers
 
+    def processes(self, cluster: "ClusterSpec") -> int:
+        """The input pipelines: one per training task (ps tasks read no data)."""
+        return self.replicas(cluster)
+
     def describe(self) -> str:
         return f"parameter_server ({self.mode}; {self.partitioner.describe()}; torch.distributed.rpc)"
 
@@ -409,8 +413,6 @@ class RunSpec(Strict):
     @property
     def num_processes(self) -> int:
         """Worker processes, one per replica: the input pipelines that auto-sharding divides data among."""
-        if self.strategy.name == "parameter_server":
-            return self.num_replicas  # the chief and the workers; ps tasks read no data
         if hasattr(self.strategy, "processes"):
             return self.strategy.processes(self.cluster)
         return self.cluster.world_size if self.num_replicas > 1 else 1

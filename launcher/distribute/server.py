@@ -169,12 +169,12 @@ class VariableStore:
         """Apply (async) or collect (sync) one task's gradients; the answer is (global step, finished)."""
         if self.finished.is_set():
             self._left.add(task)
-            return _done(self.global_step, True)
+            return (self.global_step, True)
         if self._sync is None:
             with self._lock:
                 self._apply(grads, 1)
                 self.global_step += int(increment)
-                return _done(self.global_step, False)
+                return (self.global_step, False)
         return self._sync.add(self, grads, increment)
 
     def _apply(self, grads: dict[str, Any], count: int) -> None:
@@ -234,21 +234,17 @@ class _SyncRound:
             if len(self.waiting) == self.replicas:
                 store._apply({k: _sum(v) for k, v in self.grads.items()}, self.replicas)
                 store.global_step += int(self.increment)
-                self._resolve(_done(store.global_step, False))
+                self._resolve((store.global_step, False))
         return future
 
     def release(self, store: VariableStore) -> None:
         with store.lock:
-            self._resolve(_done(store.global_step, True))
+            self._resolve((store.global_step, True))
 
     def _resolve(self, answer: Any) -> None:
         waiting, self.waiting, self.grads, self.increment = self.waiting, [], {}, False
         for future in waiting:
             future.set_result(answer)
-
-
-def _done(step: int, finished: bool) -> tuple[int, bool]:
-    return step, finished
 
 
 def _sum(grads: list[Any]) -> Any:

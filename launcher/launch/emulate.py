@@ -26,7 +26,7 @@ from typing import Iterator
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, failures, rendezvous, report
 from launcher.runtime import outputs
-from launcher.runtime.preemption import STOP_SIGNALS
+from launcher.runtime.preemption import handling_stop_signals
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.emulate"
@@ -73,12 +73,8 @@ def _stop_on_signals() -> Iterator[None]:
             stopping.append(signum)
             raise _Stopped(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
+    with handling_stop_signals(handler):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _wait(procs: list[subprocess.Popen], grace_s: float) -> list[int]:

@@ -23,7 +23,7 @@ from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
 from launcher.runtime import recipe as recipe_lib
-from launcher.runtime.preemption import STOP_SIGNALS
+from launcher.runtime.preemption import handling_stop_signals
 from launcher.runtime.progress import log
 from launcher.strategies.parameter_server import cluster_def, contents_for
 
@@ -72,12 +72,8 @@ def _serving_through_stop_signals(task: PSTask) -> Iterator[None]:
     def note(signum: int, frame: object) -> None:
         log.warning("%s: %s received; serving until the chief has saved and ends the job", task.name, signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
-    try:
+    with handling_stop_signals(note):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:

@@ -26,6 +26,7 @@ Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -72,6 +73,7 @@ class _Client:
     def __init__(self, task: str, num_ps: int, placement: Placement, timeout_s: float):
         self.task, self.num_ps, self.placement, self.timeout_s = task, num_ps, placement, timeout_s
         self.global_step, self.finished = 0, False
+        self.sync, self.sync_timeout_s = False, 300.0  # sync mode: a push waits up to this for the step's other gradients
 
     def call(self, ps: int, fn: Any, *args: Any) -> Any:
         return self.wait(ps, trpc.rpc_async(f"ps:{ps}", fn, args=args, timeout=self.timeout_s))
@@ -121,9 +123,6 @@ class _Client:
             if k == 0:
                 self.global_step = step
             self.finished |= finished
-
-    sync = False
-    sync_timeout_s = 300.0
 
 
 def _unavailable(ps: int, exc: BaseException) -> BaseException:
@@ -284,7 +283,7 @@ class _PSExtended(StrategyExtended):
         return tuple(f"/job:ps/task:{k}" for k in range(self._args["num_ps"]))
 
     def _scope(self) -> Any:
-        return _meta_scope(super()._scope())
+        return _MetaScope(super()._scope())  # variables live on the ps tasks: no values here
 
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
         """This task's values only: training tasks share variables, not collectives."""
@@ -375,15 +374,8 @@ class _MetaScope:
         return self.inner.__exit__(*exc)
 
 
-def _meta_scope(inner: Any) -> _MetaScope:
-    """Variables created in scope() get no values here: they live on the ps tasks."""
-    return _MetaScope(inner)
-
-
 def variables_scope() -> _MetaScope:
     """Modules built inside get meta parameters (shapes, no values); other tensors stay real."""
-    import contextlib
-
     return _MetaScope(contextlib.nullcontext())
 
 
