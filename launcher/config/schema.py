@@ -49,7 +49,10 @@ class MirroredSpec(Strict):
     gradient_as_bucket_view: bool = True
     find_unused_parameters: bool = False
     cross_device_ops: CrossDeviceOpsName | None = Field(
-        None, description="how gradients and reduce() combine replicas; null: DDP's own all-reduce"
+        None, description=(
+            "how gradients and reduce() combine replicas; null: shared memory between CPU processes "
+            "of one machine, else DDP's own all-reduce"
+        )
     )
 
     def replicas(self, cluster: "ClusterSpec") -> int:
@@ -60,7 +63,7 @@ class MirroredSpec(Strict):
 
     def _reduction(self) -> str:
         if self.cross_device_ops is None:
-            return "DDP all-reduce"
+            return "DDP all-reduce, through shared memory on one CPU machine"
         return f"DDP + cross_device_ops {self.cross_device_ops}"
 
     def ddp_options(self) -> dict:
@@ -436,7 +439,7 @@ class RunSpec(Strict):
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
         for rule in (_ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
-                     _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits):
+                     _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, _shared_memory_fits):
             rule(self, cuda)
         return self
 
@@ -579,6 +582,15 @@ def _devices_exist(spec: RunSpec, cuda: int) -> None:
             "cluster.devices_per_node", wanted,
             f"cluster {spec.cluster.shape} asks for {wanted} CUDA devices per node, but this machine has {cuda}",
         )
+
+
+def _shared_memory_fits(spec: RunSpec, cuda: int) -> None:
+    """``cross_device_ops=shared_memory`` reduces CPU tensors (that the processes share one machine is checked when they start)."""
+    if getattr(spec.strategy, "cross_device_ops", None) != "shared_memory":
+        return
+    if spec.device_type(cuda) == "cuda":
+        raise PlanError("strategy.cross_device_ops", "shared_memory",
+                        "shared_memory reduces CPU tensors; on CUDA use null (nccl) or nccl_all_reduce")
 
 
 def _backend_fits(spec: RunSpec, cuda: int) -> None:

@@ -26,6 +26,7 @@ from launcher.distribute.cross_device_ops import (
     HierarchicalCopyAllReduce,
     NcclAllReduce,
     ReductionToOneDevice,
+    SharedMemoryAllReduce,
 )
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode, ValueContext
@@ -81,6 +82,7 @@ __all__ = [
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",
+    "SharedMemoryAllReduce",
     "ReplicaContext",
     "Server",
     "Strategy",

@@ -43,7 +43,7 @@ from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.values import PerReplica
 
 # The names a config may give as strategy.cross_device_ops (null: the default all-reduce).
-Name = Literal["nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device"]
+Name = Literal["nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device", "shared_memory"]
 
 
 class CrossDeviceOps:
@@ -337,8 +337,64 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
         return f"HierarchicalCopyAllReduce(num_packs={self.num_packs}, ranks_per_node={self.ranks_per_node})"
 
 
+class SharedMemoryAllReduce(CrossDeviceOps):
+    """Between the processes of one machine, on CPU: a sum through shared memory.
+
+    Every process of the group maps one ``/dev/shm`` segment; each copies its
+    tensor in, sums its share of every process's copy, and copies the whole sum
+    back (``launcher/distribute/shared_memory.py``). Gradients go through it as
+    DDP's communication hook, so DDP still buckets them and starts a bucket as
+    soon as backward has filled it. This is what ``cross_device_ops=None`` picks
+    for CPU processes that share a machine; gloo's all-reduce (loopback sockets)
+    stays in use across machines, for CUDA tensors, and where the segment cannot
+    be made.
+
+    Args:
+        budget_mb: size of the segment's slots and result area together; larger tensors go through in chunks.
+        required: raise when the processes cannot share a segment (other machines,
+            no ``/dev/shm``, not x86-64) instead of falling back to the backend.
+    """
+
+    name = "shared_memory"
+
+    def __init__(self, budget_mb: float = 48.0, *, required: bool = True):
+        if budget_mb <= 0:
+            raise ValueError(f"budget_mb must be > 0, got {budget_mb}")
+        self.budget_mb = budget_mb
+        self.required = required
+        self._segments: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> SharedMemoryGroup | None
+
+    def _join(self, processes: ProcessCollectives, env: Any) -> None:
+        from launcher.distribute.shared_memory import SharedMemoryGroup
+
+        key = _group_key(processes.group)
+        if key in self._segments:
+            return
+        timeout_s = _group_timeout_s(processes.group)
+        segment = SharedMemoryGroup.create(processes.group, int(self.budget_mb * 2**20), timeout_s)
+        self._segments[key] = segment
+        if segment is None and self.required:
+            raise ValueError(
+                "cross_device_ops=shared_memory needs every process of the group on one machine "
+                "(x86-64, with room in /dev/shm); leave cross_device_ops unset to use it only where it can work"
+            )
+
+    def active(self, group: Any = None) -> bool:
+        """True when ``group``'s processes reduce through shared memory."""
+        return self._segments.get(_group_key(group)) is not None
+
+    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
+        segment = self._segments.get(_group_key(group))
+        if segment is None or buffer.device.type != "cpu" or not buffer.is_contiguous():
+            return super()._all_reduce_sum_(buffer, group)
+        segment.all_reduce_sum_(buffer)
+
+    def __repr__(self) -> str:
+        return f"SharedMemoryAllReduce(budget_mb={self.budget_mb:g})"
+
+
 _BY_NAME: dict[str, type[CrossDeviceOps]] = {
-    cls.name: cls for cls in (NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice)
+    cls.name: cls for cls in (NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, SharedMemoryAllReduce)
 }
 
 
@@ -350,6 +406,22 @@ def from_name(name: str | None) -> CrossDeviceOps | None:
         return _BY_NAME[name]()
     except KeyError:
         raise ValueError(f"unknown cross_device_ops {name!r}; allowed: {', '.join(_BY_NAME)}") from None
+
+
+def for_processes(ops: CrossDeviceOps | None, processes: ProcessCollectives, env: Any, device: torch.device) -> CrossDeviceOps:
+    """The op of a strategy with one replica per process, joined to its group (collective).
+
+    The given op, or for None the fastest default: shared memory when every
+    process computes on this machine's CPU, else the backend's all-reduce.
+    """
+    if ops is None and device.type == "cpu":
+        shared = SharedMemoryAllReduce(required=False)
+        shared._join(processes, env)
+        if shared.active(processes.group):
+            return shared
+    ops = resolve(ops)
+    ops._join(processes, env)
+    return ops
 
 
 def resolve(ops: CrossDeviceOps | None) -> CrossDeviceOps:
@@ -416,6 +488,18 @@ def _nccl_ready(tensors: Sequence[torch.Tensor]) -> bool:
     if len(tensors) < 2 or not all(t.is_cuda for t in tensors):
         return False
     return torch.cuda.nccl.is_available(tensors)
+
+
+def _group_key(group: Any) -> Any:
+    return group if group is not None else dist.group.WORLD
+
+
+def _group_timeout_s(group: Any) -> float:
+    """The process group's collective timeout (its gloo backend's), else torch's default."""
+    try:
+        return _group_key(group)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return 1800.0
 
 
 def _default_processes() -> Any:

@@ -7,7 +7,9 @@ Two modes, one API:
   own model copy; gradients are averaged across copies before each update.
 * **Across processes** (started by ``dlaunch``, or torchrun): one replica per
   process, gradients averaged by DDP's bucketed all-reduce that overlaps with
-  backward. ``num_replicas_in_sync`` counts every process.
+  backward. ``num_replicas_in_sync`` counts every process. When every process
+  computes on the CPU of one machine, the default reduces DDP's buckets through
+  shared memory instead of gloo's loopback sockets (``SharedMemoryAllReduce``).
 
 ``cross_device_ops`` picks how values are combined in either mode
 (``launcher/distribute/cross_device_ops.py``): across processes a
@@ -96,8 +98,9 @@ class MirroredStrategy(Strategy):
             this process is one of several workers, the default is this
             process's device and only one device may be given.
         cross_device_ops: how replicas' values are combined: ``NcclAllReduce()``,
-            ``HierarchicalCopyAllReduce()``, ``ReductionToOneDevice()``, or None for
-            the default all-reduce (DDP's own across processes).
+            ``HierarchicalCopyAllReduce()``, ``ReductionToOneDevice()``,
+            ``SharedMemoryAllReduce()``, or None for the default: across CPU processes
+            of one machine, shared memory; otherwise the backend's all-reduce (DDP's own).
         ddp_options: keyword arguments for ``DistributedDataParallel`` across processes
             (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``find_unused_parameters``).
         env: where this process sits in a multi-process job; by default what the
@@ -108,7 +111,7 @@ class MirroredStrategy(Strategy):
         self, devices: Sequence[str] | None = None, cross_device_ops: Any = None, *,
         ddp_options: dict | None = None, env: WorkerEnv | None | str = "from-environment",
     ):
-        ops = cdo.resolve(cross_device_ops)
+        cdo.resolve(cross_device_ops)  # a TypeError now for anything but None or an op
         if env == "from-environment":
             env = WorkerEnv.from_environ()
         resolver = None
@@ -119,12 +122,12 @@ class MirroredStrategy(Strategy):
                     f"with one process per replica each process takes one device; got devices={devices}"
                 )
             processes = ProcessCollectives()
-            ops._join(processes, env)
+            ops = cdo.for_processes(cross_device_ops, processes, env, devlib.to_torch(devices[0]))
             extended = _MirroredExtended(devices, processes, ddp_options, ops)
             resolver = TorchElasticClusterResolver(env, extended._devices[0].type) if env is not None else None
         else:
             local = list(devices) if devices else devlib.default_local_devices()
-            extended = _MirroredExtended(local, None, ddp_options, ops)
+            extended = _MirroredExtended(local, None, ddp_options, cdo.resolve(cross_device_ops))
         super().__init__(extended, cluster_resolver=resolver)
 
 

@@ -100,13 +100,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: where the workers are; default from TF_CONFIG or the launcher's environment.
         communication_options: ``CommunicationOptions`` (implementation, timeout).
         cross_device_ops: how the workers' values are combined (an addition to TF's
-            signature): as for ``MirroredStrategy``; None is the plain all-reduce.
+            signature): as for ``MirroredStrategy``; None is shared memory between CPU
+            processes of one machine, else the plain all-reduce.
     """
 
     def __init__(self, cluster_resolver: Any = None, communication_options: CommunicationOptions | None = None, *,
                  cross_device_ops: cdo.CrossDeviceOps | None = None, ddp_options: dict | None = None,
                  device_type: str | None = None):
-        ops = cdo.resolve(cross_device_ops)
+        cdo.resolve(cross_device_ops)  # a TypeError now for anything but None or an op
         options = communication_options or CommunicationOptions()
         resolver = cluster_resolver if cluster_resolver is not None else default_resolver()
         timeout_s = options.timeout_seconds or 300.0
@@ -123,11 +124,11 @@ class MultiWorkerMirroredStrategy(Strategy):
             env = resolver.env if isinstance(resolver, TorchElasticClusterResolver) else None
             device = devlib.canonical_name(process_device(env, kind))
             processes = ProcessCollectives()
-            ops._join(processes, env)
+            ops = cdo.for_processes(cross_device_ops, processes, env, devlib.to_torch(device))
             extended = _MirroredExtended([device], processes, ddp_options, ops)
         else:
             local = devlib.default_local_devices() if kind == "cuda" else ["cpu:0"]
-            extended = _MirroredExtended(local, None, ddp_options, ops)
+            extended = _MirroredExtended(local, None, ddp_options, cdo.resolve(cross_device_ops))
         super().__init__(extended, cluster_resolver=resolver)
 
 

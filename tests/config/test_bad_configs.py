@@ -58,7 +58,7 @@ CASES = [
     (["strategy=mirrored", "strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite"),
     (["strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], "input.drop_remainder", "keep input.drop_remainder=true"),
     (["strategy=mirrored", "strategy.cross_device_ops=hierarchical"], "strategy.cross_device_ops",
-     "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device"),
+     "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device, shared_memory"),
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),
     (["strategy=one_device", "+strategy.cross_device_ops=hierarchical_copy"], "strategy.cross_device_ops", "unknown key"),
     (["strategy=parameter_server", "recipe=wide_deep"], "cluster.ps", "give cluster.ps=1 or more"),

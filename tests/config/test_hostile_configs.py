@@ -25,7 +25,7 @@ def valid_cases() -> list[tuple[str, ...]]:
     """Configs that must pass: every strategy, shapes, cross-device ops, file formats and policies, task lists, hosts."""
     cases: list[tuple[str, ...]] = [("strategy=one_device",), ("strategy=one_device", "strategy.device=cpu:0")]
     shapes = (("1x1", 64), ("1x2", 64), ("1x3", 63), ("1x4", 64), ("2x1", 64), ("2x2", 64), ("3x2", 66))
-    ops = ("null", "nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device")
+    ops = ("null", "nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device", "shared_memory")
     for i, strategy in enumerate(("mirrored", "multi_worker_mirrored")):
         cases += [(f"strategy={strategy}", f"cluster={shape}", f"input.global_batch_size={gbs}") for shape, gbs in shapes[i::2]]
         cases.append((f"strategy={strategy}", "cluster=2x2", "cluster.node_rank=1", "cluster.master_port=29500"))

@@ -85,6 +85,6 @@ def test_all_problems_are_reported_together():
 def test_cross_device_ops_in_the_plan():
     from launcher.config.schema import MirroredSpec, MultiWorkerMirroredSpec
 
-    assert MirroredSpec(name="mirrored").describe() == "mirrored (DDP all-reduce, 25 MB buckets)"
+    assert MirroredSpec(name="mirrored").describe() == "mirrored (DDP all-reduce, through shared memory on one CPU machine, 25 MB buckets)"
     spec = MultiWorkerMirroredSpec(name="multi_worker_mirrored", cross_device_ops="reduction_to_one_device")
     assert spec.describe() == "multi_worker_mirrored (DDP + cross_device_ops reduction_to_one_device, 25 MB buckets)"

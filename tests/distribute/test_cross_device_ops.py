@@ -20,6 +20,7 @@ OPS = {
     "nccl_all_reduce": dl.NcclAllReduce,
     "hierarchical_copy": dl.HierarchicalCopyAllReduce,
     "reduction_to_one_device": dl.ReductionToOneDevice,
+    "shared_memory": dl.SharedMemoryAllReduce,
 }
 
 
@@ -43,12 +44,14 @@ def _seed_value(strategy):
 def test_config_names_are_the_ops_names():
     allowed = typing.get_args(typing.get_args(MirroredSpec.model_fields["cross_device_ops"].annotation)[0])
     assert {cdo.from_name(n).name for n in allowed} == set(allowed)
-    assert [type(cdo.from_name(n)) for n in allowed] == [dl.NcclAllReduce, dl.HierarchicalCopyAllReduce, dl.ReductionToOneDevice]
+    assert [type(cdo.from_name(n)) for n in allowed] == [
+        dl.NcclAllReduce, dl.HierarchicalCopyAllReduce, dl.ReductionToOneDevice, dl.SharedMemoryAllReduce,
+    ]
     assert cdo.from_name(None) is None
 
 
 def test_unknown_name_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device"):
+    with pytest.raises(ValueError, match="allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device, shared_memory"):
         cdo.from_name("ring")
 
 
@@ -57,6 +60,7 @@ def test_unknown_name_lists_the_allowed_ones():
     lambda: dl.HierarchicalCopyAllReduce(ranks_per_node=0),
     lambda: dl.ReductionToOneDevice(root_rank=-1),
     lambda: dl.ReductionToOneDevice(reduce_to_device="tpu:0"),
+    lambda: dl.SharedMemoryAllReduce(budget_mb=0),
 ])
 def test_bad_arguments_raise_value_error(make):
     with pytest.raises(ValueError):

@@ -158,6 +158,7 @@ def ddp_with_each_cross_device_op():
         "nccl_all_reduce": dl.NcclAllReduce(),
         "hierarchical_copy": _counting(dl.HierarchicalCopyAllReduce, ranks_per_node=2),
         "reduction_to_one_device": _counting(dl.ReductionToOneDevice, root_rank=1),
+        "shared_memory": _counting(dl.SharedMemoryAllReduce),
     }
     out = {}
     for name, op in ops.items():
@@ -173,9 +174,11 @@ def ddp_with_each_cross_device_op():
 
 def test_ddp_comm_hooks_train_like_ddps_own_all_reduce():
     results = run_function(ddp_with_each_cross_device_op, nproc=4)
-    reference = results[0]["default"]["params"]
+    reference = results[0]["nccl_all_reduce"]["params"]  # DDP's own all-reduce (gloo)
     for rank, r in results.items():
-        assert [name for name, v in r.items() if v["hooked"]] == ["hierarchical_copy", "reduction_to_one_device"]
-        assert r["hierarchical_copy"]["buckets"] >= 5 and r["reduction_to_one_device"]["buckets"] >= 5  # every step
+        # The default between CPU processes of one machine: shared memory, as a comm hook.
+        assert [name for name, v in r.items() if not v["hooked"]] == ["nccl_all_reduce"]
+        for name in ("hierarchical_copy", "reduction_to_one_device", "shared_memory"):
+            assert r[name]["buckets"] >= 5, name  # every step
         for name, v in r.items():
             torch.testing.assert_close(v["params"], reference, rtol=1e-6, atol=1e-7, msg=f"rank {rank}, {name}")
