@@ -21,7 +21,7 @@ class SingleProcess:
     world_size = 1
     rank = 0
 
-    def check_same_shape(self, tensor: torch.Tensor) -> None:
+    def check_same_shape(self, tensor: torch.Tensor, all_reduce_max_: Any = None) -> None:
         pass
 
     def all_reduce_count(self, count: int) -> int:
@@ -50,15 +50,21 @@ class ProcessCollectives:
         """A contiguous copy of ``tensor`` on the device this group's backend communicates from."""
         return tensor.detach().to(self._comm_device(), copy=True).contiguous()
 
-    def check_same_shape(self, tensor: torch.Tensor) -> None:
-        """Every process must reduce the same shape (gloo would crash, nccl would hang)."""
-        shape = torch.full((9,), -1, dtype=torch.int64)
-        shape[0] = tensor.dim()
-        shape[1 : 1 + min(tensor.dim(), 8)] = torch.tensor(tensor.shape[:8], dtype=torch.int64)
-        low, high = shape.to(self._comm_device()), shape.to(self._comm_device()).neg()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group)
-        dist.all_reduce(high, op=dist.ReduceOp.MIN, group=self.group)
-        if not torch.equal(low, high.neg()):
+    def check_same_shape(self, tensor: torch.Tensor, all_reduce_max_: Callable[[torch.Tensor], Any] | None = None) -> None:
+        """Every process must reduce the same shape (gloo would crash, nccl would hang).
+
+        One small all-reduce (MAX of the shape and of its negation: equal shapes
+        give ``max == -max(-shape)``), by ``all_reduce_max_`` if given.
+        """
+        shape = [tensor.dim(), *tensor.shape[:8]] + [-1] * (8 - min(tensor.dim(), 8))
+        both = torch.tensor(shape + [-d for d in shape], dtype=torch.int64)
+        if all_reduce_max_ is not None:
+            all_reduce_max_(both)
+        else:
+            both = both.to(self._comm_device())
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        high, low = both[:9], both[9:].neg()
+        if not torch.equal(low, high):
             raise ValueError(
                 f"per-replica values have different shapes across processes (this one: {list(tensor.shape)}); "
                 "pass axis= to reduce along the batch dimension (for example with a last partial batch)"

@@ -11,9 +11,8 @@ each push onto their own thread's stack.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.distribute.reduce_op import ReduceOp
 
@@ -58,13 +57,24 @@ def _current_frame() -> _Frame | None:
     return None
 
 
-@contextlib.contextmanager
-def _enter(strategy: "Strategy", replica_context: "ReplicaContext | None") -> Iterator[None]:
-    _state.stack.append(_Frame(strategy, replica_context))
-    try:
-        yield
-    finally:
-        _state.stack.pop()
+class _enter:
+    """``with _enter(strategy, replica_context):`` makes them current on this thread.
+
+    A class rather than a generator context manager: ``strategy.run`` enters one per
+    replica per call, and this is its cheapest form.
+    """
+
+    __slots__ = ("_frame", "_stack")
+
+    def __init__(self, strategy: "Strategy", replica_context: "ReplicaContext | None"):
+        self._frame = _Frame(strategy, replica_context)
+
+    def __enter__(self) -> None:
+        self._stack = _state.stack
+        self._stack.append(self._frame)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.pop()
 
 
 def get_strategy() -> "Strategy":

@@ -84,11 +84,14 @@ class CrossDeviceOps:
 
     def _batch_reduce(self, op: ReduceOp, pairs: list[tuple[Any, Any]], processes: Any) -> list:
         components = [_components(value) for value, _ in pairs]
-        totals = self._process_sums([self._local_sum(parts) for parts in components], processes)
+        # Every total is a new tensor: the local sum's, or the process step's buffer (one copy, not two).
+        sums = [parts[0] if len(parts) == 1 and processes.world_size > 1 else self._local_sum(parts) for parts in components]
+        totals = self._process_sums(sums, processes)
         out = []
         for parts, total, (_, destinations) in zip(components, totals, pairs):
             if op is ReduceOp.MEAN:
-                total = total / (len(parts) * processes.world_size)
+                # Across processes the total is the process step's own buffer.
+                total = divide_new(total, len(parts) * processes.world_size, owned=processes.world_size > 1)
             out.append(place(total, destinations))
         return out
 
@@ -104,6 +107,10 @@ class CrossDeviceOps:
         buffer = processes.comm_buffer(tensor)
         self._all_reduce_sum_(buffer, processes.group)
         return buffer.to(tensor.device)
+
+    def _check_same_shape(self, tensor: torch.Tensor, processes: Any) -> None:
+        """Every process reduces a value of this shape (else an error, not a crash or a hang)."""
+        processes.check_same_shape(tensor)
 
     def _process_sums(self, tensors: list[torch.Tensor], processes: Any) -> list[torch.Tensor]:
         if processes.world_size == 1:
@@ -387,7 +394,13 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         segment = self._segments.get(_group_key(group))
         if segment is None or buffer.device.type != "cpu" or not buffer.is_contiguous():
             return super()._all_reduce_sum_(buffer, group)
-        segment.all_reduce_sum_(buffer)
+        segment.all_reduce_(buffer)
+
+    def _check_same_shape(self, tensor: torch.Tensor, processes: Any) -> None:
+        segment = self._segments.get(_group_key(processes.group))
+        if segment is None:
+            return super()._check_same_shape(tensor, processes)
+        processes.check_same_shape(tensor, all_reduce_max_=lambda t: segment.all_reduce_(t, op="max"))
 
     def __repr__(self) -> str:
         return f"SharedMemoryAllReduce(budget_mb={self.budget_mb:g})"
@@ -453,6 +466,13 @@ def _device_of(destination: Any) -> torch.device:
     if isinstance(destination, torch.device):
         return destination
     return devlib.to_torch(destination)
+
+
+def divide_new(total: torch.Tensor, count: int, owned: bool) -> torch.Tensor:
+    """``total / count``; in place (no second buffer) when ``total`` is a floating tensor nobody else holds."""
+    if owned and (total.is_floating_point() or total.is_complex()):
+        return total.div_(count)
+    return total / count
 
 
 def _components(value: Any) -> list[torch.Tensor]:

@@ -103,15 +103,28 @@ class StrategyExtended:
         if frame is not None and frame.replica_context is not None:
             raise RuntimeError("strategy.run() was called inside strategy.run(); call it from cross-replica context")
 
+        contexts = self._replica_contexts()
+
         def call(local_id: int) -> Any:
-            ctx = ReplicaContext(strategy, self._replica_offset + local_id, local_id)
-            with _enter(strategy, ctx), device_guard(self._devices[local_id]):
-                return fn(*select_replica(local_id, args), **select_replica(local_id, kwargs))
+            mine = select_replica(local_id, args) if args else args
+            my_kwargs = select_replica(local_id, kwargs) if kwargs else kwargs
+            device = self._devices[local_id]
+            with _enter(strategy, contexts[local_id]):
+                if device.type == "cpu":
+                    return fn(*mine, **my_kwargs)
+                with device_guard(device):
+                    return fn(*mine, **my_kwargs)
 
         if self._num_local == 1:
             out = call(0)
             return out if self.num_replicas_in_sync == 1 else regroup([out])
         return regroup(self._replica_threads().run(call))
+
+    def _replica_contexts(self) -> list[ReplicaContext]:
+        """One ``ReplicaContext`` per local replica, made once (they hold no per-call state)."""
+        if self.__dict__.get("_contexts") is None:
+            self._contexts = [ReplicaContext(self._container, self._replica_offset + i, i) for i in range(self._num_local)]
+        return self._contexts
 
     def _replica_threads(self) -> ReplicaThreads:
         if self._threads is None:
@@ -149,9 +162,10 @@ class StrategyExtended:
         total = self._cross_device_ops._reduce(ReduceOp.SUM, PerReplica(parts), None, self._proc)
         if reduce_op is ReduceOp.SUM:
             return total
+        owned = self._proc.world_size > 1  # the process step's own buffer: divided in place
         if count is None:
-            return total / self.num_replicas_in_sync
-        return total / self._proc.all_reduce_count(count)
+            return cdo.divide_new(total, self.num_replicas_in_sync, owned)
+        return cdo.divide_new(total, self._proc.all_reduce_count(count), owned)
 
     def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any) -> Any:
         """Combine ``value`` across replicas (SUM or MEAN) and place the result on ``destinations``.
@@ -185,7 +199,8 @@ class StrategyExtended:
 
     def _check_same_shapes(self, parts: list[torch.Tensor]) -> None:
         _check_same_shapes(parts)
-        self._proc.check_same_shape(parts[0])
+        if self._proc.world_size > 1:
+            self._cross_device_ops._check_same_shape(parts[0], self._proc)
 
     def _gather(self, value: Any, axis: int) -> Any:
         def leaf_gather(leaf: Any) -> torch.Tensor:

@@ -48,6 +48,7 @@ LINE = 64  # bytes between two ranks' counters: one cache line each
 ALIGN = 4096
 DEFAULT_BUDGET = 48 * 2**20  # the segment's size for the slots and the result area
 SPIN_BEFORE_SLEEP_S = 0.002  # poll (yielding) this long, then sleep between polls
+_COMBINE = {"sum": torch.add, "max": torch.maximum}
 
 
 class SharedMemoryGroup:
@@ -106,17 +107,18 @@ class SharedMemoryGroup:
         return cls(segment, world, rank, slot_bytes, timeout_s)
 
     # ----- the all-reduce -----
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In place: ``tensor`` (contiguous, on CPU) becomes the sum of every rank's ``tensor``."""
+    def all_reduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place: ``tensor`` (contiguous, on CPU) becomes the sum (or ``op="max"``) over every rank's ``tensor``."""
         if not tensor.is_contiguous() or tensor.device.type != "cpu":
             raise ValueError(f"shared-memory all-reduce needs a contiguous CPU tensor, got {tensor.device} {tuple(tensor.stride())}")
+        combine = _COMBINE[op]
         flat = tensor.view(-1)
         per_chunk = self.slot_bytes // flat.element_size()
         for start in range(0, flat.numel(), per_chunk):
-            self._reduce_chunk(flat[start : start + per_chunk])
+            self._reduce_chunk(flat[start : start + per_chunk], combine)
         return tensor
 
-    def _reduce_chunk(self, chunk: torch.Tensor) -> None:
+    def _reduce_chunk(self, chunk: torch.Tensor, combine: Any) -> None:
         n = chunk.numel()
         slots = [self._area(i, chunk.dtype, n) for i in range(self.world_size)]
         result = self._area(self.world_size, chunk.dtype, n)
@@ -125,9 +127,9 @@ class SharedMemoryGroup:
         lo, hi = _part(n, self.rank, self.world_size)
         if hi > lo:
             out = result[lo:hi]
-            torch.add(slots[0][lo:hi], slots[1][lo:hi], out=out)
+            combine(slots[0][lo:hi], slots[1][lo:hi], out=out)
             for slot in slots[2:]:
-                out.add_(slot[lo:hi])
+                combine(out, slot[lo:hi], out=out)
         self._barrier()
         chunk.copy_(result)
 

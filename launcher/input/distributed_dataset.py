@@ -50,12 +50,12 @@ class _LocalRowsSampler:
         self.first, self.num_local = first_replica, num_local
 
     def __iter__(self) -> Iterator[list[int]]:
-        b = self.per_replica
+        b, first, last = self.per_replica, self.first, self.first + self.num_local - 1
         for indices in self.batch_sampler:
-            indices = list(indices)
-            start, _ = rows_for_replica(self.first, b, len(indices))
-            _, stop = rows_for_replica(self.first + self.num_local - 1, b, len(indices))
-            yield indices[start:stop]
+            if not isinstance(indices, (list, tuple)):
+                indices = list(indices)
+            n = len(indices)
+            yield indices[rows_for_replica(first, b, n)[0] : rows_for_replica(last, b, n)[1]]
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -161,8 +161,11 @@ class DistributedDataset:
                 if template is None:
                     raise ValueError("the first global batch leaves this process's replicas no rows")
                 rows = template
-            else:
-                template = slice_batch(rows, 0, 0)
+            elif template is None:
+                template = slice_batch(rows, 0, 0)  # the structure of an empty batch, kept for a last partial one
+            if self._num_local == 1:
+                yield [rows]  # the sampler loaded exactly this replica's rows: nothing to cut
+                continue
             n = batch_size_of(rows)
             yield [slice_batch(rows, *rows_for_replica(k, b, n)) for k in range(self._num_local)]
 
@@ -199,8 +202,8 @@ def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
 
 def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> Iterator[Any]:
     """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
-    if options.experimental_fetch_to_device:
-        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)
+    if options.experimental_fetch_to_device and any(d.type != "cpu" for d in devices):
+        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)  # on CPU nothing moves
     for pieces in steps:
         yield pieces[0] if num_replicas == 1 else regroup(pieces)
 

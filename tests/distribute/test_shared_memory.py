@@ -52,12 +52,12 @@ def sums_like_gloo(budget_bytes: int):
     }
     for name, x in cases.items():
         mine, theirs = x.clone(), x.clone()
-        group.all_reduce_sum_(mine)
+        group.all_reduce_(mine)
         dist.all_reduce(theirs)
         out[name] = (mine, theirs)
     repeated = torch.full((5,), float(rank))
     for _ in range(50):  # counters keep moving; no stale slot is read
-        group.all_reduce_sum_(repeated)
+        group.all_reduce_(repeated)
         repeated.div_(world)
     out["repeated"] = repeated
     out["world"] = world
@@ -122,7 +122,7 @@ def a_peer_that_never_arrives():
     if dist.get_rank() == 1:
         return "stayed away"
     try:
-        group.all_reduce_sum_(torch.ones(4))
+        group.all_reduce_(torch.ones(4))
     except TimeoutError as exc:
         return str(exc)
     return "no error"

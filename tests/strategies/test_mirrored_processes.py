@@ -117,10 +117,10 @@ def test_parameters_identical_at_start_and_after_every_step():
     assert results[0] == results[1] == [True] * 6
 
 
-def mismatched_shapes():
+def mismatched_shapes(op_name):
     from launcher import distribute as dl
 
-    s = dl.MirroredStrategy()
+    s = dl.MirroredStrategy(cross_device_ops={"default": None, "gloo": dl.NcclAllReduce()}[op_name])
     _, batch = list(s.experimental_distribute_dataset([torch.arange(8), torch.arange(6)]))  # then 4 rows and 2 rows
     try:
         s.reduce(dl.ReduceOp.SUM, batch, axis=None)
@@ -129,8 +129,9 @@ def mismatched_shapes():
     return "no error"
 
 
-def test_reduce_without_axis_on_unequal_shapes_is_a_clear_error_on_every_process():
-    results = run_function(mismatched_shapes, nproc=2)
+@pytest.mark.parametrize("op_name", ["default", "gloo"])  # the shape check through shared memory, and through gloo
+def test_reduce_without_axis_on_unequal_shapes_is_a_clear_error_on_every_process(op_name):
+    results = run_function(mismatched_shapes, nproc=2, args=(op_name,))
     assert all("different shapes across processes" in r for r in results.values()), results
 
 
