@@ -9,6 +9,9 @@ explains what changed since the save (``manifest``).
     ckpt = Checkpointer(spec, run_dir, rank=0)
     step, position = ckpt.load(path, model, optimizer)     # any world size: DCP reshards
     ckpt.save(step, position, model, optimizer)             # collective: every rank calls it
+
+torch.distributed.checkpoint itself (with DTensor and sympy, half a second of
+imports) is imported on the first save or load, not by a run without checkpoints.
 """
 
 from __future__ import annotations
@@ -21,12 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from launcher.checkpoint import layout, manifest, state
-from launcher.checkpoint.safe import CheckpointError, SafeLoadPlanner, SafeReader, UnsafeCheckpoint
+from launcher.checkpoint.errors import CheckpointError, UnsafeCheckpoint
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
 
@@ -36,8 +36,7 @@ log = logging.getLogger("dlaunch")
 
 def root_of(spec: RunSpec, run_dir: Path) -> Path:
     """Where the run's checkpoints live: ``trainer.checkpoint.dir``, else ``RUN_DIR/checkpoints``."""
-    configured = spec.trainer.checkpoint.dir
-    return Path(configured) if configured else run_dir / "checkpoints"
+    return spec.trainer.checkpoint.root(run_dir)
 
 
 def find(spec: RunSpec, run_dir: Path, restarted: bool = False) -> Path | None:
@@ -53,6 +52,8 @@ def find(spec: RunSpec, run_dir: Path, restarted: bool = False) -> Path | None:
             return None
         saved = layout.read_manifest(path)
         manifest.check_compatible(saved, spec, str(path))
+        from launcher.checkpoint.safe import SafeReader
+
         SafeReader(path).read_metadata()  # refuses a planted pickle before any process starts
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint directory {root}: {exc}") from None
@@ -69,6 +70,10 @@ def read_tensors(path: str | Path, prefix: str = "model") -> dict[str, torch.Ten
 
     ``torch.nn.Linear(32, 1).load_state_dict(read_tensors("outputs/.../checkpoints/step-00000200"))``
     """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from launcher.checkpoint.safe import SafeReader
+
     reader = SafeReader(str(path))
     metadata = reader.read_metadata()
     wanted = {
@@ -134,6 +139,8 @@ class Checkpointer:
             "progress": state.progress(step, position.epoch, position.offset),
             "rng": {f"rank{self.rank}": state.rng_state()},
         }
+        import torch.distributed.checkpoint as dcp
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
@@ -177,11 +184,18 @@ def agree(path: Path | None, step: int) -> None:
 
 def _saved_keys(path: Path, prefix: str) -> set[str]:
     """The names (after ``prefix``) of the tensors the checkpoint holds under ``prefix``."""
+    from launcher.checkpoint.safe import SafeReader
+
     metadata = SafeReader(str(path)).read_metadata()
     return {key[len(prefix):] for key in metadata.state_dict_metadata if key.startswith(prefix)}
 
 
 def _load(tensors: dict[str, Any], path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from launcher.checkpoint.safe import SafeLoadPlanner, SafeReader
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.checkpoint.safe import CheckpointError
+from launcher.checkpoint.errors import CheckpointError
 
 LATEST = "latest"
 MANIFEST = "manifest.json"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from launcher.checkpoint.safe import CheckpointError
+from launcher.checkpoint.errors import CheckpointError
 from launcher.config.schema import RunSpec
 from launcher.input.auto_shard import resolve_policy
 from launcher.input.position import Position

@@ -22,16 +22,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used; the message says which and why."""
-
-    explained = True  # the message is the whole story: no traceback in the root-cause panel
-
-
-class UnsafeCheckpoint(CheckpointError):
-    """The checkpoint holds something other than tensors and DCP metadata (e.g. a pickled callable)."""
-
+from launcher.checkpoint.errors import CheckpointError, UnsafeCheckpoint
 
 _METADATA = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -28,11 +27,15 @@ def primary(optimizer: Any) -> Any:
 
 
 def model_and_optimizer(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # DCP only where checkpoints are used
+
     module_state, optim_state = get_state_dict(unwrap(model), primary(optimizer))
     return {"model": module_state, "optim": optim_state}
 
 
 def load_model_and_optimizer(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
     set_state_dict(unwrap(model), primary(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
     for copies in (model, optimizer):  # mirrored copies in one process follow their primary
         if hasattr(copies, "resync"):

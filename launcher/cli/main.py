@@ -188,12 +188,14 @@ def _optimizing_sweeper() -> bool:
 
 def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
     """The checkpoint to resume from (None: none), once its directory is known to be writable; else ConfigError."""
-    from launcher import checkpoint
-
-    root = checkpoint.root_of(spec, run_dir)
+    root = spec.trainer.checkpoint.root(run_dir)
     why = _unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
     if why:
         raise ConfigError([Problem(key="trainer.checkpoint.dir", value=str(root), message=why)])
+    if spec.trainer.resume == "never" or (spec.trainer.resume == "auto" and not root.exists()):
+        return None  # nothing to read: no need for torch.distributed.checkpoint in this process
+    from launcher import checkpoint
+
     try:
         return checkpoint.find(spec, run_dir)
     except checkpoint.CheckpointError as exc:

@@ -8,8 +8,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launcher import checkpoint
-from launcher.checkpoint import layout, manifest
 from launcher.config.errors import ConfigError, Problem
 from launcher.config.schema import RunSpec
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
@@ -108,6 +106,8 @@ def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
     if not c.every_steps:
         restarts = "; a restart begins again at step 0" if spec.launch.max_restarts else ""
         return f"off (trainer.checkpoint.every_steps=N turns them on){restarts}"
+    from launcher import checkpoint  # torch.distributed.checkpoint: imported only when checkpoints are on
+
     return (f"every {c.every_steps} steps, at the end and on SIGTERM/SIGINT/SIGHUP (DCP; keep {c.keep}) "
             f"in {checkpoint.root_of(spec, run_dir)}")
 
@@ -115,6 +115,8 @@ def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
 def _resume_rows(spec: RunSpec, resume_from: Path | None) -> list[tuple[str, str]]:
     if resume_from is None:
         return []
+    from launcher.checkpoint import layout, manifest
+
     saved = layout.read_manifest(resume_from)
     pos = saved["data_position"]
     rows = [("resume", f"from step {saved['step']} ({resume_from}; {saved['strategy']} {saved['cluster']}, "

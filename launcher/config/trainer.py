@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -21,6 +22,10 @@ class CheckpointSpec(Strict):
     @classmethod
     def _absolute(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else _absolute_path(value, info)
+
+    def root(self, run_dir: Path) -> Path:
+        """Where the run's checkpoints live: ``dir``, else ``RUN_DIR/checkpoints``."""
+        return Path(self.dir) if self.dir else run_dir / "checkpoints"
 
 
 class TrainerSpec(Strict):
