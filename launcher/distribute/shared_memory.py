@@ -107,18 +107,22 @@ class SharedMemoryGroup:
         return cls(segment, world, rank, slot_bytes, timeout_s)
 
     # ----- the all-reduce -----
-    def all_reduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """In place: ``tensor`` (contiguous, on CPU) becomes the sum (or ``op="max"``) over every rank's ``tensor``."""
+    def all_reduce_(self, tensor: torch.Tensor, op: str = "sum", divide_by: int = 1) -> torch.Tensor:
+        """In place: ``tensor`` (contiguous, on CPU) becomes the sum (or ``op="max"``) over every rank's ``tensor``.
+
+        ``divide_by``: divide the sum by this (a mean); each rank divides only its
+        share, instead of every rank dividing the whole tensor.
+        """
         if not tensor.is_contiguous() or tensor.device.type != "cpu":
             raise ValueError(f"shared-memory all-reduce needs a contiguous CPU tensor, got {tensor.device} {tuple(tensor.stride())}")
         combine = _COMBINE[op]
         flat = tensor.view(-1)
         per_chunk = self.slot_bytes // flat.element_size()
         for start in range(0, flat.numel(), per_chunk):
-            self._reduce_chunk(flat[start : start + per_chunk], combine)
+            self._reduce_chunk(flat[start : start + per_chunk], combine, divide_by)
         return tensor
 
-    def _reduce_chunk(self, chunk: torch.Tensor, combine: Any) -> None:
+    def _reduce_chunk(self, chunk: torch.Tensor, combine: Any, divide_by: int) -> None:
         n = chunk.numel()
         slots = [self._area(i, chunk.dtype, n) for i in range(self.world_size)]
         result = self._area(self.world_size, chunk.dtype, n)
@@ -130,6 +134,8 @@ class SharedMemoryGroup:
             combine(slots[0][lo:hi], slots[1][lo:hi], out=out)
             for slot in slots[2:]:
                 combine(out, slot[lo:hi], out=out)
+            if divide_by != 1:
+                out.div_(divide_by)
         self._barrier()
         chunk.copy_(result)
 

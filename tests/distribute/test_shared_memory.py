@@ -55,6 +55,10 @@ def sums_like_gloo(budget_bytes: int):
         group.all_reduce_(mine)
         dist.all_reduce(theirs)
         out[name] = (mine, theirs)
+    mean, summed = cases["float32_big"].clone(), cases["float32_big"].clone()
+    group.all_reduce_(mean, divide_by=world)  # each rank divides its share of the sum
+    dist.all_reduce(summed)
+    out["mean"] = (mean, summed / world)
     repeated = torch.full((5,), float(rank))
     for _ in range(50):  # counters keep moving; no stale slot is read
         group.all_reduce_(repeated)
