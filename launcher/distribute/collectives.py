@@ -192,17 +192,19 @@ class ReplicaThreads:
 
     def run(self, job: Callable[[int], Any]) -> list[Any]:
         """Call ``job(local_id)`` for every local replica; return the results in order."""
-        for i in range(1, self.num_replicas):
-            self._inboxes[i].put(job)
-        results: list[Any] = [None] * self.num_replicas
-        errors: list[BaseException | None] = [None] * self.num_replicas
-        results[0], errors[0] = _call(job, 0, self.rendezvous)
-        for _ in range(1, self.num_replicas):
-            i, value, exc = self._done.get()
-            results[i], errors[i] = value, exc
-        if any(e is not None for e in errors):
+        n, inboxes, done = self.num_replicas, self._inboxes, self._done
+        for i in range(1, n):
+            inboxes[i].put(job)
+        results: list[Any] = [None] * n
+        results[0], exc = _call(job, 0, self.rendezvous)
+        errors = None if exc is None else {0: exc}  # built only when something failed: this is per step
+        for _ in range(1, n):
+            i, results[i], exc = done.get()
+            if exc is not None:
+                errors = {**(errors or {}), i: exc}
+        if errors:
             self.rendezvous.reset()
-            raise _root_error(errors)
+            raise _root_error([errors.get(i) for i in range(n)])
         return results
 
 

@@ -10,6 +10,7 @@ combined by the strategy's cross-device ops (``cross_device_ops.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -18,7 +19,7 @@ import torch
 from launcher.distribute import devices as devlib
 from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute.collectives import ReplicaThreads, SingleProcess, ThreadRendezvous, device_guard
-from launcher.distribute.context import ReplicaContext, _current_frame, _enter
+from launcher.distribute.context import ReplicaContext, _current_frame, _enter, _Frame, _state
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.values import PerReplica, contains_per_replica, map_structure, regroup, select_replica
 
@@ -98,33 +99,41 @@ class StrategyExtended:
             self._created[id(param)] = param
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        strategy = self._container
         frame = _current_frame()
         if frame is not None and frame.replica_context is not None:
             raise RuntimeError("strategy.run() was called inside strategy.run(); call it from cross-replica context")
 
-        contexts = self._replica_contexts()
+        frames, guards = self._replica_frames()
 
         def call(local_id: int) -> Any:
-            mine = select_replica(local_id, args) if args else args
-            my_kwargs = select_replica(local_id, kwargs) if kwargs else kwargs
-            device = self._devices[local_id]
-            with _enter(strategy, contexts[local_id]):
-                if device.type == "cpu":
+            # The replica's frame on its own thread's stack (what ``_enter`` does, without the objects).
+            stack = _state.stack
+            stack.append(frames[local_id])
+            try:
+                mine = select_replica(local_id, args) if args else args
+                my_kwargs = select_replica(local_id, kwargs) if kwargs else kwargs
+                guard = guards[local_id]
+                if guard is None:
                     return fn(*mine, **my_kwargs)
-                with device_guard(device):
+                with guard():
                     return fn(*mine, **my_kwargs)
+            finally:
+                stack.pop()
 
         if self._num_local == 1:
             out = call(0)
             return out if self.num_replicas_in_sync == 1 else regroup([out])
         return regroup(self._replica_threads().run(call))
 
-    def _replica_contexts(self) -> list[ReplicaContext]:
-        """One ``ReplicaContext`` per local replica, made once (they hold no per-call state)."""
-        if self.__dict__.get("_contexts") is None:
-            self._contexts = [ReplicaContext(self._container, self._replica_offset + i, i) for i in range(self._num_local)]
-        return self._contexts
+    def _replica_frames(self) -> tuple[list[_Frame], list[Any]]:
+        """Per local replica, made once: its context frame, and its device guard (None on CPU)."""
+        if self.__dict__.get("_frames") is None:
+            strategy = self._container
+            self._frames = (
+                [_Frame(strategy, ReplicaContext(strategy, self._replica_offset + i, i)) for i in range(self._num_local)],
+                [None if d.type == "cpu" else functools.partial(device_guard, d) for d in self._devices],
+            )
+        return self._frames
 
     def _replica_threads(self) -> ReplicaThreads:
         if self._threads is None:
