@@ -393,10 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rounding" in parts:
         result["rounding"] = bench_rounding(args.steps)
     text = render(result)
-    json_path, md_path = c.write_results(result["started"] + "-breakdown", result, text)
-    print()
-    print(text)
-    print(f"\nresults: {json_path.relative_to(c.ROOT)}, {md_path.relative_to(c.ROOT)}")
+    c.publish(result["started"] + "-breakdown", result, text)
     return 0
 
 

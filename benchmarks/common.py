@@ -118,6 +118,14 @@ def write_results(stem: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     return json_path, md_path
 
 
+def publish(stem: str, data: dict[str, Any], markdown: str) -> None:
+    """Write the results (``write_results``) and print the tables and where they went."""
+    json_path, md_path = write_results(stem, data, markdown)
+    print()
+    print(markdown)
+    print(f"\nresults: {json_path.relative_to(ROOT)}, {md_path.relative_to(ROOT)}")
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without a launcher's worker variables (a run must not think it is a worker), plus ``extra``."""
     drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",

@@ -372,10 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         result["launch"] = bench_launch(rounds, args.quiet_wait)
     result["targets"] = targets(result)
     text = render(result)
-    json_path, md_path = c.write_results(result["started"] + "-micro", result, text)
-    print()
-    print(text)
-    print(f"\nresults: {json_path.relative_to(c.ROOT)}, {md_path.relative_to(c.ROOT)}")
+    c.publish(result["started"] + "-micro", result, text)
     return 0
 
 

@@ -299,10 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     result["summary"] = summarize(chosen, result["runs"], rounds)
     text = render(result)
-    json_path, md_path = c.write_results(stamp, result, text)
-    print()
-    print(text)
-    print(f"\nresults: {json_path.relative_to(c.ROOT)}, {md_path.relative_to(c.ROOT)}")
+    c.publish(stamp, result, text)
     return 0 if all(r["ok"] for r in result["runs"]) else 1
 
 

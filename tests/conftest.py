@@ -36,7 +36,7 @@ def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     """Run the real command line in a fresh process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "launcher.cli.main", *args],
+        [sys.executable, "-m", "launcher.cli.entry", *args],  # the console script's path, warm workers included
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
     )
 

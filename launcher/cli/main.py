@@ -116,6 +116,17 @@ def precheck(overrides: list[str], multirun: bool) -> None:
         raise ConfigError(problems)
 
 
+def _warm_workers(overrides: list[str]) -> None:
+    """Keep the forkserver that imports the workers (``launcher/launch/warm.py``) only for local CPU workers."""
+    from launcher.launch import warm
+
+    specs = list(_Status.validated.values())
+    if len(specs) == 1 and not specs[0].launch.dry_run and scheduled.launcher_of(overrides) is None:
+        warm.keep_if_useful(specs[0], cuda_devices())
+    else:
+        warm.stop()
+
+
 def task(cfg: Any) -> Any:
     """Hydra's task function: one job, in Hydra's run directory; its summary, or for Optuna the objective."""
     summary = _job(cfg)
@@ -269,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             composer.register_configs(args.overrides)
         else:
             precheck(args.overrides, args.multirun)
+            if not args.multirun:
+                _warm_workers(args.overrides)
     except ConfigError as exc:
         if full_errors():
             raise

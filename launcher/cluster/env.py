@@ -7,9 +7,10 @@ torch.distributed.elastic describes each worker through its environment
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Mapping
+from typing import Iterator, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +173,21 @@ def worker_environment(
             if not any(name in env for name in names):  # the user's setting, under any of its names, stays
                 extra[names[0]] = value
     return extra
+
+
+@contextlib.contextmanager
+def worker_env_set(extra: Mapping[str, str]) -> Iterator[None]:
+    """``extra`` in this process's environment for the duration: what the workers it starts inherit."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _loopback_interface() -> str:

@@ -379,6 +379,7 @@ class LaunchSpec(Strict):
     collective_timeout_s: PositiveInt = 300
     monitor_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.1
     shutdown_grace_s: PositiveInt = 5
+    warm_workers: bool = Field(True, description="local CPU workers fork from a process that imported them while dlaunch planned")
 
 
 class RecipeSpec(BaseModel):

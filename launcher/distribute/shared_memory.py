@@ -16,8 +16,9 @@ Steps 1 and 3 are one memory copy each; step 2 reads every slot once, the work
 shared between the ranks. Tensors larger than a slot go through in chunks.
 
 The barrier is a counter per rank in the segment (one cache line each) that
-every rank polls; polling yields the CPU between reads, backs off to sleeping
-after a while, and gives up with an error after ``timeout_s``. It relies on the
+every rank polls; polling yields the CPU between reads and backs off to sleeping
+after a while. A rank whose process has exited is an error at once (gloo learns
+it from a closed socket); one that is alive but never arrives, after ``timeout_s``. It relies on the
 store order of x86-64 (data written before a counter is visible before it);
 ``SharedMemoryGroup.supported()`` is False on other machines, and the caller
 then keeps the backend's all-reduce.
@@ -54,9 +55,10 @@ _COMBINE = {"sum": torch.add, "max": torch.maximum}
 class SharedMemoryGroup:
     """The segment, counters and all-reduce of one process group whose ranks share a machine."""
 
-    def __init__(self, segment: mmap.mmap, world_size: int, rank: int, slot_bytes: int, timeout_s: float):
+    def __init__(self, segment: mmap.mmap, world_size: int, rank: int, slot_bytes: int, timeout_s: float, pids: list[int]):
         self.world_size = world_size
         self.rank = rank
+        self.pids = pids  # every rank's process: a peer that dies is noticed at once, not after timeout_s
         self.slot_bytes = slot_bytes
         self.timeout_s = timeout_s
         self._segment = segment
@@ -93,10 +95,10 @@ class SharedMemoryGroup:
         if rank != 0:
             fd = _open(path, size, token) if (path is not None and ok) else None
         everyone = [None] * world
-        dist.all_gather_object(everyone, fd is not None, group=group)  # also: everyone has opened it
+        dist.all_gather_object(everyone, (fd is not None, os.getpid()), group=group)  # also: everyone has opened it
         if rank == 0 and path is not None:
             os.unlink(path)
-        if not all(everyone):
+        if not all(opened for opened, _ in everyone):
             if fd is not None:
                 os.close(fd)
             return None
@@ -104,7 +106,7 @@ class SharedMemoryGroup:
         os.close(fd)
         segment[: LINE * world] = bytes(LINE * world)  # every rank zeroes its view; nobody has counted yet
         dist.barrier(group=group)
-        return cls(segment, world, rank, slot_bytes, timeout_s)
+        return cls(segment, world, rank, slot_bytes, timeout_s, [pid for _, pid in everyone])
 
     # ----- the all-reduce -----
     def all_reduce_(self, tensor: torch.Tensor, op: str = "sum", divide_by: int = 1) -> torch.Tensor:
@@ -163,18 +165,32 @@ class SharedMemoryGroup:
             os.sched_yield()
             if polls % 256 == 0:
                 waited = time.monotonic() - start
-                if waited > self.timeout_s:
-                    raise TimeoutError(
-                        f"shared-memory all-reduce: rank {other} did not arrive within {self.timeout_s:.0f} s "
+                if waited > self.timeout_s:  # worded as gloo's timeout, which the heartbeat explains
+                    raise RuntimeError(
+                        f"shared-memory all-reduce: Timed out waiting {self.timeout_s:.0f} s for rank {other} "
                         f"(this is rank {self.rank}); a process of the group has stopped or is stuck"
                     )
                 if waited > SPIN_BEFORE_SLEEP_S:
+                    if not _running(self.pids[other]):  # what a closed socket tells gloo
+                        raise RuntimeError(
+                            f"shared-memory all-reduce: rank {other} (pid {self.pids[other]}) has exited "
+                            f"(this is rank {self.rank})"
+                        )
                     time.sleep(0.0001)
 
     def close(self) -> None:
         self._data = None  # type: ignore[assignment]
         self._counters.release()
         self._segment.close()
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (a dead rank its agent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _slot_bytes(budget_bytes: int, world_size: int) -> int:

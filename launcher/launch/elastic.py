@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -20,14 +19,14 @@ from typing import Any, Callable, Iterator
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from launcher.cluster.env import worker_environment
+from launcher.cluster.env import worker_env_set, worker_environment
 from launcher.config.schema import RunSpec
-from launcher.launch import rendezvous, report
+from launcher.launch import rendezvous, report, warm
 from launcher.runtime import outputs
 
 log = logging.getLogger("dlaunch")
@@ -112,21 +111,6 @@ def local_config(
     )
 
 
-@contextlib.contextmanager
-def _worker_env(extra: dict[str, str]) -> Iterator[None]:
-    """The agent copies this process's environment into the workers'."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _quiet_agent() -> None:
     """The agent logs each failure itself; dlaunch reports the root cause once instead."""
     prefixes = ("torch.distributed.elastic", "torch.distributed.launcher")
@@ -174,7 +158,8 @@ def run_node(
     """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``."""
     config = node_config(spec, run_dir, node_rank, run_id, listen_fd)
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
-    log.info("starting %d worker process(es)%s through torch.distributed.elastic", config.nproc_per_node, where)
+    how = " (forked from the warm server)" if warm.started() else ""
+    log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(spec, run_dir, cuda_devices)
         start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace)
@@ -224,6 +209,8 @@ def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
 class _Agent(LocalElasticAgent):
     """torch's agent, except that stopping the workers never waits longer than ``shutdown_timeout``.
 
+    That holds for workers started as interpreters and as forked functions (warm start) alike.
+
     In torch 2.13 the process context stops the other workers after a failure with
     ``close()``'s default grace of 30 s (and ``_stop_workers`` passes no grace
     either): a worker that does not exit on SIGTERM (one blocked in a C++
@@ -240,7 +227,40 @@ class _Agent(LocalElasticAgent):
             close(death_sig, min(timeout, grace))
 
         pcontext.close = graceful_close
+        processes = getattr(pcontext, "_pc", None)  # workers forked as functions (warm start): torch.multiprocessing's context
+        if processes is not None:
+            join = processes.join
+
+            def bounded_join(timeout: float | None = None, grace_period: float | None = None) -> bool:
+                # After a failure its join waits, signals SIGTERM, waits again, then SIGKILLs: 30 s each
+                # unless told. Half the grace each keeps a stuck peer's end within launch.shutdown_grace_s.
+                return join(timeout, grace / 2 if grace_period is None else grace_period)
+
+            processes.join = bounded_join
+            pcontext._poll = _every_failure(pcontext, processes)
         return started
+
+
+def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
+    """The context's ``_poll``, reporting every worker that failed rather than the first one seen.
+
+    torch.multiprocessing's context raises for the first process it sees exit; the
+    rank that failed first (the root cause) may be another, and a rank killed by a
+    signal writes no error file. Once the context has stopped the others, every
+    non-zero exit is known.
+    """
+    poll = pcontext._poll
+
+    def poll_every_failure() -> Any:
+        result = poll()
+        if result is not None and result.failures:
+            for local_rank, proc in enumerate(processes.processes):
+                if local_rank not in result.failures and proc.exitcode not in (None, 0):
+                    result.failures[local_rank] = ProcessFailure(
+                        local_rank=local_rank, pid=proc.pid, exitcode=proc.exitcode, error_file=pcontext.error_files[local_rank])
+        return result
+
+    return poll_every_failure
 
 
 @contextlib.contextmanager
@@ -262,5 +282,11 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     ``extra_env``: more variables for the workers (a parameter-server task's identity).
     """
     _quiet_agent()
-    with _worker_env({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent():
-        elastic_launch(config, sys.executable)("-u", "-m", module, str(job))
+    with worker_env_set({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent():
+        if module == WORKER_MODULE and warm.started() and nccl_trace_prefix is None and not extra_env:
+            from launcher.runtime.worker import run_job  # imported by the forkserver already
+
+            config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)
+            elastic_launch(config, run_job)(str(job))
+        else:
+            elastic_launch(config, sys.executable)("-u", "-m", module, str(job))

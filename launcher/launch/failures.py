@@ -71,7 +71,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
     return RootCause(
         rank=rank,
         host=extra.get("host", socket.gethostname()),
-        pid=failure.pid,
+        pid=failure.pid or extra.get("pid", 0),
         exit=_exit_text(failure.exitcode),
         exception=message.get("message", ""),
         traceback=message.get("extraInfo", {}).get("py_callstack", ""),
@@ -82,7 +82,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
 
 # What a rank says when it failed only because a peer died first.
 _CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socket closed", "NCCL communicator was aborted",
-                 "ProcessGroupGloo", "Broken pipe", "ParameterServerUnavailable: ")
+                 "ProcessGroupGloo", "Broken pipe", "ParameterServerUnavailable: ", "shared-memory all-reduce: rank ")
 
 
 def is_consequence(cause: RootCause) -> bool:

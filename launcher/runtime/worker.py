@@ -139,5 +139,36 @@ def main() -> None:
     os._exit(code)
 
 
+def run_job(job_path: str) -> int:
+    """The worker as a function, forked from the warm server (``launcher/launch/warm.py``).
+
+    Success returns 0 to the agent (the forkserver's child then leaves with
+    ``os._exit`` itself); a failure leaves at once with its exit code, as ``main``.
+    """
+    release_forkserver()
+    code = run(Path(job_path))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        os._exit(code)
+    return 0
+
+
+def release_forkserver() -> None:
+    """Let the forkserver exit with dlaunch, so that this worker dies with it.
+
+    multiprocessing hands each forked child the forkserver's keep-alive pipe: the
+    server would live as long as its children, and the children (whose parent is
+    the server, see ``die_with_launcher``) as long as the server, after dlaunch is
+    gone. Closing this worker's end leaves dlaunch's as the only one.
+    """
+    from multiprocessing import forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        os.close(fd)
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
 if __name__ == "__main__":
     main()

@@ -124,10 +124,13 @@ def a_peer_that_never_arrives():
     ensure_process_group(WorkerEnv.from_environ())
     group = shared_memory.SharedMemoryGroup.create(None, 2**20, timeout_s=1.5)
     if dist.get_rank() == 1:
+        import time
+
+        time.sleep(4)  # alive, but never arriving
         return "stayed away"
     try:
         group.all_reduce_(torch.ones(4))
-    except TimeoutError as exc:
+    except RuntimeError as exc:
         return str(exc)
     return "no error"
 
@@ -135,8 +138,34 @@ def a_peer_that_never_arrives():
 @pytest.mark.slow
 def test_a_missing_peer_is_a_timeout_naming_it():
     results = run_function(a_peer_that_never_arrives, nproc=2)
-    assert "rank 1 did not arrive within 2 s" in results[0]
+    assert "Timed out waiting 2 s for rank 1" in results[0]
     assert results[1] == "stayed away"
+
+
+def a_peer_that_exits():
+    import time
+
+    import torch.distributed as dist
+
+    ensure_process_group(WorkerEnv.from_environ())
+    group = shared_memory.SharedMemoryGroup.create(None, 2**20, timeout_s=120)
+    if dist.get_rank() == 1:
+        return "left"  # and its process ends
+    started = time.monotonic()
+    try:
+        group.all_reduce_(torch.ones(4))
+    except RuntimeError as exc:
+        return (str(exc), time.monotonic() - started)
+    return ("no error", 0.0)
+
+
+@pytest.mark.slow
+def test_a_peer_that_exits_is_an_error_at_once_not_after_the_timeout():
+    results = run_function(a_peer_that_exits, nproc=2)
+    message, waited = results[0]
+    assert "rank 1" in message and "has exited" in message
+    assert waited < 60  # the timeout is 120 s
+    assert results[1] == "left"
 
 
 def test_a_group_without_shared_memory_falls_back_or_raises(monkeypatch):

@@ -17,9 +17,16 @@ pytestmark = pytest.mark.slow
 
 
 def workers_of(run_dir) -> list[str]:
-    """Live processes started for this run (its job file is on their command line)."""
+    """Live processes started for this run: its job file on their command line (fresh interpreters),
+    or the pid a rank recorded in its progress file (workers forked from the warm server)."""
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(run_dir) in line and "launcher.runtime.worker" in line]
+    found = [line for line in out.splitlines() if str(run_dir) in line and "launcher.runtime.worker" in line]
+    for progress in (run_dir / ".dlaunch").glob("rank-*.progress.json"):
+        pid = json.loads(progress.read_text())["pid"]
+        alive = subprocess.run(["ps", "-o", "pid=,stat=", "-p", str(pid)], capture_output=True, text=True).stdout.split()
+        if alive and not alive[1].startswith("Z") and not any(line.split()[0] == str(pid) for line in found):
+            found.append(f"{pid} (rank file {progress.name})")
+    return found
 
 
 PROBE_1X2 = ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "trainer.steps=100000")
@@ -90,7 +97,7 @@ def test_a_killed_rank_shows_the_last_step_its_heartbeat_recorded(run_dlaunch):
 def test_ctrl_c_stops_every_worker(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli.main", "strategy=mirrored", "cluster=1x2", "trainer.steps=1000000",
+        [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "trainer.steps=1000000",
          "trainer.log_every=50", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

@@ -1,0 +1,23 @@
+"""The ``dlaunch`` console script: warm the workers first, then import and run the CLI.
+
+Importing the CLI imports torch (about a second). A run whose workers are local
+CPU processes can have its forkserver import them on another core meanwhile
+(``launcher/launch/warm.py``); this module starts it before anything heavy.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def entry() -> None:
+    from launcher.launch import warm
+
+    warm.start_early(sys.argv[1:])
+    from launcher.cli.main import main
+
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,121 @@
+"""Warm workers: the console script forks local CPU workers from a forkserver that imported them early."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from launcher.config import compose as composer
+from launcher.launch import warm
+from tests.conftest import PROBE, dlaunch, summary
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the forkserver is used on Linux")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"], ["--cfg", "job"], ["-m", "cluster=1x1,1x2"], ["launch.dry_run=true"], ["launch.warm_workers=false"],
+    ["recipes", "ls"], ["report", "x"], ["hydra/launcher=submitit_slurm"],
+])
+def test_command_lines_that_run_nothing_start_no_server(argv):
+    assert not warm.start_early(argv)
+    assert not warm.started()
+
+
+@linux_only
+def test_a_job_without_local_cpu_workers_stops_the_early_server():
+    assert warm.start_early(["recipe=linear"])
+    try:
+        pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
+        assert warm.started() and pid is not None
+        spec = composer.compose_and_validate(["recipe=linear"], cuda_devices=0)  # one process: trains in dlaunch
+        assert not warm.eligible(spec, 0)
+        assert not warm.keep_if_useful(spec, 0)
+        assert not warm.started()
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # stopped and reaped
+    finally:
+        warm.stop()
+
+
+def test_eligibility_follows_the_validated_job():
+    mirrored = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
+    assert warm.eligible(mirrored, 0) == (sys.platform == "linux")
+    off = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2", "launch.warm_workers=false"], cuda_devices=0)
+    emulated = composer.compose_and_validate(["strategy=multi_worker_mirrored", "cluster=2x1"], cuda_devices=0)
+    assert not warm.eligible(off, 0) and not warm.eligible(emulated, 0)
+
+
+@linux_only
+@pytest.mark.slow
+def test_workers_fork_from_the_warm_server_and_train_as_fresh_interpreters_do(tmp_path):
+    runs = {}
+    for warm_workers in ("true", "false"):
+        out = tmp_path / warm_workers
+        done = dlaunch("recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=6",
+                       f"launch.warm_workers={warm_workers}", f"hydra.run.dir={out}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert ("forked from the warm server" in done.stderr) == (warm_workers == "true")
+        runs[warm_workers] = summary(out)
+    assert runs["true"]["final_loss"] == runs["false"]["final_loss"]
+
+
+@linux_only
+@pytest.mark.slow
+def test_a_failing_forked_worker_is_restarted_then_reported_once_and_nothing_is_left(tmp_path):
+    run_dir = tmp_path / "run"
+    done = dlaunch("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "recipe.examples=640", "trainer.steps=30",
+                   "+recipe.fail_replica=1", "+recipe.fail_step=3", "+recipe.record_attempts=true", "launch.max_restarts=1",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "forked from the warm server" in out
+    assert len((run_dir / "attempts-rank1.txt").read_text().split()) == 2, "tried, then restarted once"
+    assert out.count("root cause") == 1 and "injected failure on replica 1 at step 3" in out
+    assert summary(run_dir)["status"] == "failed"
+    for progress in (run_dir / ".dlaunch").glob("rank-*.progress.json"):
+        pid = json.loads(progress.read_text())["pid"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the forked workers are gone with dlaunch
+
+
+@linux_only
+@pytest.mark.slow
+def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "trainer.steps=1000000",
+         "trainer.log_every=50", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while len(list((run_dir / ".dlaunch").glob("rank-*.progress.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [json.loads(p.read_text())["pid"] for p in (run_dir / ".dlaunch").glob("rank-*.progress.json")]
+        assert len(pids) == 2, "the workers should be training"
+        server = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(pids[0])], capture_output=True, text=True).stdout)
+        proc.send_signal(signal.SIGKILL)  # no handler runs: only the kernel's parent-death signals are left
+        proc.wait()
+        deadline = time.monotonic() + 10
+        left = pids + [server]
+        while left and time.monotonic() < deadline:
+            left = [pid for pid in left if _alive(pid)]
+            time.sleep(0.1)
+        assert left == [], "orphans: forked workers or their forkserver outlived dlaunch"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    import subprocess
+
+    stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return bool(stat) and not stat.startswith("Z")
