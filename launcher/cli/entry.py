@@ -16,7 +16,11 @@ def entry() -> None:
     warm.start_early(sys.argv[1:])
     from launcher.cli.main import main
 
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        warm.shutdown()  # every worker has ended by now: the server follows, and is reaped
+    sys.exit(code)
 
 
 if __name__ == "__main__":

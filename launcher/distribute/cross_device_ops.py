@@ -510,6 +510,9 @@ def _packed(tensors: list[torch.Tensor], num_packs: int, reduce: Callable[[torch
     for i, t in enumerate(tensors):
         kinds.setdefault((t.dtype, t.device), []).append(i)
     for indices in kinds.values():
+        if len(indices) == 1 and num_packs == 1:  # one value, one pack: nothing to concatenate or split
+            out[indices[0]] = reduce(tensors[indices[0]])
+            continue
         flat = torch.cat([tensors[i].reshape(-1) for i in indices])
         for chunk in flat.tensor_split(max(1, min(num_packs, flat.numel()))):
             chunk.copy_(reduce(chunk))

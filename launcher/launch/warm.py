@@ -94,6 +94,32 @@ def stop() -> None:
         _started = False
 
 
+def shutdown(wait_s: float = 10.0) -> None:
+    """At the command's end: let the forkserver exit and reap it (its workers' CPU time is then this process's)."""
+    global _started
+    if not _started:
+        return
+    import os
+    import signal
+    import time
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid, alive = server._forkserver_pid, server._forkserver_alive_fd
+    if alive is not None:
+        os.close(alive)  # its end of the keep-alive pipe: the server leaves once its children have
+        server._forkserver_alive_fd = None
+    deadline = time.monotonic() + wait_s
+    while pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    server._forkserver_pid = None
+    _started = False
+
+
 def _launch() -> None:
     global _started
     context = multiprocessing.get_context("forkserver")

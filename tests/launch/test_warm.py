@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -59,6 +60,8 @@ def test_workers_fork_from_the_warm_server_and_train_as_fresh_interpreters_do(tm
         assert done.returncode == 0, done.stderr[-3000:]
         assert ("forked from the warm server" in done.stderr) == (warm_workers == "true")
         runs[warm_workers] = summary(out)
+        servers = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout.splitlines()
+        assert [s for s in servers if "multiprocessing.forkserver" in s and str(tmp_path) in s] == [], "reaped at exit"
     assert runs["true"]["final_loss"] == runs["false"]["final_loss"]
 
 
@@ -85,7 +88,6 @@ def test_a_failing_forked_worker_is_restarted_then_reported_once_and_nothing_is_
 @pytest.mark.slow
 def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_path):
     import signal
-    import subprocess
     import time
 
     run_dir = tmp_path / "run"
@@ -115,7 +117,5 @@ def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_pat
 
 
 def _alive(pid: int) -> bool:
-    import subprocess
-
     stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
     return bool(stat) and not stat.startswith("Z")
