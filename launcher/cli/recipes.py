@@ -270,17 +270,11 @@ def load_user_recipe(path: Path) -> UserRecipe:
         raise ConfigError([Problem(key=where, message="not a recipe config: it needs a top-level recipe: mapping "
                                    "(recipe.strategies, recipe.optimizer, ... as in dlaunch recipes cp linear DIR)", has_value=False)])
     name = path.stem
-    if _is_shipped(path) or shadows_shipped(path):
-        # As a run composes it: dlaunch stores its own recipes with their name and module; Hydra merges a
-        # search-path file recipe/NAME.yaml over the stored recipe of the same name (automatic schema matching).
-        stored = OmegaConf.load(shipped()[name])
-        stored.recipe.name, stored.recipe.entry = name, f"launcher.recipes.{name}"
-        try:
-            node = OmegaConf.merge(stored, node)
-        except Exception as exc:  # noqa: BLE001 - the run's own merge fails the same way
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ConfigError([Problem(key=where, message=f"cannot be merged over dlaunch's recipe {name}: {first}", has_value=False)]) from None
-        recipe = node.recipe
+    if _is_shipped(path):  # as a run composes it: dlaunch stores its own recipes under their name and module
+        with open_dict(recipe):
+            recipe.name, recipe.entry = name, f"launcher.recipes.{name}"
+    # A user's copy (DIR/recipe/NAME.yaml, even with a shipped NAME) is validated as written: with
+    # --config-dir DIR it replaces dlaunch's recipe of that name rather than merging over it.
     with open_dict(recipe):
         if recipe.get("name") is None:
             recipe.name = name
@@ -294,11 +288,6 @@ def load_user_recipe(path: Path) -> UserRecipe:
 
 def _is_shipped(path: Path) -> bool:
     return path.resolve() in {p.resolve() for p in shipped().values()}
-
-
-def shadows_shipped(path: Path) -> bool:
-    """``path`` is ``DIR/recipe/NAME.yaml`` for a shipped NAME: with DIR on the search path, ``recipe=NAME`` runs it."""
-    return path.parent.name == "recipe" and path.stem in shipped() and not _is_shipped(path)
 
 
 def _key(override: str) -> str:

@@ -238,10 +238,11 @@ def test_validate_checks_the_copy_not_the_installed_recipe(tmp_path, capsys):
     assert main(["validate", str(config), "--cuda-devices", "0"]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     assert f"runs {py}" in " ".join(out.split())
-    config.write_text(config.read_text().replace(f'  entry: {json.dumps(str(py))}\n', ""))  # back to the installed module
+    config.write_text(config.read_text().replace(f'  entry: {json.dumps(str(py))}\n', ""))
+    # As a run with --config-dir sees it: the copy replaces dlaunch's recipe linear, nothing is merged in.
     assert main(["validate", str(config), "--cuda-devices", "0"]) == 2
     out, err = capsys.readouterr()
-    assert "runs launcher.recipes.linear" in out and "recipe.dropout" in err and "unknown key" in err
+    assert "no recipe.entry" in out and "recipe.entry: required key is missing" in out, out
 
 
 def test_validate_explains_a_mistyped_override_and_checks_one_named_strategy(tmp_path, capsys):
