@@ -149,11 +149,15 @@ class CrossDeviceOps:
         issues them in the same (bucket) order.
         """
         buffer = bucket.buffer()
-        buffer.div_(dist.get_world_size(state))
-        self._all_reduce_sum_(buffer, state)
+        self._mean_(buffer, state)
         future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
         future.set_result(buffer)
         return future
+
+    def _mean_(self, buffer: torch.Tensor, group: Any) -> None:
+        """In place: ``buffer`` becomes the mean over ``group`` (divided first, as DDP's own hook does)."""
+        buffer.div_(dist.get_world_size(group))
+        self._all_reduce_sum_(buffer, group)
 
     def _join(self, processes: ProcessCollectives, env: Any) -> None:
         """Called by a strategy once it is in a process group; builds what the op needs collectively."""
@@ -390,26 +394,28 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         """True when ``group``'s processes reduce through shared memory."""
         return self._segments.get(_group_key(group)) is not None
 
+    def _segment(self, group: Any, tensor: torch.Tensor) -> Any:
+        """The group's segment if ``tensor`` can go through it (contiguous, on CPU); else None: the backend's."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return None
+        return self._segments.get(_group_key(group))
+
     def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
-        segment = self._segments.get(_group_key(group))
-        if segment is None or buffer.device.type != "cpu" or not buffer.is_contiguous():
+        segment = self._segment(group, buffer)
+        if segment is None:
             return super()._all_reduce_sum_(buffer, group)
         segment.all_reduce_(buffer)
 
-    def _reduce_bucket(self, state, bucket):  # no annotations: DDP compares them with real types
-        """Average one gradient bucket: the sum through shared memory, each rank dividing its share.
+    def _mean_(self, buffer: torch.Tensor, group: Any) -> None:
+        """The sum through shared memory, each rank dividing only its share.
 
         ``(a + b) / 2`` has the bits of DDP's ``a / 2 + b / 2`` (halving is exact
         outside the subnormal range), for half the division work.
         """
-        buffer = bucket.buffer()
-        segment = self._segments.get(_group_key(state))
-        if segment is None or buffer.device.type != "cpu" or not buffer.is_contiguous():
-            return super()._reduce_bucket(state, bucket)
-        segment.all_reduce_(buffer, divide_by=dist.get_world_size(state))
-        future = torch.futures.Future()
-        future.set_result(buffer)
-        return future
+        segment = self._segment(group, buffer)
+        if segment is None:
+            return super()._mean_(buffer, group)
+        segment.all_reduce_(buffer, divide_by=dist.get_world_size(group))
 
     def _check_same_shape(self, tensor: torch.Tensor, processes: Any) -> None:
         segment = self._segments.get(_group_key(processes.group))

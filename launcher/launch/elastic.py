@@ -283,7 +283,7 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     """
     _quiet_agent()
     with worker_env_set({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent():
-        if module == WORKER_MODULE and warm.started() and nccl_trace_prefix is None and not extra_env:
+        if module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
             from launcher.runtime.worker import run_job  # imported by the forkserver already
 
             config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)

@@ -26,7 +26,11 @@ fresh interpreter instead (``python -m launcher.runtime.worker``).
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import sys
+import time
+from multiprocessing import forkserver
 from typing import Any
 
 from launcher.cluster.env import worker_environment, worker_env_set
@@ -57,8 +61,7 @@ def start_early(argv: list[str]) -> bool:
     """At the command's very start, before torch is imported: warm up unless the command line rules it out.
 
     Whether the job needs workers is known only once its config is validated (a
-    second later); ``start`` then keeps the server, or stops it for a job that
-    runs in this process.
+    second later); ``keep_if_useful`` then keeps the server, or stops it.
     """
     if sys.platform != "linux" or any(arg in _NOT_A_RUN or arg.startswith("hydra/launcher=") for arg in argv):
         return False
@@ -83,10 +86,6 @@ def stop() -> None:
     """Stop the forkserver (its imports too, if they are still running)."""
     global _started
     if _started:
-        import os
-        import signal
-        from multiprocessing import forkserver
-
         server = forkserver._forkserver
         if server._forkserver_pid is not None:
             os.kill(server._forkserver_pid, signal.SIGKILL)  # at once: it would finish its imports before reading a stop
@@ -99,11 +98,6 @@ def shutdown(wait_s: float = 10.0) -> None:
     global _started
     if not _started:
         return
-    import os
-    import signal
-    import time
-    from multiprocessing import forkserver
-
     server = forkserver._forkserver
     pid, alive = server._forkserver_pid, server._forkserver_alive_fd
     if alive is not None:
@@ -124,8 +118,6 @@ def _launch() -> None:
     global _started
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    from multiprocessing import forkserver
-
     with worker_env_set(worker_environment(single_node=True)):
         forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
