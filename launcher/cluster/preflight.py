@@ -103,7 +103,17 @@ def _same_config(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> N
         theirs = json.loads(store.get(f"config-node{node}"))
         diffs = ", ".join(f"{k}: {a!r} on node 0, {b!r} on node {node}" for k, a, b in _differences(base, theirs))
         lines.append(f"  node {node}: {diffs}")
+    _until_all_have_read(store, env)
     raise PreflightError("\n".join(lines))
+
+
+def _until_all_have_read(store: dist.Store, env: WorkerEnv, timeout_s: float = 10) -> None:
+    """Every rank raises, and node 0's store goes with its ranks: no rank leaves before all have read the configs."""
+    store.set(f"read{env.rank}", "1")
+    try:
+        store.wait([f"read{r}" for r in range(env.world_size)], timedelta(seconds=timeout_s))
+    except RuntimeError:  # a rank gone already: it had read what it needed
+        pass
 
 
 def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

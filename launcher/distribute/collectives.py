@@ -213,8 +213,9 @@ def _serve(local_id: int, inbox: queue.SimpleQueue, done: queue.SimpleQueue, ren
         job = inbox.get()
         if job is _Stop:
             return
-        done.put((local_id, *_call(job, local_id, rendezvous)))
-        job = None  # a finished job must not keep its strategy alive
+        result = _call(job, local_id, rendezvous)
+        job = None  # dropped before the caller wakes: a finished job must not keep its strategy alive
+        done.put((local_id, *result))
 
 
 def _call(job: Callable[[int], Any], local_id: int, rendezvous: ThreadRendezvous) -> tuple[Any, BaseException | None]:

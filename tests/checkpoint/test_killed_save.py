@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 SAVER = """
 import sys, time, torch
 from pathlib import Path
-from launcher.checkpoint import Checkpointer
+from launcher.checkpoint import Checkpointer, layout
 from launcher.config.compose import compose_and_validate
 from launcher.input.position import Position
 
@@ -28,6 +28,8 @@ small = torch.nn.Linear(4, 1)
 torch.nn.init.constant_(small.weight, 0.5)
 ckpt.save(1, Position(0, 1), small, torch.optim.SGD(small.parameters(), lr=0.1))
 print("saved 1", flush=True)
+# the kill must land before the second save commits, however late the test gets to send it: hold the commit
+layout.commit = lambda *args, **kwargs: time.sleep(3600)
 big = torch.nn.Linear(8192, 6144)  # about 200 MB to write: slow enough to be killed midway
 ckpt.save(2, Position(0, 2), big, torch.optim.SGD(big.parameters(), lr=0.1))
 print("saved 2", flush=True)
@@ -40,6 +42,7 @@ def test_a_save_killed_midway_never_moves_latest(tmp_path):
     try:
         partial = layout.partial_dir(root, 2)
         deadline = time.monotonic() + 120
+        # killed as soon as its first file shows (often midway through writing it), at the latest before the commit
         while not (partial.is_dir() and any(partial.glob("*.distcp"))):
             assert proc.poll() is None and time.monotonic() < deadline, "the second save should be under way"
             time.sleep(0.002)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
@@ -144,20 +143,47 @@ def _wait_for(check, timeout_s: float = 10.0):
     raise AssertionError("timed out")
 
 
+def _parked(entered: dict, done: threading.Event) -> None:
+    entered["at"] = time.time()
+    assert done.wait(20), "the records never came"
+
+
+def _at(run_dir, rank: int) -> tuple:
+    """(last completed step, operation) from a rank's progress file; the thread may not have written it yet."""
+    try:
+        progress = json.loads(outputs.progress_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None, None
+    return progress["step"], progress["operation"]
+
+
 def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
     env, store, run_dir = job
+    entered, done, seen = {}, threading.Event(), []
+
+    def observe(prefixed):  # from another thread, while the main thread is parked in user code
+        def sampled_while_parked():
+            records = heartbeat.read_records(prefixed, 2).values()
+            return [r for r in records if r.operation.startswith("loss") and r.beat > entered.get("at", float("inf"))]
+        try:
+            seen.extend(_wait_for(sampled_while_parked))
+            # the file is rewritten by the thread: read it while the operation is still under way
+            _wait_for(lambda: _at(run_dir, 0) == (1, "loss reduce at step 1"))
+        finally:
+            done.set()
+
     with heartbeat.Heartbeat(env(0), run_dir, 20, interval_s=0.05).start() as watch:
         with watch.step(1):
             pass
         with watch.operation("loss reduce at step 1"):
-            prefixed = dist.PrefixStore(watch.prefix, store)
-            seen = _wait_for(lambda: [r for r in heartbeat.read_records(prefixed, 2).values() if r.operation.startswith("loss")])
-            # the file is rewritten by the thread: read it while the operation is still under way
-            _wait_for(lambda: json.loads(outputs.progress_file(run_dir, 0).read_text())["operation"] == "loss reduce at step 1")
+            observer = threading.Thread(target=observe, args=(dist.PrefixStore(watch.prefix, store),))
+            observer.start()
+            _parked(entered, done)
+            observer.join()
+    assert seen, "no record sampled while the main thread was parked"
     assert (seen[0].rank, seen[0].step, seen[0].timed_out) == (0, 1, False)
-    # the innermost frame of user code: the thread samples the main thread either asleep in _wait_for or inside the
-    # check it calls (read_records, dlaunch's own code, is skipped); never a frame of dlaunch, torch or the stdlib
-    assert re.fullmatch(r"(_wait_for|<lambda>) \(test_heartbeat\.py:\d+\)", seen[0].where), seen[0].where
+    # sampled after _parked began: the innermost frame of user code, not threading.Event.wait in the stdlib
+    assert seen[0].where.startswith("_parked (test_heartbeat.py:"), seen[0].where
     assert outputs.last_completed_step(run_dir, 0) == 1
 
 
@@ -171,7 +197,8 @@ def test_a_timeout_names_the_rank_still_in_its_step(job):
                 pass
         stuck_step = stuck.step(12)
         stuck_step.__enter__()
-        _wait_for(lambda: outputs.last_completed_step(run_dir, 1) == 11)
+        # the record the store has once rank 1 is inside step 12 (the file is written after the store)
+        _wait_for(lambda: _at(run_dir, 1) == (11, "train step 12"))
         started = time.monotonic()
         with pytest.raises(CollectiveTimeout) as info:
             with waiting.step(12):

@@ -100,7 +100,10 @@ def test_a_dead_ps_restarts_the_job_from_the_last_checkpoint(run_dlaunch):
     text = " ".join(proc.stderr.split())
     assert "restarting every task from the newest checkpoint (restart 1 of 1)" in text
     s = summary(run_dir)
-    assert s["status"] == "completed" and s["restarts"] == 0 and s["resumed_from_step"] in (5, 10)
+    assert s["status"] == "completed" and s["restarts"] == 0
+    # ps:1 dies near step 12 (its killer thread polls the global step; a busy machine may let the chief run on):
+    # the run resumed from a checkpoint taken before the end, not from the start
+    assert s["resumed_from_step"] in (5, 10, 15, 20, 25), s["resumed_from_step"]
     assert layout.latest(run_dir / "checkpoints").name == "step-00000030"
 
 
