@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from launcher import distribute as dl
 from launcher.distribute import PerReplica, ReduceOp
 
 

@@ -1,9 +1,7 @@
 """ReplicaContext collectives, Strategy.gather and experimental_local_results."""
 
-import pytest
 import torch
 
-from launcher import distribute as dl
 from launcher.distribute import PerReplica, ReduceOp, get_replica_context
 
 

@@ -10,7 +10,7 @@ import torch
 
 from launcher import distribute as dl
 from launcher.distribute import ReduceOp, get_replica_context
-from launcher.distribute.collectives import ReplicaThreads, _Stop
+from launcher.distribute.collectives import _Stop
 
 
 def _all_reduce_ones(strategy):

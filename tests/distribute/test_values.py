@@ -2,10 +2,8 @@
 
 import collections
 
-import pytest
 import torch
 
-from launcher import distribute as dl
 from launcher.distribute.values import PerReplica, contains_per_replica, map_structure, regroup, select_replica
 
 Pair = collections.namedtuple("Pair", "x y")

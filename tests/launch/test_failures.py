@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 from rich.console import Console
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 

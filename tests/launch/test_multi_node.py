@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import PROBE, dlaunch, summary
+from tests.conftest import PROBE, summary
 
 pytestmark = pytest.mark.slow
 COMMON = ("recipe=linear", "strategy=mirrored", "trainer.steps=30", "trainer.log_every=10",
