@@ -8,8 +8,9 @@ for each one, after the launcher has composed, planned and started its agent.
 dlaunch therefore starts a ``multiprocessing`` forkserver as the command starts
 (``launcher/cli/entry.py``), unless the command line rules out a run (help, a
 dry run, a sweep, a subcommand). The forkserver imports ``launcher.runtime.worker``
-on another core while the launcher imports, composes, validates, plans and
-starts torch.distributed.elastic. Once the job is validated, a job whose workers
+(and ``torch._dynamo``, which the first optimizer step would import) on another
+core while the launcher imports, composes, validates, plans and starts
+torch.distributed.elastic. Once the job is validated, a job whose workers
 are not local CPU processes (one process, CUDA, several machines, parameter-server
 tasks) stops it. The elastic agent
 then starts each worker as a function (``start_method="forkserver"``): a fork of
@@ -35,7 +36,9 @@ from typing import Any
 
 from launcher.cluster.env import worker_environment, worker_env_set
 
-PRELOAD = ["launcher.runtime.worker"]
+# torch._dynamo (with sympy, about 0.9 s here) is imported by a process's first optimizer step: in the
+# server it is imported once, off the workers' critical path. The server stays single-threaded.
+PRELOAD = ["launcher.runtime.worker", "torch._dynamo"]
 _started = False
 
 
