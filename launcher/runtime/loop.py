@@ -31,6 +31,7 @@ from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
 from launcher.input.position import DataStream, EpochBatchSampler, Position
+from launcher.input.tensor_rows import batched_reads
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.loggers import make_loggers
@@ -66,7 +67,8 @@ def global_batches(data: Any, spec: RunSpec) -> Any:
         sampler = EpochBatchSampler(len(data), inp.global_batch_size, inp.shuffle, spec.input_seed, inp.drop_remainder)
         # Its own generator: each iter() draws the loader workers' base seed, which must not move the global RNG.
         generator = torch.Generator().manual_seed(spec.input_seed)
-        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator)
+        data, collate = batched_reads(data)
+        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator, collate_fn=collate)
     return data
 
 

@@ -1,0 +1,73 @@
+"""TensorRows: a TensorDataset read a batch at a time loads what the row-at-a-time DataLoader loads."""
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from launcher.config.compose import compose_and_validate
+from launcher.input.distributed_dataset import _Empty, _local_loader
+from launcher.input.position import EpochBatchSampler
+from launcher.input.tensor_rows import TensorRows, already_batched, batched_reads
+from launcher.runtime.loop import global_batches
+
+
+def _data(n: int = 50) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 3, 2, generator=g), torch.randint(0, 9, (n,), generator=g), torch.arange(n).double())
+
+
+def _same(a, b) -> bool:
+    if a is _Empty or b is _Empty:
+        return a is b
+    return type(a) is type(b) and len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and x.is_contiguous() and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _both(data, make_sampler, **kw):
+    """Each loader gets its own sampler: an EpochBatchSampler moves to the next epoch at each iter()."""
+    rows, collate = batched_reads(data)
+    return (list(DataLoader(data, batch_sampler=make_sampler(), **kw)),
+            list(DataLoader(rows, batch_sampler=make_sampler(), collate_fn=collate, **kw)))
+
+
+def test_the_batches_are_the_row_wise_ones_bit_for_bit_with_a_partial_last_one():
+    by_row, by_batch = _both(_data(), lambda: EpochBatchSampler(50, 16, shuffle=True, seed=3, drop_last=False))
+    assert len(by_row) == len(by_batch) == 4 and len(by_batch[-1][0]) == 2
+    assert all(_same(a, b) for a, b in zip(by_row, by_batch))
+    assert isinstance(by_batch[0], list)  # as default_collate gives
+
+
+def test_loader_workers_load_the_same_batches():
+    by_row, by_batch = _both(_data(), lambda: [[4, 9, 1], [0, 2, 3]], num_workers=2)
+    assert all(_same(a, b) for a, b in zip(by_row, by_batch))
+
+
+def test_a_process_with_no_rows_of_the_last_batch_still_sees_an_empty_batch():
+    """12 rows in batches of 8 over 2 replicas: replica 1's share of the last batch (4 rows) is empty."""
+    data = _data(12)
+    rows, collate = batched_reads(data)
+    for replica, expected in ((0, [4, 4]), (1, [4, None])):
+        plain, _ = _local_loader(DataLoader(data, batch_sampler=EpochBatchSampler(12, 8, False, drop_last=False)), replica, 1, 2)
+        fast, _ = _local_loader(DataLoader(rows, batch_sampler=EpochBatchSampler(12, 8, False, drop_last=False),
+                                           collate_fn=collate), replica, 1, 2)
+        got_plain, got_fast = list(plain), list(fast)
+        assert all(_same(a, b) for a, b in zip(got_plain, got_fast))
+        assert [None if b is _Empty else len(b[0]) for b in got_fast] == expected
+
+
+def test_only_a_plain_tensor_dataset_is_read_by_batch():
+    class Doubled(TensorDataset):
+        def __getitem__(self, index):
+            return tuple(2 * t[index] for t in self.tensors)
+
+    data = Doubled(torch.arange(4))
+    assert batched_reads(data) == (data, None)
+    assert isinstance(batched_reads(_data())[0], TensorRows) and batched_reads(_data())[1] is already_batched
+
+
+def test_dlaunch_builds_its_loader_of_a_tensor_dataset_that_way():
+    spec = compose_and_validate(["input.global_batch_size=16"], cuda_devices=0)
+    loader = global_batches(_data(), spec)
+    assert isinstance(loader.dataset, TensorRows)
+    s = loader.batch_sampler
+    row_wise = DataLoader(_data(), batch_sampler=EpochBatchSampler(s.num_examples, s.batch_size, s.shuffle, s.seed, s.drop_last))
+    assert all(_same(a, b) for a, b in zip(loader, row_wise))
