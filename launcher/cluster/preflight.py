@@ -109,10 +109,10 @@ def _same_config(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> N
 
 def _until_all_have_read(store: dist.Store, env: WorkerEnv, timeout_s: float = 10) -> None:
     """Every rank raises, and node 0's store goes with its ranks: no rank leaves before all have read the configs."""
-    store.set(f"read{env.rank}", "1")
     try:
+        store.set(f"read{env.rank}", "1")
         store.wait([f"read{r}" for r in range(env.world_size)], timedelta(seconds=timeout_s))
-    except RuntimeError:  # a rank gone already: it had read what it needed
+    except RuntimeError:  # a rank gone already (it had read what it needed), or node 0's store with it
         pass
 
 

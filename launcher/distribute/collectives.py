@@ -213,9 +213,13 @@ def _serve(local_id: int, inbox: queue.SimpleQueue, done: queue.SimpleQueue, ren
         job = inbox.get()
         if job is _Stop:
             return
-        result = _call(job, local_id, rendezvous)
-        job = None  # dropped before the caller wakes: a finished job must not keep its strategy alive
-        done.put((local_id, *result))
+        _answer(done, local_id, job, rendezvous)
+        job = None  # a finished job must not keep its strategy alive
+
+
+def _answer(done: queue.SimpleQueue, local_id: int, job: Callable[[int], Any], rendezvous: ThreadRendezvous) -> None:
+    """Run ``job`` and hand back its result; its locals (a failure's traceback holds the job) end with this frame."""
+    done.put((local_id, *_call(job, local_id, rendezvous)))
 
 
 def _call(job: Callable[[int], Any], local_id: int, rendezvous: ThreadRendezvous) -> tuple[Any, BaseException | None]:

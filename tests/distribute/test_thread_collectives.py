@@ -87,19 +87,39 @@ def test_replica_threads_are_created_once(strategy):
     assert first.values == second.values
 
 
+def _fails_on_replica_1():
+    if get_replica_context().replica_id_in_sync_group == 1:
+        raise ValueError("replica 1 fails")
+
+
+def _collected(ref: weakref.ref, timeout_s: float = 5.0) -> bool:
+    """Whether ``ref``'s object is collected; a replica thread may still be leaving its job's frame."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        gc.collect()
+        if ref() is None:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 @pytest.mark.timeout(20)
-def test_replica_threads_exit_once_strategy_is_unreachable(monkeypatch):
+@pytest.mark.parametrize("fails", [False, True], ids=["after a run", "after a failed run"])
+def test_replica_threads_exit_once_strategy_is_unreachable(monkeypatch, fails):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     s = dl.MirroredStrategy(devices=["cpu:0", "cpu:1"])
-    s.run(lambda: None)
+    if fails:  # the failure's traceback holds the job's frames: they must not keep the strategy alive
+        with pytest.raises(ValueError, match="replica 1 fails"):
+            s.run(_fails_on_replica_1)
+    else:
+        s.run(lambda: None)
     inboxes = list(s.extended._threads._inboxes)  # plain queues: holding them keeps nothing else alive
     idents = {t.ident for t in s.extended._threads._threads}
     strategy_ref = weakref.ref(s)
     del s
-    gc.collect()
     try:
-        assert strategy_ref() is None
+        assert _collected(strategy_ref)
         alive = [t for t in threading.enumerate() if t.ident in idents]
         for t in alive:
             t.join(timeout=2)

@@ -11,8 +11,10 @@ from launcher.runtime.loop import global_batches
 
 
 def _data(n: int = 50) -> TensorDataset:
+    """Rows of three shapes and dtypes, one of them a permuted view (images kept NHWC, read as NCHW)."""
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(n, 3, 2, generator=g), torch.randint(0, 9, (n,), generator=g), torch.arange(n).double())
+    nhwc = torch.randn(n, 4, 5, 3, generator=g)
+    return TensorDataset(nhwc.permute(0, 3, 1, 2), torch.randint(0, 9, (n,), generator=g), torch.arange(n).double())
 
 
 def _same(a, b) -> bool:
@@ -34,10 +36,12 @@ def test_the_batches_are_the_row_wise_ones_bit_for_bit_with_a_partial_last_one()
     assert len(by_row) == len(by_batch) == 4 and len(by_batch[-1][0]) == 2
     assert all(_same(a, b) for a, b in zip(by_row, by_batch))
     assert isinstance(by_batch[0], list)  # as default_collate gives
+    assert by_batch[0][0].view(16, -1).shape == (16, 60)  # contiguous, as a stack is, though the data is a permuted view
 
 
 def test_loader_workers_load_the_same_batches():
     by_row, by_batch = _both(_data(), lambda: [[4, 9, 1], [0, 2, 3]], num_workers=2)
+    assert len(by_row) == len(by_batch) == 2
     assert all(_same(a, b) for a, b in zip(by_row, by_batch))
 
 
@@ -50,6 +54,7 @@ def test_a_process_with_no_rows_of_the_last_batch_still_sees_an_empty_batch():
         fast, _ = _local_loader(DataLoader(rows, batch_sampler=EpochBatchSampler(12, 8, False, drop_last=False),
                                            collate_fn=collate), replica, 1, 2)
         got_plain, got_fast = list(plain), list(fast)
+        assert len(got_plain) == len(got_fast) == 2
         assert all(_same(a, b) for a, b in zip(got_plain, got_fast))
         assert [None if b is _Empty else len(b[0]) for b in got_fast] == expected
 
@@ -70,4 +75,5 @@ def test_dlaunch_builds_its_loader_of_a_tensor_dataset_that_way():
     assert isinstance(loader.dataset, TensorRows)
     s = loader.batch_sampler
     row_wise = DataLoader(_data(), batch_sampler=EpochBatchSampler(s.num_examples, s.batch_size, s.shuffle, s.seed, s.drop_last))
-    assert all(_same(a, b) for a, b in zip(loader, row_wise))
+    got, expected = list(loader), list(row_wise)
+    assert len(got) == len(expected) == 3 and all(_same(a, b) for a, b in zip(got, expected))

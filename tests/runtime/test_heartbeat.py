@@ -159,7 +159,7 @@ def _at(run_dir, rank: int) -> tuple:
 
 def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
     env, store, run_dir = job
-    entered, done, seen = {}, threading.Event(), []
+    entered, done, seen, errors = {}, threading.Event(), [], []
 
     def observe(prefixed):  # from another thread, while the main thread is parked in user code
         def sampled_while_parked():
@@ -169,6 +169,8 @@ def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
             seen.extend(_wait_for(sampled_while_parked))
             # the file is rewritten by the thread: read it while the operation is still under way
             _wait_for(lambda: _at(run_dir, 0) == (1, "loss reduce at step 1"))
+        except BaseException as exc:  # noqa: BLE001 - failed here, reported by the test's own thread
+            errors.append(exc)
         finally:
             done.set()
 
@@ -180,6 +182,7 @@ def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
             observer.start()
             _parked(entered, done)
             observer.join()
+    assert not errors, errors
     assert seen, "no record sampled while the main thread was parked"
     assert (seen[0].rank, seen[0].step, seen[0].timed_out) == (0, 1, False)
     # sampled after _parked began: the innermost frame of user code, not threading.Event.wait in the stdlib
