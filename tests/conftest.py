@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,14 @@ def train_briefly(strategy, steps: int = 4, seed: int = 0):
     for batch in strategy.experimental_distribute_dataset(data):
         strategy.run(step, args=(batch,))
     return model
+
+
+def wait_for(check, timeout_s: float = 10.0, interval_s: float = 0.05):
+    """``check()``'s first truthy value, polled until ``timeout_s``; an AssertionError after that."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {getattr(check, '__name__', check)}")

@@ -132,11 +132,15 @@ def run_task(job: dict, task: env_lib.PSTask) -> int:
         rpc.shutdown()
 
 
-def main() -> None:
-    code = run(Path(sys.argv[1]))
+def _run_flushed(job_path: Path) -> int:
+    code = run(job_path)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    return code
+
+
+def main() -> None:
+    os._exit(_run_flushed(Path(sys.argv[1])))
 
 
 def run_job(job_path: str) -> int:
@@ -146,9 +150,7 @@ def run_job(job_path: str) -> int:
     ``os._exit`` itself); a failure leaves at once with its exit code, as ``main``.
     """
     release_forkserver()
-    code = run(Path(job_path))
-    sys.stdout.flush()
-    sys.stderr.flush()
+    code = _run_flushed(Path(job_path))
     if code:
         os._exit(code)
     return 0

@@ -11,6 +11,7 @@ import torch
 from launcher import distribute as dl
 from launcher.distribute import ReduceOp, get_replica_context
 from launcher.distribute.collectives import _Stop
+from tests.conftest import wait_for
 
 
 def _all_reduce_ones(strategy):
@@ -92,15 +93,9 @@ def _fails_on_replica_1():
         raise ValueError("replica 1 fails")
 
 
-def _collected(ref: weakref.ref, timeout_s: float = 5.0) -> bool:
-    """Whether ``ref``'s object is collected; a replica thread may still be leaving its job's frame."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        gc.collect()
-        if ref() is None:
-            return True
-        time.sleep(0.01)
-    return False
+def _collected(ref: weakref.ref) -> bool:
+    gc.collect()
+    return ref() is None
 
 
 @pytest.mark.timeout(20)
@@ -119,7 +114,7 @@ def test_replica_threads_exit_once_strategy_is_unreachable(monkeypatch, fails):
     strategy_ref = weakref.ref(s)
     del s
     try:
-        assert _collected(strategy_ref)
+        wait_for(lambda: _collected(strategy_ref), timeout_s=5)  # a replica thread may still be leaving its job's frame
         alive = [t for t in threading.enumerate() if t.ident in idents]
         for t in alive:
             t.join(timeout=2)

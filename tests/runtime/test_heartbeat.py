@@ -14,6 +14,7 @@ from launcher.cluster.env import WorkerEnv
 from launcher.launch import rendezvous
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime.heartbeat import CollectiveTimeout, Heartbeat, Record
+from tests.conftest import wait_for
 
 GLOO_TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete"
 NOW = 1000.0
@@ -133,16 +134,6 @@ def job(tmp_path):
     yield env, store, tmp_path
 
 
-def _wait_for(check, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def _parked(entered: dict, done: threading.Event) -> None:
     entered["at"] = time.time()
     assert done.wait(20), "the records never came"
@@ -166,9 +157,9 @@ def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
             records = heartbeat.read_records(prefixed, 2).values()
             return [r for r in records if r.operation.startswith("loss") and r.beat > entered.get("at", float("inf"))]
         try:
-            seen.extend(_wait_for(sampled_while_parked))
+            seen.extend(wait_for(sampled_while_parked))
             # the file is rewritten by the thread: read it while the operation is still under way
-            _wait_for(lambda: _at(run_dir, 0) == (1, "loss reduce at step 1"))
+            wait_for(lambda: _at(run_dir, 0) == (1, "loss reduce at step 1"))
         except BaseException as exc:  # noqa: BLE001 - failed here, reported by the test's own thread
             errors.append(exc)
         finally:
@@ -201,7 +192,7 @@ def test_a_timeout_names_the_rank_still_in_its_step(job):
         stuck_step = stuck.step(12)
         stuck_step.__enter__()
         # the record the store has once rank 1 is inside step 12 (the file is written after the store)
-        _wait_for(lambda: _at(run_dir, 1) == (11, "train step 12"))
+        wait_for(lambda: _at(run_dir, 1) == (11, "train step 12"))
         started = time.monotonic()
         with pytest.raises(CollectiveTimeout) as info:
             with waiting.step(12):
