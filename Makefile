@@ -9,9 +9,13 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall when the dependency list changes; torch==2.13.0 (CPU) comes from local disk.
+# Reinstall when the dependency list changes. torch==2.13.0 (the CPU wheel, from local disk) goes in first:
+# pyproject declares a range (GPU users bring their own CUDA build), which pip would otherwise resolve to
+# a multi-GB CUDA wheel.
+TORCH ?= torch==2.13.0
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -33,6 +37,12 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/micro.py $(filter --quick,$(BENCH_ARGS))
+
+# The GPU benchmark (docs/PERFORMANCE.md, GPU section): scaled charlm through dlaunch and a hand-written loop,
+# fp32 / bf16-mixed / bf16-mixed + torch.compile, interleaved rounds. Needs a CUDA GPU.
+.PHONY: bench-gpu
+bench-gpu: $(STAMP)
+	$(BIN)/python benchmarks/gpu.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun build *.egg-info

@@ -33,9 +33,19 @@ def _no_process_group():
         dist.destroy_process_group()
 
 
-def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real command line in a fresh process."""
+SUBCOMMANDS = ("recipes", "report", "resume")
+
+
+def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None, device: str | None = "cpu") -> subprocess.CompletedProcess:
+    """Run the real command line in a fresh process.
+
+    A run means the CPU (``cluster.device=cpu``) unless the test says otherwise: ``device="cuda"``,
+    or ``device=None`` for the default ``auto``, which picks a GPU where there is one.
+    """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
+    is_run = not (args and args[0] in SUBCOMMANDS) and not any(a in ("--help", "-h", "--version") for a in args)
+    if device and is_run and not any(a.startswith(("cluster.device=", "+cluster.device=")) for a in args):
+        args = (*args, f"cluster.device={device}")
     return subprocess.run(
         [sys.executable, "-m", "launcher.cli.entry", *args],  # the console script's path, warm workers included
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,

@@ -99,6 +99,7 @@ class Checkpointer:
         self.root = root_of(spec, run_dir)
         self.every = spec.trainer.checkpoint.every_steps
         self._saved: tuple[int, Path] | None = None  # the last step saved, and where
+        self.loaded_loop: dict[str, torch.Tensor] = {}  # the loop's state (schedule, scaler) from the last load
 
     @property
     def enabled(self) -> bool:
@@ -116,7 +117,8 @@ class Checkpointer:
         if _distributed():
             dist.barrier()
 
-    def save(self, step: int, position: Position, model: Any, optimizer: Any) -> Path:
+    def save(self, step: int, position: Position, model: Any, optimizer: Any, loop: dict[str, torch.Tensor] | None = None) -> Path:
+        """Save after ``step``; ``loop``: the training loop's own tensors (its schedule's position, fp16's scale)."""
         if self._saved and self._saved[0] == step:  # e.g. a stop signal right after a scheduled save
             return self._saved[1]
         started = time.perf_counter()
@@ -125,7 +127,7 @@ class Checkpointer:
         if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
             model.save_to_ps(partial, (step, position.epoch, position.offset))
         else:
-            self._save_here(partial, step, position, model, optimizer)
+            self._save_here(partial, step, position, model, optimizer, loop or {})
         final = layout.step_dir(self.root, step)
         if self.rank == 0:  # DCP returned: every rank's files are written
             layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
@@ -133,11 +135,13 @@ class Checkpointer:
         self._saved = (step, final)
         return final
 
-    def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any) -> None:
+    def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any,
+                   loop: dict[str, torch.Tensor]) -> None:
         tensors = {
             **state.model_and_optimizer(model, optimizer),
             "progress": state.progress(step, position.epoch, position.offset),
             "rng": {f"rank{self.rank}": state.rng_state()},
+            **({"loop": loop} if loop else {}),
         }
         import torch.distributed.checkpoint as dcp
 
@@ -145,8 +149,11 @@ class Checkpointer:
             warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
 
-    def load(self, path: Path, model: Any, optimizer: Any) -> tuple[int, Position]:
-        """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position)."""
+    def load(self, path: Path, model: Any, optimizer: Any, loop: dict[str, torch.Tensor] | None = None) -> tuple[int, Position]:
+        """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position).
+
+        ``loop``: templates of the loop's tensors; those the checkpoint holds end up in ``loaded_loop``.
+        """
         saved = layout.read_manifest(path)
         manifest.check_compatible(saved, self.spec, str(path))
         if hasattr(model, "load_from_ps"):  # parameter servers: each ps reads the rows it holds
@@ -157,7 +164,11 @@ class Checkpointer:
         rng = state.rng_template(_saved_keys(path, f"rng.rank{self.rank}."))
         if rng:
             tensors["rng"] = {f"rank{self.rank}": rng}
+        saved_loop = _saved_keys(path, "loop.") if loop else set()
+        if saved_loop:
+            tensors["loop"] = {k: v for k, v in loop.items() if k in saved_loop}
         _load(tensors, path)
+        self.loaded_loop = tensors.get("loop", {})
         state.load_model_and_optimizer(model, optimizer, tensors)
         if rng:
             state.set_rng_state(tensors["rng"][f"rank{self.rank}"])

@@ -35,9 +35,10 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         ("devices", devices),
         ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
         *_rendezvous_row(spec, processes),
-        ("batch", f"global {spec.input.global_batch_size} = {n} replica(s) x {spec.per_replica_batch_size} per replica"),
+        ("batch", _batch(spec, n, "replica(s)")),
         ("input", _input_summary(spec)),
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+        ("training", _training(spec, device)),
         ("checkpoints", _checkpoints(spec, run_dir)),
         *_resume_rows(spec, resume_from),
         ("run dir", str(run_dir)),
@@ -61,9 +62,10 @@ def _task_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Pat
         ("training", f"{n} task(s) (chief + {c.workers} worker(s)) pull, compute, push; "
                      f"{'one update per step from all of them' if spec.strategy.mode == 'sync' else 'each push applied as it arrives'}; "
                      f"a dead worker does not stop the job" + (" (async only)" if spec.strategy.mode == "sync" else "")),
-        ("batch", f"global {spec.input.global_batch_size} = {n} task(s) x {spec.per_replica_batch_size} each"),
+        ("batch", _batch(spec, n, "task(s)")),
         ("input", _input_summary(spec)),
         ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+        ("training", _training(spec, spec.device_type(cuda_devices))),
         ("checkpoints", _checkpoints(spec, run_dir) + ("; written by the ps tasks from their shards" if spec.trainer.checkpoint.every_steps else "")),
         *_resume_rows(spec, resume_from),
         ("run dir", str(run_dir)),
@@ -90,6 +92,33 @@ def placement_table(spec: RunSpec, run_dir: Path) -> Table | None:
     for row in placement.rows():
         table.add_row(*row)
     return table
+
+
+def _batch(spec: RunSpec, n: int, what: str) -> str:
+    k = spec.trainer.grad_accum_steps
+    if k == 1:
+        return f"global {spec.input.global_batch_size} = {n} {what} x {spec.per_replica_batch_size} per replica"
+    return (f"global {spec.input.global_batch_size} = micro-batch {spec.micro_batch_size} x {n} {what} x {k} accumulation steps "
+            "(one gradient sync and update per step)")
+
+
+def _training(spec: RunSpec, device: str) -> str:
+    """Precision, compile, clipping, schedule and evaluation: how each step trains."""
+    t = spec.trainer
+    precision = {"fp32": "fp32", "bf16-mixed": f"bf16 autocast on {device}, fp32 weights",
+                 "fp16-mixed": f"fp16 autocast on {device} + GradScaler (skipped steps counted)"}[t.precision]
+    parts = [precision]
+    if t.compile.enabled:
+        parts.append(f"torch.compile (mode {t.compile.mode}{', fullgraph' if t.compile.fullgraph else ''})")
+    if t.clip_grad_norm is not None:
+        parts.append(f"clip grad norm {t.clip_grad_norm:g}")
+    s = t.lr_schedule
+    if not s.constant:
+        warm = f"{s.warmup_steps} warm-up step(s), then " if s.warmup_steps else ""
+        parts.append(f"lr: {warm}{s.decay} decay" + (f" to {s.min_lr_ratio:g} x lr" if s.decay != "constant" else ""))
+    if t.eval_every:
+        parts.append(f"evaluate every {t.eval_every} steps")
+    return "; ".join(parts)
 
 
 def _replicas(spec: RunSpec, n: int) -> str:

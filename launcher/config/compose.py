@@ -226,12 +226,28 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
 def _validate_recipe(spec: RunSpec) -> None:
     recipe = spec.recipe.model_dump()
     try:
-        recipe_lib.load(recipe)
+        loaded = recipe_lib.load(recipe)
     except recipe_lib.RecipeError as exc:
         raise ConfigError([Problem(key=exc.key, value=exc.value, message=exc.message)]) from None
     except ValidationError as exc:
         config_cls = recipe_lib.config_class(recipe_lib.import_entry(spec.recipe.entry), spec.recipe.entry)
         raise ConfigError(pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",))) from None
+    if loaded.manual:
+        _manual_step_fits(spec)
+
+
+def _manual_step_fits(spec: RunSpec) -> None:
+    """A recipe whose train_step updates by itself (manual mode) owns backward and the update: dlaunch cannot add to them."""
+    t = spec.trainer
+    owned = [("trainer.precision", t.precision, t.precision == "fp16-mixed", "GradScaler must scale the loss before backward"),
+             ("trainer.grad_accum_steps", t.grad_accum_steps, t.grad_accum_steps > 1, "micro-batches need dlaunch to call backward"),
+             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update")]
+    problems = [Problem(key=key, value=value, message=f"recipe {spec.recipe.name}'s train_step(model, batch, optimizer) does its "
+                        f"own backward and update, so dlaunch cannot apply this ({why}); do it in the step, or drop the "
+                        "optimizer argument so that dlaunch does backward and the update")
+                for key, value, on, why in owned if on]
+    if problems:
+        raise ConfigError(problems)
 
 
 def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:

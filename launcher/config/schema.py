@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from launcher.cluster import address
 from launcher.config.base import PlanError, Port, PositiveInt, Strict
-from launcher.config.trainer import TrainerSpec
+from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.device_assignment import fit_problem
 from launcher.distribute.devices import canonical_name
@@ -92,6 +92,12 @@ class CentralStorageSpec(Strict):
         None, description="where parameters and optimizer state live; null: the only compute device, else cpu:0",
     )
     in_one_process: ClassVar[bool] = True
+    refuses: ClassVar[dict[str, str]] = {
+        "fp16-mixed": "its replicas are threads of one process that share one optimizer, and GradScaler's skipped "
+                      "steps are per replica; use trainer.precision=bf16-mixed (no scaler needed)",
+        "compile": "its replicas are threads of one process that run views of one module; torch.compile is not "
+                   "made for that; use strategy=mirrored (one process per device) to compile",
+    }
 
     def replicas(self, cluster: "ClusterSpec") -> int:
         return len(self.compute_devices) if self.compute_devices else 1
@@ -170,6 +176,15 @@ class ParameterServerSpec(Strict):
     partitioner: PartitionerSpec = PartitionerSpec()
     rpc_timeout_s: PositiveInt = Field(60, description="an RPC to a ps that does not answer in this time fails")
     launches_tasks: ClassVar[bool] = True  # one agent per task (launch/tasks.py), not one worker group
+    refuses: ClassVar[dict[str, str]] = {
+        "fp16-mixed": "the ps tasks apply the gradients, so GradScaler can neither unscale them nor skip a step; "
+                      "use trainer.precision=bf16-mixed (no scaler needed)",
+        "compile": "each forward pulls the variables from the ps tasks over RPC (a functional call on a meta "
+                   "module), which torch.compile cannot capture",
+        "lr_schedule": "the ps tasks own the optimizer and its learning rate; set recipe.optimizer.lr instead",
+        "clip_grad_norm": "the ps tasks apply each task's gradient shard by shard, so no process sees the whole "
+                          "gradient to clip",
+    }
 
     def replicas(self, cluster: "ClusterSpec") -> int:
         """The training tasks (chief and workers): each reads its share of every global batch."""
@@ -201,6 +216,9 @@ class MeshSpec(Strict):
 
     name: Literal["mesh"]
     device_assignment: DeviceAssignmentSpec = DeviceAssignmentSpec()
+    refuses: ClassVar[dict[str, str]] = {
+        "fp16-mixed": "GradScaler does not unscale the split layers' DTensor gradients; use trainer.precision=bf16-mixed",
+    }
 
     def replicas(self, cluster: "ClusterSpec") -> int:
         a = self.device_assignment
@@ -415,6 +433,11 @@ class RunSpec(Strict):
         return self.input.global_batch_size // self.num_replicas
 
     @property
+    def micro_batch_size(self) -> int:
+        """What one replica's forward sees: its share of the global batch, cut in ``grad_accum_steps``."""
+        return self.per_replica_batch_size // self.trainer.grad_accum_steps
+
+    @property
     def num_processes(self) -> int:
         """Worker processes, one per replica: the input pipelines that auto-sharding divides data among."""
         if hasattr(self.strategy, "processes"):
@@ -440,7 +463,8 @@ class RunSpec(Strict):
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
         for rule in (_ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
-                     _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, _shared_memory_fits):
+                     _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, _shared_memory_fits,
+                     accumulation_divides, strategy_trains_so, precision_runs_here):
             rule(self, cuda)
         return self
 
@@ -597,3 +621,4 @@ def _shared_memory_fits(spec: RunSpec, cuda: int) -> None:
 def _backend_fits(spec: RunSpec, cuda: int) -> None:
     if spec.backend(cuda) == "nccl" and spec.device_type(cuda) != "cuda":
         raise PlanError("cluster.backend", "nccl", "nccl needs CUDA devices; use cluster.backend=gloo (or auto) on CPU")
+

@@ -1,14 +1,18 @@
-"""``trainer``: the loop's length, seed and logging, checkpoints and resume."""
+"""``trainer``: the loop's length, seed and logging, checkpoints and resume, and how each step trains:
+precision, ``torch.compile``, gradient accumulation and clipping, the learning-rate schedule, evaluation."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from launcher.config.base import PlanError, PositiveInt, Strict
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunSpec
 
 
 class CheckpointSpec(Strict):
@@ -28,6 +32,33 @@ class CheckpointSpec(Strict):
         return Path(self.dir) if self.dir else run_dir / "checkpoints"
 
 
+class ScheduleSpec(Strict):
+    """``trainer.lr_schedule``: the learning rate over the run, as a factor of the optimizer's ``lr``.
+
+    Linear warm-up from ``warmup_start`` x lr to lr over ``warmup_steps``, then ``decay``
+    (cosine or linear) to ``min_lr_ratio`` x lr over ``decay_steps``, then constant.
+    """
+
+    decay: Literal["constant", "cosine", "linear"] = Field("constant", description="constant | cosine | linear, after the warm-up")
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(0, description="linear warm-up steps (0: none)")
+    warmup_start: Annotated[float, Field(ge=0, le=1)] = Field(0.0, description="the warm-up's first factor of lr")
+    decay_steps: PositiveInt | None = Field(None, description="steps of decay after the warm-up; null: the rest of trainer.steps")
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = Field(0.0, description="where the decay ends, as a factor of lr")
+
+    @property
+    def constant(self) -> bool:
+        return self.decay == "constant" and self.warmup_steps == 0
+
+
+class CompileSpec(Strict):
+    """``trainer.compile``: ``torch.compile`` the model, after the strategy has wrapped it."""
+
+    enabled: bool = Field(False, description="compile the model's forward (and backward) with torch.compile")
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    fullgraph: bool = Field(False, description="fail on any graph break instead of falling back to eager for that part")
+    dynamic: bool | None = Field(None, description="null: torch decides; false: one graph per shape")
+
+
 class TrainerSpec(Strict):
     steps: PositiveInt = 100
     seed: Annotated[int, Field(ge=0)] = 0
@@ -38,6 +69,28 @@ class TrainerSpec(Strict):
         description="auto: the newest complete checkpoint of the run, if any; never; or a checkpoint PATH",
     )
     loggers: list[Literal["tensorboard"]] = Field(default_factory=list, description="also log to these (tensorboard: RUN_DIR/tensorboard)")
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = Field(
+        "fp32", description="fp32 | bf16-mixed (bf16 autocast, fp32 weights) | fp16-mixed (fp16 autocast + GradScaler)",
+    )
+    compile: CompileSpec = CompileSpec()
+    grad_accum_steps: PositiveInt = Field(1, description="micro-batches per replica per step; gradients sync once per step")
+    clip_grad_norm: Annotated[float, Field(gt=0)] | None = Field(None, description="clip the averaged gradients' total norm to this")
+    lr_schedule: ScheduleSpec = ScheduleSpec()
+    eval_every: Annotated[int, Field(ge=0)] = Field(0, description="evaluate every N steps (the recipe's evaluate); 0: at the end only")
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> "TrainerSpec":
+        s = self.lr_schedule
+        if s.warmup_steps > self.steps:
+            raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
+                            f"warm-up of {s.warmup_steps} steps is longer than trainer.steps={self.steps}")
+        if s.decay_steps is not None and s.warmup_steps + s.decay_steps > self.steps:
+            raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps,
+                            f"warmup_steps {s.warmup_steps} + decay_steps {s.decay_steps} = {s.warmup_steps + s.decay_steps} "
+                            f"is longer than trainer.steps={self.steps}; use at most {self.steps - s.warmup_steps} or null")
+        if s.decay_steps is not None and s.decay == "constant":
+            raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps, "decay_steps needs decay=cosine or decay=linear")
+        return self
 
     @field_validator("loggers", mode="after")
     @classmethod
@@ -63,3 +116,44 @@ def _absolute_path(value: str, info: ValidationInfo) -> str:
     """Relative paths are taken from the directory dlaunch starts in (workers get the absolute one)."""
     base = (info.context or {}).get("cwd") or os.getcwd()
     return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+
+# ---------- cross-field rules (RunSpec calls them with the whole spec) ----------
+
+def accumulation_divides(spec: "RunSpec", cuda: int) -> None:
+    k, n, gbs = spec.trainer.grad_accum_steps, spec.num_replicas, spec.input.global_batch_size
+    if k > 1 and spec.per_replica_batch_size % k:
+        per = spec.per_replica_batch_size
+        raise PlanError(
+            "trainer.grad_accum_steps", k,
+            f"global batch {gbs} = {n} replica(s) x {per} per replica, and {per} does not split into {k} equal "
+            f"micro-batches; use a grad_accum_steps that divides {per}, or input.global_batch_size={n * k * max(1, per // k)} "
+            f"(= micro-batch {max(1, per // k)} x {n} replica(s) x {k} steps)",
+        )
+
+
+def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
+    """A strategy names the trainer features it cannot honour, and why (``refuses``)."""
+    refuses = getattr(type(spec.strategy), "refuses", {})
+    t = spec.trainer
+    used = {
+        "fp16-mixed": ("trainer.precision", t.precision == "fp16-mixed", t.precision),
+        "compile": ("trainer.compile.enabled", t.compile.enabled, True),
+        "lr_schedule": ("trainer.lr_schedule.decay", not t.lr_schedule.constant, t.lr_schedule.decay),
+        "clip_grad_norm": ("trainer.clip_grad_norm", t.clip_grad_norm is not None, t.clip_grad_norm),
+    }
+    for feature, (key, on, value) in used.items():
+        if on and feature in refuses:
+            raise PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {refuses[feature]}")
+
+
+def precision_runs_here(spec: "RunSpec", cuda: int) -> None:
+    """bf16 needs a GPU that computes in it (Ampere or later); the CPU always can."""
+    if spec.trainer.precision != "bf16-mixed" or spec.device_type(cuda) != "cuda" or cuda <= 0:
+        return
+    import torch
+
+    if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise PlanError("trainer.precision", "bf16-mixed",
+                        f"{torch.cuda.get_device_name(0)} does not compute in bf16 (it needs compute capability 8.0 or later); "
+                        "use trainer.precision=fp16-mixed or fp32")

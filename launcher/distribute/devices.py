@@ -6,7 +6,7 @@ import re
 
 import torch
 
-_NAME = re.compile(r"^(?:.*/)?(?:device:)?(cpu|gpu|cuda)(?::(\d+))?$", re.IGNORECASE)
+_NAME = re.compile(r"^(?:.*/)?(?:device:)?(cpu|gpu|cuda|meta)(?::(\d+))?$", re.IGNORECASE)
 
 
 def canonical_name(name: str | torch.device) -> str:
@@ -16,7 +16,8 @@ def canonical_name(name: str | torch.device) -> str:
     match = _NAME.match(name.strip())
     if not match:
         raise ValueError(f"unknown device {name!r}; use names such as 'cpu:0', 'cuda:1' or 'GPU:0'")
-    kind = "cuda" if match.group(1).lower() in ("gpu", "cuda") else "cpu"
+    kind = match.group(1).lower()
+    kind = "cuda" if kind == "gpu" else kind  # meta: shapes only, to check what a build creates
     return f"{kind}:{int(match.group(2) or 0)}"
 
 
@@ -26,8 +27,8 @@ def to_torch(name: str | torch.device) -> torch.device:
     Several CPU replicas (``cpu:0``, ``cpu:1``) share the one CPU device of torch.
     """
     kind, index = canonical_name(name).split(":")
-    if kind == "cpu":
-        return torch.device("cpu")
+    if kind in ("cpu", "meta"):
+        return torch.device(kind)
     return torch.device("cuda", int(index))
 
 

@@ -20,6 +20,7 @@ from launcher.distribute import devices as devlib
 from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute.collectives import ReplicaThreads, SingleProcess, ThreadRendezvous, device_guard
 from launcher.distribute.context import ReplicaContext, _current_frame, _enter, _Frame, _state
+from launcher.distribute.placement import Placement
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.values import PerReplica, contains_per_replica, map_structure, regroup, select_replica
 
@@ -69,8 +70,8 @@ class StrategyExtended:
         return self._created.get(id(v)) is v
 
     def colocate_vars_with(self, colocate_with_variable: torch.Tensor) -> contextlib.AbstractContextManager:
-        """Scope in which new parameters are created on the device of ``colocate_with_variable``."""
-        return _placement(colocate_with_variable.device)
+        """Scope whose new parameters and buffers move to the device of ``colocate_with_variable`` when it closes."""
+        return Placement(colocate_with_variable.device)
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -87,7 +88,7 @@ class StrategyExtended:
             )
         hook = torch.nn.modules.module.register_module_parameter_registration_hook(self._record)
         try:
-            with _enter(strategy, None), _placement(devlib.to_torch(self._parameter_device_names[0])):
+            with _enter(strategy, None), Placement(devlib.to_torch(self._parameter_device_names[0])):
                 yield
         finally:
             hook.remove()
@@ -298,10 +299,3 @@ def _check_same_shapes(parts: list[torch.Tensor]) -> None:
             f"per-replica values have different shapes {sorted(shapes)}; pass axis= to reduce "
             "along the batch dimension (for example with a last partial batch)"
         )
-
-
-def _placement(device: torch.device) -> contextlib.AbstractContextManager:
-    """Create new tensors on ``device``; CPU is torch's default already."""
-    if device.type == "cpu":
-        return contextlib.nullcontext()
-    return torch.device(device)

@@ -9,6 +9,7 @@ command, per-rank output tagging and the reading of failures.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -91,7 +92,7 @@ def local_config(
         rdzv["node_rank"] = node_rank
     if listen_fd is not None:
         rdzv["listen_fd"] = listen_fd
-    return LaunchConfig(
+    config = LaunchConfig(
         min_nodes=nodes,
         max_nodes=nodes,
         nproc_per_node=nproc,
@@ -107,8 +108,14 @@ def local_config(
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=others, tee=others),
         log_line_prefix_template=f"[{label}] " if label else "[rank${rank}] ",
         local_addr=local_addr,
-        shutdown_timeout=shutdown_grace_s,
+        **({"shutdown_timeout": shutdown_grace_s} if _HAS_SHUTDOWN_TIMEOUT else {}),
     )
+    config.dlaunch_grace_s = shutdown_grace_s  # where torch has no shutdown_timeout, _Agent still bounds the stop
+    return config
+
+
+# torch 2.11 has no LaunchConfig.shutdown_timeout (2.13 has); dlaunch supports both.
+_HAS_SHUTDOWN_TIMEOUT = "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
 
 
 def _quiet_agent() -> None:
@@ -218,9 +225,11 @@ class _Agent(LocalElasticAgent):
     whatever ``launch.shutdown_grace_s`` said.
     """
 
+    grace_s: float = 30.0  # set per launch by _graceful_agent
+
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         started = super()._start_workers(worker_group)
-        pcontext, grace = self._pcontext, self._shutdown_timeout
+        pcontext, grace = self._pcontext, self.grace_s
         close = pcontext.close
 
         def graceful_close(death_sig: Any = None, timeout: float = grace) -> None:
@@ -264,10 +273,10 @@ def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
 
 
 @contextlib.contextmanager
-def _graceful_agent() -> Iterator[None]:
+def _graceful_agent(grace_s: float) -> Iterator[None]:
     """``elastic_launch`` builds its agent from this module attribute; the swap lasts one launch."""
     saved = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = _Agent
+    launcher_api.LocalElasticAgent = type("_Agent", (_Agent,), {"grace_s": grace_s})
     try:
         yield
     finally:
@@ -282,7 +291,7 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     ``extra_env``: more variables for the workers (a parameter-server task's identity).
     """
     _quiet_agent()
-    with worker_env_set({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent():
+    with worker_env_set({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent(config.dlaunch_grace_s):
         if module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
             from launcher.runtime.worker import run_job  # imported by the forkserver already
 

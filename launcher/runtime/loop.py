@@ -1,8 +1,9 @@
 """The training loop: the runner owns it, the recipe supplies the step.
 
 ``train`` is the same for every strategy: build the strategy from the spec,
-build the recipe inside ``strategy.scope()``, then call the step through
-``strategy.run`` for ``trainer.steps`` global batches.
+build the recipe inside ``strategy.scope()``, then call the step (``step.py``:
+precision, accumulation, clipping) through ``strategy.run`` for ``trainer.steps``
+global batches, stepping the learning-rate schedule after each.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.progress import ProgressReporter, log
+from launcher.runtime.step import ReplicaStep, compile_model, current_lr, loop_state, make_schedule, restore_loop_state
 
 
 def seed_everything(seed: int) -> None:
@@ -85,24 +87,6 @@ def input_options(spec: RunSpec) -> InputOptions:
     return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=spec.input.prefetch)
 
 
-def make_replica_step(loaded: recipe_lib.LoadedRecipe, model: Any, optimizer: Any) -> Callable[[Any], torch.Tensor]:
-    user_step = loaded.module.train_step
-    if loaded.manual:
-        def manual_step(batch: Any) -> torch.Tensor:
-            return torch.as_tensor(user_step(model, batch, optimizer)).detach()
-
-        return manual_step
-
-    def simple_step(batch: Any) -> torch.Tensor:
-        loss = user_step(model, batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    return simple_step
-
-
 class _Meter:
     """Throughput between log points and over the whole run."""
 
@@ -143,23 +127,24 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         parts = loaded.module.build(loaded.config, ctx)
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
+    compile_model(model, spec.trainer.compile)
+    step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
     if task is not None and task.type == "worker":
-        return _worker_task(spec, strategy, make_replica_step(loaded, model, optimizer), stream, task)
-    loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console)
+        return _worker_task(spec, strategy, step, stream, task)
+    evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
+    loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console,
+                 step, make_schedule(spec.trainer, optimizer), evaluator)
     restarted = (env is not None and env.restart_count > 0) or (task is not None and task.attempt > 0)
     resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=restarted))
     loop_started = time.perf_counter()
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy, task):
-        losses = loop.run(make_replica_step(loaded, model, optimizer), resumed_at, env is not None and env.world_size > 1, watch)
+        losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
     loop_seconds = time.perf_counter() - loop_started
 
-    metrics = {}
-    evaluate = loaded.evaluate()
-    if evaluate is not None and (rank == 0 or strategy.extended.collective_forward):  # a split model's forward needs every rank
-        with torch.no_grad():
-            metrics = {k: float(v) for k, v in evaluate(unwrap(model), parts).items()}
+    metrics = evaluator()
+    if metrics:
         log.info("eval: %s", ", ".join(f"{k}={v:.6g}" for k, v in metrics.items()))
     curve = loop.curve or losses
     summary = {
@@ -183,6 +168,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "steady_ms_per_step": loop.steady_ms_per_step(),
         "param_norm": param_norm(model),
         "metrics": metrics,
+        "precision": spec.trainer.precision,
+        "skipped_steps": loop.skipped_steps,
     }
     if task is not None:
         summary["world_size"] = len(spec.cluster.ps_tasks())
@@ -203,7 +190,7 @@ def _finishing(strategy: Any, task: PSTask | None) -> Iterator[None]:
         raise
 
 
-def _worker_task(spec: RunSpec, strategy: Any, replica_step: Callable[[Any], torch.Tensor], stream: DataStream,
+def _worker_task(spec: RunSpec, strategy: Any, replica_step: ReplicaStep, stream: DataStream,
                  task: PSTask) -> dict[str, Any]:
     """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
     start = strategy.global_step
@@ -212,7 +199,7 @@ def _worker_task(spec: RunSpec, strategy: Any, replica_step: Callable[[Any], tor
     local = 0
     with StopRequests(distributed=False) as stop:
         while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
-            strategy.run(replica_step, args=(next(stream),))
+            strategy.run(replica_step, args=(next(stream), False))
             local += 1
     strategy.extended.leave()
     if stop.signum:
@@ -230,9 +217,29 @@ def position_at(stream: DataStream, step: int) -> Position:
     return Position(step // per_epoch, step % per_epoch) if per_epoch else Position()
 
 
+class _Evaluator:
+    """The recipe's ``evaluate`` under the run's precision, with the model in eval mode; {} without one."""
+
+    def __init__(self, evaluate: Any, model: Any, parts: Any, step: ReplicaStep, here: bool):
+        self.evaluate, self.model, self.parts, self.step = evaluate, model, parts, step
+        self.here = evaluate is not None and here  # a split model's forward needs every rank
+
+    def __call__(self) -> dict[str, float]:
+        if not self.here:
+            return {}
+        module = unwrap(self.model)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad(), self.step.autocast():
+                return {k: float(v) for k, v in self.evaluate(module, self.parts).items()}
+        finally:
+            module.train(was_training)
+
+
 @dataclasses.dataclass
 class _Loop:
-    """The steps from a (possibly resumed) start to ``trainer.steps``: log, checkpoint, stop on signals."""
+    """The steps from a (possibly resumed) start to ``trainer.steps``: log, evaluate, checkpoint, stop on signals."""
 
     spec: RunSpec
     strategy: Strategy
@@ -243,9 +250,13 @@ class _Loop:
     run_dir: Path
     chief: bool
     console: Console | None
+    step: ReplicaStep
+    schedule: Any  # torch LR scheduler, or None for a constant lr
+    evaluate: _Evaluator
     curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
     loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
     step_seconds: list[float] = dataclasses.field(default_factory=list)  # wall time of each step this process ran
+    skipped_steps: int = 0  # fp16-mixed: updates skipped for inf/NaN gradients, as of the last log
 
     def steady_ms_per_step(self) -> float | None:
         """Median ms per step from this run's 20th step on (warm-up left out); None for runs of fewer than 21 steps."""
@@ -257,7 +268,8 @@ class _Loop:
             checkpoint.agree(None, 0)
             self._open(0)
             return 0
-        step, position = self.ckpt.load(path, self.model, self.optimizer)
+        step, position = self.ckpt.load(path, self.model, self.optimizer, loop_state(self.schedule, self.step))
+        restore_loop_state(self.ckpt.loaded_loop, self.schedule, self.step)
         checkpoint.agree(path, step)
         self.stream.seek(position)
         log.info("resumed from %s: step %d, epoch %d, batch %d of that epoch", path, step, position.epoch, position.offset)
@@ -269,12 +281,12 @@ class _Loop:
         if hasattr(self.strategy.extended, "open"):
             self.strategy.extended.open(step)
 
-    def run(self, replica_step: Callable[[Any], torch.Tensor], start: int, distributed: bool, watch: heartbeat.Heartbeat) -> list[float]:
+    def run(self, start: int, distributed: bool, watch: heartbeat.Heartbeat) -> list[float]:
         watch.last_completed = start
         if self.ckpt.enabled:
             with watch.operation("checkpoint clean-up barrier"):
                 self.ckpt.start(start)
-        steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
+        steps, every, eval_every = self.spec.trainer.steps, self.spec.trainer.log_every, self.spec.trainer.eval_every
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
@@ -284,13 +296,20 @@ class _Loop:
             with StopRequests(distributed, force_on_repeat=not distributed) as stop:
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
+                    logged = step == 1 or step % every == 0 or step == steps
                     with watch.step(step):
-                        per_replica = self.strategy.run(replica_step, args=(next(self.stream),))
-                    if step == 1 or step % every == 0 or step == steps:
+                        per_replica = self.strategy.run(self.step, args=(next(self.stream), logged))
+                    lr = current_lr(self.optimizer)  # the lr this step used; the schedule moves on after it
+                    if self.schedule is not None:
+                        self.schedule.step()
+                    if logged:
                         with watch.operation(f"loss reduce at step {step}"):
-                            losses.append(self._log(step, per_replica, meter, progress, metrics_log))
+                            losses.append(self._log(step, per_replica, lr, meter, progress, metrics_log))
                     else:
                         progress.advance(step)
+                    if eval_every and step % eval_every == 0 and step < steps:
+                        with watch.operation(f"evaluation at step {step}"):
+                            self._write({"step": step, **self.evaluate()}, metrics_log)
                     if self.ckpt.due(step):
                         with watch.operation(f"checkpoint save at step {step}"):
                             self._save(step)
@@ -306,22 +325,32 @@ class _Loop:
             for logger in self.loggers:
                 logger.close()
             if metrics_log:
-                self.curve = [r["loss"] for r in metrics_log.kept] + losses
+                self.curve = [r["loss"] for r in metrics_log.kept if "loss" in r] + losses
                 metrics_log.close()
         return losses
 
-    def _log(self, step: int, per_replica: Any, meter: "_Meter", progress: ProgressReporter, metrics_log: Any) -> float:
-        loss = float(self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None))
-        if not math.isfinite(loss):
+    def _log(self, step: int, per_replica: Any, lr: float | None, meter: "_Meter", progress: ProgressReporter,
+             metrics_log: Any) -> float:
+        loss, norm, skipped = (float(v) for v in self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist())
+        if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             raise FloatingPointError(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
         rate, eta = meter.window(step)
         progress.logged(step, loss, rate, eta)
-        record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time()}
+        record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,
+                  **({"grad_norm": norm} if math.isfinite(norm) else {})}
+        if self.step.scaler is not None:
+            self.skipped_steps = int(skipped)
+            record["skipped_steps"] = self.skipped_steps
+        self._write(record, metrics_log)
+        return loss
+
+    def _write(self, record: dict[str, Any], metrics_log: Any) -> None:
+        if len(record) == 1:  # an evaluation with nothing to report here (another rank's, or no evaluate)
+            return
         if metrics_log:
             metrics_log.write(record)
         for logger in self.loggers:
             logger.log(record)
-        return loss
 
     def _save(self, step: int) -> Path:
-        return self.ckpt.save(step, self.stream.position, self.model, self.optimizer)
+        return self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step))

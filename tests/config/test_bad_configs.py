@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.cli.main import main
-from tests.conftest import dlaunch
+from tests.conftest import FIXTURES, dlaunch
 
 # (overrides, key the message must name, text that must appear)
 CASES = [
@@ -24,6 +24,19 @@ CASES = [
     (["+trainer.foo=1"], "trainer.foo", "unknown key"),
     (["recipe.optimizr.lr=0.1"], "recipe.optimizr.lr", "did you mean recipe.optimizer.lr"),
     (["+recipe.optimizer.betas=1"], "recipe.optimizer.betas", "unknown key"),
+    # how each step trains (issue 15)
+    (["trainer.precision=fp8"], "trainer.precision", "allowed: fp32, bf16-mixed, fp16-mixed"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "trainer.precision=fp16-mixed"],
+     "trainer.precision", "the ps tasks apply the gradients, so GradScaler can neither unscale them"),
+    (["strategy=central_storage", "trainer.compile.enabled=true"], "trainer.compile.enabled", "threads of one process"),
+    (["strategy=mirrored", "cluster=1x2", "trainer.grad_accum_steps=3"], "trainer.grad_accum_steps",
+     "global batch 64 = 2 replica(s) x 32 per replica, and 32 does not split into 3 equal micro-batches"),
+    (["trainer.steps=10", "trainer.lr_schedule.decay=cosine", "trainer.lr_schedule.warmup_steps=4",
+      "trainer.lr_schedule.decay_steps=8"], "trainer.lr_schedule.decay_steps", "= 12 is longer than trainer.steps=10"),
+    (["trainer.steps=10", "trainer.lr_schedule.warmup_steps=11"], "trainer.lr_schedule.warmup_steps",
+     "warm-up of 11 steps is longer than trainer.steps=10"),
+    ([f"recipe.entry={FIXTURES / 'manual_recipe.py'}", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps",
+     "does its own backward and update"),
     (["trainer.steps=-5"], "trainer.steps", "greater than 0"),
     (["trainer.steps=0"], "trainer.steps", "greater than 0"),
     (["trainer.steps=abc"], "trainer.steps", "valid integer"),

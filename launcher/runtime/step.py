@@ -1,0 +1,241 @@
+"""One replica's training step: precision, gradient accumulation, clipping; and the learning-rate schedule.
+
+The loop calls ``strategy.run(step, args=(batch, measure))`` once per global batch.
+Each replica gets its share of the batch and, with ``trainer.grad_accum_steps=k``,
+cuts it into ``k`` micro-batches: forward and backward per micro-batch (gradient
+sync only on the last one, where the model is DDP), then one update. Since the
+share is cut, not the data stream, a step consumes the same global batch with
+or without accumulation, and checkpoints and resume are unchanged.
+
+A step returns ``[loss, grad_norm, skipped_steps]`` as one tensor, so the loop
+reduces its metrics in one collective at log steps only and nothing waits for
+the device in between. ``grad_norm`` is the total norm of the averaged
+gradients before clipping (NaN where it was not measured); ``skipped_steps``
+counts the updates fp16's GradScaler skipped for inf/NaN gradients so far.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import torch
+
+from launcher.checkpoint.state import primary
+from launcher.config.trainer import ScheduleSpec, TrainerSpec
+
+_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+class StepError(TypeError):
+    """The recipe's ``train_step`` returned something the loop cannot train on."""
+
+
+class CompileError(RuntimeError):
+    """``torch.compile`` could not compile the model (``trainer.compile.enabled=true``)."""
+
+
+class ReplicaStep:
+    """``step(batch, measure) -> tensor([loss, grad_norm, skipped])`` for one replica (thread-safe across replicas)."""
+
+    def __init__(self, user_step: Callable[..., Any], model: Any, optimizer: Any, trainer: TrainerSpec,
+                 device_type: str, manual: bool, name: str = "train_step"):
+        self.user_step, self.model, self.optimizer = user_step, model, optimizer
+        self.manual, self.name = manual, name
+        self.accum, self.max_norm = trainer.grad_accum_steps, trainer.clip_grad_norm
+        self.dtype = _DTYPES.get(trainer.precision)
+        self.device_type = device_type
+        # One scaler per process: fp16-mixed is refused where replicas are threads of one process.
+        self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
+        self.skipped: torch.Tensor | None = None  # skipped updates so far, on the device (fp16-mixed)
+        self.compiled = trainer.compile.enabled
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast is per thread: each replica enters its own."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def __call__(self, batch: Any, measure: bool = False) -> torch.Tensor:
+        if not self.compiled:
+            return self._step(batch, measure)
+        try:
+            return self._step(batch, measure)
+        except Exception as exc:
+            raise _compile_error(exc, self.model) or exc
+
+    def _step(self, batch: Any, measure: bool) -> torch.Tensor:
+        if self.manual:
+            with self.autocast():
+                loss = self._checked(self.user_step(self.model, batch, self.optimizer))
+            return _metrics(loss.detach(), None, self.skipped)
+        micro = split_batch(batch, self.accum) if self.accum > 1 else (batch,)
+        total = None
+        for i, piece in enumerate(micro):
+            with self._sync_on(i == len(micro) - 1):
+                with self.autocast():
+                    loss = self._checked(self.user_step(self.model, piece))
+                scaled = loss / self.accum if self.accum > 1 else loss
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return self._update(total / self.accum if self.accum > 1 else total, measure)
+
+    def _update(self, loss: torch.Tensor, measure: bool) -> torch.Tensor:
+        norm = None
+        if self.scaler is not None and (measure or self.max_norm is not None):
+            self.scaler.unscale_(self.optimizer)  # norms and clipping see true gradients
+        if measure or self.max_norm is not None:
+            norm = grad_norm(self.model, self.optimizer, self.max_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            found = _found_inf(self.scaler, self.optimizer).to(loss.device)
+            self.skipped = found if self.skipped is None else self.skipped.to(found.device) + found
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _metrics(loss, norm, self.skipped)
+
+    def _sync_on(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP all-reduces once per step: on the last micro-batch (other strategies sync where they can)."""
+        no_sync = getattr(self.model, "no_sync", None)
+        return contextlib.nullcontext() if last or no_sync is None else no_sync()
+
+    def _checked(self, loss: Any) -> torch.Tensor:
+        if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+            return loss.float() if loss.dtype != torch.float32 else loss
+        got = "None (did it forget `return loss`?)" if loss is None else (
+            f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+        raise StepError(
+            f"the recipe's {self.name}() returned {got}; it must return the loss as a scalar tensor, e.g. "
+            "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
+        )
+
+
+def compile_model(model: Any, spec: Any) -> None:
+    """``torch.compile`` the prepared model in place (``nn.Module.compile``): after DDP wraps it, so DDP's
+    graph-break optimizer places the buckets, and after DTensor splits it; its state_dict keys stay the same."""
+    if spec.enabled:
+        model.compile(mode=None if spec.mode == "default" else spec.mode, fullgraph=spec.fullgraph, dynamic=spec.dynamic)
+
+
+def _compile_error(exc: BaseException, model: Any) -> CompileError | None:
+    import torch._dynamo.exc as dynamo_exc  # loaded by torch.compile already
+
+    if not isinstance(exc, dynamo_exc.TorchDynamoException):
+        return None
+    inner = getattr(model, "module", model)
+    reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return CompileError(
+        f"torch.compile could not compile {type(inner).__name__} ({type(inner).__module__}): "
+        f"{type(exc).__name__}: {reason[:400]}. Run it eagerly with trainer.compile.enabled=false, or see "
+        "TORCH_LOGS=graph_breaks for where it breaks"
+    )
+
+
+def split_batch(batch: Any, k: int) -> list[Any]:
+    """``batch`` (tensors, or tuples/lists/dicts of them) cut into ``k`` equal micro-batches along dim 0."""
+    if isinstance(batch, torch.Tensor):
+        if batch.shape[0] % k:
+            raise ValueError(f"a batch of {batch.shape[0]} rows does not split into {k} micro-batches (trainer.grad_accum_steps)")
+        return list(batch.chunk(k))
+    if isinstance(batch, dict):
+        parts = {key: split_batch(value, k) for key, value in batch.items()}
+        return [{key: parts[key][i] for key in batch} for i in range(k)]
+    if isinstance(batch, (tuple, list)):
+        columns = [split_batch(value, k) for value in batch]
+        return [type(batch)(column[i] for column in columns) if isinstance(batch, list) else tuple(column[i] for column in columns)
+                for i in range(k)]
+    raise TypeError(f"trainer.grad_accum_steps cuts batches of tensors; this batch holds a {type(batch).__name__}")
+
+
+def grad_norm(model: Any, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:
+    """Total norm of the averaged gradients; clipped to ``max_norm`` when given.
+
+    An optimizer that averages at ``step()`` (the mesh's) does it here instead, so the
+    norm is the averaged gradients'. Split (DTensor) gradients give their full norm.
+    """
+    own = getattr(optimizer, "clip_grad_norm_", None)
+    if own is not None:
+        return own(max_norm)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    if max_norm is None:
+        norm = torch.nn.utils.get_total_norm(grads)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:
+    """1.0 where ``scaler.step`` skipped the update, without waiting for the device."""
+    states = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+    found = list(states.get("found_inf_per_device", {}).values())
+    return (sum(f.float() for f in found) > 0).float() if found else torch.zeros(())
+
+
+def _metrics(loss: torch.Tensor, norm: torch.Tensor | None, skipped: torch.Tensor | None) -> torch.Tensor:
+    nan = torch.full((), math.nan, device=loss.device)
+    parts = [loss.float(), nan if norm is None else norm.float().to(loss.device),
+             torch.zeros((), device=loss.device) if skipped is None else skipped.float()]
+    return torch.stack(parts)
+
+
+# ---------- the learning-rate schedule ----------
+class ScheduleFactor:
+    """The factor of the optimizer's lr after ``step`` optimizer steps (picklable, for LambdaLR's state)."""
+
+    def __init__(self, spec: ScheduleSpec, total_steps: int):
+        self.decay, self.warmup, self.start = spec.decay, spec.warmup_steps, spec.warmup_start
+        self.decay_steps = spec.decay_steps or max(total_steps - spec.warmup_steps, 1)
+        self.floor = spec.min_lr_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:  # the warm-up's last step reaches the full lr; its first is not wasted at 0
+            return self.start + (1.0 - self.start) * (step + 1) / self.warmup
+        if self.decay == "constant":
+            return 1.0
+        t = min(step - self.warmup, self.decay_steps) / self.decay_steps
+        if self.decay == "cosine":
+            return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+        return 1.0 - (1.0 - self.floor) * t
+
+
+def make_schedule(trainer: TrainerSpec, optimizer: Any) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """torch's ``LambdaLR`` over the primary optimizer (mirrored copies take its lr at each step); None when constant."""
+    if trainer.lr_schedule.constant:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(primary(optimizer), ScheduleFactor(trainer.lr_schedule, trainer.steps))
+
+
+def current_lr(optimizer: Any) -> float | None:
+    groups = getattr(primary(optimizer), "param_groups", None)
+    return float(groups[0]["lr"]) if groups else None
+
+
+# ---------- what a checkpoint holds of the loop ----------
+def loop_state(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
+    """The schedule's position and the scaler's scale, as tensors (the optimizer's lr is in its own state)."""
+    state: dict[str, torch.Tensor] = {}
+    if schedule is not None:
+        state["schedule_last_epoch"] = torch.tensor(schedule.last_epoch, dtype=torch.int64)
+    if step.scaler is not None and step.scaler.is_enabled():
+        saved = step.scaler.state_dict()
+        state["scaler_scale"] = torch.tensor(saved["scale"], dtype=torch.float64)
+        state["scaler_growth_tracker"] = torch.tensor(saved["_growth_tracker"], dtype=torch.int64)
+        state["skipped_steps"] = torch.zeros((), dtype=torch.float32) if step.skipped is None else step.skipped.detach().cpu()
+    return state
+
+
+def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: ReplicaStep) -> None:
+    if schedule is not None and "schedule_last_epoch" in state:
+        schedule.last_epoch = int(state["schedule_last_epoch"])
+        schedule._last_lr = [g["lr"] for g in schedule.optimizer.param_groups]  # what get_last_lr() reports
+    if step.scaler is not None and "scaler_scale" in state:
+        step.scaler.load_state_dict({
+            **step.scaler.state_dict(),
+            "scale": float(state["scaler_scale"]), "_growth_tracker": int(state["scaler_growth_tracker"]),
+        })
+        step.skipped = state["skipped_steps"].clone()

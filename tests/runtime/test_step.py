@@ -1,0 +1,111 @@
+"""The replica step (launcher/runtime/step.py) in one process: accumulation, clipping, fp16 skips, the schedule."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from launcher.config.trainer import ScheduleSpec, TrainerSpec
+from launcher.runtime.step import ReplicaStep, ScheduleFactor, StepError, make_schedule, split_batch
+
+
+def mse_step(model, batch):
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def model_and_batch(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    g = torch.Generator().manual_seed(1)
+    return model, (torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g))
+
+
+def run_steps(trainer: TrainerSpec, steps: int = 3, user_step=mse_step):
+    model, batch = model_and_batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = ReplicaStep(user_step, model, optimizer, trainer, "cpu", manual=False)
+    metrics = [step(batch, measure=True) for _ in range(steps)]
+    return model, metrics, step
+
+
+def test_accumulated_micro_batches_give_the_full_batch_update():
+    full, full_metrics, _ = run_steps(TrainerSpec())
+    accumulated, acc_metrics, _ = run_steps(TrainerSpec(grad_accum_steps=4))
+    for a, b in zip(full.parameters(), accumulated.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)  # a sum in another order: rounding only
+    torch.testing.assert_close(full_metrics[0][0], acc_metrics[0][0], rtol=1e-6, atol=0)  # the mean loss
+
+
+def test_clipping_bounds_the_update_and_reports_the_norm_before_it():
+    model, batch = model_and_batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    mse_step(model, batch).backward()
+    norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
+    model.zero_grad()
+    clipped, metrics, _ = run_steps(TrainerSpec(clip_grad_norm=0.01), steps=1)
+    assert float(metrics[0][1]) == pytest.approx(norm, rel=1e-5)
+    moved = math.sqrt(sum(float((a.detach() - b).pow(2).sum()) for a, b in zip(clipped.parameters(), before)))
+    assert moved == pytest.approx(0.1 * 0.01, rel=1e-4)  # lr x max_norm
+
+
+def test_fp16_overflow_skips_the_update_and_counts_it():
+    def exploding(model, batch):
+        return mse_step(model, batch) * 1e6  # x 65536 (the scaler's first scale) overflows fp16 gradients
+
+    model, batch = model_and_batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    trained, metrics, step = run_steps(TrainerSpec(precision="fp16-mixed"), steps=2, user_step=exploding)
+    assert [float(m[2]) for m in metrics] == [1.0, 2.0]  # skipped so far
+    assert all(torch.equal(a, b) for a, b in zip(trained.parameters(), before))
+    assert step.scaler.get_scale() == 65536.0 / 4  # halved at each skip
+
+
+def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights():
+    seen = {}
+
+    def spy(model, batch):
+        out = model[0](batch[0])
+        seen["dtype"] = out.dtype
+        return out.float().pow(2).mean()
+
+    model, _, _ = run_steps(TrainerSpec(precision="bf16-mixed"), steps=1, user_step=spy)
+    assert seen["dtype"] == torch.bfloat16
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("returned, said", [(None, "None (did it forget `return loss`?)"), (torch.ones(3), "a tensor of shape (3,)"), (1.5, "a float")])
+def test_a_step_that_returns_no_scalar_loss_names_the_function(returned, said):
+    with pytest.raises(StepError, match=r"train_step\(\) returned " + re.escape(said)):
+        run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: returned)
+
+
+def test_split_batch_cuts_nested_batches_along_the_first_dimension():
+    batch = {"x": torch.arange(8).view(4, 2), "pair": (torch.arange(4), [torch.arange(4)])}
+    parts = split_batch(batch, 2)
+    assert [p["x"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert parts[1]["pair"][0].tolist() == [2, 3] and parts[1]["pair"][1][0].tolist() == [2, 3]
+    with pytest.raises(ValueError, match="does not split into 3"):
+        split_batch(torch.arange(4), 3)
+
+
+def test_the_schedule_warms_up_then_decays_to_its_floor():
+    cosine = ScheduleFactor(ScheduleSpec(decay="cosine", warmup_steps=4, min_lr_ratio=0.1), total_steps=14)
+    assert [cosine(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert cosine(4) == 1.0 and cosine(9) == pytest.approx(0.55) and cosine(14) == pytest.approx(0.1)
+    assert cosine(40) == pytest.approx(0.1)  # after the decay: the floor
+    linear = ScheduleFactor(ScheduleSpec(decay="linear", decay_steps=10), total_steps=100)
+    assert [linear(s) for s in (0, 5, 10, 50)] == [1.0, 0.5, 0.0, 0.0]
+
+
+def test_a_constant_schedule_makes_no_scheduler_and_others_use_torchs():
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.5)
+    assert make_schedule(TrainerSpec(), optimizer) is None
+    schedule = make_schedule(TrainerSpec(steps=10, lr_schedule=ScheduleSpec(decay="linear")), optimizer)
+    assert isinstance(schedule, torch.optim.lr_scheduler.LambdaLR)
+    optimizer.step()
+    schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.9)
