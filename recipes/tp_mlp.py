@@ -84,4 +84,5 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor])
 def evaluate(model: torch.nn.Module, parts: Parts) -> dict[str, float]:
     """Held-out mean squared error (the noise floor is noise**2)."""
     x, y = parts.eval_data.tensors
-    return {"eval_loss": torch.nn.functional.mse_loss(model(x), y).item()}
+    device = next(model.parameters()).device
+    return {"eval_loss": torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()}

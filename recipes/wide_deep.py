@@ -130,12 +130,14 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 def evaluate(model: nn.Module, parts: Parts) -> dict[str, float]:
     """Held-out log loss, AUC and accuracy (threshold 0.5).
 
-    The data stays on the CPU and goes through ``model`` in chunks; nothing here asks where the
-    parameters are (under a parameter server they are not in this process).
+    The data goes through ``model`` in chunks, to the parameters' device (under a parameter server
+    they are not in this process: their local copies are shapes on ``meta``, and the ids stay on the CPU).
     """
     ids, clicks = parts.eval_data.tensors
+    first = next(model.parameters(), None)
+    device = first.device if first is not None and first.device.type != "meta" else torch.device("cpu")
     with torch.no_grad():
-        logits = torch.cat([model(chunk).detach().float().cpu() for chunk in ids.split(EVAL_CHUNK)])
+        logits = torch.cat([model(chunk.to(device)).detach().float().cpu() for chunk in ids.split(EVAL_CHUNK)])
     return {
         "eval_loss": nn.functional.binary_cross_entropy_with_logits(logits, clicks).item(),
         "eval_auc": auc(logits, clicks),

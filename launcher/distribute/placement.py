@@ -74,6 +74,15 @@ class Placement:
         self._trees.setdefault(id(module), weakref.ref(module))
 
 
+def settle(module: torch.nn.Module) -> None:
+    """Inside an open placement: move ``module``'s tree now (``strategy.prepare`` inside ``scope()``
+    needs the parameters where they will train before it wraps them or aligns the optimizer's state)."""
+    stack = getattr(_local, "stack", None)
+    if stack:
+        for sub in module.modules():
+            move(sub, stack[-1].device)
+
+
 def move(module: torch.nn.Module, device: torch.device) -> None:
     """``module``'s own parameters and buffers (not its children's) onto ``device``, in place.
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from launcher.distribute import placement
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
@@ -134,6 +135,9 @@ class Strategy:
         given. Plain torch code then runs unchanged: ``loss.backward()`` and
         ``optimizer.step()`` inside ``run`` average gradients over replicas.
         """
+        placement.settle(module)  # called inside scope(): the parameters go to the device first
+        if optimizer is not None:
+            align_optimizer_state(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
         return module if optimizer is None else (module, optimizer)
 
@@ -142,3 +146,17 @@ class Strategy:
             f"{type(self).__name__}(devices={list(self._extended.worker_devices)}, "
             f"num_replicas_in_sync={self.num_replicas_in_sync})"
         )
+
+
+def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """State an optimizer made at construction (Adagrad's sums) follows its parameter to the device.
+
+    ``scope()`` moves parameters when it closes, after an optimizer built inside it may
+    already hold state on the CPU. Scalars such as ``step`` stay: torch keeps them on the CPU.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != p.device and p.device.type != "meta":
+                    state[key] = value.to(p.device)
