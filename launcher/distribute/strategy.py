@@ -23,13 +23,17 @@ The same custom training loop runs under every strategy::
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
 
 from launcher.distribute.extended import StrategyExtended
-from launcher.distribute.input_context import InputOptions
+from launcher.distribute import run_options
+from launcher.distribute.input_context import InputOptions, InputReplicationMode
+from launcher.distribute.input_iterator import InputIterator
 from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.run_options import RunOptions
 
 
 class Strategy:
@@ -65,14 +69,45 @@ class Strategy:
         """
         return self._extended._scope()
 
-    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, options: RunOptions | None = None) -> Any:
         """Run ``fn`` on each replica with the given arguments.
 
         ``PerReplica`` arguments are unwrapped to each replica's component; other
         arguments are passed to every replica as they are. Returns per-replica
-        values (plain values when there is a single replica in sync).
+        values (plain values when there is a single replica in sync). ``options``:
+        a ``RunOptions`` (checked; its defaults are what eager torch does).
         """
+        run_options.check(options)
         return self._extended._call_for_each_replica(fn, tuple(args), dict(kwargs or {}))
+
+    def experimental_run_v2(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
+                            options: RunOptions | None = None) -> Any:
+        """Deprecated alias of ``run`` (TF 2.0-2.1's name); warns, then runs."""
+        warnings.warn("experimental_run_v2 is deprecated: use strategy.run", DeprecationWarning, stacklevel=2)
+        return self.run(fn, args, kwargs, options)
+
+    # ----- TF1 (``tf.compat.v1``) methods, deprecated there too -----
+    def experimental_run(self, fn: Callable[..., Any], input_iterator: InputIterator | None = None) -> Any:
+        """Deprecated (TF1): ``run(fn)`` on one ``input_iterator.get_next()`` step, or with no arguments."""
+        warnings.warn("experimental_run is TF1's: use strategy.run(fn, args=(next(iterator),))", DeprecationWarning, stacklevel=2)
+        return self.run(fn) if input_iterator is None else self.run(fn, args=(input_iterator.get_next(),))
+
+    def make_dataset_iterator(self, dataset: Iterable) -> InputIterator:
+        """Deprecated (TF1): an ``InputIterator`` over ``experimental_distribute_dataset(dataset)``."""
+        warnings.warn("make_dataset_iterator is TF1's: iterate experimental_distribute_dataset(dataset)", DeprecationWarning, stacklevel=2)
+        return InputIterator(self.experimental_distribute_dataset(dataset))
+
+    def make_input_fn_iterator(self, input_fn: Callable[[Any], Iterable],
+                               replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER) -> InputIterator:
+        """Deprecated (TF1): an ``InputIterator`` over ``distribute_datasets_from_function(input_fn)``.
+
+        As in TF1, only ``PER_WORKER`` (one ``input_fn`` call per worker) is accepted.
+        """
+        warnings.warn("make_input_fn_iterator is TF1's: iterate distribute_datasets_from_function(input_fn)",
+                      DeprecationWarning, stacklevel=2)
+        if replication_mode is not InputReplicationMode.PER_WORKER:
+            raise ValueError(f"make_input_fn_iterator supports InputReplicationMode.PER_WORKER only, got {replication_mode}")
+        return InputIterator(self.distribute_datasets_from_function(input_fn))
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Reduce ``value`` across replicas, and along ``axis`` within each replica.
@@ -118,6 +153,21 @@ class Strategy:
         from launcher.input.distributed_dataset import DistributedDatasetsFromFunction
 
         return DistributedDatasetsFromFunction(dataset_fn, self, options or InputOptions())
+
+    def experimental_distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Iterable],
+                                                       options: InputOptions | None = None):
+        """The seeds' name for ``distribute_datasets_from_function`` (the same call).
+
+        ``dataset_fn`` is called once per worker (once per replica under
+        ``MeshStrategy``, whose logical devices share their replica's input)::
+
+            def dataset_fn(ctx):
+                batch = ctx.get_per_replica_batch_size(8)
+                return [torch.ones(batch, 1)] * 4
+            for batch in strategy.experimental_distribute_datasets_from_function(dataset_fn):
+                strategy.run(replica_fn, args=(batch,))
+        """
+        return self.distribute_datasets_from_function(dataset_fn, options)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
         """Build a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
