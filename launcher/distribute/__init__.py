@@ -29,6 +29,7 @@ from launcher.distribute.cross_device_ops import (
     SharedMemoryAllReduce,
 )
 from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.losses import compute_average_loss, scale_loss
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode, ValueContext
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
@@ -99,6 +100,7 @@ __all__ = [
     "Topology",
     "ValueContext",
     "cluster_resolver",
+    "compute_average_loss",
     "experimental",
     "experimental_set_strategy",
     "get_loss_reduction",
@@ -106,4 +108,5 @@ __all__ = [
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "scale_loss",
 ]

@@ -298,6 +298,11 @@ class StrategyExtended:
         return self._container.run(fn, tuple(args), kwargs)
 
     @property
+    def _gradients_averaged_over(self) -> int:
+        """How many replicas' gradients ``optimizer.step()`` averages (DDP's mean): all of them."""
+        return self.num_replicas_in_sync
+
+    @property
     def _reads_input(self) -> bool:
         """Whether this process builds and reads its replicas' input (else ``_share_input`` brings it)."""
         return True

@@ -306,6 +306,11 @@ class _PSExtended(StrategyExtended):
     def parameter_devices(self) -> tuple[str, ...]:
         return tuple(f"/job:ps/task:{k}" for k in range(self._args["num_ps"]))
 
+    @property
+    def _gradients_averaged_over(self) -> int:
+        # Sync: the ps applies the mean of every task's push; async: each push as it is.
+        return self._proc.world_size if self._args["mode"] == "sync" else 1
+
     def _scope(self) -> Any:
         return MetaScope(super()._scope())  # variables live on the ps tasks: no values here
 
