@@ -89,10 +89,18 @@ class Server:
         self._started = True
 
     def join(self, poll_s: float = 0.2) -> None:
-        """Block until the job ends: the chief has finished and every training task has left or is gone."""
+        """Block until the job ends: the chief has finished and every training task has left or is gone.
+
+        A worker joins to serve a ``ClusterCoordinator``: it returns when the coordinator releases it.
+        """
         store = _STORE.get("store")
+        if store is None and self.job_name == "worker":
+            from launcher.distribute import coordinator
+
+            coordinator.wait_for_release()
+            return
         if store is None:
-            raise RuntimeError(f"{self.name} holds no variables: only ps tasks join; the chief and workers train")
+            raise RuntimeError(f"{self.name} holds no variables: only ps tasks and coordinated workers join; the chief trains")
         store.finished.wait()
         store.drain(self._training_tasks(), poll_s)
 

@@ -86,6 +86,20 @@ class Strategy:
         warnings.warn("experimental_run_v2 is deprecated: use strategy.run", DeprecationWarning, stacklevel=2)
         return self.run(fn, args, kwargs, options)
 
+    def experimental_make_numpy_dataset(self, numpy_input: Any, session: Any = None) -> Any:
+        """Deprecated: a dataset of the rows of ``numpy_input`` (``launcher.input.numpy_rows.NumpyRows``).
+
+        Batch it with a ``DataLoader`` and pass that to ``experimental_distribute_dataset``.
+        ``session`` is TF1 graph mode's: only None.
+        """
+        from launcher.input.numpy_rows import NumpyRows
+
+        warnings.warn("experimental_make_numpy_dataset is deprecated: build a Dataset (NumpyRows, TensorDataset)",
+                      DeprecationWarning, stacklevel=2)
+        if session is not None:
+            raise ValueError("session is TF1 graph mode's; torch runs eagerly: pass session=None")
+        return NumpyRows(numpy_input)
+
     # ----- TF1 (``tf.compat.v1``) methods, deprecated there too -----
     def experimental_run(self, fn: Callable[..., Any], input_iterator: InputIterator | None = None) -> Any:
         """Deprecated (TF1): ``run(fn)`` on one ``input_iterator.get_next()`` step, or with no arguments."""

@@ -41,6 +41,7 @@ import torch
 import torch.distributed.rpc as trpc
 import torch.nn.functional as F
 
+from launcher.cluster import rpc
 from launcher.cluster.env import tf_config
 from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver, validate_task
 from launcher.distribute import server as ps_server
@@ -131,10 +132,9 @@ class _Client:
 
 
 def _unavailable(ps: int, exc: BaseException) -> BaseException:
-    text = " ".join(str(exc).split())
-    if "On WorkerInfo" in text and "Traceback" in text:  # the ps ran the call and raised: its own error
+    if rpc.raised_remotely(exc):  # the ps ran the call and raised: its own error
         return exc
-    text = re.sub(r"\s*\(this error originated at [^)]*\)", "", text)
+    text = re.sub(r"\s*\(this error originated at [^)]*\)", "", " ".join(str(exc).split()))
     return ParameterServerUnavailable(f"parameter server ps:{ps} unavailable ({text[:200]})")
 
 
@@ -357,8 +357,10 @@ class _PSExtended(StrategyExtended):
 
     def finish(self) -> None:
         """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
+        a = self._args
+        client = self.client or _Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])  # a coordinator never prepares
         try:
-            self.client.each(ps_server.remote_finish)
+            client.each(ps_server.remote_finish)
         except ParameterServerUnavailable as exc:
             log.warning("%s", exc)
 

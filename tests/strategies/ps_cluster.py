@@ -36,10 +36,12 @@ def end_training_task(strategy: Any, kind: str) -> None:
     rpc.shutdown()
 
 
-def run_cluster(target: Callable[..., None], cluster: dict, args: tuple = (), timeout_s: float = 180) -> tuple[dict, list[int]]:
+def run_cluster(target: Callable[..., None], cluster: dict, args: tuple = (), timeout_s: float = 180,
+                train: bool = True) -> tuple[dict, list[int]]:
     """``target(kind, index, cluster, *args, results)`` on every task; returns ({key: result}, exit codes).
 
-    Only training tasks put a result (``(key, value)``) on ``results``.
+    Only the tasks that train (with ``train=True``) put a result (``(key, value)``) on ``results``;
+    with ``train=False`` only the chief does (the workers serve a coordinator).
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -47,7 +49,7 @@ def run_cluster(target: Callable[..., None], cluster: dict, args: tuple = (), ti
     procs = [ctx.Process(target=target, args=(kind, i, cluster, *args, results)) for kind, i in tasks]
     for p in procs:
         p.start()
-    training = sum(1 for kind, _ in tasks if kind != "ps")
+    training = sum(1 for kind, _ in tasks if kind != "ps") if train else 1
     got = dict(results.get(timeout=timeout_s) for _ in range(training))
     for p in procs:
         p.join(timeout=60)
