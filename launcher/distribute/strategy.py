@@ -188,7 +188,13 @@ class Strategy:
         return self._extended._distribute_values(value_fn)
 
     def experimental_local_results(self, value: Any) -> tuple:
-        """The values of ``value`` on this process's replicas, as a tuple."""
+        """The values of ``value`` on this process's replicas, as a tuple (``(value,)`` for a single value).
+
+        For a parameter of a model that ``MirroredStrategy.prepare`` copied onto
+        replica threads, every replica's copy (TF's mirrored components). A module
+        built in ``scope()`` has one tensor per parameter until ``prepare()`` makes
+        the copies; across processes each process holds its own replica's.
+        """
         return self._extended._local_results(value)
 
     def prepare(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):

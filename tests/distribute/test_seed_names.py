@@ -116,3 +116,15 @@ def test_make_numpy_dataset_gives_the_seeds_rows(strategy):
     loader = torch.utils.data.DataLoader(dataset, batch_size=2)  # dataset.batch(2)
     first = next(iter(strategy.experimental_distribute_dataset(loader)))
     assert [t.tolist() for t in strategy.experimental_local_results(first)] == [[1.0], [1.0]]
+
+
+def test_local_results_of_a_parameter_are_each_replicas_copy_once_prepared(strategy):
+    with strategy.scope():
+        model = torch.nn.Linear(2, 1)
+    weight = model.weight
+    assert strategy.experimental_local_results(weight) == (weight,)  # one tensor until prepare() copies it
+    mirrored = strategy.prepare(model)
+    copies = strategy.experimental_local_results(weight)
+    assert len(copies) == 2 and copies[0] is weight and copies[1] is not weight
+    torch.testing.assert_close(copies[1], weight)
+    assert [p is c for p, c in zip(copies, (mirrored.replicas[0].weight, mirrored.replicas[1].weight))] == [True, True]
