@@ -128,3 +128,33 @@ def test_local_results_of_a_parameter_are_each_replicas_copy_once_prepared(strat
     assert len(copies) == 2 and copies[0] is weight and copies[1] is not weight
     torch.testing.assert_close(copies[1], weight)
     assert [p is c for p, c in zip(copies, (mirrored.replicas[0].weight, mirrored.replicas[1].weight))] == [True, True]
+
+
+def seed_names_in_a_process() -> dict:
+    """The same seed calls with one replica per process (MirroredStrategy over 2 gloo processes)."""
+    import warnings
+
+    from launcher.strategies.mirrored import MirroredStrategy
+
+    s = MirroredStrategy()
+
+    def dataset_fn(input_context):  # the seed's, with global_batch_size = 8
+        batch_size = input_context.get_per_replica_batch_size(8)
+        return [torch.ones(batch_size, 1) * input_context.input_pipeline_id] * 2
+
+    ds = s.experimental_distribute_datasets_from_function(dataset_fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        v = s.experimental_run_v2(lambda t: t, args=(next(iter(s.experimental_distribute_dataset([torch.arange(8)]))),))
+    return {"spec": str(ds.element_spec), "batch": s.experimental_local_results(next(iter(ds)))[0],
+            "sum": s.reduce("SUM", v, axis=None), "sum0": s.reduce("SUM", v, axis=0)}
+
+
+@pytest.mark.slow
+def test_the_seed_names_in_processes():
+    from launcher.launch.function import run_function
+
+    for rank, r in run_function(seed_names_in_a_process, nproc=2).items():
+        assert "TensorSpec(shape=(None, 1), dtype=torch.float32)" in r["spec"]
+        assert r["batch"].tolist() == [[float(rank)]] * 4  # per-replica batch 8 / 2, from this worker's pipeline
+        assert r["sum"].tolist() == [4, 6, 8, 10] and int(r["sum0"]) == 28
