@@ -158,3 +158,18 @@ def test_the_seed_names_in_processes():
         assert "TensorSpec(shape=(None, 1), dtype=torch.float32)" in r["spec"]
         assert r["batch"].tolist() == [[float(rank)]] * 4  # per-replica batch 8 / 2, from this worker's pipeline
         assert r["sum"].tolist() == [4, 6, 8, 10] and int(r["sum0"]) == 28
+
+
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]])
+def test_distribute_values_from_function_gives_the_seeds_local_results(devices):
+    import numpy as np
+
+    from launcher.strategies.mirrored import MirroredStrategy
+
+    strategy = MirroredStrategy(devices=devices)
+    n = len(devices)
+    local = lambda fn: strategy.experimental_local_results(strategy.experimental_distribute_values_from_function(fn))  # noqa: E731
+    assert [float(v) for v in local(lambda ctx: torch.tensor(1.0))] == [1.0] * n  # 1. a constant
+    array_value = np.array([3.0, 2.0, 1.0])
+    assert [float(v) for v in local(lambda ctx: array_value[ctx.replica_id_in_sync_group])] == [3.0, 2.0][:n]  # 2.
+    assert list(local(lambda ctx: ctx.num_replicas_in_sync)) == [n] * n  # 3. (1,) with one replica
