@@ -34,17 +34,16 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-import re
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed.rpc as trpc
 import torch.nn.functional as F
 
-from launcher.cluster import rpc
 from launcher.cluster.env import tf_config
 from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver, validate_task
 from launcher.distribute import server as ps_server
+from launcher.distribute.ps_client import Client, ParameterServerUnavailable
 from launcher.distribute.collectives import SingleProcess
 from launcher.distribute import task_exchange
 from launcher.distribute.extended import StrategyExtended, _check_same_shapes
@@ -59,87 +58,11 @@ log = logging.getLogger("dlaunch")
 TRAINING_JOBS = ("chief", "worker")
 
 
-class ParameterServerUnavailable(RuntimeError):
-    """A ps task stopped answering: its variables are gone until the job restarts from a checkpoint."""
-
-    explained = True  # the message says it all: no traceback
-
-
 class _Tasks(SingleProcess):
     """The process level of a training task: its place among the chief and workers, and no collectives."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-
-
-# ---------- talking to the ps tasks ----------
-class _Client:
-    """RPCs from one training task to the ps tasks, with a dead ps named in the error."""
-
-    def __init__(self, task: str, num_ps: int, placement: Placement, timeout_s: float):
-        self.task, self.num_ps, self.placement, self.timeout_s = task, num_ps, placement, timeout_s
-        self.global_step, self.finished = 0, False
-        self.sync, self.sync_timeout_s = False, 300.0  # sync mode: a push waits up to this for the step's other gradients
-
-    def call(self, ps: int, fn: Any, *args: Any) -> Any:
-        return self.wait(ps, trpc.rpc_async(f"ps:{ps}", fn, args=args, timeout=self.timeout_s))
-
-    def wait(self, ps: int, future: Any) -> Any:
-        try:
-            return future.wait()
-        except RuntimeError as exc:
-            raise _unavailable(ps, exc) from None
-
-    def each(self, fn: Any, *args: Any) -> list[Any]:
-        futures = [trpc.rpc_async(f"ps:{k}", fn, args=args, timeout=self.timeout_s) for k in range(self.num_ps)]
-        return [self.wait(k, f) for k, f in enumerate(futures)]
-
-    def pull(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Whole values of ``names`` (their shards concatenated along dim 0)."""
-        shards = [s for n in names for s in self.placement.of(n)]
-        keys = {k: [s.key for s in shards if s.ps == k] for k in range(self.num_ps)}
-        futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_pull, args=(v,), timeout=self.timeout_s) for k, v in keys.items() if v}
-        got = {}
-        for k, future in futures.items():
-            got.update(zip(keys[k], self.wait(k, future)))
-        return {n: _join([got[s.key] for s in self.placement.of(n)]) for n in names}
-
-    def gather(self, name: str, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` of variable ``name``, from the shards that hold them."""
-        shards = self.placement.of(name)
-        out = torch.empty((ids.numel(), *shards[0].full_shape[1:]), dtype=shards[0].dtype)
-        pending = []
-        for s in shards:
-            mask = (ids >= s.offset) & (ids < s.offset + s.shape[0])
-            if bool(mask.any()):
-                future = trpc.rpc_async(f"ps:{s.ps}", ps_server.remote_gather, args=(s.key, ids[mask] - s.offset), timeout=self.timeout_s)
-                pending.append((s.ps, mask, future))
-        for ps, mask, future in pending:
-            out[mask] = self.wait(ps, future)
-        return out
-
-    def push(self, grads: dict[int, dict[str, Any]], increment: bool) -> None:
-        """Every ps gets this task's gradients for its shards (possibly none: sync counts every task)."""
-        timeout = self.sync_timeout_s if self.sync else self.timeout_s  # a sync push waits for the slowest task's step
-        futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_push, args=(self.task, grads.get(k, {}), increment and k == 0),
-                                     timeout=timeout)
-                   for k in range(self.num_ps)}
-        for k, future in futures.items():
-            step, finished = self.wait(k, future)
-            if k == 0:
-                self.global_step = step
-            self.finished |= finished
-
-
-def _unavailable(ps: int, exc: BaseException) -> BaseException:
-    if rpc.raised_remotely(exc):  # the ps ran the call and raised: its own error
-        return exc
-    text = re.sub(r"\s*\(this error originated at [^)]*\)", "", " ".join(str(exc).split()))
-    return ParameterServerUnavailable(f"parameter server ps:{ps} unavailable ({text[:200]})")
-
-
-def _join(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
 # ---------- the model and optimizer a training task sees ----------
@@ -151,7 +74,7 @@ class PSModule(torch.nn.Module):
     it needs, and its gradient goes back as those rows.
     """
 
-    def __init__(self, module: torch.nn.Module, client: _Client, device: torch.device):
+    def __init__(self, module: torch.nn.Module, client: Client, device: torch.device):
         super().__init__()
         self.local = module
         object.__setattr__(self, "_client", client)
@@ -299,7 +222,7 @@ class _PSExtended(StrategyExtended):
     def __init__(self, device: str, position: int, training_tasks: int, strategy_args: dict):
         super().__init__([device], _Tasks(position, training_tasks))
         self._args = strategy_args
-        self.client: _Client | None = None
+        self.client: Client | None = None
         self._exchanges = 0  # reduce calls so far: every task makes them in the same order
 
     @property
@@ -334,7 +257,7 @@ class _PSExtended(StrategyExtended):
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         a = self._args
         placement = place_module(module, a["num_ps"], a["partitioner"])
-        client = _Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
+        client = Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
         client.sync, client.sync_timeout_s = a["mode"] == "sync", float(a["sync_timeout_s"])
         self.client = client
         chief = a["task"].startswith("chief")
@@ -358,7 +281,7 @@ class _PSExtended(StrategyExtended):
     def finish(self) -> None:
         """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
         a = self._args
-        client = self.client or _Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])  # a coordinator never prepares
+        client = self.client or Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])  # a coordinator never prepares
         try:
             client.each(ps_server.remote_finish)
         except ParameterServerUnavailable as exc:
