@@ -209,6 +209,14 @@ def _local_part(leaf: PerReplica, axis: int | None) -> tuple[torch.Tensor, int]:
     return sum(p.sum(dim=axis) for p in parts), sum(p.shape[axis] for p in parts)
 
 
+def _this_task(reduce_op: ReduceOp, leaf: Any, axis: int | None) -> Any:
+    """``reduce_over="this_task"``: this task's (single) replica's value, reduced along ``axis`` only."""
+    local = leaf.values[0] if isinstance(leaf, PerReplica) else leaf
+    if axis is None:
+        return local
+    return local.sum(axis) if reduce_op is ReduceOp.SUM else local.float().mean(axis)
+
+
 def _combine(reduce_op: ReduceOp, parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     shapes = {tuple(t.shape) for t, _ in parts}
     if len(shapes) > 1:
@@ -243,6 +251,8 @@ class _PSExtended(StrategyExtended):
         The tasks share no process group, so each sends its replicas' sum (and
         count) of every per-replica leaf to ps 0 and adds up everyone's.
         """
+        if self._args["reduce_over"] == "this_task":
+            return map_structure(lambda leaf: _this_task(reduce_op, leaf, axis), value)
         leaves: list[PerReplica] = []
         map_structure(lambda leaf: leaves.append(leaf) if isinstance(leaf, PerReplica) else None, value)
         if not leaves or self._proc.world_size == 1:
@@ -311,6 +321,10 @@ class ParameterServerStrategy(Strategy):
             training task advances the global step at each of its pushes (async: 6 after 3 steps
             of 2 tasks; sync: one per applied step, 3). ``"chief"``: only the chief's pushes
             advance it, so that it counts the chief's steps (what dlaunch's ``trainer.steps`` is).
+        reduce_over: ``"tasks"`` (default): ``reduce`` combines every training task's values,
+            as ``num_replicas_in_sync`` counts them; every task must call it. ``"this_task"``:
+            this task's values only, for tasks that do not step together (dlaunch's runtime,
+            where the chief logs its own loss and workers never wait for it).
         rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
         sync_timeout_s: sync mode: how long a push may wait for the other tasks' gradients of the step.
 
@@ -330,10 +344,13 @@ class ParameterServerStrategy(Strategy):
 
     def __init__(self, cluster_resolver: Any = None, variable_partitioner: Partitioner | None = None, *,
                  num_gpus_per_worker: int = 0, mode: str = "async", global_step_rule: str = "every_worker",
+                 reduce_over: str = "tasks",
                  rpc_timeout_s: float = 60.0, ready_timeout_s: float = 300.0, device: str | None = None,
                  open_on_prepare: bool = True, sync_timeout_s: float = 300.0):
         if mode not in ("async", "sync"):
             raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
+        if reduce_over not in ("tasks", "this_task"):
+            raise ValueError(f"reduce_over must be 'tasks' or 'this_task', got {reduce_over!r}")
         if global_step_rule not in ("every_worker", "chief"):
             raise ValueError(f"global_step_rule must be 'every_worker' or 'chief', got {global_step_rule!r}")
         self._is_chief = True
@@ -360,6 +377,7 @@ class ParameterServerStrategy(Strategy):
             "task": f"{me[0]}:{me[1]}", "num_ps": cluster.num_tasks("ps"), "partitioner": variable_partitioner, "mode": mode,
             "rpc_timeout_s": rpc_timeout_s, "ready_timeout_s": ready_timeout_s, "training_tasks": len(training),
             "open_on_prepare": open_on_prepare, "sync_timeout_s": sync_timeout_s, "global_step_rule": global_step_rule,
+            "reduce_over": reduce_over,
         }
         super().__init__(_PSExtended(device, training.index(me), len(training), args), cluster_resolver=resolver)
         self._is_chief = me[0] == "chief"
@@ -411,5 +429,6 @@ def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
         resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
         ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
         global_step_rule="chief",  # trainer.steps counts the chief's steps; workers stop when it has made them
+        reduce_over="this_task",  # the chief logs its own loss: workers do not stop to meet it
         sync_timeout_s=runtime.run_spec.launch.collective_timeout_s,
     )
