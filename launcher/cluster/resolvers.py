@@ -7,6 +7,7 @@ answers ``cluster_spec()``, ``task_type``, ``task_id``, ``master()`` and
 
 from __future__ import annotations
 
+import abc
 import re
 from typing import Any, Mapping
 
@@ -91,7 +92,39 @@ def validate_task(resolver: Any) -> None:
         )
 
 
-class SimpleClusterResolver:
+class ClusterResolver(abc.ABC):
+    """What every resolver answers: the cluster, this task's place in it, and its devices.
+
+    A subclass implements ``cluster_spec()`` and ``master()`` and sets ``task_type``,
+    ``task_id``, ``rpc_layer`` and ``environment``::
+
+        class OneTask(ClusterResolver):
+            task_type, task_id = "worker", 0
+            def cluster_spec(self):
+                return ClusterSpec({"worker": ["localhost:2222"]})
+            def master(self, task_type=None, task_id=None, rpc_layer=None):
+                return "localhost:2222"
+    """
+
+    task_type: str | None = None
+    task_id: int | None = None
+    rpc_layer: str | None = None
+    environment: str = ""
+
+    @abc.abstractmethod
+    def cluster_spec(self) -> ClusterSpec:
+        """The current cluster (it may change between calls, as a scheduler moves tasks)."""
+
+    @abc.abstractmethod
+    def master(self, task_type: str | None = None, task_id: int | None = None, rpc_layer: str | None = None) -> str:
+        """The address of a task (this one's session target by default)."""
+
+    def num_accelerators(self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None) -> dict[str, int]:
+        """Accelerators per task, by type (``{"GPU": 2}``); none by default."""
+        return {}
+
+
+class SimpleClusterResolver(ClusterResolver):
     """A resolver over a ``ClusterSpec`` given in code."""
 
     def __init__(self, cluster_spec: ClusterSpec | Mapping, master: str = "", task_type: str | None = None,
@@ -116,7 +149,7 @@ class SimpleClusterResolver:
         return dict(self._accelerators)
 
 
-class TFConfigClusterResolver:
+class TFConfigClusterResolver(ClusterResolver):
     """Reads the cluster and this task from the ``TF_CONFIG`` JSON.
 
     ``TF_CONFIG`` looks like ``{"cluster": {"chief": [...], "worker": [...], "ps": [...],
@@ -153,7 +186,7 @@ class TFConfigClusterResolver:
         return {"GPU": torch.cuda.device_count()} if torch.cuda.is_available() else {}
 
 
-class TorchElasticClusterResolver:
+class TorchElasticClusterResolver(ClusterResolver):
     """Describes a job started by torch.distributed.elastic (dlaunch or torchrun).
 
     Every process is a ``worker``; ``task_id`` is its global rank (RANK).
@@ -199,7 +232,7 @@ class TorchElasticClusterResolver:
         return f"TorchElasticClusterResolver(task_type='worker', task_id={self.task_id}, world_size={self._env.world_size})"
 
 
-class SlurmClusterResolver:
+class SlurmClusterResolver(ClusterResolver):
     """Reads the tasks of a SLURM job step from SLURM's variables.
 
     Tasks are numbered by SLURM_PROCID and laid out over the step's nodes in order,

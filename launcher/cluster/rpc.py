@@ -94,5 +94,11 @@ def shutdown() -> None:
         pass
 
 
+def raised_remotely(exc: BaseException) -> bool:
+    """Whether an RPC error is the callee's own exception (it ran the call), not a task that is gone."""
+    text = " ".join(str(exc).split())
+    return "On WorkerInfo" in text and "Traceback" in text
+
+
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host

@@ -29,6 +29,7 @@ from launcher.distribute.cross_device_ops import (
     SharedMemoryAllReduce,
 )
 from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.losses import compute_average_loss, scale_loss
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode, ValueContext
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
@@ -46,6 +47,8 @@ _STRATEGIES = {
     "OneDeviceStrategy": "launcher.strategies.one_device",
     "ParameterServerStrategy": "launcher.strategies.parameter_server",
     "MeshStrategy": "launcher.strategies.mesh",
+    "TPUStrategy": "launcher.strategies.tpu",
+    "RunOptions": "launcher.distribute.run_options",
     "DeviceAssignment": "launcher.distribute.device_assignment",
     "Topology": "launcher.distribute.device_assignment",
     "Server": "launcher.distribute.server",
@@ -55,11 +58,16 @@ _STRATEGIES = {
 }
 
 
-def __getattr__(name: str):
-    if name in _STRATEGIES:
-        import importlib
+_MODULES = ("experimental", "cluster_resolver", "tpu")
 
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _STRATEGIES:
         return getattr(importlib.import_module(_STRATEGIES[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(f"launcher.distribute.{name}")
     raise AttributeError(f"module 'launcher.distribute' has no attribute {name!r}")
 
 __all__ = [
@@ -84,15 +92,21 @@ __all__ = [
     "ReductionToOneDevice",
     "SharedMemoryAllReduce",
     "ReplicaContext",
+    "RunOptions",
     "Server",
     "Strategy",
     "StrategyExtended",
+    "TPUStrategy",
     "Topology",
     "ValueContext",
+    "cluster_resolver",
+    "compute_average_loss",
+    "experimental",
     "experimental_set_strategy",
     "get_loss_reduction",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "scale_loss",
 ]

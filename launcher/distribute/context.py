@@ -117,12 +117,18 @@ def experimental_set_strategy(strategy: "Strategy | None") -> None:
 
 
 def get_loss_reduction() -> ReduceOp:
-    """The ``ReduceOp`` dlaunch uses to combine per-replica losses' gradients.
+    """The ``ReduceOp`` corresponding to the last loss reduction (in this thread).
 
-    Gradients are averaged over replicas (as DDP does), so this is ``MEAN``: a
-    per-replica loss should be the mean over that replica's examples.
+    ``SUM`` after ``compute_average_loss`` or ``scale_loss`` (TF's convention: a
+    loss scaled by the global batch, gradients summed); ``MEAN`` otherwise, which is
+    what a replica's plain mean loss is under DDP's averaging::
+
+        loss = compute_average_loss(per_example, global_batch_size=8)
+        get_loss_reduction()     # ReduceOp.SUM
     """
-    return ReduceOp.MEAN
+    from launcher.distribute.losses import last_loss_reduction
+
+    return last_loss_reduction()
 
 
 class ReplicaContext:

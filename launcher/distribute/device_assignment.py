@@ -22,7 +22,21 @@ from typing import Sequence
 
 
 class Topology:
-    """The job's devices as a grid of ``mesh_shape`` (``[1, 1, 1, N]``: N devices in a row)."""
+    """The job's devices as a grid of ``mesh_shape`` (``[1, 1, 1, N]``: N devices in a row).
+
+    What each field means on torch:
+
+    * ``mesh_shape``: how the job's processes (one per device, rank-major) are laid
+      out. torch does not report a physical interconnect, so the default is a row;
+      a given shape only renames coordinates (``DeviceAssignment.coordinates``).
+    * ``num_devices``: the product of ``mesh_shape``: the job's world size.
+    * ``missing_devices``: always ``[]``. A TPU slice can come up with failed chips;
+      a torch job starts with all of its ranks or fails its rendezvous.
+
+    ``DeviceAssignment.computation_shape`` does matter: it is the shape of each
+    replica's logical devices, and ``MeshStrategy`` lays its annotation mesh out
+    along those dims (each cut into primes), so splits follow it.
+    """
 
     def __init__(self, mesh_shape: Sequence[int]):
         shape = [int(d) for d in mesh_shape]
@@ -40,6 +54,7 @@ class Topology:
 
     @property
     def missing_devices(self) -> list:
+        """Devices of the grid that are absent: none, ever (see the class docstring)."""
         return []
 
     def __repr__(self) -> str:

@@ -291,6 +291,27 @@ class StrategyExtended:
     def _input_devices(self) -> list[torch.device]:
         return list(self._devices)
 
+    def call_for_each_replica(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Deprecated (TF1): run ``fn`` on each replica, as ``strategy.run`` does."""
+        import warnings
+
+        warnings.warn("extended.call_for_each_replica is TF1's: use strategy.run", DeprecationWarning, stacklevel=2)
+        return self._container.run(fn, tuple(args), kwargs)
+
+    @property
+    def _gradients_averaged_over(self) -> int:
+        """How many replicas' gradients ``optimizer.step()`` averages (DDP's mean): all of them."""
+        return self.num_replicas_in_sync
+
+    @property
+    def _reads_input(self) -> bool:
+        """Whether this process builds and reads its replicas' input (else ``_share_input`` brings it)."""
+        return True
+
+    def _share_input(self, steps: Iterator[list[Any]]) -> Iterator[list[Any]]:
+        """The input steps of this process's replicas, from whichever process reads them."""
+        return steps
+
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:
     shapes = {tuple(p.shape) for p in parts}

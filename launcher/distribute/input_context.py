@@ -28,11 +28,14 @@ class InputOptions:
         experimental_fetch_to_device: move each replica's batch onto its device
             (non-blocking, from pinned memory on CUDA).
         experimental_replication_mode: see ``InputReplicationMode``.
-        experimental_place_dataset_on_device: TF's option, validated as TF does;
-            dlaunch builds datasets on the host either way.
+        experimental_place_dataset_on_device: with ``PER_REPLICA`` and no fetch, each
+            replica's batches are moved to its device as they are read (the dataset
+            itself runs on the host: torch has no device-side input pipeline).
+            Validated as TF does.
         experimental_per_replica_buffer_size: how many steps are fetched to the
             devices ahead of the one in use (0: on demand). On CUDA the copies run
-            on a side stream from pinned memory; on CPU steps are only read ahead.
+            on a side stream from pinned memory; on CPU, where batches are on their
+            device already, the steps are read ahead, on the calling thread.
         auto_shard_policy: how ``experimental_distribute_dataset`` shards a
             file-backed dataset across workers (``AutoShardPolicy``; a name such as
             ``"FILE"`` is accepted). Datasets that are not file-backed are split by

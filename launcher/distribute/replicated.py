@@ -52,6 +52,13 @@ class ReplicaParameters(torch.nn.Module):
         local = _local_id(self._strategy)
         return self.module if local is None else self.replicas[local]
 
+    def local_copies(self, param: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """Each local replica's copy of primary parameter ``param`` (TF's mirrored components), or None if not ours."""
+        name = next((n for n, p in self.module.named_parameters() if p is param), None)
+        if name is None:
+            return None
+        return tuple(dict(r.named_parameters())[name] for r in self.replicas)
+
 
 class MirroredModule(ReplicaParameters):
     """Holds the primary module (replica 0) and a copy per other local device."""

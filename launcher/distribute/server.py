@@ -12,7 +12,7 @@ optimizer over them: workers pull values (whole, or only the embedding rows
 they need), push gradients (dense, or sparse rows), and the ps applies them,
 each push as it arrives (async) or once per step with one gradient from every
 training task (sync, as ``SyncReplicasOptimizer``). The global step lives on
-ps 0, and only the chief's pushes advance it.
+ps 0; the pushes that say so advance it (the strategy's ``global_step_rule``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class Server:
         job_name: this task's job. Required unless the cluster has one task.
         task_index: this task's index in its job. Required unless the job has one task.
         start: start the endpoint now (else call ``start()``).
+        protocol: TF's transport name. The transport is TensorPipe: None or ``"tensorpipe"``;
+            anything else (``"grpc"``) is a ``ValueError``, not a silent substitute.
+        config: TF's ``ConfigProto``. None only: there is no session to configure.
         rpc_timeout_s: an RPC that gets no answer in this time fails.
 
     The endpoints meet at the chief's address (the first task's when there is no
@@ -48,6 +51,12 @@ class Server:
 
     def __init__(self, server_or_cluster_def: Any, job_name: str | None = None, task_index: int | None = None,
                  protocol: str | None = None, config: Any = None, start: bool = True, *, rpc_timeout_s: float = 60.0):
+        if protocol not in (None, "tensorpipe"):
+            raise ValueError(f"protocol={protocol!r}: dlaunch's servers speak torch.distributed.rpc over TensorPipe; "
+                             "pass protocol=None (or 'tensorpipe')")
+        if config is not None:
+            raise ValueError("config (a tf.ConfigProto) has no torch counterpart: pass config=None; RPC timeouts are "
+                             "rpc_timeout_s")
         self._cluster = ClusterSpec(server_or_cluster_def)
         if not self._cluster:
             raise ValueError("Server needs a cluster spec with at least one task")
@@ -80,10 +89,18 @@ class Server:
         self._started = True
 
     def join(self, poll_s: float = 0.2) -> None:
-        """Block until the job ends: the chief has finished and every training task has left or is gone."""
+        """Block until the job ends: the chief has finished and every training task has left or is gone.
+
+        A worker joins to serve a ``ClusterCoordinator``: it returns when the coordinator releases it.
+        """
         store = _STORE.get("store")
+        if store is None and self.job_name == "worker":
+            from launcher.distribute import coordinator
+
+            coordinator.wait_for_release()
+            return
         if store is None:
-            raise RuntimeError(f"{self.name} holds no variables: only ps tasks join; the chief and workers train")
+            raise RuntimeError(f"{self.name} holds no variables: only ps tasks and coordinated workers join; the chief trains")
         store.finished.wait()
         store.drain(self._training_tasks(), poll_s)
 

@@ -23,14 +23,18 @@ The same custom training loop runs under every strategy::
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
 
 from launcher.distribute import placement
 from launcher.distribute.extended import StrategyExtended
-from launcher.distribute.input_context import InputOptions
+from launcher.distribute import run_options
+from launcher.distribute.input_context import InputOptions, InputReplicationMode
+from launcher.distribute.input_iterator import InputIterator
 from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.run_options import RunOptions
 
 
 class Strategy:
@@ -66,14 +70,59 @@ class Strategy:
         """
         return self._extended._scope()
 
-    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, options: RunOptions | None = None) -> Any:
         """Run ``fn`` on each replica with the given arguments.
 
         ``PerReplica`` arguments are unwrapped to each replica's component; other
         arguments are passed to every replica as they are. Returns per-replica
-        values (plain values when there is a single replica in sync).
+        values (plain values when there is a single replica in sync). ``options``:
+        a ``RunOptions`` (checked; its defaults are what eager torch does).
         """
+        run_options.check(options)
         return self._extended._call_for_each_replica(fn, tuple(args), dict(kwargs or {}))
+
+    def experimental_run_v2(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
+                            options: RunOptions | None = None) -> Any:
+        """Deprecated alias of ``run`` (TF 2.0-2.1's name); warns, then runs."""
+        warnings.warn("experimental_run_v2 is deprecated: use strategy.run", DeprecationWarning, stacklevel=2)
+        return self.run(fn, args, kwargs, options)
+
+    def experimental_make_numpy_dataset(self, numpy_input: Any, session: Any = None) -> Any:
+        """Deprecated: a dataset of the rows of ``numpy_input`` (``launcher.input.numpy_rows.NumpyRows``).
+
+        Batch it with a ``DataLoader`` and pass that to ``experimental_distribute_dataset``.
+        ``session`` is TF1 graph mode's: only None.
+        """
+        from launcher.input.numpy_rows import NumpyRows
+
+        warnings.warn("experimental_make_numpy_dataset is deprecated: build a Dataset (NumpyRows, TensorDataset)",
+                      DeprecationWarning, stacklevel=2)
+        if session is not None:
+            raise ValueError("session is TF1 graph mode's; torch runs eagerly: pass session=None")
+        return NumpyRows(numpy_input)
+
+    # ----- TF1 (``tf.compat.v1``) methods, deprecated there too -----
+    def experimental_run(self, fn: Callable[..., Any], input_iterator: InputIterator | None = None) -> Any:
+        """Deprecated (TF1): ``run(fn)`` on one ``input_iterator.get_next()`` step, or with no arguments."""
+        warnings.warn("experimental_run is TF1's: use strategy.run(fn, args=(next(iterator),))", DeprecationWarning, stacklevel=2)
+        return self.run(fn) if input_iterator is None else self.run(fn, args=(input_iterator.get_next(),))
+
+    def make_dataset_iterator(self, dataset: Iterable) -> InputIterator:
+        """Deprecated (TF1): an ``InputIterator`` over ``experimental_distribute_dataset(dataset)``."""
+        warnings.warn("make_dataset_iterator is TF1's: iterate experimental_distribute_dataset(dataset)", DeprecationWarning, stacklevel=2)
+        return InputIterator(self.experimental_distribute_dataset(dataset))
+
+    def make_input_fn_iterator(self, input_fn: Callable[[Any], Iterable],
+                               replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER) -> InputIterator:
+        """Deprecated (TF1): an ``InputIterator`` over ``distribute_datasets_from_function(input_fn)``.
+
+        As in TF1, only ``PER_WORKER`` (one ``input_fn`` call per worker) is accepted.
+        """
+        warnings.warn("make_input_fn_iterator is TF1's: iterate distribute_datasets_from_function(input_fn)",
+                      DeprecationWarning, stacklevel=2)
+        if replication_mode is not InputReplicationMode.PER_WORKER:
+            raise ValueError(f"make_input_fn_iterator supports InputReplicationMode.PER_WORKER only, got {replication_mode}")
+        return InputIterator(self.distribute_datasets_from_function(input_fn))
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Reduce ``value`` across replicas, and along ``axis`` within each replica.
@@ -120,12 +169,33 @@ class Strategy:
 
         return DistributedDatasetsFromFunction(dataset_fn, self, options or InputOptions())
 
+    def experimental_distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Iterable],
+                                                       options: InputOptions | None = None):
+        """The seeds' name for ``distribute_datasets_from_function`` (the same call).
+
+        ``dataset_fn`` is called once per worker (once per replica under
+        ``MeshStrategy``, whose logical devices share their replica's input)::
+
+            def dataset_fn(ctx):
+                batch = ctx.get_per_replica_batch_size(8)
+                return [torch.ones(batch, 1)] * 4
+            for batch in strategy.experimental_distribute_datasets_from_function(dataset_fn):
+                strategy.run(replica_fn, args=(batch,))
+        """
+        return self.distribute_datasets_from_function(dataset_fn, options)
+
     def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
         """Build a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
         return self._extended._distribute_values(value_fn)
 
     def experimental_local_results(self, value: Any) -> tuple:
-        """The values of ``value`` on this process's replicas, as a tuple."""
+        """The values of ``value`` on this process's replicas, as a tuple (``(value,)`` for a single value).
+
+        For a parameter of a model that ``MirroredStrategy.prepare`` copied onto
+        replica threads, every replica's copy (TF's mirrored components). A module
+        built in ``scope()`` has one tensor per parameter until ``prepare()`` makes
+        the copies; across processes each process holds its own replica's.
+        """
         return self._extended._local_results(value)
 
     def prepare(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):

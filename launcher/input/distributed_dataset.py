@@ -9,6 +9,7 @@ dataset yields global batches, and each worker keeps its replicas' rows.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import logging
@@ -17,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
-from launcher.distribute.values import regroup
+from launcher.distribute.values import PerReplica, map_structure, regroup
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, warn_data_once
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import Position
@@ -89,7 +90,11 @@ class DistributedDataset:
     """Global batches from ``dataset``, sharded across workers, split across replicas, fetched to devices."""
 
     def __init__(self, dataset: Iterable, strategy: "Strategy", options: InputOptions):
+        if options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:  # as TF: refused, not ignored
+            raise ValueError("InputReplicationMode.PER_REPLICA is only supported in distribute_datasets_from_function: "
+                             "experimental_distribute_dataset splits one dataset's global batches across the replicas")
         ext = strategy.extended
+        self._ext = ext
         self._dataset = dataset
         self._options = options
         self._num_replicas = strategy.num_replicas_in_sync
@@ -135,7 +140,20 @@ class DistributedDataset:
             steps = self._iter_local_rows()
         else:
             steps = self._iter_global_batches()
-        return _deliver(steps, self._devices, self._options, self._num_replicas)
+        return _deliver(self._ext._share_input(steps), self._devices, self._options, self._num_replicas)
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure of a step, with a ``TensorSpec`` (shape, dtype) per tensor and the batch dimension None.
+
+        Per-replica parts are a ``PerReplica`` of specs, as TF's ``PerReplicaSpec``.
+        Found by reading the first step of a fresh pass (a one-shot iterable loses it).
+        """
+        epoch, skip = self._epoch, self._skip
+        try:
+            return element_spec_of(next(iter(self)))
+        finally:
+            self._epoch, self._skip = epoch, skip
 
     def __len__(self) -> int:
         if self._shard is not None:
@@ -202,10 +220,38 @@ def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
 
 def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> Iterator[Any]:
     """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
-    if options.experimental_fetch_to_device and any(d.type != "cpu" for d in devices):
-        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)  # on CPU nothing moves
+    if options.experimental_fetch_to_device:
+        # On CPU nothing moves: the buffer reads steps ahead, on this thread, in order.
+        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)
+    elif options.experimental_place_dataset_on_device:
+        steps = ([_on_device(p, d) for p, d in zip(pieces, devices)] for pieces in steps)  # each replica's own, as it is read
     for pieces in steps:
         yield pieces[0] if num_replicas == 1 else regroup(pieces)
+
+
+def _on_device(piece: Any, device: torch.device) -> Any:
+    return map_structure(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, piece)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """What ``tf.TensorSpec`` says of a batch: its shape (None for the batch dimension, which may vary) and dtype."""
+
+    shape: tuple
+    dtype: torch.dtype
+
+
+def element_spec_of(element: Any) -> Any:
+    """``element`` with each tensor replaced by its ``TensorSpec`` (other leaves by their type)."""
+    def spec(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return TensorSpec((None, *value.shape[1:]) if value.dim() else (), value.dtype)
+        return type(value)
+
+    return map_structure(
+        lambda leaf: PerReplica([map_structure(spec, v) for v in leaf.values]) if isinstance(leaf, PerReplica) else spec(leaf),
+        element,
+    )
 
 
 class DistributedDatasetsFromFunction:
@@ -222,10 +268,18 @@ class DistributedDatasetsFromFunction:
             self.input_contexts = [InputContext(n, ext._replica_offset + i, n) for i in range(ext._num_local)]
         else:
             self.input_contexts = [InputContext(ext._proc.world_size, ext._proc.rank, n)]
-        self._datasets = [dataset_fn(ctx) for ctx in self.input_contexts]
+        self._ext = ext
+        # A process that does not read (a replica's other logical devices) never calls dataset_fn:
+        # one replica reads one input, however many processes it spans.
+        self._datasets = [dataset_fn(ctx) for ctx in self.input_contexts] if ext._reads_input else []
 
     def __iter__(self) -> Iterator[Any]:
-        return _deliver(self._steps(), self._devices, self._options, self._num_replicas)
+        return _deliver(self._ext._share_input(self._steps()), self._devices, self._options, self._num_replicas)
+
+    @property
+    def element_spec(self) -> Any:
+        """As ``DistributedDataset.element_spec``: read from the first step of fresh iterators over the datasets."""
+        return element_spec_of(next(iter(self)))
 
     def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]

@@ -27,7 +27,7 @@ Layers are split with torch's tensor parallelism over ``strategy.logical_mesh``
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -105,7 +105,7 @@ class _MeshExtended(StrategyExtended):
     def __init__(self, device: str, collectives: Any, mesh: DeviceMesh | None, assignment: DeviceAssignment):
         super().__init__([device], collectives)
         self.mesh, self.assignment = mesh, assignment
-        self._split_meshes: dict[tuple[int, ...], DeviceMesh] = {}
+        self._annotation_mesh: DeviceMesh | None = None
 
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
         return super()._reduce(reduce_op, map_structure(_full, value), axis)
@@ -116,14 +116,79 @@ class _MeshExtended(StrategyExtended):
         group = self.mesh.get_group("replica") if self.mesh is not None else None
         return module, MeshOptimizer(optimizer, group, self.assignment.num_replicas)
 
-    def split_mesh(self, sizes: tuple[int, ...]) -> DeviceMesh:
-        """A mesh of (replica, *sizes) over the same ranks: every process builds it, in the same order."""
-        if sizes not in self._split_meshes:
-            replicas = self.assignment.num_replicas
-            ranks = torch.arange(replicas * math.prod(sizes)).reshape(replicas, *sizes)
-            names = ("replica", *(f"split{i}" for i in range(len(sizes))))
-            self._split_meshes[sizes] = DeviceMesh(self.mesh.device_type, ranks, mesh_dim_names=names)
-        return self._split_meshes[sizes]
+    @property
+    def _reads_input(self) -> bool:
+        # Logical device 0 of each replica reads the replica's input; the others receive it.
+        return self.mesh is None or self.assignment.num_cores_per_replica == 1 or self._logical_id() == 0
+
+    def _share_input(self, steps: Iterator[list[Any]]) -> Iterator[list[Any]]:
+        if self.mesh is None or self.assignment.num_cores_per_replica == 1:
+            return steps
+        replica = self.assignment.position(dist.get_rank())[0]
+        src = self.assignment.rank(replica, 0)
+        return _broadcast_steps(steps if self._reads_input else None, self.mesh.get_group("logical"), src)
+
+    def _logical_id(self) -> int:
+        return self.assignment.position(dist.get_rank())[1]
+
+    @property
+    def annotation_sizes(self) -> tuple[int, ...]:
+        """The annotation mesh's shape: ``computation_shape``'s dims, each cut into its prime factors."""
+        return tuple(p for size in self.assignment.computation_shape for p in _prime_factors(size))
+
+    def annotation_mesh(self) -> DeviceMesh:
+        """This replica's logical devices as the one mesh every annotation lives on.
+
+        One mesh, so that split, assigned and replicated tensors combine in any
+        arithmetic (DTensor refuses operands on different meshes). Its dims are
+        ``computation_shape``'s cut into primes, so that any ``partition_dimensions``
+        whose product is the number of logical devices is a set of its dims. With a
+        prime number of logical devices it is ``logical_mesh`` itself, the mesh
+        tensor parallelism splits layers over. Built on first use, by every process
+        in the same order (creating a mesh is collective).
+        """
+        if self._annotation_mesh is None:
+            sizes = self.annotation_sizes
+            if len(sizes) <= 1:
+                self._annotation_mesh = self.mesh["logical"]
+            else:
+                replicas = self.assignment.num_replicas
+                ranks = torch.arange(replicas * math.prod(sizes)).reshape(replicas, *sizes)
+                names = ("replica", *(f"core{i}" for i in range(len(sizes))))
+                self._annotation_mesh = DeviceMesh(self.mesh.device_type, ranks, mesh_dim_names=names)[names[1:]]
+        return self._annotation_mesh
+
+
+class _EndOfInput:
+    """Logical device 0's word that the replica's input is over."""
+
+
+class _InputFailed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _broadcast_steps(steps: Iterator[list[Any]] | None, group: Any, src: int) -> Iterator[list[Any]]:
+    """Each step read by ``src`` (logical device 0), sent to the replica's other logical devices.
+
+    Reading once and sending keeps a replica's devices on the same values even
+    when the input is random or changes between reads. An error while reading is
+    raised on every device of the replica, not only on the reader.
+    """
+    source = iter(steps) if steps is not None else None
+    while True:
+        box: list[Any] = [None]
+        if source is not None:
+            try:
+                box[0] = next(source, _EndOfInput)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, on every logical device
+                box[0] = _InputFailed(exc)
+        dist.broadcast_object_list(box, src=src, group=group)
+        if box[0] is _EndOfInput:  # a class pickles by reference: the same object here
+            return
+        if isinstance(box[0], _InputFailed):
+            raise box[0].error
+        yield box[0]
 
 
 def _full(value: Any) -> Any:
@@ -189,8 +254,22 @@ class MeshStrategy(Strategy):
         return self._extended.assignment.position(rank)[1]
 
     # ----- the annotations -----
+    @property
+    def annotation_mesh(self) -> DeviceMesh | None:
+        """The one mesh of this replica's logical devices that every annotated tensor lives on (None in one process)."""
+        return None if self.mesh is None else self._extended.annotation_mesh()
+
     def experimental_assign_to_logical_device(self, tensor: torch.Tensor, logical_device_id: int) -> torch.Tensor:
-        """The value that logical device ``logical_device_id`` computed, on every logical device of the replica."""
+        """Adds annotation that ``tensor`` will be assigned to a logical device.
+
+        The value logical device ``logical_device_id`` computed, on every logical
+        device of the replica (a replicated DTensor on ``annotation_mesh``); its
+        gradient flows back to that device alone::
+
+            output = strategy.experimental_assign_to_logical_device(features + features, 0)
+
+        Raises ``ValueError`` when the id is not one of the replica's logical devices.
+        """
         n = self.num_logical_devices
         if not isinstance(logical_device_id, int) or not 0 <= logical_device_id < n:
             raise ValueError(f"logical device id {logical_device_id} is out of range: the device assignment gives each "
@@ -201,31 +280,72 @@ class MeshStrategy(Strategy):
         replica = self._extended.assignment.position(dist.get_rank())[0]
         src = self._extended.assignment.rank(replica, logical_device_id)
         value = _AssignedTo.apply(_full(tensor), src, group, dist.get_rank() == src)
-        return DTensor.from_local(value, self.logical_mesh, [Replicate()], run_check=False)
+        return self._replicated(value)
 
     def experimental_split_to_logical_devices(self, tensor: torch.Tensor, partition_dimensions: Sequence[int]) -> torch.Tensor:
-        """Split ``tensor`` ``partition_dimensions[d]``-way along each dim ``d`` over the replica's logical devices."""
+        """Adds annotation that ``tensor`` will be split across logical devices.
+
+        ``partition_dimensions[d]``-way along each dim ``d``; with 8 logical devices,
+        ``[1, 2, 4, 1]`` splits an image batch 2-way in width and 4-way in height.
+        The result is a DTensor sharded over ``annotation_mesh``. ``ValueError`` (the
+        seed's three cases): a length other than the tensor's rank, a product other
+        than the number of logical devices, a size not divisible by its partition.
+        """
         dims = [int(d) for d in partition_dimensions]
         _check_split(tuple(tensor.shape), dims, self.num_logical_devices)
-        split = [d for d, parts in enumerate(dims) if parts > 1]
-        if self.mesh is None or not split:
+        if self.mesh is None or self.num_logical_devices == 1:
             return tensor
-        mesh = self._extended.split_mesh(tuple(dims[d] for d in split))
-        names = tuple(f"split{i}" for i in range(len(split)))
-        sub = mesh[names]
+        mesh = self._extended.annotation_mesh()
+        placements = _split_placements(dims, self._extended.annotation_sizes)
         local = _full(tensor)
-        for coordinate, d in zip(sub.get_coordinate(), split):
-            local = local.tensor_split(dims[d], dim=d)[coordinate]
-        return DTensor.from_local(local.contiguous(), sub, [Shard(d) for d in split], run_check=False,
+        for size, coordinate, placement in zip(mesh.shape, mesh.get_coordinate(), placements):
+            if isinstance(placement, Shard):  # nested, in mesh-dim order, as DTensor lays out repeated shards
+                local = local.tensor_split(size, dim=placement.dim)[coordinate]
+        return DTensor.from_local(local.contiguous(), mesh, placements, run_check=False,
                                   shape=tensor.shape, stride=torch.empty(tensor.shape).stride())
 
     def experimental_replicate_to_logical_devices(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The whole value on every logical device (a split DTensor is gathered)."""
+        """Adds annotation that ``tensor`` will be replicated to all logical devices.
+
+        The whole value on every logical device: a split tensor is gathered, and a
+        DTensor on another mesh (a tensor-parallel layer's output) is brought onto
+        ``annotation_mesh``, so that labels and logits combine in the loss.
+        """
         if self.mesh is None or self.num_logical_devices == 1:
             return tensor
-        if isinstance(tensor, DTensor):
-            return tensor.redistribute(tensor.device_mesh, [Replicate()] * tensor.device_mesh.ndim)
-        return DTensor.from_local(tensor, self.logical_mesh, [Replicate()], run_check=False)
+        mesh = self._extended.annotation_mesh()
+        if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
+            return tensor.redistribute(mesh, [Replicate()] * mesh.ndim)
+        return self._replicated(_full(tensor))
+
+    def _replicated(self, value: torch.Tensor) -> DTensor:
+        mesh = self._extended.annotation_mesh()
+        return DTensor.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
+def _prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors
+
+
+def _split_placements(dims: list[int], sizes: tuple[int, ...]) -> list[Any]:
+    """Per annotation-mesh dim: which tensor dim it splits (``Shard``), or ``Replicate``.
+
+    Each partition is made of mesh dims of its prime factors, taken in order, so
+    that blocks go to logical devices in row-major order where the shapes allow it.
+    """
+    free, placements = list(range(len(sizes))), [Replicate()] * len(sizes)
+    for d, parts in enumerate(dims):
+        for p in _prime_factors(parts):
+            i = next(i for i in free if sizes[i] == p)  # the products agree (_check_split), so one is free
+            free.remove(i)
+            placements[i] = Shard(d)
+    return placements
 
 
 def _check_split(shape: tuple[int, ...], dims: list[int], logical: int) -> None:

@@ -62,6 +62,15 @@ class _MirroredExtended(StrategyExtended):
                 copies.resync()
             raise
 
+    def _local_results(self, value: Any) -> tuple:
+        """A parameter of a prepared model: every local replica's copy, as TF's MirroredVariable components."""
+        if isinstance(value, torch.Tensor):
+            for copies in list(self._copies):
+                found = copies.local_copies(value) if isinstance(copies, MirroredModule) else None
+                if found is not None:
+                    return found
+        return super()._local_results(value)
+
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         if self._proc.world_size > 1:
             return self._wrap_ddp(module), optimizer

@@ -13,8 +13,13 @@ torch.distributed.rpc (TensorPipe).
   it arrives. Sync: once every training task has pushed, the mean, as
   ``SyncReplicasOptimizer`` does; the result then equals one device's with the
   same global batch.
-* The global step lives on ps 0; only the chief's pushes advance it. Workers
-  stop when the chief is done; a worker that dies does not stop the job (async).
+* The global step lives on ps 0. As the seed says, the first replica of every
+  training task advances it (``global_step_rule="every_worker"``; in sync mode once
+  per applied step); under dlaunch only the chief's pushes do, so that it counts
+  ``trainer.steps``. Workers stop when the chief is done; a worker that dies does
+  not stop the job (async).
+* ``reduce`` is over every training task (they meet at ps 0), as
+  ``num_replicas_in_sync`` counts them.
 
 Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).join()``)::
 
@@ -26,37 +31,31 @@ Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import re
-import sys
-from typing import Any, Sequence
+import warnings
+from typing import Any
 
 import torch
 import torch.distributed.rpc as trpc
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from launcher.cluster.env import tf_config
 from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver, validate_task
 from launcher.distribute import server as ps_server
+from launcher.distribute.ps_client import Client, ParameterServerUnavailable
 from launcher.distribute.collectives import SingleProcess
-from launcher.distribute.extended import StrategyExtended
+from launcher.distribute import task_exchange
+from launcher.distribute.extended import StrategyExtended, _check_same_shapes
+from launcher.distribute.meta_scope import MetaScope, variables_scope  # noqa: F401 - variables_scope: public here too
 from launcher.distribute.partitioners import Partitioner, Placement, place_module
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
-from launcher.distribute.values import PerReplica
+from launcher.distribute.values import PerReplica, map_structure
 from launcher.strategies import Runtime, register
 
 log = logging.getLogger("dlaunch")
 TRAINING_JOBS = ("chief", "worker")
-
-
-class ParameterServerUnavailable(RuntimeError):
-    """A ps task stopped answering: its variables are gone until the job restarts from a checkpoint."""
-
-    explained = True  # the message says it all: no traceback
 
 
 class _Tasks(SingleProcess):
@@ -64,77 +63,6 @@ class _Tasks(SingleProcess):
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-
-
-# ---------- talking to the ps tasks ----------
-class _Client:
-    """RPCs from one training task to the ps tasks, with a dead ps named in the error."""
-
-    def __init__(self, task: str, num_ps: int, placement: Placement, timeout_s: float):
-        self.task, self.num_ps, self.placement, self.timeout_s = task, num_ps, placement, timeout_s
-        self.global_step, self.finished = 0, False
-        self.sync, self.sync_timeout_s = False, 300.0  # sync mode: a push waits up to this for the step's other gradients
-
-    def call(self, ps: int, fn: Any, *args: Any) -> Any:
-        return self.wait(ps, trpc.rpc_async(f"ps:{ps}", fn, args=args, timeout=self.timeout_s))
-
-    def wait(self, ps: int, future: Any) -> Any:
-        try:
-            return future.wait()
-        except RuntimeError as exc:
-            raise _unavailable(ps, exc) from None
-
-    def each(self, fn: Any, *args: Any) -> list[Any]:
-        futures = [trpc.rpc_async(f"ps:{k}", fn, args=args, timeout=self.timeout_s) for k in range(self.num_ps)]
-        return [self.wait(k, f) for k, f in enumerate(futures)]
-
-    def pull(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Whole values of ``names`` (their shards concatenated along dim 0)."""
-        shards = [s for n in names for s in self.placement.of(n)]
-        keys = {k: [s.key for s in shards if s.ps == k] for k in range(self.num_ps)}
-        futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_pull, args=(v,), timeout=self.timeout_s) for k, v in keys.items() if v}
-        got = {}
-        for k, future in futures.items():
-            got.update(zip(keys[k], self.wait(k, future)))
-        return {n: _join([got[s.key] for s in self.placement.of(n)]) for n in names}
-
-    def gather(self, name: str, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` of variable ``name``, from the shards that hold them."""
-        shards = self.placement.of(name)
-        out = torch.empty((ids.numel(), *shards[0].full_shape[1:]), dtype=shards[0].dtype)
-        pending = []
-        for s in shards:
-            mask = (ids >= s.offset) & (ids < s.offset + s.shape[0])
-            if bool(mask.any()):
-                future = trpc.rpc_async(f"ps:{s.ps}", ps_server.remote_gather, args=(s.key, ids[mask] - s.offset), timeout=self.timeout_s)
-                pending.append((s.ps, mask, future))
-        for ps, mask, future in pending:
-            out[mask] = self.wait(ps, future)
-        return out
-
-    def push(self, grads: dict[int, dict[str, Any]], increment: bool) -> None:
-        """Every ps gets this task's gradients for its shards (possibly none: sync counts every task)."""
-        timeout = self.sync_timeout_s if self.sync else self.timeout_s  # a sync push waits for the slowest task's step
-        futures = {k: trpc.rpc_async(f"ps:{k}", ps_server.remote_push, args=(self.task, grads.get(k, {}), increment and k == 0),
-                                     timeout=timeout)
-                   for k in range(self.num_ps)}
-        for k, future in futures.items():
-            step, finished = self.wait(k, future)
-            if k == 0:
-                self.global_step = step
-            self.finished |= finished
-
-
-def _unavailable(ps: int, exc: BaseException) -> BaseException:
-    text = " ".join(str(exc).split())
-    if "On WorkerInfo" in text and "Traceback" in text:  # the ps ran the call and raised: its own error
-        return exc
-    text = re.sub(r"\s*\(this error originated at [^)]*\)", "", text)
-    return ParameterServerUnavailable(f"parameter server ps:{ps} unavailable ({text[:200]})")
-
-
-def _join(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
 # ---------- the model and optimizer a training task sees ----------
@@ -146,7 +74,7 @@ class PSModule(torch.nn.Module):
     it needs, and its gradient goes back as those rows.
     """
 
-    def __init__(self, module: torch.nn.Module, client: _Client, device: torch.device):
+    def __init__(self, module: torch.nn.Module, client: Client, device: torch.device):
         super().__init__()
         self.local = module
         object.__setattr__(self, "_client", client)
@@ -229,8 +157,8 @@ def _add(a: Any, b: Any) -> Any:
 class PSOptimizer:
     """``step()`` pushes the gradients of the last forward(s) to the ps tasks, which hold the real optimizer."""
 
-    def __init__(self, primary: torch.optim.Optimizer, module: PSModule, chief: bool):
-        self.primary, self._module, self._chief = primary, module, chief
+    def __init__(self, primary: torch.optim.Optimizer, module: PSModule, increments: bool):
+        self.primary, self._module, self._increments = primary, module, increments
 
     @property
     def param_groups(self) -> list[dict]:
@@ -241,7 +169,7 @@ class PSOptimizer:
             raise ValueError("ParameterServerStrategy's optimizer takes no closure")
         grads = self._module.gradients()
         self._module.records.clear()
-        self._module._client.push(grads, increment=self._chief)
+        self._module._client.push(grads, increment=self._increments)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._module.records.clear()
@@ -272,30 +200,74 @@ def contents_for(ps: int, module: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 # ---------- the strategy ----------
+def _local_part(leaf: PerReplica, axis: int | None) -> tuple[torch.Tensor, int]:
+    """This task's sum of a per-replica value (along ``axis`` too), and how many values it adds up."""
+    parts = [torch.as_tensor(v) for v in leaf.values]
+    if axis is None:
+        _check_same_shapes(parts)
+        return sum(parts[1:], parts[0].clone()), len(parts)
+    return sum(p.sum(dim=axis) for p in parts), sum(p.shape[axis] for p in parts)
+
+
+def _this_task(reduce_op: ReduceOp, leaf: Any, axis: int | None) -> Any:
+    """``reduce_over="this_task"``: this task's (single) replica's value, reduced along ``axis`` only."""
+    local = leaf.values[0] if isinstance(leaf, PerReplica) else leaf
+    if axis is None:
+        return local
+    return local.sum(axis) if reduce_op is ReduceOp.SUM else local.float().mean(axis)
+
+
+def _combine(reduce_op: ReduceOp, parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    shapes = {tuple(t.shape) for t, _ in parts}
+    if len(shapes) > 1:
+        raise ValueError(f"per-replica values have different shapes across training tasks {sorted(shapes)}; pass axis= "
+                         "to reduce along the batch dimension (for example with a last partial batch)")
+    total = sum(t for t, _ in parts[1:]) + parts[0][0]
+    return total if reduce_op is ReduceOp.SUM else total / sum(n for _, n in parts)
+
+
 class _PSExtended(StrategyExtended):
     def __init__(self, device: str, position: int, training_tasks: int, strategy_args: dict):
         super().__init__([device], _Tasks(position, training_tasks))
         self._args = strategy_args
-        self.client: _Client | None = None
+        self.client: Client | None = None
+        self._exchanges = 0  # reduce calls so far: every task makes them in the same order
 
     @property
     def parameter_devices(self) -> tuple[str, ...]:
         return tuple(f"/job:ps/task:{k}" for k in range(self._args["num_ps"]))
 
+    @property
+    def _gradients_averaged_over(self) -> int:
+        # Sync: the ps applies the mean of every task's push; async: each push as it is.
+        return self._proc.world_size if self._args["mode"] == "sync" else 1
+
     def _scope(self) -> Any:
-        return _MetaScope(super()._scope())  # variables live on the ps tasks: no values here
+        return MetaScope(super()._scope())  # variables live on the ps tasks: no values here
 
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
-        """This task's values only: training tasks share variables, not collectives."""
-        local = value.values[0] if isinstance(value, PerReplica) else value
-        if axis is None:
-            return local
-        return local.sum(axis) if reduce_op is ReduceOp.SUM else local.float().mean(axis)
+        """Over every training task, as ``num_replicas_in_sync`` counts them: the tasks meet at ps 0.
+
+        The tasks share no process group, so each sends its replicas' sum (and
+        count) of every per-replica leaf to ps 0 and adds up everyone's.
+        """
+        if self._args["reduce_over"] == "this_task":
+            return map_structure(lambda leaf: _this_task(reduce_op, leaf, axis), value)
+        leaves: list[PerReplica] = []
+        map_structure(lambda leaf: leaves.append(leaf) if isinstance(leaf, PerReplica) else None, value)
+        if not leaves or self._proc.world_size == 1:
+            return super()._reduce(reduce_op, value, axis)
+        mine = [_local_part(leaf, axis) for leaf in leaves]
+        self._exchanges += 1
+        everyone = task_exchange.exchange(self._exchanges, self._proc.rank, mine, self._proc.world_size,
+                                          float(self._args["sync_timeout_s"]))
+        totals = iter([_combine(reduce_op, [parts[i] for parts in everyone]) for i in range(len(leaves))])
+        return map_structure(lambda leaf: next(totals) if isinstance(leaf, PerReplica) else self._reduce_plain(reduce_op, leaf, axis), value)
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         a = self._args
         placement = place_module(module, a["num_ps"], a["partitioner"])
-        client = _Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
+        client = Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
         client.sync, client.sync_timeout_s = a["mode"] == "sync", float(a["sync_timeout_s"])
         self.client = client
         chief = a["task"].startswith("chief")
@@ -308,7 +280,7 @@ class _PSExtended(StrategyExtended):
         if not chief:
             client.global_step = max(client.each(ps_server.remote_wait_ready, float(a["ready_timeout_s"])))
         model = PSModule(module.to("meta"), client, self._devices[0])
-        return model, (None if optimizer is None else PSOptimizer(optimizer, model, chief))
+        return model, (None if optimizer is None else PSOptimizer(optimizer, model, chief or a["global_step_rule"] == "every_worker"))
 
     def open(self, global_step: int) -> None:
         """The chief's word that the variables are initialized (or restored): workers may start."""
@@ -318,8 +290,10 @@ class _PSExtended(StrategyExtended):
 
     def finish(self) -> None:
         """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
+        a = self._args
+        client = self.client or Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])  # a coordinator never prepares
         try:
-            self.client.each(ps_server.remote_finish)
+            client.each(ps_server.remote_finish)
         except ParameterServerUnavailable as exc:
             log.warning("%s", exc)
 
@@ -331,54 +305,6 @@ class _PSExtended(StrategyExtended):
             pass
 
 
-_FACTORIES = frozenset({
-    torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint, torch.normal,
-    torch.arange, torch.eye, torch.tensor, torch.as_tensor,
-})
-
-
-class _ModulesOnMeta(TorchFunctionMode):
-    """Inside ``scope()``: tensors a module's ``__init__`` creates (its parameters and buffers) are meta tensors.
-
-    Their values live on the ps tasks; the data a recipe builds in the same scope stays real.
-    """
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = dict(kwargs or {})
-        if func in _FACTORIES and _in_module_init():
-            kwargs["device"] = "meta"
-        return func(*args, **kwargs)
-
-
-def _in_module_init(depth: int = 12) -> bool:
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.nn.Module):
-            return True
-        frame = frame.f_back
-    return False
-
-
-class _MetaScope:
-    def __init__(self, inner: Any):
-        self.inner, self.mode = inner, _ModulesOnMeta()
-
-    def __enter__(self) -> None:
-        self.inner.__enter__()
-        self.mode.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        self.mode.__exit__(*exc)
-        return self.inner.__exit__(*exc)
-
-
-def variables_scope() -> _MetaScope:
-    """Modules built inside get meta parameters (shapes, no values); other tensors stay real."""
-    return _MetaScope(contextlib.nullcontext())
-
-
 class ParameterServerStrategy(Strategy):
     """Variables on ps tasks, training on the chief and workers.
 
@@ -388,23 +314,54 @@ class ParameterServerStrategy(Strategy):
             without a task type or id is a ``ValueError``.
         variable_partitioner: splits large variables along dim 0 (``FixedShardsPartitioner``,
             ``MinSizePartitioner``, ``MaxSizePartitioner``); None keeps every variable whole.
+        num_gpus_per_worker: 0 (default): each task computes on the CPU; 1: on its GPU. Without a
+            cluster, the number of local replicas (CPU: one).
         mode: ``"async"`` (default) or ``"sync"``.
+        global_step_rule: ``"every_worker"`` (default, the seed's): the first replica of every
+            training task advances the global step at each of its pushes (async: 6 after 3 steps
+            of 2 tasks; sync: one per applied step, 3). ``"chief"``: only the chief's pushes
+            advance it, so that it counts the chief's steps (what dlaunch's ``trainer.steps`` is).
+        reduce_over: ``"tasks"`` (default): ``reduce`` combines every training task's values,
+            as ``num_replicas_in_sync`` counts them; every task must call it. ``"this_task"``:
+            this task's values only, for tasks that do not step together (dlaunch's runtime,
+            where the chief logs its own loss and workers never wait for it).
         rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
         sync_timeout_s: sync mode: how long a push may wait for the other tasks' gradients of the step.
 
     The chief initializes the variables: built outside ``scope()`` (real values),
     ``prepare`` sends them to the ps tasks. Under dlaunch the ps tasks build them
     from the recipe themselves, so no task ever holds a whole partitioned table.
+
+    ``reduce`` combines every training task's values, as ``num_replicas_in_sync``
+    counts them (the tasks meet at ps 0; every task must call it). With no cluster
+    (no resolver, no ``TF_CONFIG``) the strategy falls back to local training, with a
+    warning: variables on the CPU (or the only GPU), compute replicated on
+    ``num_gpus_per_worker`` GPUs, as ``CentralStorageStrategy``::
+
+        strategy = ParameterServerStrategy()            # one local replica on the CPU
+        strategy.num_replicas_in_sync                   # 1
     """
 
     def __init__(self, cluster_resolver: Any = None, variable_partitioner: Partitioner | None = None, *,
-                 mode: str = "async", rpc_timeout_s: float = 60.0, ready_timeout_s: float = 300.0,
-                 device: str = "cpu:0", open_on_prepare: bool = True, sync_timeout_s: float = 300.0):
+                 num_gpus_per_worker: int = 0, mode: str = "async", global_step_rule: str = "every_worker",
+                 reduce_over: str = "tasks",
+                 rpc_timeout_s: float = 60.0, ready_timeout_s: float = 300.0, device: str | None = None,
+                 open_on_prepare: bool = True, sync_timeout_s: float = 300.0):
         if mode not in ("async", "sync"):
             raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
+        if reduce_over not in ("tasks", "this_task"):
+            raise ValueError(f"reduce_over must be 'tasks' or 'this_task', got {reduce_over!r}")
+        if global_step_rule not in ("every_worker", "chief"):
+            raise ValueError(f"global_step_rule must be 'every_worker' or 'chief', got {global_step_rule!r}")
+        self._is_chief = True
         resolver = cluster_resolver if cluster_resolver is not None else (TFConfigClusterResolver() if tf_config() else None)
         if resolver is None or not resolver.cluster_spec():
-            raise ValueError("ParameterServerStrategy needs a cluster with ps tasks: set TF_CONFIG or pass a cluster resolver")
+            self._start_local(int(num_gpus_per_worker))
+            return
+        if num_gpus_per_worker > 1:
+            raise ValueError(f"num_gpus_per_worker={num_gpus_per_worker}: a training task runs one replica here; "
+                             "start one task per GPU (cluster.workers) instead")
+        device = device or ("cuda:0" if num_gpus_per_worker == 1 else "cpu:0")
         validate_task(resolver)
         cluster = resolver.cluster_spec()
         if "ps" not in cluster.jobs:
@@ -419,10 +376,21 @@ class ParameterServerStrategy(Strategy):
         args = {
             "task": f"{me[0]}:{me[1]}", "num_ps": cluster.num_tasks("ps"), "partitioner": variable_partitioner, "mode": mode,
             "rpc_timeout_s": rpc_timeout_s, "ready_timeout_s": ready_timeout_s, "training_tasks": len(training),
-            "open_on_prepare": open_on_prepare, "sync_timeout_s": sync_timeout_s,
+            "open_on_prepare": open_on_prepare, "sync_timeout_s": sync_timeout_s, "global_step_rule": global_step_rule,
+            "reduce_over": reduce_over,
         }
         super().__init__(_PSExtended(device, training.index(me), len(training), args), cluster_resolver=resolver)
         self._is_chief = me[0] == "chief"
+
+    def _start_local(self, num_gpus: int) -> None:
+        """No cluster: the seed's local training, which is ``CentralStorageStrategy``'s."""
+        from launcher.strategies.central_storage import CentralStorageStrategy
+
+        devices = [f"cuda:{i}" for i in range(num_gpus)] or ["cpu:0"]
+        warnings.warn(f"ParameterServerStrategy without a cluster (no cluster_resolver, no TF_CONFIG): local training "
+                      f"on {devices}, variables on {devices[0] if num_gpus == 1 else 'cpu:0'}", UserWarning, stacklevel=3)
+        local = CentralStorageStrategy(compute_devices=devices, parameter_device=devices[0] if num_gpus == 1 else "cpu:0")
+        super().__init__(local.extended)
 
     @property
     def is_chief(self) -> bool:
@@ -430,14 +398,14 @@ class ParameterServerStrategy(Strategy):
 
     @property
     def global_step(self) -> int:
-        """The global step as last heard from ps 0 (the chief's pushes advance it)."""
-        client = self._extended.client
+        """The global step as last heard from ps 0 (0 in local training)."""
+        client = getattr(self._extended, "client", None)
         return client.global_step if client else 0
 
     @property
     def finished(self) -> bool:
         """Whether the chief has ended the job (heard at the last push)."""
-        client = self._extended.client
+        client = getattr(self._extended, "client", None)
         return bool(client and client.finished)
 
 
@@ -460,5 +428,7 @@ def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
     return ParameterServerStrategy(
         resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
         ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
+        global_step_rule="chief",  # trainer.steps counts the chief's steps; workers stop when it has made them
+        reduce_over="this_task",  # the chief logs its own loss: workers do not stop to meet it
         sync_timeout_s=runtime.run_spec.launch.collective_timeout_s,
     )

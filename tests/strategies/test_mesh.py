@@ -35,9 +35,12 @@ def seed_examples() -> dict:
     doubled = s.run(lambda v: v * 2, args=(values,))
     batch = next(iter(s.experimental_distribute_dataset([torch.arange(8)])))
     contexts = []
-    from_fn = next(iter(s.distribute_datasets_from_function(lambda ctx: contexts.append(ctx) or [torch.tensor([ctx.input_pipeline_id])])))
+    from_fn_ds = s.distribute_datasets_from_function(lambda ctx: contexts.append(ctx) or [torch.tensor([ctx.input_pipeline_id])])
+    from_fn = next(iter(from_fn_ds))
+    context = from_fn_ds.input_contexts[0]
     return {
-        "batch": s.experimental_local_results(batch)[0], "pipelines": (contexts[0].num_input_pipelines, contexts[0].input_pipeline_id),
+        "batch": s.experimental_local_results(batch)[0], "pipelines": (context.num_input_pipelines, context.input_pipeline_id),
+        "calls": len(contexts),
         "from_fn": s.experimental_local_results(from_fn)[0],
         "replicas": s.num_replicas_in_sync, "logical": s.num_logical_devices, "logical_id": s.logical_device_id,
         "assigned": assigned.to_local(), "assigned_placements": str(assigned.placements),
@@ -62,6 +65,7 @@ def test_two_logical_devices_by_four_replicas_follow_the_seed():
         assert float(r["local"]) == 2 * replica
         assert r["batch"].tolist() == [2 * replica, 2 * replica + 1]  # the replica's share; its logical devices read the same
         assert r["pipelines"] == (4, replica) and r["from_fn"].tolist() == [replica]
+        assert r["calls"] == (1 if logical == 0 else 0)  # dataset_fn once per replica: its logical device 0 reads
 
 
 def eight_logical_devices() -> dict:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ import torch.multiprocessing as mp
 from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver
 from launcher.distribute.partitioners import place_module
 from launcher.strategies.parameter_server import ParameterServerStrategy, PSModule, variables_scope
+from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_task, run_cluster
 
 
 def data() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -27,14 +26,12 @@ def new_model() -> torch.nn.Module:
 
 def task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
     """One task with its own TF_CONFIG: ps tasks join a Server; the chief and the worker train in sync."""
-    os.environ.update(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}),
-                      TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+    enter_task(kind, index, cluster)
     from launcher import distribute as dl
     from launcher.cluster import rpc
 
     if kind == "ps":
         dl.Server(cluster, "ps", index).join()
-        results.put((f"ps:{index}", None))
         rpc.shutdown()
         return
     strategy = dl.ParameterServerStrategy(variable_partitioner=dl.FixedShardsPartitioner(2), mode="sync")
@@ -50,31 +47,15 @@ def task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
     # parent fetches from this process, which may have exited by then (connection reset)
     values = {k: v.tolist() for k, v in model.state_dict_from_ps().items()} if kind == "chief" else None
     results.put((f"{kind}:{index}", (values, strategy.global_step)))
-    if kind == "chief":
-        strategy.extended.finish()
-    else:
-        strategy.extended.leave()
-    rpc.shutdown()
+    end_training_task(strategy, kind)
 
 
 @pytest.mark.slow
 def test_servers_by_hand_and_sync_training_equal_one_device():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cluster = {"chief": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2", "127.0.0.1:3"]}
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=task, args=(kind, i, cluster, results)) for kind, i in
-             (("chief", 0), ("worker", 0), ("ps", 0), ("ps", 1))]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    got, exits = run_cluster(task, cluster_spec(workers=1, ps=2))
+    assert exits == [0, 0, 0, 0]
     values, step = got["chief:0"]
-    assert step == got["worker:0"][1] == 5  # only the chief's pushes advance the global step
+    assert step == got["worker:0"][1] == 5  # sync: one global step per applied step, however many tasks push
 
     model = new_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -98,8 +79,8 @@ def test_a_cluster_without_this_tasks_type_or_id_is_a_value_error(monkeypatch):
     with pytest.raises(ValueError, match="Server"):
         ParameterServerStrategy(SimpleClusterResolver(cluster, task_type="ps", task_id=0))
     monkeypatch.delenv("TF_CONFIG")
-    with pytest.raises(ValueError, match="needs a cluster"):
-        ParameterServerStrategy()
+    with pytest.warns(UserWarning, match="local training"):  # no cluster: the seed's local fallback
+        assert ParameterServerStrategy().num_replicas_in_sync == 1
 
 
 def test_modules_built_in_scope_have_no_values_but_the_data_does():
