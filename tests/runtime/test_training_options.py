@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.checkpoint.test_resume import assert_bitwise_equal, final_state, losses, run_ok
-from tests.conftest import summary
+from tests.conftest import FIXTURES, summary
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +82,20 @@ def test_periodic_evaluation_is_logged(run_dlaunch):
     assert [r["step"] for r in evals] == [10, 20]  # and at the end, in summary.json
     assert evals[1]["eval_loss"] < evals[0]["eval_loss"]
     assert "eval_loss" in summary(run_dir)["metrics"]
+
+
+def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
+    proc, run_dir = run_dlaunch(f"recipe.entry={FIXTURES / 'graph_break_recipe.py'}", "trainer.steps=3",
+                                "trainer.compile.enabled=true", "trainer.compile.fullgraph=true")
+    assert proc.returncode == 1
+    text = " ".join(proc.stderr.replace("│", " ").split())
+    assert "CompileError: torch.compile could not compile Printing" in text
+    assert "trainer.compile.enabled=false" in text
+    assert summary(run_dir)["status"] == "failed"
+
+
+def test_compiled_training_runs_on_the_cpu(run_dlaunch):
+    proc, run_dir = run_dlaunch("trainer.steps=30", "trainer.compile.enabled=true", "strategy=mirrored", "cluster=1x2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.compile (mode default)" in proc.stderr
+    assert summary(run_dir)["final_loss"] < summary(run_dir)["first_loss"]
