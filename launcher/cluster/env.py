@@ -13,6 +13,9 @@ import os
 from typing import Iterator, Mapping
 
 
+DEVICE_VARIABLE = "DLAUNCH_DEVICE"  # set by run_function(device=...) for its workers
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerEnv:
     """Where this process sits in the job, as the elastic agent (or torchrun) says."""
@@ -27,6 +30,7 @@ class WorkerEnv:
     restart_count: int = 0
     run_id: str = ""
     agent_store: bool = False  # MASTER_ADDR:MASTER_PORT is the elastic agent's store, shared by every attempt
+    device_type: str | None = None  # cpu | cuda where the launcher chose (run_function(device=...)); None: auto
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerEnv | None":
@@ -46,6 +50,7 @@ class WorkerEnv:
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
             run_id=env.get("TORCHELASTIC_RUN_ID", ""),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            device_type=env.get(DEVICE_VARIABLE) or None,
         )
 
 

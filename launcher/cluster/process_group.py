@@ -22,7 +22,7 @@ def default_backend(device_type: str) -> str:
 
 def process_device(env: WorkerEnv | None, device_type: str | None = None) -> torch.device:
     """The device one process of a one-device-per-process job computes on."""
-    kind = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = device_type or (env.device_type if env else None) or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda":
         return torch.device("cuda", env.local_rank if env else 0)
     return torch.device("cpu")

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from launcher.cluster.env import WorkerEnv, error_file
+from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file
 from launcher.launch import elastic, failures
 
 MODULE = "launcher.launch.function"
@@ -41,8 +41,13 @@ class WorkerFailed(RuntimeError):
         self.root = root
 
 
-def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeout_s: int = 120) -> dict[int, Any]:
-    """Call ``fn(*args)`` on ``nproc`` workers; return ``{rank: result}``."""
+def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeout_s: int = 120,
+                 device: str | None = None) -> dict[int, Any]:
+    """Call ``fn(*args)`` on ``nproc`` workers; return ``{rank: result}``.
+
+    ``device``: ``"cpu"`` or ``"cuda"`` for the workers' strategies and process group (one GPU per
+    process); None: CUDA where there is one, as ``MirroredStrategy()`` chooses.
+    """
     with tempfile.TemporaryDirectory(prefix="dlaunch-fn-") as tmp:
         work = Path(tmp)
         job = work / "job.pkl"
@@ -55,7 +60,7 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
         }))
         config = elastic.local_config(nproc, work / "logs", join_timeout_s=timeout_s)
         try:
-            elastic.start_workers(config, MODULE, job, single_node=True)
+            elastic.start_workers(config, MODULE, job, single_node=True, extra_env={DEVICE_VARIABLE: device} if device else None)
         except ChildFailedError as exc:
             causes = [failures.from_process_failure(r, f) for r, f in exc.failures.items()]
             raise WorkerFailed(failures.first(causes)) from None

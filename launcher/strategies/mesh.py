@@ -211,7 +211,7 @@ class MeshStrategy(Strategy):
     def __init__(self, device_assignment: DeviceAssignment | None = None, *, device_type: str | None = None,
                  timeout_s: float = 300.0, env: WorkerEnv | None = None):
         env = env if env is not None else WorkerEnv.from_environ()
-        kind = device_type or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
+        kind = device_type or (env.device_type if env else None) or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
         grouped = ensure_process_group(env, None, timeout_s, kind)
         world = dist.get_world_size() if grouped else 1
         assignment = device_assignment or DeviceAssignment.build(Topology.from_devices(world), [1], num_replicas=world)

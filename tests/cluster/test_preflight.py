@@ -25,14 +25,14 @@ def rank_1_is_late(delay_s: float, timeout_s: float) -> int:
 
 @pytest.mark.slow
 def test_every_rank_present_passes_and_all_reduces():
-    assert run_function(rank_1_is_late, nproc=2, args=(0.0, 20.0)) == {0: 2, 1: 2}
+    assert run_function(rank_1_is_late, device="cpu", nproc=2, args=(0.0, 20.0)) == {0: 2, 1: 2}
 
 
 @pytest.mark.slow
 def test_a_rank_that_never_joins_is_named_within_30s():
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as info:
-        run_function(rank_1_is_late, nproc=2, args=(60.0, 3.0))
+        run_function(rank_1_is_late, device="cpu", nproc=2, args=(60.0, 3.0))
     assert time.monotonic() - start < 30
     root = info.value.root
     assert root.rank == 0 and "PreflightError" in root.exception

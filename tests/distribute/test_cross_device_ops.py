@@ -202,7 +202,7 @@ def every_op_across_processes():
 
 @pytest.mark.slow
 def test_every_op_gives_the_seed_numbers_across_two_processes():
-    results = run_function(every_op_across_processes, nproc=2)
+    results = run_function(every_op_across_processes, device="cpu", nproc=2)
     for rank in (0, 1):
         assert torch.equal(results[rank].pop("multi_worker")["sum"], torch.tensor([4, 6, 8, 10]))
         for name, r in results[rank].items():
@@ -248,7 +248,7 @@ def two_nodes_of_two():
 
 @pytest.mark.slow
 def test_hierarchical_on_two_nodes_of_two_ranks_uses_subgroups_and_equals_all_reduce():
-    results = run_function(two_nodes_of_two, nproc=4)
+    results = run_function(two_nodes_of_two, device="cpu", nproc=4)
     plain = results[0]["plain"]
     for rank, r in results.items():
         assert r["nodes"] == ((0, 1), (2, 3)) and r["node_size"] == 2

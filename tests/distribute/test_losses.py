@@ -70,7 +70,7 @@ def in_processes(helper: str) -> dict:
 
 @pytest.mark.slow
 def test_a_tf_loop_in_processes_gives_tfs_update():
-    for out in run_function(in_processes, nproc=2, args=("average",)).values():
+    for out in run_function(in_processes, device="cpu", nproc=2, args=("average",)).values():
         torch.testing.assert_close(out["weight"], tf_update("average"))
         assert out["reductions"] == ["SUM"]
 

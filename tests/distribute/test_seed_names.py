@@ -154,7 +154,7 @@ def seed_names_in_a_process() -> dict:
 def test_the_seed_names_in_processes():
     from launcher.launch.function import run_function
 
-    for rank, r in run_function(seed_names_in_a_process, nproc=2).items():
+    for rank, r in run_function(seed_names_in_a_process, device="cpu", nproc=2).items():
         assert "TensorSpec(shape=(None, 1), dtype=torch.float32)" in r["spec"]
         assert r["batch"].tolist() == [[float(rank)]] * 4  # per-replica batch 8 / 2, from this worker's pipeline
         assert r["sum"].tolist() == [4, 6, 8, 10] and int(r["sum0"]) == 28

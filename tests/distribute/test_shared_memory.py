@@ -71,7 +71,7 @@ def sums_like_gloo(budget_bytes: int):
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc,budget", [(2, 1_000_000), (3, 48 * 2**20)])
 def test_all_reduce_equals_gloo(nproc, budget):
-    results = run_function(sums_like_gloo, nproc=nproc, args=(budget,))
+    results = run_function(sums_like_gloo, device="cpu", nproc=nproc, args=(budget,))
     for rank, r in results.items():
         assert r.pop("segments_left") == [], "the segment is unlinked once every rank has mapped it"
         world = r.pop("world")
@@ -109,7 +109,7 @@ def default_op_and_training():
 
 @pytest.mark.slow
 def test_default_between_cpu_processes_is_shared_memory_and_trains_bit_for_bit_like_gloo():
-    results = run_function(default_op_and_training, nproc=2)
+    results = run_function(default_op_and_training, device="cpu", nproc=2)
     for r in results.values():
         assert r["default_op"] == "SharedMemoryAllReduce" and r["hook"]
         assert r["gloo_op"] == "NcclAllReduce"
@@ -137,7 +137,7 @@ def a_peer_that_never_arrives():
 
 @pytest.mark.slow
 def test_a_missing_peer_is_a_timeout_naming_it():
-    results = run_function(a_peer_that_never_arrives, nproc=2)
+    results = run_function(a_peer_that_never_arrives, device="cpu", nproc=2)
     assert "Timed out waiting 2 s for rank 1" in results[0]
     assert results[1] == "stayed away"
 
@@ -161,7 +161,7 @@ def a_peer_that_exits():
 
 @pytest.mark.slow
 def test_a_peer_that_exits_is_an_error_at_once_not_after_the_timeout():
-    results = run_function(a_peer_that_exits, nproc=2)
+    results = run_function(a_peer_that_exits, device="cpu", nproc=2)
     message, waited = results[0]
     assert "rank 1" in message and "has exited" in message
     assert waited < 60  # the timeout is 120 s

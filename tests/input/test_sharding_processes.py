@@ -52,7 +52,7 @@ def ids(result, epoch=0):
 
 def test_file_sharding_gives_each_rank_its_own_files(tmp_path):
     files = write_ids(tmp_path, [4, 4, 4, 4])
-    results = run_function(read_steps, nproc=2, args=(files, "FILE", 4))
+    results = run_function(read_steps, device="cpu", nproc=2, args=(files, "FILE", 4))
     assert ids(results[0]) == [[0, 1], [2, 3], [8, 9], [10, 11]]  # files 0 and 2
     assert ids(results[1]) == [[4, 5], [6, 7], [12, 13], [14, 15]]  # files 1 and 3
     assert [s["global_sum"] for s in results[0]["epochs"][0]] == [0 + 1 + 4 + 5, 2 + 3 + 6 + 7, 8 + 9 + 12 + 13, 10 + 11 + 14 + 15]
@@ -61,7 +61,7 @@ def test_file_sharding_gives_each_rank_its_own_files(tmp_path):
 
 def test_uneven_file_shards_end_together_without_a_hang(tmp_path):
     files = write_ids(tmp_path, [4, 4, 2])  # rank 0 reads files 0 and 2 (6 ids), rank 1 file 1 (4 ids)
-    results = run_function(read_steps, nproc=2, args=(files, "FILE", 4, 2), timeout_s=90)
+    results = run_function(read_steps, device="cpu", nproc=2, args=(files, "FILE", 4, 2), timeout_s=90)
     for epoch in (0, 1):
         assert ids(results[0], epoch) == [[0, 1], [2, 3]]  # its third batch [8, 9] is dropped
         assert ids(results[1], epoch) == [[4, 5], [6, 7]]
@@ -72,7 +72,7 @@ def test_uneven_file_shards_end_together_without_a_hang(tmp_path):
 
 def test_data_sharding_sees_the_global_batches_of_one_worker(tmp_path):
     files = write_ids(tmp_path, [5, 7])  # DATA: both ranks read both files
-    results = run_function(read_steps, nproc=2, args=(files, "DATA", 4, 1, 3))
+    results = run_function(read_steps, device="cpu", nproc=2, args=(files, "DATA", 4, 1, 3))
     one_worker = [b["id"].tolist() for b in FileDataset(tuple(files)).shuffle(3).batch(4)]
     assert len(ids(results[0])) == len(ids(results[1])) == len(one_worker) == 3
     for step, global_batch in enumerate(one_worker):
@@ -82,7 +82,7 @@ def test_data_sharding_sees_the_global_batches_of_one_worker(tmp_path):
 
 def test_auto_falls_back_to_data_with_fewer_files_than_workers(tmp_path):
     files = write_ids(tmp_path, [8])
-    results = run_function(read_steps, nproc=2, args=(files, "AUTO", 4))
+    results = run_function(read_steps, device="cpu", nproc=2, args=(files, "AUTO", 4))
     assert ids(results[0]) == [[0, 2], [4, 6]] and ids(results[1]) == [[1, 3], [5, 7]]
 
 
@@ -103,7 +103,7 @@ def input_contexts():
 
 
 def test_datasets_from_function_per_worker_gets_one_pipeline_per_process():
-    results = run_function(input_contexts, nproc=2)
+    results = run_function(input_contexts, device="cpu", nproc=2)
     assert results[0]["contexts"] == [(2, 0, 2)] and results[1]["contexts"] == [(2, 1, 2)]
     assert results[0]["steps"] == [[0, 2], [4, 6], [8, 10], [12, 14]]
     assert results[1]["steps"] == [[1, 3], [5, 7], [9, 11], [13, 15]]

@@ -51,7 +51,7 @@ def seed_examples() -> dict:
 
 
 def test_two_logical_devices_by_four_replicas_follow_the_seed():
-    results = run_function(seed_examples, nproc=8)
+    results = run_function(seed_examples, device="cpu", nproc=8)
     for rank, r in results.items():
         replica, logical = divmod(rank, 2)
         assert (r["replicas"], r["logical"], r["logical_id"]) == (4, 2, logical)
@@ -80,7 +80,7 @@ def eight_logical_devices() -> dict:
 
 
 def test_a_model_split_two_by_four_over_eight_logical_devices():
-    results = run_function(eight_logical_devices, nproc=8)
+    results = run_function(eight_logical_devices, device="cpu", nproc=8)
     seen = set()
     for rank, r in results.items():
         assert (r["logical"], r["replicas"], r["local_shape"]) == (8, 1, [2, 2, 2, 3])
@@ -107,7 +107,7 @@ def errors() -> dict:
 
 
 def test_each_seed_value_error_says_what_is_wrong():
-    for found in run_function(errors, nproc=2).values():
+    for found in run_function(errors, device="cpu", nproc=2).values():
         assert "logical device id 2 is out of range" in found["id"] and "2 logical device(s) (ids 0..1)" in found["id"]
         assert "has 1 entries, but the tensor has rank 2" in found["rank"]
         assert "product of partition_dimensions [2, 2] is 4, but each replica has 2" in found["product"]
@@ -141,7 +141,7 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("logical,replicas", [(2, 1), (4, 1)])
 def test_tp_mlp_outputs_and_gradients_equal_the_unsplit_model(logical, replicas):
-    for r in run_function(tp_mlp_equivalence, nproc=logical * replicas, args=(logical, replicas)).values():
+    for r in run_function(tp_mlp_equivalence, device="cpu", nproc=logical * replicas, args=(logical, replicas)).values():
         torch.testing.assert_close(*r["out"], rtol=1e-5, atol=1e-6)
         for name, (got, want) in r["grads"].items():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)

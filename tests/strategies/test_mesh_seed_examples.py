@@ -64,7 +64,7 @@ def _expected(images: torch.Tensor, labels: torch.Tensor) -> tuple:
 
 
 def test_the_replicate_example_combines_split_and_replicated_tensors_in_processes():
-    for r in run_function(replicate_example, nproc=4).values():
+    for r in run_function(replicate_example, device="cpu", nproc=4).values():
         loss, mixed, grad = _expected(r["images"], r["labels"])
         torch.testing.assert_close(r["loss"], loss)
         torch.testing.assert_close(r["mixed"], mixed)
@@ -105,7 +105,7 @@ def assign_example() -> dict:
 
 
 def test_a_replicas_logical_devices_read_one_input():
-    results = run_function(assign_example, nproc=2)
+    results = run_function(assign_example, device="cpu", nproc=2)
     assert results[0]["calls"] == 1 and results[1]["calls"] == 0  # dataset_fn once per replica
     torch.testing.assert_close(results[0]["features"], results[1]["features"])
     for r in results.values():

@@ -32,7 +32,7 @@ def seed_numbers():
 
 
 def test_seed_numbers_across_two_processes():
-    results = run_function(seed_numbers, nproc=2)
+    results = run_function(seed_numbers, device="cpu", nproc=2)
     for rank in (0, 1):
         r = results[rank]
         assert r["replicas"] == 2 and r["resolver"]
@@ -66,7 +66,7 @@ def replica_context_ops():
 
 
 def test_replica_context_collectives_and_input_contexts():
-    results = run_function(replica_context_ops, nproc=2)
+    results = run_function(replica_context_ops, device="cpu", nproc=2)
     for rank, r in results.items():
         assert torch.equal(r["total"], torch.tensor([3.0])) and torch.equal(r["mean"], torch.tensor([1.5]))
         assert torch.equal(r["gathered"], torch.tensor([1.0, 2.0])) and torch.equal(r["merged"], torch.tensor([3.0]))
@@ -113,7 +113,7 @@ def ddp_training_keeps_replicas_identical():
 
 
 def test_parameters_identical_at_start_and_after_every_step():
-    results = run_function(ddp_training_keeps_replicas_identical, nproc=2)
+    results = run_function(ddp_training_keeps_replicas_identical, device="cpu", nproc=2)
     assert results[0] == results[1] == [True] * 6
 
 
@@ -131,7 +131,7 @@ def mismatched_shapes(op_name):
 
 @pytest.mark.parametrize("op_name", ["default", "gloo"])  # the shape check through shared memory, and through gloo
 def test_reduce_without_axis_on_unequal_shapes_is_a_clear_error_on_every_process(op_name):
-    results = run_function(mismatched_shapes, nproc=2, args=(op_name,))
+    results = run_function(mismatched_shapes, device="cpu", nproc=2, args=(op_name,))
     assert all("different shapes across processes" in r for r in results.values()), results
 
 
@@ -174,7 +174,7 @@ def ddp_with_each_cross_device_op():
 
 
 def test_ddp_comm_hooks_train_like_ddps_own_all_reduce():
-    results = run_function(ddp_with_each_cross_device_op, nproc=4)
+    results = run_function(ddp_with_each_cross_device_op, device="cpu", nproc=4)
     reference = results[0]["nccl_all_reduce"]["params"]  # DDP's own all-reduce (gloo)
     for rank, r in results.items():
         # The default between CPU processes of one machine: shared memory, as a comm hook.
