@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.cli import main as cli_main
 from launcher.cli.main import main
 from tests.conftest import FIXTURES, dlaunch
 
@@ -98,7 +99,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("overrides,key,text", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_config_exits_2_naming_the_key(overrides, key, text, capsys):
+def test_bad_config_exits_2_naming_the_key(overrides, key, text, capsys, monkeypatch):
+    monkeypatch.setattr(cli_main, "cuda_devices", lambda: 0)  # the cases mean a machine without a GPU
     assert main(overrides) == 2
     err = capsys.readouterr().err
     assert "invalid configuration" in err
