@@ -67,11 +67,12 @@ class Job:
         return found if isinstance(found, dict) else {}
 
     def curve(self, key: str) -> tuple[list[float], list[float]]:
-        """(steps, values) of one metrics.jsonl key; a missing or null value is a gap (nan)."""
+        """(steps, values) of one metrics.jsonl key; a null value is a gap (nan). Records without the key
+        (an evaluation's among the training steps') are not points of its curve."""
         steps, values = [], []
         for r in self.records:
             step = _number(r.get("step"))
-            if step is None:
+            if step is None or key not in r:
                 continue
             value = _number(r.get(key))
             steps.append(step)

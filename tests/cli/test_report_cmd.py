@@ -204,3 +204,12 @@ def test_importing_the_command_does_not_import_matplotlib():
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_an_evaluation_record_is_not_a_gap_in_the_training_curves(tmp_path):
+    """metrics.jsonl mixes step records (loss, lr, grad_norm) with evaluation records (eval_loss): each curve
+    is drawn through the records that have its key."""
+    records = [{"step": 1, "loss": 2.0, "lr": 0.1}, {"step": 10, "eval_loss": 1.5}, {"step": 20, "loss": 1.0, "lr": 0.05}]
+    job = report.Job(name="run", path=tmp_path, overrides=[], records=records, summary=None)
+    assert job.curve("lr") == ([1, 20], [0.1, 0.05])
+    assert job.curve("eval_loss") == ([10], [1.5])
