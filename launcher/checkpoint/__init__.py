@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from launcher.checkpoint import layout, manifest, state
-from launcher.checkpoint.errors import CheckpointError, UnsafeCheckpoint
+from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
 
-__all__ = ["Checkpointer", "CheckpointError", "UnsafeCheckpoint", "root_of", "find", "read_tensors"]
+__all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors"]
 log = logging.getLogger("dlaunch")
 
 
@@ -39,30 +39,52 @@ def root_of(spec: RunSpec, run_dir: Path) -> Path:
     return spec.trainer.checkpoint.root(run_dir)
 
 
-def find(spec: RunSpec, run_dir: Path, restarted: bool = False) -> Path | None:
-    """The checkpoint this run resumes from, checked against the spec; None: start at step 0.
+def select(spec: RunSpec, run_dir: Path, restarted: bool = False, full: bool = True) -> layout.Choice:
+    """The checkpoint this run resumes from (a path of None: step 0), checked against the spec.
 
     ``trainer.resume`` decides, except after an elastic restart: then the run's own
     newest checkpoint wins (a restart continues the run, whatever it started from).
+    Damaged checkpoints are passed over for the newest intact one (``Choice.skipped``
+    says which and why); when every one found is damaged, ``NoIntactCheckpoint``.
+    ``full``: verify digests, not only sizes.
     """
     root = root_of(spec, run_dir)
     try:
-        path = (restarted and layout.latest(root)) or layout.resolve(spec.trainer.resume, root)
-        if path is None:
-            return None
-        saved = layout.read_manifest(path)
-        manifest.check_compatible(saved, spec, str(path))
+        choice = layout.choose(root, full) if restarted else layout.Choice(None)
+        if choice.path is None and not choice.skipped:
+            choice = layout.resolve(spec.trainer.resume, root, full)
+        if choice.path is None:
+            if choice.skipped:
+                raise NoIntactCheckpoint(choice.skipped)
+            return choice
+        saved = layout.read_manifest(choice.path)
+        manifest.check_compatible(saved, spec, str(choice.path))
         from launcher.checkpoint.safe import SafeReader
 
-        SafeReader(path).read_metadata()  # refuses a planted pickle before any process starts
+        SafeReader(choice.path).read_metadata()  # refuses a planted pickle before any process starts
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint directory {root}: {exc}") from None
     if saved["step"] > spec.trainer.steps:
         raise CheckpointError(
-            f"{path} is at step {saved['step']}, past trainer.steps={spec.trainer.steps}; raise trainer.steps, "
+            f"{choice.path} is at step {saved['step']}, past trainer.steps={spec.trainer.steps}; raise trainer.steps, "
             "or resume from an earlier checkpoint (trainer.resume=PATH), or start afresh (trainer.resume=never)"
         )
-    return path
+    return choice
+
+
+def find(spec: RunSpec, run_dir: Path, restarted: bool = False, full: bool = False) -> Path | None:
+    """``select``'s checkpoint, with one warning line per damaged one passed over.
+
+    Workers call it with sizes-only checks (``full=False``): the launcher verified the digests before starting them.
+    """
+    choice = select(spec, run_dir, restarted, full)
+    for path, why in choice.skipped:
+        log.warning("%s", skipped_line(path, why))
+    return choice.path
+
+
+def skipped_line(path: Path, why: str) -> str:
+    return f"checkpoint {path} is damaged and was skipped: {why}"
 
 
 def read_tensors(path: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
@@ -112,7 +134,9 @@ class Checkpointer:
         if self.rank == 0:
             layout.clean_partials(self.root)
             for moved in layout.set_aside_after(self.root, first_step):
-                log.warning("a checkpoint later than this run's start (step %d) was moved aside: %s", first_step, moved)
+                damaged = layout.check(moved) is not None  # its warning was given when the resume passed it over
+                log.log(logging.INFO if damaged else logging.WARNING,
+                        "a checkpoint later than this run's start (step %d) was moved aside: %s", first_step, moved)
         if _distributed():
             dist.barrier()
 

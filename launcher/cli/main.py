@@ -24,6 +24,7 @@ from rich.console import Console
 from launcher.cli import scheduled, sweep
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
+from launcher.checkpoint.errors import START_AFRESH
 from launcher.config.errors import ConfigError, Problem, render
 
 log = logging.getLogger("dlaunch")
@@ -172,7 +173,7 @@ def _job(cfg: Any) -> Any:
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None
-    code = _run(spec, run_dir, cuda, console)
+    code = _run(_resuming_from(spec, resume_from), run_dir, cuda, console)
     _Status.codes.append(code)
     if code and scheduler_tasks():
         raise scheduled.JobFailed(
@@ -198,7 +199,10 @@ def _optimizing_sweeper() -> bool:
 
 
 def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from (None: none), once its directory is known to be writable; else ConfigError."""
+    """The checkpoint to resume from (None: none), verified, once its directory is known to be writable; else ConfigError.
+
+    Each damaged checkpoint passed over gets one warning line; when every one found is damaged, nothing starts.
+    """
     root = spec.trainer.checkpoint.root(run_dir)
     why = _unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
     if why:
@@ -208,9 +212,26 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
     from launcher import checkpoint
 
     try:
-        return checkpoint.find(spec, run_dir)
+        choice = checkpoint.select(spec, run_dir)
+    except checkpoint.NoIntactCheckpoint as exc:
+        where = root if spec.trainer.resume == "auto" else spec.trainer.resume
+        raise ConfigError([
+            Problem(key="trainer.resume", value=spec.trainer.resume,
+                    message=f"every checkpoint found in {where} is damaged ({len(exc.skipped)}, below); {START_AFRESH}"),
+            *(Problem(key=str(path), has_value=False, message=why) for path, why in exc.skipped),
+        ]) from None
     except checkpoint.CheckpointError as exc:
         raise ConfigError([Problem(key="trainer.resume", value=spec.trainer.resume, message=str(exc))]) from None
+    for path, why in choice.skipped:
+        log.warning("%s", checkpoint.skipped_line(path, why))
+    return choice.path
+
+
+def _resuming_from(spec: Any, path: Path | None) -> Any:
+    """The spec the workers get: ``trainer.resume`` names the checkpoint verified here, so they choose nothing again."""
+    if path is None:
+        return spec
+    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"resume": str(path)})})
 
 
 def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
