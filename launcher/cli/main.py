@@ -137,12 +137,8 @@ def task(cfg: Any) -> Any:
 
 
 def _job(cfg: Any) -> Any:
-    """One job: validate (already done by the pre-check), plan, run; the run's summary (None on a config error)."""
+    """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None on a config error)."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from launcher.cli.plan import show_plan, show_summary
-    from launcher.runtime import outputs
 
     console = Console(stderr=True, highlight=False)
     cuda = cuda_devices()
@@ -155,6 +151,27 @@ def _job(cfg: Any) -> Any:
         _Status.codes.append(2)
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from launcher.checkpoint import lock
+
+    try:
+        _checkpoint_dir_writable(spec, run_dir)
+        with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
+            return _locked_job(spec, run_dir, cuda, console)
+    except lock.Busy as exc:
+        render(ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))]), console)
+    except ConfigError as exc:
+        render(exc, console)
+    _Status.codes.append(2)
+    return None
+
+
+def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
+    """The job, once it holds its directories: resume choice, plan, run; the run's summary (None on a config error)."""
+    from omegaconf import OmegaConf
+
+    from launcher.cli.plan import show_plan, show_summary
+    from launcher.runtime import outputs
+
     try:
         resume_from = _checkpoints_usable(spec, run_dir)
     except ConfigError as exc:
@@ -198,15 +215,19 @@ def _optimizing_sweeper() -> bool:
     return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
 
 
-def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from (None: none), verified, once its directory is known to be writable; else ConfigError.
-
-    Each damaged checkpoint passed over gets one warning line; when every one found is damaged, nothing starts.
-    """
+def _checkpoint_dir_writable(spec: Any, run_dir: Path) -> None:
     root = spec.trainer.checkpoint.root(run_dir)
     why = _unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
     if why:
         raise ConfigError([Problem(key="trainer.checkpoint.dir", value=str(root), message=why)])
+
+
+def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from (None: none), verified; else ConfigError.
+
+    Each damaged checkpoint passed over gets one warning line; when every one found is damaged, nothing starts.
+    """
+    root = spec.trainer.checkpoint.root(run_dir)
     if spec.trainer.resume == "never" or (spec.trainer.resume == "auto" and not root.exists()):
         return None  # nothing to read: no need for torch.distributed.checkpoint in this process
     from launcher import checkpoint
