@@ -16,7 +16,9 @@ imports) is imported on the first save or load, not by a run without checkpoints
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +29,7 @@ import torch.distributed as dist
 
 from launcher.checkpoint import layout, manifest, state
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
+from launcher.checkpoint.writer import storage_writer
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
 
@@ -140,22 +143,45 @@ class Checkpointer:
         if _distributed():
             dist.barrier()
 
-    def save(self, step: int, position: Position, model: Any, optimizer: Any) -> Path:
+    def save(self, step: int, position: Position, model: Any, optimizer: Any) -> Path | None:
+        """Save ``step`` (collective); None when the disk refused it and ``trainer.checkpoint.on_error=warn``."""
         if self._saved and self._saved[0] == step:  # e.g. a stop signal right after a scheduled save
             return self._saved[1]
         started = time.perf_counter()
         partial = layout.partial_dir(self.root, step)
-        partial.mkdir(parents=True, exist_ok=True)
-        if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
-            model.save_to_ps(partial, (step, position.epoch, position.offset))
-        else:
-            self._save_here(partial, step, position, model, optimizer)
         final = layout.step_dir(self.root, step)
-        if self.rank == 0:  # DCP returned: every rank's files are written
-            layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+        try:
+            partial.mkdir(parents=True, exist_ok=True)
+            if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
+                model.save_to_ps(partial, (step, position.epoch, position.offset))
+            else:
+                self._save_here(partial, step, position, model, optimizer)
+            if self.rank == 0:  # DCP returned: every rank's files are written
+                layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            if not isinstance(_cause(exc), OSError):  # only a storage failure is this method's to report
+                raise
+            return self._not_saved(step, partial, _cause(exc))
+        if self.rank == 0:
             log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
         self._saved = (step, final)
         return final
+
+    def _not_saved(self, step: int, partial: Path, cause: OSError) -> None:
+        """The storage refused the save (disk full, I/O error): drop what was half written, then end the run or warn."""
+        if self.rank == 0:  # DCP reports a failed write on every rank once all of them are done writing
+            shutil.rmtree(partial, ignore_errors=True)
+        previous = layout.latest(self.root)
+        kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint exists"
+        what = f"{cause.strerror or cause}" + (f" ({errno.errorcode.get(cause.errno, cause.errno)})" if cause.errno else "")
+        where = f" writing {Path(cause.filename).name}" if cause.filename else ""
+        message = f"the checkpoint of step {step} was not saved: {what}{where} in {self.root}; {kept}"
+        if self.spec.trainer.checkpoint.on_error == "warn":
+            if self.rank == 0:
+                log.warning("%s; training continues (trainer.checkpoint.on_error=warn)", message)
+            return None
+        raise CheckpointError(f"{message}. Free space there and run the same command again (trainer.resume=auto "
+                              "continues from it), or set trainer.checkpoint.on_error=warn to train on without this save")
 
     def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any) -> None:
         tensors = {
@@ -167,7 +193,7 @@ class Checkpointer:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
+            dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed())
 
     def load(self, path: Path, model: Any, optimizer: Any) -> tuple[int, Position]:
         """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position)."""
@@ -230,10 +256,15 @@ def _load(tensors: dict[str, Any], path: Path) -> None:
         raise _explain(exc, path) from None
 
 
-def _explain(exc: BaseException, path: Path) -> CheckpointError:
-    """DCP wraps each rank's failure; show the first one in words."""
+def _cause(exc: BaseException) -> BaseException:
+    """DCP wraps each rank's failure: the first one."""
     failures = getattr(exc, "failures", None)
-    cause = next(iter(failures.values()))[0] if failures else exc
+    return next(iter(failures.values()))[0] if failures else exc
+
+
+def _explain(exc: BaseException, path: Path) -> CheckpointError:
+    """A failed load in words."""
+    cause = _cause(exc)
     if isinstance(cause, CheckpointError):
         return cause
     text = " ".join(str(cause).split()) or type(cause).__name__
