@@ -16,7 +16,9 @@ imports) is imported on the first save or load, not by a run without checkpoints
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -26,11 +28,12 @@ import torch
 import torch.distributed as dist
 
 from launcher.checkpoint import layout, manifest, state
-from launcher.checkpoint.errors import CheckpointError, UnsafeCheckpoint
+from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
+from launcher.checkpoint.writer import storage_writer
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
 
-__all__ = ["Checkpointer", "CheckpointError", "UnsafeCheckpoint", "root_of", "find", "read_tensors"]
+__all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors"]
 log = logging.getLogger("dlaunch")
 
 
@@ -39,30 +42,52 @@ def root_of(spec: RunSpec, run_dir: Path) -> Path:
     return spec.trainer.checkpoint.root(run_dir)
 
 
-def find(spec: RunSpec, run_dir: Path, restarted: bool = False) -> Path | None:
-    """The checkpoint this run resumes from, checked against the spec; None: start at step 0.
+def select(spec: RunSpec, run_dir: Path, restarted: bool = False, full: bool = True) -> layout.Choice:
+    """The checkpoint this run resumes from (a path of None: step 0), checked against the spec.
 
     ``trainer.resume`` decides, except after an elastic restart: then the run's own
     newest checkpoint wins (a restart continues the run, whatever it started from).
+    Damaged checkpoints are passed over for the newest intact one (``Choice.skipped``
+    says which and why); when every one found is damaged, ``NoIntactCheckpoint``.
+    ``full``: verify digests, not only sizes.
     """
     root = root_of(spec, run_dir)
     try:
-        path = (restarted and layout.latest(root)) or layout.resolve(spec.trainer.resume, root)
-        if path is None:
-            return None
-        saved = layout.read_manifest(path)
-        manifest.check_compatible(saved, spec, str(path))
+        choice = layout.choose(root, full) if restarted else layout.Choice(None)
+        if choice.path is None and not choice.skipped:
+            choice = layout.resolve(spec.trainer.resume, root, full)
+        if choice.path is None:
+            if choice.skipped:
+                raise NoIntactCheckpoint(choice.skipped)
+            return choice
+        saved = layout.read_manifest(choice.path)
+        manifest.check_compatible(saved, spec, str(choice.path))
         from launcher.checkpoint.safe import SafeReader
 
-        SafeReader(path).read_metadata()  # refuses a planted pickle before any process starts
+        SafeReader(choice.path).read_metadata()  # refuses a planted pickle before any process starts
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint directory {root}: {exc}") from None
     if saved["step"] > spec.trainer.steps:
         raise CheckpointError(
-            f"{path} is at step {saved['step']}, past trainer.steps={spec.trainer.steps}; raise trainer.steps, "
+            f"{choice.path} is at step {saved['step']}, past trainer.steps={spec.trainer.steps}; raise trainer.steps, "
             "or resume from an earlier checkpoint (trainer.resume=PATH), or start afresh (trainer.resume=never)"
         )
-    return path
+    return choice
+
+
+def find(spec: RunSpec, run_dir: Path, restarted: bool = False, full: bool = False) -> Path | None:
+    """``select``'s checkpoint, with one warning line per damaged one passed over.
+
+    Workers call it with sizes-only checks (``full=False``): the launcher verified the digests before starting them.
+    """
+    choice = select(spec, run_dir, restarted, full)
+    for path, why in choice.skipped:
+        log.warning("%s", skipped_line(path, why))
+    return choice.path
+
+
+def skipped_line(path: Path, why: str) -> str:
+    return f"checkpoint {path} is damaged and was skipped: {why}"
 
 
 def read_tensors(path: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
@@ -113,27 +138,55 @@ class Checkpointer:
         if self.rank == 0:
             layout.clean_partials(self.root)
             for moved in layout.set_aside_after(self.root, first_step):
-                log.warning("a checkpoint later than this run's start (step %d) was moved aside: %s", first_step, moved)
+                damaged = layout.check(moved) is not None  # its warning was given when the resume passed it over
+                log.log(logging.INFO if damaged else logging.WARNING,
+                        "a checkpoint later than this run's start (step %d) was moved aside: %s", first_step, moved)
         if _distributed():
             dist.barrier()
 
-    def save(self, step: int, position: Position, model: Any, optimizer: Any, loop: dict[str, torch.Tensor] | None = None) -> Path:
-        """Save after ``step``; ``loop``: the training loop's own tensors (its schedule's position, fp16's scale)."""
+    def save(self, step: int, position: Position, model: Any, optimizer: Any,
+             loop: dict[str, torch.Tensor] | None = None) -> Path | None:
+        """Save ``step`` (collective); None when the disk refused it and ``trainer.checkpoint.on_error=warn``.
+
+        ``loop``: the training loop's own tensors (its schedule's position, fp16's scale).
+        """
         if self._saved and self._saved[0] == step:  # e.g. a stop signal right after a scheduled save
             return self._saved[1]
         started = time.perf_counter()
         partial = layout.partial_dir(self.root, step)
-        partial.mkdir(parents=True, exist_ok=True)
-        if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
-            model.save_to_ps(partial, (step, position.epoch, position.offset))
-        else:
-            self._save_here(partial, step, position, model, optimizer, loop or {})
         final = layout.step_dir(self.root, step)
-        if self.rank == 0:  # DCP returned: every rank's files are written
-            layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+        try:
+            partial.mkdir(parents=True, exist_ok=True)
+            if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
+                model.save_to_ps(partial, (step, position.epoch, position.offset))
+            else:
+                self._save_here(partial, step, position, model, optimizer, loop or {})
+            if self.rank == 0:  # DCP returned: every rank's files are written
+                layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            if not isinstance(_cause(exc), OSError):  # only a storage failure is this method's to report
+                raise
+            return self._not_saved(step, partial, _cause(exc))
+        if self.rank == 0:
             log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
         self._saved = (step, final)
         return final
+
+    def _not_saved(self, step: int, partial: Path, cause: OSError) -> None:
+        """The storage refused the save (disk full, I/O error): drop what was half written, then end the run or warn."""
+        if self.rank == 0:  # DCP reports a failed write on every rank once all of them are done writing
+            shutil.rmtree(partial, ignore_errors=True)
+        previous = layout.latest(self.root)
+        kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint exists"
+        what = f"{cause.strerror or cause}" + (f" ({errno.errorcode.get(cause.errno, cause.errno)})" if cause.errno else "")
+        where = f" writing {Path(cause.filename).name}" if cause.filename else ""
+        message = f"the checkpoint of step {step} was not saved: {what}{where} in {self.root}; {kept}"
+        if self.spec.trainer.checkpoint.on_error == "warn":
+            if self.rank == 0:
+                log.warning("%s; training continues (trainer.checkpoint.on_error=warn)", message)
+            return None
+        raise CheckpointError(f"{message}. Free space there and run the same command again (trainer.resume=auto "
+                              "continues from it), or set trainer.checkpoint.on_error=warn to train on without this save")
 
     def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any,
                    loop: dict[str, torch.Tensor]) -> None:
@@ -147,7 +200,7 @@ class Checkpointer:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial), no_dist=not _distributed())
+            dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed())
 
     def load(self, path: Path, model: Any, optimizer: Any, loop: dict[str, torch.Tensor] | None = None) -> tuple[int, Position]:
         """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position).
@@ -217,10 +270,15 @@ def _load(tensors: dict[str, Any], path: Path) -> None:
         raise _explain(exc, path) from None
 
 
-def _explain(exc: BaseException, path: Path) -> CheckpointError:
-    """DCP wraps each rank's failure; show the first one in words."""
+def _cause(exc: BaseException) -> BaseException:
+    """DCP wraps each rank's failure: the first one."""
     failures = getattr(exc, "failures", None)
-    cause = next(iter(failures.values()))[0] if failures else exc
+    return next(iter(failures.values()))[0] if failures else exc
+
+
+def _explain(exc: BaseException, path: Path) -> CheckpointError:
+    """A failed load in words."""
+    cause = _cause(exc)
     if isinstance(cause, CheckpointError):
         return cause
     text = " ".join(str(cause).split()) or type(cause).__name__

@@ -6,14 +6,20 @@
       step-00000120/
       .step-00000140.partial/   a save in progress (or one killed midway): never read
 
-A save writes into ``.step-N.partial``, rank 0 adds ``manifest.json`` once DCP
-reports every rank's files written, renames the directory to ``step-N`` (one
-atomic rename) and only then rewrites ``latest`` (write + ``os.replace``). So a
-process killed at any moment leaves ``latest`` naming a complete checkpoint.
+A save writes into ``.step-N.partial``, rank 0 adds ``manifest.json`` (with each
+file's size and sha256, ``integrity``) once DCP reports every rank's files
+written, renames the directory to ``step-N`` (one atomic rename) and only then
+rewrites ``latest`` (write + ``os.replace``). So a process killed at any moment
+leaves ``latest`` naming a complete checkpoint.
+
+Resuming takes the checkpoint ``latest`` names, else the newest ``step-N``; one
+that fails its check (``choose``) is passed over for the next newest, and the
+caller is told which and why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.checkpoint import integrity
 from launcher.checkpoint.errors import CheckpointError
 
 LATEST = "latest"
@@ -51,31 +58,89 @@ def complete_steps(root: Path) -> list[Path]:
 
 def latest(root: Path) -> Path | None:
     """The checkpoint ``latest`` names (a ``step-N`` beside it, nothing else); without one, the newest complete."""
-    try:
-        name = (root / LATEST).read_text().strip()
-        if _STEP.match(name) and is_complete(root / name):
-            return root / name
-    except OSError:
-        pass
+    name = _latest_name(root)
+    if name and is_complete(root / name):
+        return root / name
     steps = complete_steps(root)
     return steps[-1] if steps else None
 
 
-def resolve(resume: str, root: Path) -> Path | None:
-    """The checkpoint ``trainer.resume`` (auto | never | PATH) selects; None: start afresh."""
-    if resume == "never":
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The checkpoint to resume from (None: none intact, or none at all), and those passed over with the reason."""
+
+    path: Path | None
+    skipped: tuple[tuple[Path, str], ...] = ()
+
+
+def check(path: Path, full: bool = True) -> str | None:
+    """Why the checkpoint at ``path`` cannot be used (None: it is intact). ``full``: digests, not only sizes."""
+    if not path.is_dir():
+        return "it does not exist"
+    if not (path / MANIFEST).is_file():
+        return f"{MANIFEST} is missing"
+    try:
+        saved = read_manifest(path)
+    except CheckpointError as exc:
+        return str(exc).replace(f"{path / MANIFEST}", MANIFEST)
+    if "files" not in saved:  # saved before dlaunch recorded checksums: the DCP metadata at least must be there
+        return None if (path / ".metadata").is_file() else ".metadata is missing"
+    return integrity.damage(path, saved["files"], full)
+
+
+def choose(root: Path, full: bool = True) -> Choice:
+    """The checkpoint ``latest`` names if intact, else the newest intact ``step-N`` under ``root``."""
+    if not root.is_dir():
+        return Choice(None)
+    named = _latest_name(root)
+    candidates = [root / named] if named else []
+    found = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()), reverse=True)
+    candidates += [p for _, p in found if p.name != named]
+    skipped = []
+    for path in candidates:
+        why = check(path, full)
+        if why is None:
+            return Choice(path, tuple(skipped))
+        skipped.append((path, f"{LATEST} names it, but {why}" if path.name == named else why))
+    return Choice(None, tuple(skipped))
+
+
+def newer_steps(path: Path) -> list[Path]:
+    """The ``step-N`` directories beside ``path`` with a later step: those a resume from ``path`` passed over."""
+    m = _STEP.match(path.name)
+    if not m or not path.parent.is_dir():
+        return []
+    found = [(int(n.group(1)), p) for p in path.parent.iterdir() if (n := _STEP.match(p.name)) and p.is_dir()]
+    return [p for step, p in sorted(found) if step > int(m.group(1))]
+
+
+def _latest_name(root: Path) -> str | None:
+    try:
+        name = (root / LATEST).read_text().strip()
+    except OSError:
         return None
+    return name if _STEP.match(name) else None
+
+
+def resolve(resume: str, root: Path, full: bool = True) -> Choice:
+    """The checkpoint ``trainer.resume`` (auto | never | PATH) selects; a path of None: start afresh.
+
+    A PATH naming one checkpoint is that one or an error; a directory of them is searched as ``auto`` searches.
+    """
+    if resume == "never":
+        return Choice(None)
     if resume == "auto":
-        return latest(root)
+        return choose(root, full)
     path = Path(resume)
-    if is_complete(path):
-        return path
-    newest = latest(path) if path.is_dir() else None
-    if newest is not None:
-        return newest
-    if path.is_dir() and _STEP.match(path.name):
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}: its save never finished)")
-    raise CheckpointError(f"{path} is neither a checkpoint (a step-N directory with {MANIFEST}) nor a directory of them")
+    if (path / MANIFEST).is_file() or (_STEP.match(path.name) and path.is_dir()):
+        why = check(path, full)
+        if why is not None:
+            raise CheckpointError(f"{path} cannot be resumed from: {why}")
+        return Choice(path)
+    choice = choose(path, full) if path.is_dir() else Choice(None)
+    if choice.path is None and not choice.skipped:
+        raise CheckpointError(f"{path} is neither a checkpoint (a step-N directory with {MANIFEST}) nor a directory of them")
+    return choice
 
 
 # The manifest's keys that resuming reads, and their JSON types.
@@ -89,6 +154,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read {path / MANIFEST}: {exc}") from None
     bad = [k for k, kind in _MANIFEST_KEYS.items() if not isinstance(data, dict) or not isinstance(data.get(k), kind)]
+    if "files" in data and not isinstance(data["files"], dict):
+        bad.append("files")
     if bad:
         raise CheckpointError(f"{path / MANIFEST} is not a dlaunch checkpoint manifest (missing or mistyped: {', '.join(bad)})")
     return data
@@ -102,7 +169,8 @@ def clean_partials(root: Path) -> None:
 
 
 def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
-    """Rank 0, once every rank's files are written: manifest, rename, ``latest``, retention."""
+    """Rank 0, once every rank's files are written: manifest (with the files' digests), rename, ``latest``, retention."""
+    manifest = {**manifest, "files": integrity.fingerprint(partial)}
     _write_synced(partial / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     final = step_dir(partial.parent, manifest["step"])
     replaced = final.with_name(f".{final.name}.replaced")
@@ -110,27 +178,33 @@ def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
         shutil.rmtree(replaced, ignore_errors=True)
         os.replace(final, replaced)
     os.replace(partial, final)
-    marker = partial.parent / (LATEST + ".tmp")
-    _write_synced(marker, final.name + "\n")
-    os.replace(marker, partial.parent / LATEST)
-    _fsync_dir(partial.parent)
+    _point_latest(final)
     shutil.rmtree(replaced, ignore_errors=True)
     prune(partial.parent, keep, protect=final)
     return final
 
 
 def set_aside_after(root: Path, step: int) -> list[Path]:
-    """Complete checkpoints later than ``step`` belong to a timeline this run replaces: rename them out of the way.
+    """Checkpoints later than ``step`` belong to a timeline this run replaces: rename them out of the way.
 
-    They stay on disk (``.superseded-step-N.<time>``), but neither resume nor retention sees them.
+    They stay on disk (``.superseded-step-N.<time>``), but neither resume nor retention sees them; so do
+    damaged ones that a resume passed over.
     """
     moved = []
     stamp = int(time.time())
-    for path in complete_steps(root):
-        if int(_STEP.match(path.name).group(1)) > step:
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        m = _STEP.match(path.name)
+        if m and path.is_dir() and int(m.group(1)) > step:
             target = root / f".superseded-{path.name}.{stamp}"
             os.replace(path, target)
             moved.append(target)
+    named = _latest_name(root)
+    if named and not (root / named).is_dir():  # it named a step set aside (or one deleted): name the start, or nothing
+        start = step_dir(root, step)
+        if start.is_dir():
+            _point_latest(start)
+        else:
+            (root / LATEST).unlink(missing_ok=True)
     return moved
 
 
@@ -139,6 +213,13 @@ def prune(root: Path, keep: int, protect: Path) -> None:
     for old in complete_steps(root)[:-keep]:
         if old != protect:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _point_latest(step: Path) -> None:
+    marker = step.parent / (LATEST + ".tmp")
+    _write_synced(marker, step.name + "\n")
+    os.replace(marker, step.parent / LATEST)
+    _fsync_dir(step.parent)
 
 
 def _write_synced(path: Path, text: str) -> None:

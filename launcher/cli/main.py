@@ -24,6 +24,7 @@ from rich.console import Console
 from launcher.cli import scheduled, sweep
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
+from launcher.checkpoint.errors import START_AFRESH
 from launcher.config.errors import ConfigError, Problem, render
 
 log = logging.getLogger("dlaunch")
@@ -136,12 +137,8 @@ def task(cfg: Any) -> Any:
 
 
 def _job(cfg: Any) -> Any:
-    """One job: validate (already done by the pre-check), plan, run; the run's summary (None on a config error)."""
+    """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None on a config error)."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from launcher.cli.plan import show_plan, show_summary
-    from launcher.runtime import outputs
 
     console = Console(stderr=True, highlight=False)
     cuda = cuda_devices()
@@ -154,6 +151,27 @@ def _job(cfg: Any) -> Any:
         _Status.codes.append(2)
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from launcher.checkpoint import lock
+
+    try:
+        _checkpoint_dir_writable(spec, run_dir)
+        with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
+            return _locked_job(spec, run_dir, cuda, console)
+    except lock.Busy as exc:
+        render(ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))]), console)
+    except ConfigError as exc:
+        render(exc, console)
+    _Status.codes.append(2)
+    return None
+
+
+def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
+    """The job, once it holds its directories: resume choice, plan, run; the run's summary (None on a config error)."""
+    from omegaconf import OmegaConf
+
+    from launcher.cli.plan import show_plan, show_summary
+    from launcher.runtime import outputs
+
     try:
         resume_from = _checkpoints_usable(spec, run_dir)
     except ConfigError as exc:
@@ -172,7 +190,7 @@ def _job(cfg: Any) -> Any:
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None
-    code = _run(spec, run_dir, cuda, console)
+    code = _run(_resuming_from(spec, resume_from), run_dir, cuda, console)
     _Status.codes.append(code)
     if code and scheduler_tasks():
         raise scheduled.JobFailed(
@@ -197,20 +215,44 @@ def _optimizing_sweeper() -> bool:
     return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
 
 
-def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from (None: none), once its directory is known to be writable; else ConfigError."""
+def _checkpoint_dir_writable(spec: Any, run_dir: Path) -> None:
     root = spec.trainer.checkpoint.root(run_dir)
     why = _unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
     if why:
         raise ConfigError([Problem(key="trainer.checkpoint.dir", value=str(root), message=why)])
+
+
+def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from (None: none), verified; else ConfigError.
+
+    Each damaged checkpoint passed over gets one warning line; when every one found is damaged, nothing starts.
+    """
+    root = spec.trainer.checkpoint.root(run_dir)
     if spec.trainer.resume == "never" or (spec.trainer.resume == "auto" and not root.exists()):
         return None  # nothing to read: no need for torch.distributed.checkpoint in this process
     from launcher import checkpoint
 
     try:
-        return checkpoint.find(spec, run_dir)
+        choice = checkpoint.select(spec, run_dir)
+    except checkpoint.NoIntactCheckpoint as exc:
+        where = root if spec.trainer.resume == "auto" else spec.trainer.resume
+        raise ConfigError([
+            Problem(key="trainer.resume", value=spec.trainer.resume,
+                    message=f"every checkpoint found in {where} is damaged ({len(exc.skipped)}, below); {START_AFRESH}"),
+            *(Problem(key=str(path), has_value=False, message=why) for path, why in exc.skipped),
+        ]) from None
     except checkpoint.CheckpointError as exc:
         raise ConfigError([Problem(key="trainer.resume", value=spec.trainer.resume, message=str(exc))]) from None
+    for path, why in choice.skipped:
+        log.warning("%s", checkpoint.skipped_line(path, why))
+    return choice.path
+
+
+def _resuming_from(spec: Any, path: Path | None) -> Any:
+    """The spec the workers get: ``trainer.resume`` names the checkpoint verified here, so they choose nothing again."""
+    if path is None:
+        return spec
+    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"resume": str(path)})})
 
 
 def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:

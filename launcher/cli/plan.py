@@ -40,7 +40,7 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
         ("training", _training(spec, device)),
         ("checkpoints", _checkpoints(spec, run_dir)),
-        *_resume_rows(spec, resume_from),
+        *_resume_rows(spec, run_dir, resume_from),
         ("run dir", str(run_dir)),
     ]
     return rows
@@ -67,7 +67,7 @@ def _task_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Pat
         ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
         ("training", _training(spec, spec.device_type(cuda_devices))),
         ("checkpoints", _checkpoints(spec, run_dir) + ("; written by the ps tasks from their shards" if spec.trainer.checkpoint.every_steps else "")),
-        *_resume_rows(spec, resume_from),
+        *_resume_rows(spec, run_dir, resume_from),
         ("run dir", str(run_dir)),
     ]
     return rows
@@ -141,19 +141,35 @@ def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
             f"in {checkpoint.root_of(spec, run_dir)}")
 
 
-def _resume_rows(spec: RunSpec, resume_from: Path | None) -> list[tuple[str, str]]:
+def _resume_rows(spec: RunSpec, run_dir: Path, resume_from: Path | None) -> list[tuple[str, str]]:
     if resume_from is None:
-        return []
+        if spec.trainer.resume != "auto" or not spec.trainer.checkpoint.every_steps:
+            return []
+        from launcher import checkpoint
+
+        return [("resume", f"none: no checkpoint in {checkpoint.root_of(spec, run_dir)} yet; training starts at step 0")]
     from launcher.checkpoint import layout, manifest
 
     saved = layout.read_manifest(resume_from)
     pos = saved["data_position"]
     rows = [("resume", f"from step {saved['step']} ({resume_from}; {saved['strategy']} {saved['cluster']}, "
-                       f"epoch {pos['epoch']}, batch {pos['offset']})")]
+                       f"epoch {pos['epoch']}, batch {pos['offset']}; {_verified(saved)})")]
+    newer = ", ".join(p.name for p in layout.newer_steps(resume_from))
+    if newer and spec.trainer.resume == "auto":
+        rows.append(("  skipped", f"{newer}: damaged (see the warning above); set aside when the run starts"))
+    elif newer:
+        rows.append(("  later", f"{newer}: another timeline from here on; set aside when the run starts"))
     rows += [("  changed", change) for change in manifest.changes(saved, spec)]
     if saved["step"] >= spec.trainer.steps:
         rows.append(("  note", f"the checkpoint already reaches trainer.steps={spec.trainer.steps}: nothing left to train"))
     return rows
+
+
+def _verified(saved: dict) -> str:
+    files = saved.get("files")
+    if files is None:
+        return "saved without checksums: not verified"
+    return f"{len(files)} file(s), {sum(f['size'] for f in files.values()) / 2**20:.1f} MiB, sizes and sha256 verified"
 
 
 def _processes(spec: RunSpec, processes: int) -> str:

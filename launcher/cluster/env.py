@@ -138,6 +138,12 @@ def error_file() -> str | None:
     return os.environ.get("TORCHELASTIC_ERROR_FILE")
 
 
+def disk_full_at_step(environ: Mapping[str, str] | None = None) -> int | None:
+    """Tests only: ``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` makes the save of step N fail with ENOSPC (checkpoint/writer.py)."""
+    value = (os.environ if environ is None else environ).get("DLAUNCH_TEST_DISK_FULL_AT_STEP", "")
+    return int(value) if value.strip().isdigit() else None
+
+
 def full_errors() -> bool:
     """``HYDRA_FULL_ERROR=1`` (or ``DLAUNCH_DEBUG=1``) shows Python tracebacks for config errors too."""
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("DLAUNCH_DEBUG") == "1"

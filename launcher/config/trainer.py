@@ -21,6 +21,8 @@ class CheckpointSpec(Strict):
     every_steps: Annotated[int, Field(ge=0)] = Field(0, description="save every N steps and at the end; 0: off")
     keep: PositiveInt = Field(3, description="how many of the newest checkpoints to keep")
     dir: str | None = Field(None, min_length=1, description="default: RUN_DIR/checkpoints")
+    on_error: Literal["error", "warn"] = Field(
+        "error", description="a save the storage refuses (disk full, I/O error): error ends the run; warn logs it and trains on")
 
     @field_validator("dir", mode="after")
     @classmethod

@@ -7,12 +7,19 @@ import pytest
 from launcher.checkpoint import CheckpointError, layout
 
 
+def fake_manifest(step):
+    """A manifest with every key resuming reads (the values do not matter to the layout)."""
+    return {"format": 1, "step": step, "data_position": {}, "world_size": 1, "num_replicas": 1, "strategy": "one_device",
+            "cluster": "1x1", "global_batch_size": 1, "per_replica_batch_size": 1, "input": {}, "recipe": {}}
+
+
 def fake_save(root, step, keep=3, complete=True):
     partial = layout.partial_dir(root, step)
     partial.mkdir(parents=True)
     (partial / ".metadata").write_bytes(b"meta")
+    (partial / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
     if complete:
-        return layout.commit(partial, {"step": step}, keep)
+        return layout.commit(partial, fake_manifest(step), keep)
     return partial
 
 
@@ -40,12 +47,12 @@ def test_a_lost_latest_marker_falls_back_to_the_newest_complete(tmp_path):
 
 
 def test_resume_choices(tmp_path):
-    assert layout.resolve("never", tmp_path) is None
-    assert layout.resolve("auto", tmp_path) is None  # nothing saved yet: start afresh
+    assert layout.resolve("never", tmp_path).path is None
+    assert layout.resolve("auto", tmp_path).path is None  # nothing saved yet: start afresh
     fake_save(tmp_path, 5)
-    assert layout.resolve("auto", tmp_path) == layout.step_dir(tmp_path, 5)
-    assert layout.resolve(str(tmp_path), tmp_path / "elsewhere") == layout.step_dir(tmp_path, 5)
-    assert layout.resolve(str(layout.step_dir(tmp_path, 5)), tmp_path) == layout.step_dir(tmp_path, 5)
+    assert layout.resolve("auto", tmp_path).path == layout.step_dir(tmp_path, 5)
+    assert layout.resolve(str(tmp_path), tmp_path / "elsewhere").path == layout.step_dir(tmp_path, 5)
+    assert layout.resolve(str(layout.step_dir(tmp_path, 5)), tmp_path).path == layout.step_dir(tmp_path, 5)
     with pytest.raises(CheckpointError, match="neither a checkpoint"):
         layout.resolve(str(tmp_path / "missing"), tmp_path)
 

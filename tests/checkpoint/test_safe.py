@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 
 import pytest
 import torch
 
-from launcher.checkpoint import CheckpointError, UnsafeCheckpoint, read_tensors
+from launcher.checkpoint import CheckpointError, UnsafeCheckpoint, integrity, read_tensors
 from launcher.checkpoint.safe import SafeReader
 from tests.conftest import dlaunch
 
@@ -91,7 +92,11 @@ def test_dlaunch_refuses_a_planted_pickle_before_starting(tmp_path):
     common = ("trainer.checkpoint.every_steps=5", "recipe.examples=640", f"hydra.run.dir={run_dir}")
     assert dlaunch("trainer.steps=5", *common, cwd=tmp_path).returncode == 0
     marker = tmp_path / "pwned"
-    (run_dir / "checkpoints" / "step-00000005" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    saved = run_dir / "checkpoints" / "step-00000005"
+    (saved / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    manifest = json.loads((saved / "manifest.json").read_text())  # whoever plants a file can rewrite its checksum too
+    manifest["files"][".metadata"] = {"size": (saved / ".metadata").stat().st_size, "sha256": integrity.digest(saved / ".metadata")}
+    (saved / "manifest.json").write_text(json.dumps(manifest))
     proc = dlaunch("trainer.steps=10", *common, cwd=tmp_path)
     text = " ".join(proc.stderr.split())
     assert proc.returncode == 2, text[-2000:]

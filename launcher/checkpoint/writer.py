@@ -1,0 +1,62 @@
+"""The storage writer a save goes through: DCP's ``FileSystemWriter``, or in a test one whose disk fills up.
+
+``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` (read by ``launcher.cluster.env``) makes the
+save of step N fail as a full disk makes it fail: each data file receives half
+of its first write, then ``OSError(ENOSPC)``. The rest is the real path: DCP
+reports the failure on every rank, the half-written ``.step-N.partial`` is
+left behind, and ``trainer.checkpoint.on_error`` decides whether the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from launcher.cluster.env import disk_full_at_step
+
+
+def storage_writer(path: Path, step: int) -> Any:
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    writer = FileSystemWriter(path)
+    if disk_full_at_step() == step:
+        writer.fs = _full_disk(FileSystem)()
+    return writer
+
+
+def _full_disk(base: type) -> type:
+    class FullDisk(base):  # type: ignore[misc, valid-type]
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[io.IOBase]:
+            with super().create_stream(path, mode) as stream:
+                yield _FillingStream(stream, Path(path)) if "w" in mode and str(path).endswith(".distcp") else stream
+
+    return FullDisk
+
+
+class _FillingStream(io.RawIOBase):
+    """A file on a disk that fills up during the first write to it."""
+
+    def __init__(self, raw: Any, path: Path):
+        super().__init__()
+        self._raw, self._path = raw, path
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._raw.write(view[: len(view) // 2])
+        self._raw.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()

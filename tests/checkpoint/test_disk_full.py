@@ -1,0 +1,97 @@
+"""A disk that fills up during a save: the previous checkpoint stays, ``latest`` names it, nothing half-written is resumed.
+
+The fault is real from DCP's writer on: ``DLAUNCH_TEST_DISK_FULL_AT_STEP`` makes the
+writer's files fail with ENOSPC halfway through their first write (``launcher/checkpoint/writer.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from launcher.checkpoint import Checkpointer, CheckpointError, layout
+from launcher.config.compose import compose_and_validate
+from launcher.input.position import Position
+from tests.conftest import summary
+
+DISK_FULL = "DLAUNCH_TEST_DISK_FULL_AT_STEP"
+
+
+def saver(tmp_path, *overrides):
+    spec = compose_and_validate(["trainer.checkpoint.every_steps=5", "trainer.steps=20", *overrides], cuda_devices=0)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ckpt = Checkpointer(spec, tmp_path, rank=0)
+    return lambda step: ckpt.save(step, Position(0, step), model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def assert_untouched(root, step):
+    assert (root / "latest").read_text().strip() == f"step-{step:08d}"
+    assert layout.choose(root) == layout.Choice(layout.step_dir(root, step))  # intact, nothing skipped
+    assert not list(root.glob(".step-*.partial")), "the half-written save was removed"
+
+
+def test_a_full_disk_ends_the_run_with_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    save = saver(tmp_path)
+    save(5)
+    monkeypatch.setenv(DISK_FULL, "10")
+    with pytest.raises(CheckpointError) as caught:
+        save(10)
+    text = str(caught.value)
+    assert "step 10 was not saved" in text and "No space left on device" in text and "__0_0.distcp" in text
+    assert "step-00000005 is intact" in text and "trainer.checkpoint.on_error=warn" in text
+    assert_untouched(tmp_path / "checkpoints", 5)
+
+
+def test_with_on_error_warn_training_goes_on_and_the_next_save_lands(tmp_path, monkeypatch, caplog):
+    save = saver(tmp_path, "trainer.checkpoint.on_error=warn")
+    save(5)
+    monkeypatch.setenv(DISK_FULL, "10")
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        assert save(10) is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "step 10 was not saved" in warning and "training continues" in warning
+    assert_untouched(tmp_path / "checkpoints", 5)
+    assert save(15) == layout.step_dir(tmp_path / "checkpoints", 15)
+    assert_untouched(tmp_path / "checkpoints", 15)
+
+
+def test_on_error_allows_only_error_or_warn(tmp_path):
+    from launcher.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        compose_and_validate(["trainer.checkpoint.on_error=ignore"], cuda_devices=0)
+    (problem,) = caught.value.problems
+    assert (problem.key, problem.value, problem.allowed) == ("trainer.checkpoint.on_error", "ignore", ("error", "warn"))
+
+
+COMMON = ("recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=20", "trainer.log_every=5",
+          "trainer.checkpoint.every_steps=5")
+
+
+@pytest.mark.slow
+def test_a_full_disk_in_a_multi_process_run_then_resume_auto(run_dlaunch):
+    proc, run_dir = run_dlaunch(*COMMON, env={DISK_FULL: "10", "COLUMNS": "1000"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "step 10 was not saved" in proc.stderr and "No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert_untouched(run_dir / "checkpoints", 5)
+
+    proc, run_dir = run_dlaunch(*COMMON)  # the same command, the disk has room again
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 5
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 5, 10, 15, 20]
+
+
+@pytest.mark.slow
+def test_a_full_disk_with_on_error_warn_completes_the_run(run_dlaunch):
+    proc, run_dir = run_dlaunch(*COMMON, "trainer.checkpoint.on_error=warn", env={DISK_FULL: "10", "COLUMNS": "1000"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum("step 10 was not saved" in line for line in proc.stderr.splitlines()) == 1
+    assert summary(run_dir)["status"] == "completed"
+    assert_untouched(run_dir / "checkpoints", 20)
+    assert not layout.step_dir(run_dir / "checkpoints", 10).exists()

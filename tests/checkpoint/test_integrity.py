@@ -1,0 +1,133 @@
+"""Verified checkpoints: sizes and sha256 in the manifest, damaged ones passed over for the newest intact one."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from launcher import checkpoint
+from launcher.checkpoint import Checkpointer, NoIntactCheckpoint, integrity, layout
+from launcher.config.compose import compose_and_validate
+from launcher.input.position import Position
+from tests.checkpoint.test_layout import fake_save
+
+
+def spec_for(*overrides):
+    return compose_and_validate(["trainer.checkpoint.every_steps=5", "trainer.steps=40", *overrides], cuda_devices=0)
+
+
+def save_steps(run_dir, *steps):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ckpt = Checkpointer(spec_for(), run_dir, rank=0)
+    return [ckpt.save(step, Position(0, step), model, torch.optim.SGD(model.parameters(), lr=0.1)) for step in steps]
+
+
+def data_file(path):
+    return next(path.glob("*.distcp"))
+
+
+def truncate(path):
+    f = data_file(path)
+    f.write_bytes(f.read_bytes()[:-7])
+
+
+def flip_a_bit(path):
+    f = data_file(path)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
+    (path,) = save_steps(tmp_path, 5)
+    files = layout.read_manifest(path)["files"]
+    on_disk = sorted(p.name for p in path.iterdir() if p.name != "manifest.json")
+    assert sorted(files) == on_disk and ".metadata" in files
+    for name, record in files.items():
+        assert record["size"] == (path / name).stat().st_size
+        assert record["sha256"] == integrity.digest(path / name)
+    assert layout.check(path) is None
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (truncate, r"__0_0\.distcp is \d+ bytes, the manifest says \d+ \(truncated\)"),
+    (flip_a_bit, r"__0_0\.distcp does not match its sha256"),
+    (lambda p: data_file(p).unlink(), r"__0_0\.distcp is missing"),
+    (lambda p: (p / "manifest.json").unlink(), r"manifest\.json is missing"),
+    (lambda p: (p / "manifest.json").write_text("{"), r"cannot read manifest\.json"),
+])
+def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_intact_one(tmp_path, damage, reason):
+    _, thirty, forty = save_steps(tmp_path, 20, 30, 40)
+    damage(forty)
+    choice = layout.choose(tmp_path / "checkpoints")
+    assert choice.path == thirty
+    (where, why), = choice.skipped
+    assert where == forty
+    assert re.search(reason, why), why
+
+
+def test_latest_naming_a_deleted_step_falls_back_with_the_reason(tmp_path):
+    root = tmp_path / "checkpoints"
+    _, thirty = save_steps(tmp_path, 20, 30)
+    (root / "latest").write_text("step-00000050\n")
+    choice = layout.choose(root)
+    assert choice.path == thirty
+    assert [(p.name, why) for p, why in choice.skipped] == [("step-00000050", "latest names it, but it does not exist")]
+
+
+def test_sizes_only_checks_miss_a_flipped_bit_but_not_a_truncation(tmp_path):
+    (path,) = save_steps(tmp_path, 5)
+    flip_a_bit(path)
+    assert layout.check(path, full=False) is None
+    assert "sha256" in layout.check(path, full=True)
+    truncate(path)
+    assert "truncated" in layout.check(path, full=False)
+
+
+def test_when_every_checkpoint_is_damaged_select_lists_them_all(tmp_path):
+    paths = save_steps(tmp_path, 10, 20)
+    truncate(paths[0])
+    (paths[1] / "manifest.json").unlink()
+    with pytest.raises(NoIntactCheckpoint) as caught:
+        checkpoint.select(spec_for(), tmp_path)
+    assert [p for p, _ in caught.value.skipped] == [paths[1], paths[0]]
+    assert "trainer.resume=never" in str(caught.value)
+
+
+def test_a_named_damaged_checkpoint_is_an_error_not_a_fallback(tmp_path):
+    _, forty = save_steps(tmp_path, 30, 40)
+    flip_a_bit(forty)
+    with pytest.raises(checkpoint.CheckpointError, match="cannot be resumed from: .*sha256"):
+        checkpoint.select(spec_for(f"trainer.resume={forty}"), tmp_path)
+
+
+def test_a_checkpoint_saved_before_checksums_still_loads(tmp_path):
+    path = fake_save(tmp_path, 5)
+    saved = json.loads((path / "manifest.json").read_text())
+    del saved["files"]
+    (path / "manifest.json").write_text(json.dumps(saved))
+    assert layout.check(path) is None
+    (path / ".metadata").unlink()
+    assert layout.check(path) == ".metadata is missing"
+
+
+def test_resume_with_never_sets_damaged_checkpoints_aside(tmp_path):
+    root = tmp_path / "checkpoints"
+    (forty,) = save_steps(tmp_path, 40)
+    (forty / "manifest.json").unlink()
+    moved = layout.set_aside_after(root, 0)
+    assert [p.name.split(".")[1] for p in moved] == ["superseded-step-00000040"]
+    assert layout.choose(root) == layout.Choice(None)  # and `latest` no longer names it
+
+
+def test_setting_aside_repoints_a_latest_that_named_a_missing_step(tmp_path):
+    root = tmp_path / "checkpoints"
+    _, thirty = save_steps(tmp_path, 20, 30)
+    (root / "latest").write_text("step-00000050\n")
+    layout.set_aside_after(root, 30)  # what the run resuming from step 30 does first
+    assert (root / "latest").read_text() == "step-00000030\n"
+    assert layout.choose(root) == layout.Choice(thirty)

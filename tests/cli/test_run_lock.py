@@ -1,0 +1,52 @@
+"""A second ``dlaunch`` on a directory that a live run holds exits 2 naming the holder; a SIGKILLed holder is taken over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.slow
+WIDE = {"COLUMNS": "1000"}  # the holder's line unwrapped
+LONG = ("recipe=linear", "trainer.steps=10000000", "trainer.log_every=100", "trainer.checkpoint.every_steps=1000000")
+
+
+def test_a_live_run_keeps_its_directories_to_itself(run_dlaunch, tmp_path):
+    run_dir, ckpt = tmp_path / "first", tmp_path / "shared-checkpoints"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli.entry", *LONG, f"trainer.checkpoint.dir={ckpt}", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), timeout_s=120)
+        holder = f"pid {first.pid} on host {socket.gethostname()}, started "
+
+        proc, _ = run_dlaunch("recipe=linear", "trainer.steps=5", name="first", env=WIDE)
+        assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr and holder in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+
+        args = ("recipe=linear", "trainer.steps=5", "trainer.checkpoint.every_steps=5", f"trainer.checkpoint.dir={ckpt}")
+        proc, second = run_dlaunch(*args, name="second", env=WIDE)
+        assert proc.returncode == 2 and "trainer.checkpoint.dir" in proc.stderr and holder in proc.stderr, proc.stderr[-2000:]
+        assert not (second / "metrics.jsonl").exists()
+
+        proc, _ = run_dlaunch("-m", *args, "trainer.seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}", name="unused", env=WIDE)
+        # each sweep job is refused (exit 2 each); the sweep as a whole reports failed jobs with 1, as for any failed job
+        assert proc.returncode == 1 and proc.stderr.count(holder) == 2, proc.stderr[-3000:]
+
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        proc, _ = run_dlaunch(*args, name="first", env=WIDE)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        taken = " ".join(proc.stderr.split())
+        assert taken.count(f"pid {first.pid} on host") == 2 and "which is gone" in taken  # the run dir's and the checkpoints'
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(timeout=30)
