@@ -37,7 +37,8 @@ class CompileError(RuntimeError):
 
 
 class ReplicaStep:
-    """``step(batch, measure) -> tensor([loss, grad_norm, skipped])`` for one replica (thread-safe across replicas)."""
+    """``step(batch, measure) -> tensor([loss, grad_norm, skipped])`` for one replica (thread-safe across replicas);
+    the loss alone when not ``measure`` (a step the loop does not log)."""
 
     def __init__(self, user_step: Callable[..., Any], model: Any, optimizer: Any, trainer: TrainerSpec,
                  device_type: str, manual: bool, name: str = "train_step"):
@@ -69,7 +70,7 @@ class ReplicaStep:
         if self.manual:
             with self.autocast():
                 loss = self._checked(self.user_step(self.model, batch, self.optimizer))
-            return _metrics(loss.detach(), None, self.skipped)
+            return _metrics(loss.detach(), None, self.skipped) if measure else loss.detach()
         micro = split_batch(batch, self.accum) if self.accum > 1 else (batch,)
         total = None
         for i, piece in enumerate(micro):
@@ -95,7 +96,8 @@ class ReplicaStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return _metrics(loss, norm, self.skipped)
+        # Only logged steps' results are read: the others skip building the metrics (a few kernels per step).
+        return _metrics(loss, norm, self.skipped) if measure else loss
 
     def _sync_on(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP all-reduces once per step: on the last micro-batch (other strategies sync where they can)."""
