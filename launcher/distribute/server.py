@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed.rpc as trpc
 
+from launcher.checkpoint import shards  # here, not in the RPC handler: two handler threads importing DCP at once see a half-made module
 from launcher.cluster import rpc
 from launcher.cluster.resolvers import ClusterSpec
 
@@ -386,12 +387,8 @@ def remote_keys() -> list[str]:
 
 
 def remote_save(path: str, progress: tuple[int, int, int]) -> None:
-    from launcher.checkpoint import shards
-
     shards.save(local_store(), Path(path), progress)
 
 
 def remote_load(path: str) -> tuple[int, int, int]:
-    from launcher.checkpoint import shards
-
     return shards.load(local_store(), Path(path))
