@@ -17,6 +17,7 @@ counts the updates fp16's GradScaler skipped for inf/NaN gradients so far.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from typing import Any, Callable
 
@@ -31,9 +32,13 @@ _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 class StepError(TypeError):
     """The recipe's ``train_step`` returned something the loop cannot train on."""
 
+    explained = True  # the message names the function and what it must return: dlaunch's frames add nothing
+
 
 class CompileError(RuntimeError):
     """``torch.compile`` could not compile the model (``trainer.compile.enabled=true``)."""
+
+    explained = True  # the message carries torch's reason and the way round it
 
 
 class ReplicaStep:
@@ -110,9 +115,15 @@ class ReplicaStep:
         got = "None (did it forget `return loss`?)" if loss is None else (
             f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
         raise StepError(
-            f"the recipe's {self.name}() returned {got}; it must return the loss as a scalar tensor, e.g. "
+            f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
         )
+
+
+def where(fn: Any) -> str:
+    """``path/to/recipe.py:12``: where a function of the user's is defined (its name, where the source is unknown)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else getattr(fn, "__qualname__", repr(fn))
 
 
 def compile_model(model: Any, spec: Any) -> None:

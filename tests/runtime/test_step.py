@@ -79,7 +79,7 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights():
 
 @pytest.mark.parametrize("returned, said", [(None, "None (did it forget `return loss`?)"), (torch.ones(3), "a tensor of shape (3,)"), (1.5, "a float")])
 def test_a_step_that_returns_no_scalar_loss_names_the_function(returned, said):
-    with pytest.raises(StepError, match=r"train_step\(\) returned " + re.escape(said)):
+    with pytest.raises(StepError, match=r"train_step\(\) \(.*test_step.py:\d+\) returned " + re.escape(said)):
         run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: returned)
 
 

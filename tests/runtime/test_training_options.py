@@ -94,6 +94,17 @@ def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
     assert summary(run_dir)["status"] == "failed"
 
 
+@pytest.mark.parametrize("shape", [("strategy=one_device",), ("strategy=multi_worker_mirrored", "cluster=1x2")])
+def test_a_step_that_forgets_return_loss_gets_one_paragraph_naming_its_file(run_dlaunch, shape):
+    entry = FIXTURES / "no_loss_recipe.py"
+    proc, run_dir = run_dlaunch(f"recipe.entry={entry}", "trainer.steps=3", *shape)
+    assert proc.returncode == 1
+    text = " ".join(proc.stderr.replace("│", " ").split())
+    assert f"StepError: the recipe's train_step() ({entry}:10) returned None (did it forget `return loss`?)" in text
+    assert text.count("(did it forget `return loss`?); it must") == 1 and "Traceback" not in text, proc.stderr[-3000:]
+    assert summary(run_dir)["status"] == "failed"
+
+
 def test_compiled_training_runs_on_the_cpu(run_dlaunch):
     proc, run_dir = run_dlaunch("trainer.steps=30", "trainer.compile.enabled=true", "strategy=mirrored", "cluster=1x2")
     assert proc.returncode == 0, proc.stderr[-3000:]
