@@ -56,15 +56,18 @@ class CompileSpec(Strict):
     """``trainer.compile``: ``torch.compile`` the model, after the strategy has wrapped it."""
 
     enabled: bool = Field(False, description="compile the model's forward (and backward) with torch.compile")
-    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile's mode: reduce-overhead uses CUDA graphs, max-autotune also tunes kernels")
     fullgraph: bool = Field(False, description="fail on any graph break instead of falling back to eager for that part")
     dynamic: bool | None = Field(None, description="null: torch decides; false: one graph per shape")
 
 
 class TrainerSpec(Strict):
-    steps: PositiveInt = 100
-    seed: Annotated[int, Field(ge=0)] = 0
-    log_every: PositiveInt = 10
+    """``trainer``: the training loop: how long, from which seed, how each step trains, checkpoints and resume."""
+
+    steps: PositiveInt = Field(100, description="optimizer steps to train (a resumed run trains up to this step)")
+    seed: Annotated[int, Field(ge=0)] = Field(0, description="seeds torch, numpy and random in every process, and the shuffle")
+    log_every: PositiveInt = Field(10, description="write a metrics.jsonl record (loss, examples/s, lr) every N steps")
     checkpoint: CheckpointSpec = CheckpointSpec()
     resume: str = Field(
         "auto", min_length=1,

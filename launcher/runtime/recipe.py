@@ -48,10 +48,10 @@ class OptimizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: Literal["sgd", "adam", "adamw", "adagrad"] = "sgd"
-    lr: float = Field(0.01, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    name: Literal["sgd", "adam", "adamw", "adagrad"] = Field("sgd", description="the torch.optim class")
+    lr: float = Field(0.01, gt=0, description="learning rate (trainer.lr_schedule scales it per step)")
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd only: momentum")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty (decoupled for adamw)")
 
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         if self.name == "sgd":
