@@ -52,7 +52,7 @@ from launcher.distribute.partitioners import Partitioner, Placement, place_modul
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import PerReplica, map_structure
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime, ps_local, register
 
 log = logging.getLogger("dlaunch")
 TRAINING_JOBS = ("chief", "worker")
@@ -315,7 +315,7 @@ class ParameterServerStrategy(Strategy):
         variable_partitioner: splits large variables along dim 0 (``FixedShardsPartitioner``,
             ``MinSizePartitioner``, ``MaxSizePartitioner``); None keeps every variable whole.
         num_gpus_per_worker: 0 (default): each task computes on the CPU; 1: on its GPU. Without a
-            cluster, the number of local replicas (CPU: one).
+            cluster, the number of local replica threads (0: one, on the CPU), on ``device``'s type.
         mode: ``"async"`` (default) or ``"sync"``.
         global_step_rule: ``"every_worker"`` (default, the seed's): the first replica of every
             training task advances the global step at each of its pushes (async: 6 after 3 steps
@@ -327,6 +327,8 @@ class ParameterServerStrategy(Strategy):
             where the chief logs its own loss and workers never wait for it).
         rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
         sync_timeout_s: sync mode: how long a push may wait for the other tasks' gradients of the step.
+        device: the task's compute device (default ``cuda:0`` with ``num_gpus_per_worker=1``, else
+            ``cpu:0``); without a cluster its type picks the local replicas' devices.
 
     The chief initializes the variables: built outside ``scope()`` (real values),
     ``prepare`` sends them to the ps tasks. Under dlaunch the ps tasks build them
@@ -336,10 +338,12 @@ class ParameterServerStrategy(Strategy):
     counts them (the tasks meet at ps 0; every task must call it). With no cluster
     (no resolver, no ``TF_CONFIG``) the strategy falls back to local training, with a
     warning: variables on the CPU (or the only GPU), compute replicated on
-    ``num_gpus_per_worker`` GPUs, as ``CentralStorageStrategy``::
+    ``num_gpus_per_worker`` GPUs (``device="cpu"``: CPU replica threads), as
+    ``CentralStorageStrategy``; the global step counts the applied steps::
 
         strategy = ParameterServerStrategy()            # one local replica on the CPU
         strategy.num_replicas_in_sync                   # 1
+        ParameterServerStrategy(num_gpus_per_worker=2, device="cpu").num_replicas_in_sync   # 2
     """
 
     def __init__(self, cluster_resolver: Any = None, variable_partitioner: Partitioner | None = None, *,
@@ -356,7 +360,7 @@ class ParameterServerStrategy(Strategy):
         self._is_chief = True
         resolver = cluster_resolver if cluster_resolver is not None else (TFConfigClusterResolver() if tf_config() else None)
         if resolver is None or not resolver.cluster_spec():
-            self._start_local(int(num_gpus_per_worker))
+            self._start_local(int(num_gpus_per_worker), device)
             return
         if num_gpus_per_worker > 1:
             raise ValueError(f"num_gpus_per_worker={num_gpus_per_worker}: a training task runs one replica here; "
@@ -382,15 +386,12 @@ class ParameterServerStrategy(Strategy):
         super().__init__(_PSExtended(device, training.index(me), len(training), args), cluster_resolver=resolver)
         self._is_chief = me[0] == "chief"
 
-    def _start_local(self, num_gpus: int) -> None:
-        """No cluster: the seed's local training, which is ``CentralStorageStrategy``'s."""
-        from launcher.strategies.central_storage import CentralStorageStrategy
-
-        devices = [f"cuda:{i}" for i in range(num_gpus)] or ["cpu:0"]
+    def _start_local(self, num_gpus: int, device: str | None) -> None:
+        """No cluster: the seed's local training (``launcher/strategies/ps_local.py``)."""
+        devices, parameter_device = ps_local.local_devices(num_gpus, device)
         warnings.warn(f"ParameterServerStrategy without a cluster (no cluster_resolver, no TF_CONFIG): local training "
-                      f"on {devices}, variables on {devices[0] if num_gpus == 1 else 'cpu:0'}", UserWarning, stacklevel=3)
-        local = CentralStorageStrategy(compute_devices=devices, parameter_device=devices[0] if num_gpus == 1 else "cpu:0")
-        super().__init__(local.extended)
+                      f"on {devices}, variables on {parameter_device}", UserWarning, stacklevel=3)
+        super().__init__(ps_local.LocalPSExtended(devices, parameter_device))
 
     @property
     def is_chief(self) -> bool:
@@ -398,9 +399,9 @@ class ParameterServerStrategy(Strategy):
 
     @property
     def global_step(self) -> int:
-        """The global step as last heard from ps 0 (0 in local training)."""
+        """The global step as last heard from ps 0; in local training, the steps applied."""
         client = getattr(self._extended, "client", None)
-        return client.global_step if client else 0
+        return client.global_step if client else getattr(self._extended, "global_step", 0)
 
     @property
     def finished(self) -> bool:

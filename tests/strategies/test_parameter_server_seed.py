@@ -29,17 +29,28 @@ def task(kind: str, index: int, cluster: dict, mode: str, results: mp.Queue) -> 
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
-    v = strategy.run(lambda t: t, args=(next(iter(strategy.experimental_distribute_dataset([torch.arange(8)]))),))
-    partial = strategy.run(lambda t: t.float(), args=(next(iter(strategy.experimental_distribute_dataset([torch.arange(6)]))),))
-    out = {
-        "replicas": strategy.num_replicas_in_sync,
-        "sum": strategy.reduce(dl.ReduceOp.SUM, v, axis=None).tolist(),  # every task has pushed 3 times once this returns
-        "sum0": int(strategy.reduce("SUM", v, axis=0)),
-        "mean_partial": float(strategy.reduce("MEAN", partial, axis=0)),
-        "step": strategy.extended.client.call(0, ps_server.remote_global_step),
-    }
+    out = seed_numbers(strategy)  # every task has pushed 3 times once its first reduce returns
+    out["step"] = strategy.extended.client.call(0, ps_server.remote_global_step)
     results.put((f"{kind}:{index}", out))
     end_training_task(strategy, kind)
+
+
+def seed_numbers(strategy) -> dict:
+    """The seed's reduce examples: a global batch [0..7] over 2 replicas, and a last batch of 6."""
+    v = strategy.run(lambda t: t, args=(next(iter(strategy.experimental_distribute_dataset([torch.arange(8)]))),))
+    partial = strategy.run(lambda t: t.float(), args=(next(iter(strategy.experimental_distribute_dataset([torch.arange(6)]))),))
+    return {
+        "replicas": strategy.num_replicas_in_sync,
+        "sum": strategy.reduce("SUM", v, axis=None).tolist(),
+        "sum0": int(strategy.reduce("SUM", v, axis=0)),
+        "mean_partial": float(strategy.reduce("MEAN", partial, axis=0)),
+    }
+
+
+def assert_seed_numbers(out: dict) -> None:
+    assert out["replicas"] == 2
+    assert out["sum"] == [4, 6, 8, 10] and out["sum0"] == 28  # not one replica's [0, 1, 2, 3]
+    assert out["mean_partial"] == 2.5  # [0,1,2] and [3,4,5]: the denominator is 6
 
 
 @pytest.mark.slow
@@ -48,9 +59,7 @@ def test_reduce_and_global_step_follow_the_seed_on_two_training_tasks(mode, step
     got, exits = run_cluster(task, cluster_spec(workers=1, ps=1), (mode,))
     assert exits == [0, 0, 0]
     for out in got.values():
-        assert out["replicas"] == 2
-        assert out["sum"] == [4, 6, 8, 10] and out["sum0"] == 28  # not one task's [0, 1, 2, 3]
-        assert out["mean_partial"] == 2.5  # [0,1,2] and [3,4,5]: the denominator is 6
+        assert_seed_numbers(out)
         assert out["step"] == step  # async: 3 pushes from each of 2 tasks; sync: 3 applied steps
 
 
@@ -71,3 +80,38 @@ def test_without_a_cluster_it_falls_back_to_one_local_replica(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert int(strategy.reduce("SUM", torch.arange(8), axis=0)) == 28
+
+
+def test_without_a_cluster_num_gpus_per_worker_replicas_run_as_threads(monkeypatch):
+    """The seed's local training with 2 "GPUs" (CPU replica threads): its reduce numbers, one device's update, the step."""
+    from launcher import distribute as dl
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.warns(UserWarning, match=r"local training on \['cpu:0', 'cpu:1'\], variables on cpu:0"):
+        strategy = dl.ParameterServerStrategy(num_gpus_per_worker=2, device="cpu")
+    assert strategy.extended.worker_devices == ("cpu:0", "cpu:1")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    expected = model.weight.detach().clone()
+    model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.arange(16.0).reshape(8, 2)
+
+    def step(batch):
+        model(batch).sum().backward()  # each replica's sum over its 4 rows; the replicas' gradients are averaged
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(3):
+        strategy.run(step, args=(next(iter(strategy.experimental_distribute_dataset([x]))),))
+        expected -= 0.1 * x.sum(0) / 2
+    torch.testing.assert_close(model.module.weight.detach(), expected.unsqueeze(0).reshape_as(model.module.weight))
+    assert strategy.global_step == 3  # the first replica of the one worker: once per applied step
+    assert_seed_numbers(seed_numbers(strategy))
+
+
+def test_num_gpus_per_worker_beyond_the_machines_gpus_is_refused(monkeypatch):
+    from launcher import distribute as dl
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match=r"num_gpus_per_worker=99, but this machine has \d+ GPU"):
+        dl.ParameterServerStrategy(num_gpus_per_worker=99, device="cuda")
