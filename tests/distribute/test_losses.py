@@ -85,3 +85,24 @@ def test_the_loss_reduction_is_mean_until_a_tf_loss_says_sum():
     assert seen == [dl.ReduceOp.MEAN]
     dl.compute_average_loss(torch.ones(3))
     assert dl.get_loss_reduction() is dl.ReduceOp.SUM
+
+
+@pytest.mark.parametrize("loss_kind,gradient", [("replica_mean", 7.5), ("tf_value", 3.75), ("compute_average_loss", 7.5)])
+def test_the_api_pages_worked_example(loss_kind, gradient):
+    """docs/API.md: w = 1, examples x = [1, 2 | 3, 4] on 2 replica threads, loss (w x)^2 / 2, so d/dw = x^2."""
+    from launcher.strategies.mirrored import MirroredStrategy
+
+    strategy = MirroredStrategy(devices=["cpu:0", "cpu:1"])
+    linear = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.ones_(linear.weight)
+    model = strategy.prepare(linear)
+
+    def step_fn(x):
+        per_example = (model(x.unsqueeze(1)).squeeze(1) ** 2) / 2
+        loss = {"replica_mean": lambda: per_example.mean(), "tf_value": lambda: per_example.sum() / 4,
+                "compute_average_loss": lambda: dl.compute_average_loss(per_example, global_batch_size=4)}[loss_kind]()
+        loss.backward()
+
+    strategy.run(step_fn, args=(next(iter(strategy.experimental_distribute_dataset([torch.tensor([1.0, 2.0, 3.0, 4.0])]))),))
+    grads = [float(copy.grad) for copy in strategy.experimental_local_results(linear.weight)]
+    assert grads == [gradient, gradient]  # each replica's copy, after the strategy's average over the 2 replicas
