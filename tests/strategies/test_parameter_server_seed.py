@@ -1,4 +1,4 @@
-"""parameter_server_strategy.txt's numbers: reduce over every training task, the global step of every worker, local fallback."""
+"""parameter_server_strategy.txt's numbers: reduce over every training task and the global step of every worker (processes), local fallback (replica threads)."""
 
 from __future__ import annotations
 
