@@ -87,7 +87,7 @@ def failed_jobs(failed: list[Job]) -> str:
 
 def status_html(job: Job) -> str:
     cls = "ok" if job.completed else "failed"
-    text = job.status if job.completed else f"failed ({job.status})"
+    text = job.status if job.completed or job.status == "failed" else f"failed ({job.status})"
     if not job.completed and job.exception:
         text += f": {job.exception}"
     return f"<span class='{cls}'>{e(text)}</span>"

@@ -152,3 +152,17 @@ def test_an_evaluation_record_is_not_a_gap_in_the_training_curves(tmp_path):
     job = report.Job(name="run", path=tmp_path, overrides=[], records=records, summary=None)
     assert job.curve("lr") == ([1, 20], [0.1, 0.05])
     assert job.curve("eval_loss") == ([10], [1.5])
+
+
+def test_a_failed_jobs_exception_is_on_the_page(tmp_path):
+    root = tmp_path / "sweep"
+    write_run(root / "0", lr=0.05)
+    write_run(root / "1", lr=0.5, steps=40, status="failed", error="ValueError: boom at step 40")
+
+    assert report.main([str(root)]) == 0
+
+    page = (root / "report.html").read_text()
+    jobs_table, failed = page.split("Failed jobs", 1)
+    assert "failed: ValueError: boom at step 40" in jobs_table  # the status cell says why
+    assert "<pre class='cause'>worker rank 1 failed: root cause\nValueError: boom at step 40" in failed  # error.txt
+    assert "dashed in the loss chart" in failed
