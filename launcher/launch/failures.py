@@ -8,6 +8,7 @@ once, and a line for every other rank.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -122,6 +123,13 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     for other in sorted(others, key=lambda c: c.rank):
         what = f": {escape(_one_line(other.exception))}" if other.exception else " (stopped by dlaunch)"
         console.print(f"  {other.who}: {other.exit}{what}")
+
+
+def as_text(root: RootCause, others: list[RootCause], last_logged: int | None, width: int = 120) -> str:
+    """What ``render`` shows, as plain text (no colour): the block a failed run's directory keeps."""
+    buffer = io.StringIO()
+    render(root, others, last_logged, Console(file=buffer, width=width, color_system=None, highlight=False))
+    return buffer.getvalue()
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)

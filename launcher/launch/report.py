@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -43,7 +44,7 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
         log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
     if not spec.cluster.node_rank:  # node 0 owns summary.json (nodes may share the run directory)
-        record_failure(spec, run_dir, root)
+        record_failure(spec, run_dir, root, others)
     return 1
 
 
@@ -60,9 +61,12 @@ def last_logged_step(run_dir: Path) -> int | None:
     return int(records[-1]["step"]) if records else None
 
 
-def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause) -> None:
-    """A failed run's summary.json: the same keys as a completed one, plus the root cause."""
+def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, others: Sequence[failures.RootCause] = ()) -> None:
+    """A failed run's summary.json (the same keys as a completed one, plus the root cause) and error.txt (the
+    root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
     records = logged(run_dir)
+    text = failures.as_text(root, list(others), last_logged_step(run_dir))
+    (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
     summary = {
         "status": "failed",
         "strategy": spec.strategy.name,

@@ -1,4 +1,4 @@
-"""The run directory contract: ``config.yaml``, ``metrics.jsonl``, ``summary.json``.
+"""The run directory contract: ``config.yaml``, ``metrics.jsonl``, ``summary.json`` (and a failed run's ``error.txt``).
 
 Other tools and tests read these files; keep the keys stable.
 """
@@ -14,6 +14,7 @@ from typing import Any
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 
 
@@ -23,6 +24,7 @@ def start_run(run_dir: Path, resuming: bool = False) -> None:
     A run that resumes from a checkpoint keeps its metrics: the curve continues.
     """
     (run_dir / SUMMARY).unlink(missing_ok=True)
+    (run_dir / ERROR).unlink(missing_ok=True)
     if not resuming:
         (run_dir / METRICS).unlink(missing_ok=True)
 

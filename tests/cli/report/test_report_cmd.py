@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-import struct
 from pathlib import Path
 
 import pytest
@@ -12,46 +10,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from launcher.cli import report  # noqa: E402
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def write_run(run_dir: Path, *, lr: float, steps: int = 200, status: str | None = "completed",
-              metrics: dict | None = None, extra: bool = False, overrides: list[str] | None = None) -> None:
-    """A run directory as the training loop leaves it; status None: no summary.json (a job that died)."""
-    run_dir.mkdir(parents=True)
-    records = []
-    for step in [1, *range(10, steps + 1, 10)]:
-        loss = 30.0 * math.exp(-lr * step) + 0.05 + 0.02 * math.sin(step)
-        record = {"step": step, "loss": loss, "examples_per_sec": 5000.0 + step, "time": 1.7e9 + step / 100}
-        if extra:
-            record["grad_norm"] = 1.0 / (1 + step / 20)
-            record["lr"] = lr * (1 - step / (2 * steps))
-        records.append(record)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    if status is not None:
-        summary = {"status": status, "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
-                   "examples_per_sec": 5100.0, "wall_seconds": 1.5, "recipe": "linear", "steps": steps,
-                   "metrics": metrics if metrics is not None else {}}
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    hydra = run_dir / ".hydra"
-    hydra.mkdir()
-    text = "".join(f"- {o}\n" for o in (overrides or [f"recipe.optimizer.lr={lr}", f"trainer.steps={steps}"]))
-    (hydra / "overrides.yaml").write_text(text or "[]\n")
-
-
-def assert_real_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
-    assert data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])
-    assert width >= 200 and height >= 200, (path, width, height)
-    assert len(data) > 5_000, f"{path} is only {len(data)} bytes"
-    import matplotlib.image
-
-    pixels = matplotlib.image.imread(str(path))
-    assert pixels.shape[:2] == (height, width)
-    assert pixels[..., :3].var() > 1e-3, f"{path} is (almost) a single colour"
+from tests.cli.report.runs import assert_real_png, write_run  # noqa: E402
 
 
 @pytest.fixture
@@ -115,26 +74,6 @@ def test_sweep_overlays_curves_and_charts_the_first_metric(sweep, capsys):
     assert "job 2" in failed and "failed" in failed
     assert "job 3" in failed and "no summary.json" in failed
     assert "job 0" not in failed and "job 1<" not in failed and "job 10" not in failed
-
-
-def test_sweep_leaves_failed_jobs_out_of_the_charts(sweep, monkeypatch):
-    drawn: dict[str, dict] = {}
-    real_save = report._save
-
-    def spy(fig, path):
-        (ax,) = fig.axes
-        drawn[path.name] = {
-            "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
-            "lines": len(ax.lines), "bars": len(ax.patches), "ticks": [t.get_text() for t in ax.get_xticklabels()],
-        }
-        return real_save(fig, path)
-
-    monkeypatch.setattr(report, "_save", spy)
-    assert report.main([str(sweep)]) == 0
-
-    labels = ["0: recipe.optimizer.lr=0.05", "1: recipe.optimizer.lr=0.02", "10: recipe.optimizer.lr=0.01"]
-    assert drawn["loss.png"]["lines"] == 3 and drawn["loss.png"]["legend"] == labels  # numeric job order
-    assert drawn["final_metric.png"]["bars"] == 3 and drawn["final_metric.png"]["ticks"] == labels
 
 
 def test_sweep_without_metrics_charts_final_loss(tmp_path):
@@ -213,3 +152,17 @@ def test_an_evaluation_record_is_not_a_gap_in_the_training_curves(tmp_path):
     job = report.Job(name="run", path=tmp_path, overrides=[], records=records, summary=None)
     assert job.curve("lr") == ([1, 20], [0.1, 0.05])
     assert job.curve("eval_loss") == ([10], [1.5])
+
+
+def test_a_failed_jobs_exception_is_on_the_page(tmp_path):
+    root = tmp_path / "sweep"
+    write_run(root / "0", lr=0.05)
+    write_run(root / "1", lr=0.5, steps=40, status="failed", error="ValueError: boom at step 40")
+
+    assert report.main([str(root)]) == 0
+
+    page = (root / "report.html").read_text()
+    jobs_table, failed = page.split("Failed jobs", 1)
+    assert "failed: ValueError: boom at step 40" in jobs_table  # the status cell says why
+    assert "<pre class='cause'>worker rank 1 failed: root cause\nValueError: boom at step 40" in failed  # error.txt
+    assert "dashed in the loss chart" in failed

@@ -1,0 +1,200 @@
+"""Reading run directories for ``dlaunch report``: each one's metrics, summary, overrides and root cause."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.runtime import outputs
+
+STANDARD_KEYS = ("step", "loss", "examples_per_sec", "time")  # what every metrics.jsonl record carries
+
+
+class ReportError(Exception):
+    """Nothing to report on; the message is the whole explanation (one line)."""
+
+
+@dataclass
+class Job:
+    """One run directory: a lone run, or one job of a sweep."""
+
+    name: str
+    path: Path
+    overrides: list[str]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    label: str = ""  # the chart label: the overrides that set this job apart from the others
+    root_cause: str = ""  # the block the terminal showed when the run failed (error.txt), if it was kept
+
+    @property
+    def status(self) -> str:
+        if self.summary is None:
+            return "no summary.json"
+        return str(self.summary.get("status") or "unknown")
+
+    @property
+    def completed(self) -> bool:
+        return self.summary is not None and self.summary.get("status") == "completed"
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        found = (self.summary or {}).get("metrics")
+        return found if isinstance(found, dict) else {}
+
+    @property
+    def exception(self) -> str:
+        """The failure's one line (``ValueError: boom``), or the process's exit when it left no exception."""
+        error = (self.summary or {}).get("error")
+        if not isinstance(error, dict):
+            return ""
+        return str(error.get("exception") or error.get("exit") or "")
+
+    @property
+    def has_loss(self) -> bool:
+        return any(_number(r.get("loss")) is not None and _number(r.get("step")) is not None for r in self.records)
+
+    def describe(self) -> str:
+        """recipe, strategy and cluster, as the summary (or the config a killed run left) names them."""
+        s = self.summary or {}
+        found = [s.get(k) for k in ("recipe", "strategy", "cluster")]
+        if not all(found):
+            config = _config(self.path)
+            cluster = config.get("cluster") or {}
+            fallback = [(config.get("recipe") or {}).get("name"), (config.get("strategy") or {}).get("name"),
+                        f"{cluster['nodes']}x{cluster['devices_per_node']}"
+                        if "nodes" in cluster and "devices_per_node" in cluster else None]
+            found = [f or b for f, b in zip(found, fallback)]
+        return " · ".join(str(f) for f in found if f)
+
+    def curve(self, key: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of one metrics.jsonl key; a null value is a gap (nan). Records without the key
+        (an evaluation's among the training steps') are not points of its curve."""
+        steps, values = [], []
+        for r in self.records:
+            step = _number(r.get("step"))
+            if step is None or key not in r:
+                continue
+            value = _number(r.get(key))
+            steps.append(step)
+            values.append(math.nan if value is None else value)
+        return steps, values
+
+
+def sweep_jobs(directory: Path) -> list[Path]:
+    """A sweep's job directories, in job order: numbered ones, or (a custom hydra.sweep.subdir) any run directory."""
+    if is_run(directory):
+        return []  # a run directory, even if it holds numbered folders of its own
+    subdirs = [d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    numbered = sorted((d for d in subdirs if d.name.isdigit()), key=lambda d: int(d.name))
+    if numbered:
+        return numbered
+    if not (directory / "multirun.yaml").exists():
+        return []
+    return sorted(d for d in subdirs if any((d / n).exists() for n in (outputs.METRICS, outputs.SUMMARY, ".hydra")))
+
+
+def is_run(directory: Path) -> bool:
+    return (directory / outputs.METRICS).exists() or (directory / outputs.SUMMARY).exists()
+
+
+def load(path: Path, name: str) -> Job:
+    try:
+        root_cause = (path / outputs.ERROR).read_text(encoding="utf-8").rstrip()
+    except OSError:
+        root_cause = ""
+    return Job(name=name, path=path, overrides=_overrides(path),
+               records=[r for r in outputs.read_records(path / outputs.METRICS) if isinstance(r, dict)],
+               summary=_summary(path), root_cause=root_cause)
+
+
+def label(jobs: list[Job]) -> None:
+    """Label each job by the overrides that differ across the sweep (all of them when none differ)."""
+    common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
+    for j in jobs:
+        own = [o for o in j.overrides if o not in common] or j.overrides
+        j.label = f"{j.name}: {' '.join(own)}" if own else f"job {j.name}"
+
+
+def extra_keys(records: list[dict[str, Any]]) -> list[str]:
+    """Numeric keys of metrics.jsonl records beyond the standard four (lr, grad_norm, eval_*), first-seen order."""
+    keys: dict[str, None] = {}
+    for r in records:
+        for k, v in r.items():
+            if k not in STANDARD_KEYS and _number(v) is not None:
+                keys.setdefault(k, None)
+    return list(keys)
+
+
+def final_value(job: Job, metric: str) -> float | None:
+    if metric == "final_loss":
+        return _number((job.summary or {}).get("final_loss"))
+    return _number(job.metrics.get(metric))
+
+
+def _summary(path: Path) -> dict[str, Any] | None:
+    found = outputs.read_summary(path)
+    return found if isinstance(found, dict) else None
+
+
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _overrides(path: Path) -> list[str]:
+    found = _yaml(path / ".hydra" / "overrides.yaml")
+    return [str(o) for o in found] if isinstance(found, list) else []
+
+
+def _config(path: Path) -> dict[str, Any]:
+    found = _yaml(path / outputs.CONFIG)
+    return found if isinstance(found, dict) else {}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+# --- which job is best ---------------------------------------------------------------------------------------------
+
+LOWER_IS_BETTER = ("loss", "error", "err", "mse", "mae", "rmse", "perplexity", "ppl")
+HIGHER_IS_BETTER = ("acc", "accuracy", "auc", "f1", "precision", "recall", "ap", "map", "score")
+
+
+def lower_is_better(metric: str) -> bool | None:
+    words = metric.lower().replace("-", "_").split("_")
+    if any(w in LOWER_IS_BETTER for w in words):
+        return True
+    if any(w in HIGHER_IS_BETTER for w in words):
+        return False
+    return None
+
+
+def fixed_format(values: list[float], digits: int = 3) -> str:
+    """One format for every value of a chart: ``digits`` significant digits of the smallest magnitude, so that
+    0.5 and 0.0123 print as 0.5000 and 0.0123 (scientific when the values are tiny or huge)."""
+    finite = [abs(v) for v in values if math.isfinite(v) and v != 0]
+    if not finite:
+        return ".0f"
+    smallest, largest = min(finite), max(finite)
+    if smallest < 1e-4 or largest >= 1e7:
+        return f".{digits - 1}e"
+    return f".{max(0, digits - 1 - math.floor(math.log10(smallest)))}f"
+
+
+def best(bars: list[tuple[Job, float]], metric: str, spec: str) -> list[Job]:
+    """Every job whose value, printed as ``spec``, equals the best one's: a tie shown equal is a tie."""
+    lower = lower_is_better(metric)
+    if lower is None or len(bars) < 2:
+        return []
+    top = format((min if lower else max)(v for _, v in bars), spec)
+    return [j for j, v in bars if format(v, spec) == top]

@@ -1,0 +1,139 @@
+"""report.html: a self-contained page (charts embedded) with the run's or sweep's tables and root causes."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.cli.report.jobs import Job, extra_keys
+
+REPORT = "report.html"
+MAX_TABLE_ROWS = 1000  # the run page's per-step table; the charts always show every record
+RUN_KEYS = ("recipe", "strategy", "cluster", "device", "steps", "global_batch_size", "first_loss", "final_loss",
+            "examples_per_sec", "wall_seconds", "restarts", "resumed_from_step", "last_completed_step")
+
+
+class Raw(str):
+    """Table cell text that is already HTML."""
+
+
+def images(shown: list[tuple[str, Path]]) -> str:
+    parts = []
+    for caption, path in shown:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        parts.append(f"<figure><img alt='{e(caption)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{e(caption)} ({e(path.name)})</figcaption></figure>")
+    return "\n".join(parts)
+
+
+def root_cause(job: Job) -> str:
+    """A failed job's exception, then the block the terminal showed (error.txt), or the summary's traceback."""
+    if job.completed or not (job.exception or job.root_cause):
+        return ""
+    block = job.root_cause or str(((job.summary or {}).get("error") or {}).get("traceback") or "")
+    head = f"<p class='failed'><b>{e(job.exception)}</b></p>" if job.exception else ""
+    return head + (f"<pre class='cause'>{e(block)}</pre>" if block else "")
+
+
+def run_table(job: Job) -> str:
+    s = job.summary or {}
+    rows: list[tuple[str, Any]] = [("status", Raw(status_html(job)))]
+    if job.overrides:
+        rows.append(("overrides", " ".join(job.overrides)))
+    rows += [(key, s[key]) for key in RUN_KEYS if key in s]
+    rows += [(f"metrics.{k}", v) for k, v in job.metrics.items()]
+    if not job.metrics:
+        rows.append(("metrics", "none recorded" if job.summary is not None else "no summary.json"))
+    return table(["", "value"], [[k, v] for k, v in rows])
+
+
+def records_table(records: list[dict[str, Any]]) -> str:
+    keys = [k for k in ("step", "loss", "examples_per_sec") if any(k in r for r in records)] + extra_keys(records)
+    shown = records[:MAX_TABLE_ROWS]
+    rows = table(keys, [[r.get(k) for k in keys] for r in shown])
+    note = f"<p>first {MAX_TABLE_ROWS} of {len(records)} records</p>" if len(records) > len(shown) else ""
+    return f"<details><summary>{len(records)} records</summary>{note}{rows}</details>"
+
+
+def sweep_table(jobs: list[Job], metric: str, best: list[Job]) -> str:
+    metric_keys = list(dict.fromkeys(k for j in jobs for k in j.metrics))
+    header = ["job", "overrides", "status", "first_loss", "final_loss", *metric_keys, "examples_per_sec",
+              "wall_seconds"]
+    rows = []
+    for j in jobs:
+        s = j.summary or {}
+        name = f"{e(j.name)} &#9733;" if j in best else e(j.name)  # the star marks the highlighted bars
+        row = [Raw(name), " ".join(j.overrides) or "(none)", Raw(status_html(j))]
+        row += [s.get("first_loss"), s.get("final_loss"), *(j.metrics.get(k) for k in metric_keys),
+                s.get("examples_per_sec"), s.get("wall_seconds")]
+        rows.append(row)
+    stars = "; &#9733; marks the best job" + ("s (tied)" if len(best) > 1 else "") if best else ""
+    return f"<p>Charted metric: <b>{e(metric)}</b>{stars}.</p>" + table(header, rows)
+
+
+def failed_jobs(failed: list[Job]) -> str:
+    """Each failed job with its overrides and root cause; their partial curves are in the loss chart, dashed."""
+    if not failed:
+        return ""
+    items = "".join(f"<li><b>job {e(j.name)}</b>: {e(j.status)}"
+                    f"{' &mdash; ' + e(' '.join(j.overrides)) if j.overrides else ''}{root_cause(j)}</li>"
+                    for j in failed)
+    return (f"<h2 class='failed'>Failed jobs ({len(failed)}): dashed in the loss chart, "
+            f"no bar in the metric chart</h2><ul>{items}</ul>")
+
+
+def status_html(job: Job) -> str:
+    cls = "ok" if job.completed else "failed"
+    text = job.status if job.completed or job.status == "failed" else f"failed ({job.status})"
+    if not job.completed and job.exception:
+        text += f": {job.exception}"
+    return f"<span class='{cls}'>{e(text)}</span>"
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, Raw):
+        return str(value)
+    if value is None:
+        return "&mdash;"
+    if isinstance(value, float):
+        return e(f"{value:.6g}")
+    if isinstance(value, (dict, list)):
+        return e(json.dumps(value))
+    return e(str(value))
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+th { background: #f3f3f3; }
+td { font-variant-numeric: tabular-nums; }
+figure { display: inline-block; margin: 0 1em 1em 0; }
+img { max-width: 100%; border: 1px solid #ddd; }
+pre.cause { background: #fff5f5; border: 1px solid #e0b4b4; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
+.ok { color: #1a7f37; } .failed { color: #c62828; }
+"""
+
+
+def write(directory: Path, title: str, body: list[str]) -> Path:
+    page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
+            f"<style>{STYLE}</style></head>\n<body><h1>{e(title)}</h1>\n<p>{e(str(directory.resolve()))}</p>\n"
+            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+    path = directory / REPORT
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def e(text: str) -> str:
+    return html.escape(text, quote=True)

@@ -1,0 +1,166 @@
+"""The pictures of ``dlaunch report``, each built as a matplotlib ``Figure`` (no pyplot: no global state).
+
+Each function returns the figure, so that tests can read its titles, lines and bars; ``save`` writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from launcher.cli.report.jobs import Job, extra_keys, lower_is_better
+
+MAX_LEGEND = 20  # a sweep's charts label this many jobs at most
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+FAILED_STYLE = "--"  # a failed job's partial curve
+BEST_COLOR = "tab:orange"
+OTHER_COLOR = "tab:blue"
+
+
+def run_loss(job: Job) -> Figure:
+    """Loss vs step of one run, titled with its recipe, strategy and cluster."""
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    steps, losses = job.curve("loss")
+    ax.plot(steps, losses, marker="o" if len(steps) <= 50 else None, markersize=3, label="train loss",
+            linestyle="-" if job.completed or job.summary is None else FAILED_STYLE)
+    _step_axis(ax, losses)
+    what = job.describe()
+    failed = "" if job.completed or job.summary is None else f" ({job.status})"
+    ax.set(ylabel="loss", title=f"loss: {what}{failed}\n{job.name}" if what else f"loss: {job.name}{failed}")
+    ax.legend()
+    return fig
+
+
+def run_metrics(job: Job) -> Figure | None:
+    """One small chart per logged key beyond the loss (lr, grad_norm, eval_*); None when there is none."""
+    keys = extra_keys(job.records)
+    if not keys:
+        return None
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(4.5 * cols, 3.5 * rows + 0.5))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        xs, ys = job.curve(key)
+        ax.plot(xs, ys, marker="o" if len(xs) <= 50 else None, markersize=3)
+        _step_axis(ax, ys)
+        ax.set_title(key)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    fig.suptitle(f"metrics: {job.describe() or job.name}")
+    return fig
+
+
+def sweep_loss(jobs: list[Job], sweep: str) -> Figure:
+    """Every job's loss curve, each with its own colour and markers; a failed job's partial curve dashed."""
+    fig = Figure(figsize=(9, 5.5))
+    ax = fig.subplots()
+    losses: list[float] = []
+    for i, job in enumerate(jobs):
+        steps, values = job.curve("loss")
+        losses += values
+        _draw(ax, job, i, len(jobs), steps, values)
+    _step_axis(ax, losses)
+    failed = sum(not j.completed for j in jobs)
+    count = f"{_plural(len(jobs), 'job')}{f', {failed} failed' if failed else ''}"
+    shared = {j.describe() for j in jobs}
+    what = f"{shared.pop()}, " if len(shared) == 1 and "" not in shared else ""
+    ax.set(ylabel="loss", title=f"loss: sweep {sweep} ({what}{count})")
+    _legend(ax, len(jobs))
+    return fig
+
+
+def sweep_metrics(jobs: list[Job], sweep: str) -> Figure | None:
+    """lr, grad_norm and the other logged keys, every job overlaid in its loss.png style; None when none."""
+    keys = list(dict.fromkeys(k for j in jobs for k in extra_keys(j.records)))
+    if not keys:
+        return None
+    cols = min(2, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(6 * cols + 2.5, 3.8 * rows + 0.5))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        drawn: list[float] = []
+        for i, job in enumerate(jobs):
+            steps, values = job.curve(key)
+            drawn += values
+            if steps:
+                _draw(ax, job, i, len(jobs), steps, values)
+        _step_axis(ax, drawn)
+        ax.set_title(key)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    _legend(axes.flat[cols - 1], len(jobs))
+    fig.suptitle(f"logged metrics: sweep {sweep} ({_plural(len(jobs), 'job')})")
+    return fig
+
+
+def final_metric(bars: list[tuple[Job, float]], metric: str, sweep: str, spec: str, best: list[Job]) -> Figure:
+    """A bar per job of its final ``metric``, each printed as ``spec``; every job tied for best highlighted."""
+    width = max(6.0, min(0.8 * len(bars) + 3, 24.0))
+    fig = Figure(figsize=(width, 5.5))
+    ax = fig.subplots()
+    xs = range(len(bars))
+    values = [v for _, v in bars]
+    colors = [BEST_COLOR if j in best else OTHER_COLOR for j, _ in bars]
+    drawn = ax.bar(xs, values, color=colors)
+    ax.bar_label(drawn, labels=[format(v, spec) for v in values], fontsize="small", padding=2)
+    labels = [j.label for j, _ in bars]
+    fits = sum(len(s) for s in labels) * 7 < width * 100 * 0.8  # small font: about 7 px a character
+    ax.set_xticks(list(xs), labels, fontsize="small",
+                  **({} if fits else {"rotation": 30, "ha": "right", "rotation_mode": "anchor"}))
+    direction = {True: " (lower is better)", False: " (higher is better)"}.get(lower_is_better(metric), "")
+    tie = f"; {len(best)} tie for best" if len(best) > 1 else ""
+    ax.set(ylabel=metric, title=f"{metric} per job: sweep {sweep}{direction}{tie}")
+    ax.grid(True, axis="y", alpha=0.3)
+    if min(values) > 0:
+        ax.set_ylim(0, max(values) * 1.12)
+    return fig
+
+
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    return path
+
+
+def _draw(ax: Axes, job: Job, i: int, n: int, steps: list[float], values: list[float]) -> None:
+    """Job ``i`` of ``n``: its colour and marker shape, markers shifted along the curve so that identical curves
+    still show each job's markers."""
+    every = max(1, min(len(steps), max(len(steps) // 8, n)))  # room for each job's own offset
+    failed = not job.completed
+    ax.plot(steps, values, color=_color(i, n), linewidth=1.5, linestyle=FAILED_STYLE if failed else "-",
+            marker=MARKERS[i % len(MARKERS)], markersize=5, markevery=(i % every, every),
+            label=(f"{job.label} ({job.status})" if failed else job.label) if i < MAX_LEGEND else None)
+
+
+def _legend(ax: Axes, n: int) -> None:
+    more = f" (+{n - MAX_LEGEND} more)" if n > MAX_LEGEND else ""
+    ax.legend(fontsize="small", title=f"job: overrides{more}", title_fontsize="small",
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _step_axis(ax: Axes, values: list[float]) -> None:
+    """Integer steps on x; a log y-axis for a curve that falls by more than 20x, as losses do."""
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    finite = [v for v in values if math.isfinite(v)]
+    if finite and min(finite) > 0 and max(finite) / min(finite) > 20:
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+
+
+def _color(i: int, n: int) -> tuple[float, ...]:
+    from matplotlib import colormaps
+
+    if n <= 20:
+        return colormaps["tab10" if n <= 10 else "tab20"](i)
+    return colormaps["viridis"](i / max(n - 1, 1))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

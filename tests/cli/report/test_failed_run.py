@@ -1,0 +1,33 @@
+"""A real failed run: its directory keeps the root-cause block the terminal showed, and its report shows it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from launcher.cli import report  # noqa: E402
+from tests.conftest import PROBE  # noqa: E402
+
+
+def test_a_failed_run_keeps_its_root_cause_and_the_report_shows_it(run_dlaunch):
+    proc, run_dir = run_dlaunch(f"recipe.entry={PROBE}", "strategy=mirrored", "cluster=1x2", "trainer.steps=8",
+                                "trainer.log_every=1", "+recipe.fail_replica=1", "+recipe.fail_step=4")
+    assert proc.returncode == 1, proc.stderr
+
+    kept = (run_dir / "error.txt").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    exception = summary["error"]["exception"]
+    assert exception == "RuntimeError: injected failure on replica 1 at step 4"
+    for line in ("worker rank 1 failed: root cause", "last completed step 3", exception, "in train_step"):
+        assert line in kept, (line, kept)
+        assert line in proc.stderr, line  # the same block as the terminal's
+    assert "\x1b[" not in kept  # no colour codes in a file
+
+    assert report.main([str(run_dir)]) == 0
+    page = (run_dir / "report.html").read_text()
+    assert "Root cause" in page and "worker rank 1 failed: root cause" in page
+    assert exception in page
+    assert page.count("data:image/png;base64,") == 2  # the partial loss curve, and lr and grad_norm

@@ -1,0 +1,135 @@
+"""What each picture of ``dlaunch report`` shows, read from the matplotlib figure: titles, lines, styles, bars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from launcher.cli.report import jobs, plots  # noqa: E402
+from tests.cli.report.runs import assert_real_png, write_run  # noqa: E402
+
+
+def loaded(*paths: Path) -> list[jobs.Job]:
+    found = [jobs.load(p, p.name) for p in paths]
+    jobs.label(found)
+    return found
+
+
+def integer_steps(ax) -> bool:
+    locator = ax.xaxis.get_major_locator()
+    return isinstance(locator, MaxNLocator) and locator._integer
+
+
+def test_a_runs_loss_names_its_recipe_strategy_and_cluster(tmp_path):
+    write_run(tmp_path / "2026-01-02_10-00-00", lr=0.05, where=("digits", "multi_worker_mirrored", "2x2"))
+    (job,) = loaded(tmp_path / "2026-01-02_10-00-00")
+
+    fig = plots.run_loss(job)
+
+    (ax,) = fig.axes
+    assert ax.get_title() == "loss: digits · multi_worker_mirrored · 2x2\n2026-01-02_10-00-00"
+    assert len(ax.lines) == 1 and ax.get_yscale() == "log" and integer_steps(ax)
+    assert_real_png(plots.save(fig, tmp_path / "loss.png"))
+
+
+def test_a_killed_run_is_named_from_its_config_and_drawn_dashed(tmp_path):
+    write_run(tmp_path / "run", lr=0.05, status=None, where=("linear", "one_device", "1x1"))
+    write_run(tmp_path / "failed", lr=0.05, status="failed", where=("linear", "mirrored", "1x2"))
+    killed, failed = loaded(tmp_path / "run", tmp_path / "failed")
+
+    assert plots.run_loss(killed).axes[0].get_title().startswith("loss: linear · one_device · 1x1\n")
+    ax = plots.run_loss(failed).axes[0]
+    assert ax.get_title().startswith("loss: linear · mirrored · 1x2 (failed)")
+    assert ax.lines[0].get_linestyle() == "--"
+
+
+def test_a_runs_metrics_draw_lr_and_grad_norm(tmp_path):
+    write_run(tmp_path / "run", lr=0.05, extra=True)
+    (job,) = loaded(tmp_path / "run")
+
+    fig = plots.run_metrics(job)
+
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["grad_norm", "lr"]
+    assert all(len(ax.lines) == 1 and integer_steps(ax) for ax in shown)
+    assert shown[1].lines[0].get_ydata()[0] == pytest.approx(0.05 * (1 - 1 / 400))
+
+    write_run(tmp_path / "plain", lr=0.05)
+    assert plots.run_metrics(loaded(tmp_path / "plain")[0]) is None
+
+
+@pytest.fixture
+def four_jobs(tmp_path) -> list[jobs.Job]:
+    """Jobs 0 and 1 train identically (a strategy sweep does: the same numbers); job 3 failed part way."""
+    write_run(tmp_path / "0", lr=0.05, overrides=["strategy=one_device", "trainer.steps=200"], extra=True)
+    write_run(tmp_path / "1", lr=0.05, overrides=["strategy=mirrored", "trainer.steps=200"], extra=True)
+    write_run(tmp_path / "2", lr=0.02, overrides=["strategy=central_storage", "trainer.steps=200"], extra=True)
+    write_run(tmp_path / "3", lr=0.05, steps=60, status="failed", error="ValueError: boom",
+              overrides=["strategy=multi_worker_mirrored", "trainer.steps=200"])
+    return loaded(*(tmp_path / n for n in "0123"))
+
+
+def test_identical_curves_stay_visible_and_a_failed_one_is_dashed(four_jobs):
+    fig = plots.sweep_loss(four_jobs, "sweep")
+
+    (ax,) = fig.axes
+    assert ax.get_title() == "loss: sweep sweep (linear · mirrored · 1x2, 4 jobs, 1 failed)"
+    assert len(ax.lines) == 4
+    same_a, same_b = ax.lines[0], ax.lines[1]
+    assert list(same_a.get_ydata()) == list(same_b.get_ydata())
+    assert same_a.get_marker() != same_b.get_marker()  # the second curve's markers show on top of the first
+    assert same_a.get_markevery() != same_b.get_markevery()  # and fall at other steps
+    assert len({line.get_marker() for line in ax.lines}) == 4
+    assert len({to_hex(line.get_color()) for line in ax.lines}) == 4
+    assert [line.get_linestyle() for line in ax.lines] == ["-", "-", "-", "--"]
+    assert len(ax.lines[3].get_xdata()) == 7  # the failed job's partial curve: steps 1, 10, ..., 60
+    assert ax.get_yscale() == "log" and integer_steps(ax)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["0: strategy=one_device", "1: strategy=mirrored", "2: strategy=central_storage",
+                      "3: strategy=multi_worker_mirrored (failed)"]
+
+
+def test_one_job_is_counted_as_one(four_jobs):
+    title = plots.sweep_loss(four_jobs[:1], "s").axes[0].get_title()
+    assert title.endswith("(linear · mirrored · 1x2, 1 job)")
+
+
+def test_a_sweeps_metrics_overlay_every_job(four_jobs):
+    fig = plots.sweep_metrics(four_jobs, "sweep")
+
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["grad_norm", "lr"]
+    assert all(len(ax.lines) == 3 for ax in shown)  # the failed job logged neither
+    assert fig.get_suptitle() == "logged metrics: sweep sweep (4 jobs)"
+
+
+def test_every_job_tied_for_best_is_highlighted_and_values_share_one_precision(tmp_path):
+    for name, accuracy in (("0", 0.9312), ("1", 0.5), ("2", 0.93124), ("3", 0.0123)):
+        write_run(tmp_path / name, lr=0.1, metrics={"eval_accuracy": accuracy}, overrides=[f"seed={name}"])
+    found = loaded(*(tmp_path / n for n in "0123"))
+    bars = [(j, jobs.final_value(j, "eval_accuracy")) for j in found]
+    spec = jobs.fixed_format([v for _, v in bars])
+    best = jobs.best(bars, "eval_accuracy", spec)
+
+    fig = plots.final_metric(bars, "eval_accuracy", "sweep", spec, best)
+
+    (ax,) = fig.axes
+    assert [j.name for j in best] == ["0", "2"]  # 0.9312 and 0.93124 print alike: a tie as the reader sees it
+    colors = [to_hex(p.get_facecolor()) for p in ax.patches]
+    assert colors == [to_hex(plots.BEST_COLOR), to_hex(plots.OTHER_COLOR)] * 2
+    assert [t.get_text() for t in ax.texts] == ["0.9312", "0.5000", "0.9312", "0.0123"]
+    assert ax.get_title() == "eval_accuracy per job: sweep sweep (higher is better); 2 tie for best"
+    assert_real_png(plots.save(fig, tmp_path / "final_metric.png"))
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([0.5, 0.0123], ".4f"), ([12.5, 3.0], ".2f"), ([1234.0, 99.0], ".1f"), ([1e-6, 0.5], ".2e"), ([0.0], ".0f"),
+])
+def test_one_precision_for_a_charts_values(values, expected):
+    assert jobs.fixed_format(values) == expected
