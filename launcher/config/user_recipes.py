@@ -74,7 +74,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise ConfigError([Problem(key=str(path), message=f"cannot read this recipe YAML: {why}{at}", has_value=False)]) from None
+        raise ConfigError([Problem(key=str(path), message=f"cannot read this YAML: {why}{at}", has_value=False)]) from None
     if not isinstance(data, dict) or not isinstance(data.get("recipe"), dict):
         raise ConfigError([Problem(key=str(path), has_value=False, message="not a recipe config: it needs a top-level "
                                    "recipe: mapping with recipe.entry (as dlaunch recipes cp linear DIR writes)")])
