@@ -108,13 +108,15 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     # A SLURM job runs on nodes this machine cannot see: their devices are checked there.
     cuda = REMOTE_CUDA if scheduled.launcher_of(overrides) == "submitit_slurm" else cuda_devices()
     problems: list[Problem] = _check_output_dirs(overrides)
+    error = ConfigError  # UserCodeError (exit 1) when a recipe's own code raised
     for job in _job_overrides(overrides, multirun):
         try:
             _Status.validated[_job_key(job)] = composer.compose_and_validate(job, cuda)
         except ConfigError as exc:
             problems.extend(p for p in exc.problems if p not in problems)
+            error = type(exc) if exc.exit_code < error.exit_code else error
     if problems:
-        raise ConfigError(problems)
+        raise error(problems)
 
 
 def _warm_workers(overrides: list[str]) -> None:
@@ -304,6 +306,20 @@ def _hydra_main(argv: list[str]) -> None:
         sys.argv = saved
 
 
+def _primary_config_usable(args: Any) -> None:
+    """``--config-name`` is looked up as Hydra does (``--config-dir`` first); ``--config-path`` would drop dlaunch's own configs."""
+    if args.config_path is not None:
+        raise ConfigError([Problem(key="--config-path", value=args.config_path, message="would replace dlaunch's own "
+                                   "configs (strategy, cluster, recipe groups); use --config-dir DIR, searched before "
+                                   "them, with --config-name NAME for DIR/NAME.yaml")])
+    if args.config_name is None:
+        return
+    dirs = [*composer.CONFIG_DIRS, str(composer.CONF_DIR)]
+    if not any(Path(d, f"{args.config_name.removesuffix('.yaml')}.yaml").is_file() for d in dirs):
+        raise ConfigError([Problem(key="--config-name", value=args.config_name, message="no such primary config: looked "
+                                   f"for {args.config_name.removesuffix('.yaml')}.yaml in {', '.join(dirs)} (add --config-dir DIR)")])
+
+
 # `dlaunch NAME ...` for these names runs a tool, not a training job.
 SUBCOMMANDS = {"recipes": "launcher.cli.recipes", "report": "launcher.cli.report"}
 
@@ -316,8 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = _hydra_args(argv)
     composer.CONFIG_DIRS[:] = [os.path.abspath(args.config_dir)] if args.config_dir else []
+    composer.CONFIG_NAME = args.config_name or "config"
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     try:
+        _primary_config_usable(args)
+        chosen = composer.choose_user_recipes(args.overrides)
+        argv = [dict(zip(args.overrides, chosen)).get(a, a) for a in argv] + chosen[len(args.overrides):]
+        args.overrides = chosen
         if informational:
             composer.register_configs(args.overrides)
         else:
@@ -328,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         if full_errors():
             raise
         render(exc)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     _Status.codes = []

@@ -21,3 +21,31 @@ class PlanError(ValueError):
     def __init__(self, key: str, value: Any, message: str):
         super().__init__(f"{key}: {message}")
         self.key, self.value, self.message = key, value, message
+
+
+class PlanErrors(ValueError):
+    """Several cross-field rules failed, each independently of the others."""
+
+    def __init__(self, errors: list[PlanError]):
+        super().__init__("; ".join(str(e) for e in errors))
+        self.errors = errors
+
+
+def check_rules(rules: Any, *args: Any) -> None:
+    """Run every rule and raise all their ``PlanError``s together.
+
+    A rule that fails otherwise after an earlier one failed relies on what that one checks: it is left out.
+    """
+    errors: list[PlanError] = []
+    for rule in rules:
+        try:
+            rule(*args)
+        except PlanError as exc:
+            errors.append(exc)
+        except Exception:
+            if not errors:
+                raise
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise PlanErrors(errors)

@@ -6,6 +6,7 @@ allowed and a did-you-mean, never a traceback.
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import re
 from pathlib import Path
@@ -22,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
-from launcher.config import pydantic_errors
-from launcher.config.errors import ConfigError, Problem, did_you_mean
+from launcher.config import pydantic_errors, user_recipes
+from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
 from launcher.runtime import recipe as recipe_lib
 
@@ -32,6 +33,8 @@ RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
 SHAPE = re.compile(r"^(\d+)x(\d+)$")
 GENERATED_GROUPS = ("cluster", "recipe")
 CONFIG_DIRS: list[str] = []  # `dlaunch --config-dir DIR`: searched first, as Hydra searches it for the run itself
+CONFIG_NAME = "config"  # `dlaunch --config-name NAME`: the primary config (in a --config-dir, or dlaunch's own)
+DEFAULT_RECIPE = "linear"
 
 
 def file_options(group: str) -> list[str]:
@@ -39,7 +42,7 @@ def file_options(group: str) -> list[str]:
 
 
 def recipe_files() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(RECIPE_DIR.glob("*.yaml"))}
+    return {p.stem: p.resolve() for p in sorted(RECIPE_DIR.glob("*.yaml"))}
 
 
 def group_options(group: str) -> list[str]:
@@ -57,10 +60,7 @@ def register_configs(overrides: Iterable[str] = ()) -> None:
     ``NxM`` is an option without a file per shape.
     """
     store = ConfigStore.instance()
-    overridden = {f.stem for d in CONFIG_DIRS for f in Path(d, "recipe").glob("*.yaml")}  # a user's copy wins
     for name, path in recipe_files().items():
-        if name in overridden:
-            continue
         node = OmegaConf.load(path)
         node.recipe.name = name
         node.recipe.entry = f"launcher.recipes.{name}"
@@ -69,6 +69,17 @@ def register_configs(overrides: Iterable[str] = ()) -> None:
         nodes, devices = (int(v) for v in SHAPE.match(shape).groups())
         node = {**ClusterSpec().model_dump(), "nodes": nodes, "devices_per_node": devices}
         store.store(group="cluster", name=shape, node=node, provider="dlaunch")
+
+
+def choose_user_recipes(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``recipe=NAME`` of a ``--config-dir`` and ``recipe=PATH`` chosen as stored options (user_recipes)."""
+    return user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
+
+
+def recipe_option(path: Path) -> str:
+    """The ``recipe=`` choice that runs the recipe file at ``path`` (a shipped one keeps its name)."""
+    path, shipped = path.resolve(), recipe_files()  # resolved, as user_recipes compares them
+    return path.stem if path in shipped.values() else user_recipes.option_for(path, shipped)
 
 
 def _shapes_in(overrides: Iterable[str]) -> set[str]:
@@ -118,8 +129,13 @@ def _check_choice(group: str, value: str) -> Problem | None:
         files = ", ".join(file_options("cluster"))
         return Problem(key="cluster", value=value, message=f"cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8), or one of: {files}")
     options = group_options(group)
-    if value in options:
+    if value in options or group == "recipe" and value in user_recipes.OPTIONS:
         return None
+    if group == "recipe":
+        options = sorted({*options, *user_recipes.config_dir_recipes(CONFIG_DIRS)})
+        where = f"DIR/recipe/{value}.yaml in --config-dir " + " or ".join(CONFIG_DIRS) if CONFIG_DIRS else "--config-dir DIR with DIR/recipe/NAME.yaml"
+        return Problem(key=group, value=value, allowed=tuple(options), suggestion=did_you_mean(value, options),
+                       message=f"unknown recipe: not a shipped recipe, nor {where}, nor a path (recipe=path/to/mine.py or .yaml)")
     return Problem(key=group, value=value, message=f"unknown {group}", allowed=tuple(options), suggestion=did_you_mean(value, options))
 
 
@@ -143,7 +159,7 @@ def _compose(overrides: list[str], return_hydra_config: bool = False) -> DictCon
             for directory in reversed(CONFIG_DIRS):
                 loader.config_search_path.prepend("command-line", f"file://{directory}")
             loader.repository.initialize_sources(loader.config_search_path)
-        return hydra_compose("config", overrides=overrides, return_hydra_config=return_hydra_config)
+        return hydra_compose(CONFIG_NAME, overrides=overrides, return_hydra_config=return_hydra_config)
 
 
 def _group_of(missing: str) -> str:
@@ -207,33 +223,71 @@ def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | 
 
 
 def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
-    """The composed config as a ``RunSpec``, or a ``ConfigError`` listing every problem."""
+    """The composed config as a ``RunSpec``, or a ``ConfigError`` listing every problem.
+
+    The schema's field errors, the cross-field rules and the recipe's own ``Config`` are checked together
+    wherever they are independent, so that one run shows every mistake.
+    """
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError([Problem(key=str(key), message=str(exc).splitlines()[0], has_value=False)]) from None
     data.pop("hydra", None)
+    context = {"cuda_devices": cuda_devices, "check_files": True}  # the parent looks at the input files once (workers need not)
+    spec, problems = None, []
     try:
-        # check_files: the parent looks at the input files once (workers need not)
-        spec = RunSpec.model_validate(data, context={"cuda_devices": cuda_devices, "check_files": True})
+        spec = RunSpec.model_validate(data, context=context)
     except ValidationError as exc:
-        raise ConfigError(pydantic_errors.problems(exc, RunSpec, data)) from None
-    _validate_recipe(spec)
+        problems = pydantic_errors.problems(exc, RunSpec, data)
+        problems += _rules_without(data, problems, context)
+    recipe = data.get("recipe")
+    loaded = _recipe_problems(recipe, problems) if isinstance(recipe, dict) and isinstance(recipe.get("entry"), str) else None
+    if problems:
+        raise ConfigError(problems)
+    if loaded is not None and loaded.manual:
+        _manual_step_fits(spec)
     return spec
 
 
-def _validate_recipe(spec: RunSpec) -> None:
-    recipe = spec.recipe.model_dump()
+def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:
+    """The cross-field rules' problems once the keys already at fault take their defaults (pydantic skips the rules then).
+
+    A rule about a key at fault would judge its default, not the user's value: such problems are left out.
+    """
+    bad = [p.key for p in problems]
+    pruned = copy.deepcopy(data)
+    for key in bad:
+        *parents, last = key.split(".")
+        node = pruned
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     try:
-        loaded = recipe_lib.load(recipe)
-    except recipe_lib.RecipeError as exc:
-        raise ConfigError([Problem(key=exc.key, value=exc.value, message=exc.message)]) from None
+        RunSpec.model_validate(pruned, context=context)
     except ValidationError as exc:
-        config_cls = recipe_lib.config_class(recipe_lib.import_entry(spec.recipe.entry), spec.recipe.entry)
-        raise ConfigError(pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",))) from None
-    if loaded.manual:
-        _manual_step_fits(spec)
+        related = lambda k: any(k == b or k.startswith(b + ".") or b.startswith(k + ".") for b in bad)  # noqa: E731
+        return [p for p in pydantic_errors.plan_problems(exc) if not related(p.key)]
+    return []
+
+
+def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.LoadedRecipe | None:
+    """The loaded recipe (None if it is at fault: its problems are added to ``problems``).
+
+    An exception raised by the recipe's own code at import is no config problem: ``UserCodeError``, exit 1.
+    """
+    try:
+        return recipe_lib.load(recipe)
+    except recipe_lib.RecipeError as exc:
+        problem = Problem(key=exc.key, value=exc.value, message=exc.message)
+        if exc.in_user_code:
+            raise UserCodeError([problem]) from None
+        problems.append(problem)
+    except ValidationError as exc:
+        config_cls = recipe_lib.config_class(recipe_lib.import_entry(recipe["entry"]), recipe["entry"])
+        problems += [p for p in pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",)) if p not in problems]
+    return None
 
 
 def _manual_step_fits(spec: RunSpec) -> None:
@@ -251,4 +305,19 @@ def _manual_step_fits(spec: RunSpec) -> None:
 
 
 def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
-    return validate(compose(overrides), cuda_devices)
+    """The validated run spec; every problem found in one ``ConfigError``, unknown keys and the rest together."""
+    try:
+        cfg = compose(overrides)
+    except ConfigError as exc:
+        unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
+        rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in unknown]
+        if not unknown or len(unknown) < len({p.key for p in exc.problems}) or rest == overrides:
+            raise
+        try:
+            validate(compose(rest), cuda_devices)  # the other overrides, judged without the unknown keys
+        except UserCodeError:
+            raise exc from None
+        except ConfigError as more:
+            raise ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)]) from None
+        raise
+    return validate(cfg, cuda_devices)

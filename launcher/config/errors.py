@@ -24,10 +24,18 @@ class ConfigError(Exception):
     """One or more problems with the composed config; exit code 2."""
 
     exit_code = 2
+    title = "invalid configuration"
 
     def __init__(self, problems: Iterable[Problem]):
         self.problems = list(problems)
         super().__init__("; ".join(f"{p.key}: {p.message}" for p in self.problems))
+
+
+class UserCodeError(ConfigError):
+    """The user's own code (a recipe module at import) raised: the root cause, exit code 1."""
+
+    exit_code = 1
+    title = "the recipe's code failed"
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
@@ -42,7 +50,7 @@ def render(error: ConfigError, console: Console | None = None) -> None:
     """Print the problems to stderr: at most ``MAX_LINES`` lines, never a traceback."""
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     n = len(error.problems)
-    console.print(f"[bold red]dlaunch: invalid configuration[/] ({n} problem{'s' if n != 1 else ''})")
+    console.print(f"[bold red]dlaunch: {error.title}[/] ({n} problem{'s' if n != 1 else ''})")
     used, shown = 3, 0  # the title and the closing hint
     for p in error.problems:
         lines = _lines(p)

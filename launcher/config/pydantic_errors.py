@@ -9,15 +9,26 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from launcher.config.errors import Problem, did_you_mean
-from launcher.config.schema import PlanError
+from launcher.config.base import PlanError, PlanErrors
 
 
 def problems(exc: ValidationError, root: type[BaseModel], data: Any, prefix: tuple[str, ...] = ()) -> list[Problem]:
     out = []
     for err in exc.errors():
+        several = err.get("ctx", {}).get("error")
+        if isinstance(several, PlanErrors):  # every cross-field rule that failed, one problem each
+            out += [Problem(key=e.key, value=e.value, message=e.message) for e in several.errors]
+            continue
         path, parent_model, parent_data = _walk(root, data, err["loc"])
         out.append(_problem(err, (*prefix, *path), parent_model, parent_data))
     return out
+
+
+def plan_problems(exc: ValidationError) -> list[Problem]:
+    """Only the problems that cross-field rules (``PlanError``) found."""
+    errors = [err["ctx"]["error"] for err in exc.errors() if isinstance(err.get("ctx", {}).get("error"), (PlanError, PlanErrors))]
+    flat = [e for err in errors for e in (err.errors if isinstance(err, PlanErrors) else [err])]
+    return [Problem(key=e.key, value=e.value, message=e.message) for e in flat]
 
 
 def _walk(model: type[BaseModel] | None, data: Any, loc: tuple) -> tuple[list[str], type[BaseModel] | None, Any]:

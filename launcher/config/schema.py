@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from launcher.cluster import address
-from launcher.config.base import PlanError, Port, PositiveInt, Strict
+from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rules
 from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.device_assignment import fit_problem
@@ -462,10 +462,9 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        for rule in (_ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
+        check_rules((_ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
                      _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, _shared_memory_fits,
-                     accumulation_divides, strategy_trains_so, precision_runs_here):
-            rule(self, cuda)
+                     accumulation_divides, strategy_trains_so, precision_runs_here), self, cuda)
         return self
 
 

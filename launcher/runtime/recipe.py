@@ -101,9 +101,10 @@ class BuildContext:
 class RecipeError(Exception):
     """The recipe cannot be loaded; ``key`` names the config key at fault."""
 
-    def __init__(self, key: str, value: Any, message: str):
+    def __init__(self, key: str, value: Any, message: str, in_user_code: bool = False):
         super().__init__(f"{key}: {message}")
         self.key, self.value, self.message = key, value, message
+        self.in_user_code = in_user_code  # the recipe's own code raised (exit 1), rather than being missing or malformed (exit 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,14 +159,14 @@ def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (entry == exc.name or entry.startswith(exc.name + ".")):  # the recipe itself is missing
             raise RecipeError("recipe.entry", entry, f"cannot import recipe module {entry}: {exc}") from None
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}") from None
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}", True) from None
     except SyntaxError as exc:
         where = f"{exc.filename}:{exc.lineno}" if exc.filename else entry
-        raise RecipeError("recipe.entry", entry, f"{where}: {type(exc).__name__}: {exc.msg}") from None
+        raise RecipeError("recipe.entry", entry, f"{where}: {type(exc).__name__}: {exc.msg}", True) from None
     except SystemExit as exc:
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} called sys.exit({exc.code!r}) at import{_where(exc)}") from None
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} called sys.exit({exc.code!r}) at import{_where(exc)}", True) from None
     except BaseException as exc:  # noqa: BLE001 - the recipe's own code failed: one line, no traceback
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}") from None
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}", True) from None
 
 
 def _where(exc: BaseException) -> str:

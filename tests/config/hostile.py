@@ -247,6 +247,9 @@ BAD_RECIPES = {
     "null_bytes.py": "null_bytes.py", "latin1.py": "SyntaxError", "empty.py": "no function build",
     "a_directory.py": "is not a file", "missing.py": "does not exist", "recipe.txt": "neither a .py file nor a module",
 }
+# The recipe's own code raised at import: the user's code failed (exit 1), no config problem (exit 2).
+RAISE_IN_USER_CODE = {"syntax_error.py", "indentation_error.py", "raises_at_import.py", "import_missing.py", "sys_exit.py",
+                      "zero_division.py", "null_bytes.py", "latin1.py"}
 BAD_RECIPE_KEYS = {"config_validator_raises.py": "recipe", "config_required_field.py": "recipe.extra_required"}
 BAD_MODULES = {
     ".foo": "neither", "..": "neither", "nosuch_module_xyz": "cannot import", "launcher.cli.plan": "no function build",

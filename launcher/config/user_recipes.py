@@ -1,0 +1,139 @@
+"""A user's own recipe, by name or by path: ``recipe=mine``, ``recipe=path/to/mine.py``, ``recipe=path/to/mine.yaml``.
+
+``recipe=mine`` finds ``DIR/recipe/mine.yaml`` under a ``--config-dir DIR``; a value that ends in ``.py``,
+``.yaml`` or ``.yml``, or holds a ``/``, is a file (relative to the current directory). Each is read here,
+once, and stored in Hydra's ConfigStore as the option ``user/NAME`` in the ``recipe`` group, and the override
+is rewritten to choose it. So the user's recipe *replaces* the default recipe (no keys merged in from
+``recipe=linear``), its ``entry`` is relative to the YAML that names it, and its YAML needs no
+``# @package _global_`` header: its first line can be the command that runs it.
+
+    recipe/mine.yaml        recipe:
+                              entry: ../mine.py     # relative to this YAML; or a module name
+                              strategies: [one_device, mirrored]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.config.errors import ConfigError, Problem
+
+GROUP = "user"  # the options live at recipe/user/NAME: no file a user writes is found first
+SUFFIXES = (".py", ".yaml", ".yml")
+OPTIONS: dict[str, Path] = {}  # option (user/NAME) -> the file it was read from
+
+
+def is_path(value: str) -> bool:
+    return value.endswith(SUFFIXES) or "/" in value
+
+
+def config_dir_recipes(config_dirs: Iterable[str]) -> dict[str, Path]:
+    """``NAME -> DIR/recipe/NAME.yaml`` for each ``--config-dir`` (the first directory wins)."""
+    found: dict[str, Path] = {}
+    for directory in config_dirs:
+        for path in sorted(Path(directory, "recipe").glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def find(value: str, config_dirs: Iterable[str]) -> Path | None:
+    """The file ``recipe=value`` names (None: a shipped recipe's name, or unknown); ConfigError for a missing file."""
+    if not is_path(value):
+        return config_dir_recipes(config_dirs).get(value)
+    path = Path(value).expanduser()
+    if not path.is_file():
+        why = "is not a file" if path.exists() else "does not exist"
+        raise ConfigError([Problem(key="recipe", value=value, message=f"recipe file {path.resolve()} {why}; a recipe is a "
+                                   "shipped name (dlaunch recipes ls), DIR/recipe/NAME.yaml under --config-dir DIR, "
+                                   "or a path to the recipe's .py or .yaml")])
+    return path.resolve()
+
+
+def node(path: Path, shipped: dict[str, Path]) -> DictConfig:
+    """The recipe file as the config a run composes: ``recipe.name`` (the file's stem unless set) and ``entry`` resolved."""
+    if path.suffix == ".py":
+        beside = path.with_suffix(".yaml")
+        data = _read_yaml(beside) if beside.is_file() else {"recipe": {}}
+        data["recipe"]["entry"] = str(path)
+    else:
+        data = _read_yaml(path)
+        data["recipe"]["entry"] = _entry(path, data["recipe"].get("entry"), shipped)
+    data["recipe"].setdefault("name", path.stem)
+    return OmegaConf.create(data)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise ConfigError([Problem(key=str(path), message=f"cannot read this YAML: {why}{at}", has_value=False)]) from None
+    if not isinstance(data, dict) or not isinstance(data.get("recipe"), dict):
+        raise ConfigError([Problem(key=str(path), has_value=False, message="not a recipe config: it needs a top-level "
+                                   "recipe: mapping with recipe.entry (as dlaunch recipes cp linear DIR writes)")])
+    return data
+
+
+def _entry(path: Path, entry: Any, shipped: dict[str, Path]) -> str:
+    if path in shipped.values():  # a shipped YAML names no entry: its module sits beside it in the package
+        return f"launcher.recipes.{path.stem}"
+    if not entry:
+        raise ConfigError([Problem(key="recipe.entry", has_value=False, message=f"required key is missing in {path}: "
+                                   "the recipe's .py file (relative to this YAML, e.g. entry: ../mine.py) or a module name")])
+    entry = str(entry)
+    return str((path.parent / entry).resolve()) if entry.endswith(".py") and not Path(entry).is_absolute() else entry
+
+
+def option_for(path: Path, shipped: dict[str, Path]) -> str:
+    """Store the recipe at ``path`` under an option of its own (``user/STEM``, numbered if that stem is taken)."""
+    for known, source in OPTIONS.items():
+        if source == path:
+            return known
+    option, n = f"{GROUP}/{path.stem}", 1
+    while option in OPTIONS:
+        n += 1
+        option = f"{GROUP}/{path.stem}_{n}"
+    ConfigStore.instance().store(group=f"recipe/{GROUP}", name=option.split("/", 1)[1], node=node(path, shipped),
+                                 package="_global_", provider="dlaunch user recipe")
+    OPTIONS[option] = path
+    return option
+
+
+def rewrite(overrides: list[str], config_dirs: Iterable[str], shipped: dict[str, Path], default: str) -> list[str]:
+    """``overrides`` with each user recipe (a ``--config-dir`` name or a path) chosen as its stored option.
+
+    With no ``recipe=`` at all, a ``--config-dir`` copy of the default recipe is chosen as Hydra would choose it.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    config_dirs = list(config_dirs)
+    out, chosen = [], False
+    for text in overrides:
+        try:
+            parsed = OverridesParser.create().parse_overrides([text])[0] if text.partition("=")[0].strip() == "recipe" else None
+        except Exception:  # noqa: BLE001 - compose.parse_overrides reports it with the others
+            parsed = None
+        if parsed is None or parsed.is_sweep_override() and not parsed.is_choice_sweep():
+            out.append(text)
+            continue
+        chosen = True
+        values = list(parsed.sweep_string_iterator()) if parsed.is_choice_sweep() else [str(parsed.value())]
+        options = [_option(v, config_dirs, shipped) for v in values]
+        out.append(f"recipe={','.join(options)}")
+    if not chosen and default in config_dir_recipes(config_dirs):
+        out.append(f"recipe={option_for(config_dir_recipes(config_dirs)[default], shipped)}")
+    return out
+
+
+def _option(value: str, config_dirs: list[str], shipped: dict[str, Path]) -> str:
+    path = find(value, config_dirs)
+    if path is None:
+        return value  # a shipped name, or unknown: check_group_choices says which
+    return path.stem if path in shipped.values() else option_for(path, shipped)

@@ -1,0 +1,122 @@
+"""A user's recipe by name (--config-dir DIR/recipe/NAME.yaml) or by path, composed as a run composes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import recipes
+from launcher.config import compose as composer
+from launcher.config.errors import ConfigError, UserCodeError
+from tests.conftest import dlaunch, summary
+
+
+@pytest.fixture
+def config_dirs():
+    saved = list(composer.CONFIG_DIRS)
+    yield composer.CONFIG_DIRS
+    composer.CONFIG_DIRS[:] = saved
+
+
+def renamed_copy(tmp_path: Path, capsys) -> Path:
+    """``dlaunch recipes cp digits``, then both files renamed mydigits (and the entry with them), as a user would."""
+    assert recipes.main(["cp", "digits", str(tmp_path / "copy")]) == 0
+    capsys.readouterr()
+    renamed = tmp_path / "renamed"
+    (renamed / "recipe").mkdir(parents=True)
+    (tmp_path / "copy" / "digits.py").rename(renamed / "mydigits.py")
+    text = (tmp_path / "copy" / "recipe" / "digits.yaml").read_text().replace("../digits.py", "../mydigits.py")
+    (renamed / "recipe" / "mydigits.yaml").write_text(text)
+    return renamed
+
+
+def spec_of(overrides: list[str]):
+    return composer.compose_and_validate(composer.choose_user_recipes(overrides), cuda_devices=0)
+
+
+def test_a_renamed_copy_validates_and_runs_under_its_new_name(tmp_path, capsys):
+    renamed = renamed_copy(tmp_path, capsys)
+    assert recipes.main(["validate", str(renamed), "--cuda-devices", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ok  ") == 4 and "FAIL" not in out, out
+    run_dir = tmp_path / "run"
+    proc = dlaunch("--config-dir", "renamed", "recipe=mydigits", "trainer.steps=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["steps"] == 5
+    assert "mydigits" in (run_dir / "config.yaml").read_text()
+
+
+def test_a_config_dir_recipe_replaces_the_default_and_its_entry_is_relative_to_the_yaml(tmp_path, config_dirs, monkeypatch):
+    (tmp_path / "cfg" / "recipe").mkdir(parents=True)
+    (tmp_path / "cfg" / "recipe" / "mine.yaml").write_text(
+        "# dlaunch --config-dir cfg recipe=mine\nrecipe:\n  entry: ../../code/mine.py\n  strategies: [one_device]\n")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "mine.py").write_text(composer.recipe_files()["linear"].with_suffix(".py").read_text())
+    monkeypatch.chdir(tmp_path / "code")  # not where the YAML is: the entry still resolves
+    config_dirs[:] = [str(tmp_path / "cfg")]
+    spec = spec_of(["recipe=mine"])
+    assert spec.recipe.name == "mine" and spec.recipe.entry == str(tmp_path / "code" / "mine.py")
+    assert spec.recipe.strategies == ["one_device"]
+    assert "features" not in spec.recipe.model_dump()  # nothing merged in from the default recipe=linear
+
+
+def test_a_recipe_by_path_to_its_py_or_its_yaml(tmp_path, capsys, monkeypatch):
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    by_yaml = spec_of(["recipe=mine/recipe/linear.yaml", "strategy=mirrored", "cluster=1x2"])
+    assert by_yaml.recipe.entry == str(tmp_path / "mine" / "linear.py") and by_yaml.recipe.name == "linear"
+    by_py = spec_of(["recipe=mine/linear.py"])
+    assert by_py.recipe.entry == str(tmp_path / "mine" / "linear.py")
+
+
+def test_a_moved_copy_runs_by_path(tmp_path, capsys):
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    capsys.readouterr()
+    (tmp_path / "mine").rename(tmp_path / "moved")  # relocatable: the entry is relative to the YAML
+    run_dir = tmp_path / "run"
+    proc = dlaunch("recipe=moved/recipe/linear.yaml", "trainer.steps=3", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(run_dir)["steps"] == 3
+
+
+def problems_of(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        spec_of(overrides)
+    return "\n".join(f"{p.key} = {p.value}: {p.message}" for p in caught.value.problems)
+
+
+def test_bad_recipe_files_name_the_file(tmp_path, config_dirs, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = problems_of(["recipe=nowhere/mine.py"])
+    assert f"recipe file {tmp_path / 'nowhere' / 'mine.py'} does not exist" in text
+    (tmp_path / "noentry.yaml").write_text("recipe:\n  strategies: [one_device]\n")
+    assert f"required key is missing in {tmp_path / 'noentry.yaml'}" in problems_of(["recipe=noentry.yaml"])
+    (tmp_path / "other.yaml").write_text("trainer:\n  steps: 3\n")
+    assert "not a recipe config" in problems_of(["recipe=other.yaml"])
+    text = problems_of(["recipe=mydigits"])
+    assert "unknown recipe" in text and "--config-dir" in text
+
+
+def test_a_recipe_that_raises_at_import_is_the_users_code_failing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.py").write_text("import math\n\nraise RuntimeError('no data here')\n")
+    with pytest.raises(UserCodeError) as caught:
+        spec_of(["recipe=broken.py"])
+    assert caught.value.exit_code == 1
+    assert "RuntimeError: no data here" in caught.value.problems[0].message
+    assert f"{tmp_path / 'broken.py'}:3" in caught.value.problems[0].message
+
+
+def test_three_independent_mistakes_are_reported_together():
+    text = problems_of(["trainer.steps=-1", "input.global_batch_size=65", "strategy=mirrored", "cluster=1x3",
+                        "recipe.optimizer.lr=abc", "trainer.stpes=2"])
+    for expected in ("trainer.steps = -1", "global_batch_size 65 is not divisible by 3", "recipe.optimizer.lr = abc",
+                     "trainer.stpes = 2: unknown key"):
+        assert expected in text, text
+
+
+def test_a_rule_about_a_key_at_fault_judges_no_default():
+    text = problems_of(["input.global_batch_size=abc", "strategy=mirrored", "cluster=1x3"])
+    assert "input.global_batch_size = abc" in text and "divisible" not in text, text
