@@ -39,11 +39,18 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         ("input", _input_summary(spec)),
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
         ("training", _training(spec, device)),
+        *_strategy_rows(spec, run_dir),
         ("checkpoints", _checkpoints(spec, run_dir)),
         *_resume_rows(spec, run_dir, resume_from),
         ("run dir", str(run_dir)),
     ]
     return rows
+
+
+def _strategy_rows(spec: RunSpec, run_dir: Path) -> list[tuple[str, str]]:
+    """Rows a strategy adds about itself (fsdp: per-rank memory)."""
+    own = getattr(spec.strategy, "plan_rows", None)
+    return own(spec, run_dir) if own is not None else []
 
 
 def _task_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path | None) -> list[tuple[str, str]]:

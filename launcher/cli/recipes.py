@@ -38,6 +38,7 @@ STRATEGY_SHAPES: dict[str, tuple[str, ...]] = {
     "central_storage": ("cluster=1x1",),
     "parameter_server": ("cluster.workers=2", "cluster.ps=2"),
     "mesh": ("cluster=1x4",),
+    "fsdp": ("cluster=1x2",),
 }
 
 

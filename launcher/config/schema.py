@@ -21,6 +21,7 @@ from launcher.distribute.devices import canonical_name
 from launcher.input import checks
 from launcher.input import files as files_lib
 from launcher.input.auto_shard import AutoShardPolicy, too_few_files
+from launcher.strategies.fsdp import FSDPSpec
 
 # ---------- strategies (one model per registered strategy) ----------
 class OneDeviceSpec(Strict):
@@ -235,7 +236,7 @@ class MeshSpec(Strict):
 
 
 StrategySpec = Annotated[
-    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec, ParameterServerSpec, MeshSpec],
+    Union[OneDeviceSpec, MirroredSpec, MultiWorkerMirroredSpec, CentralStorageSpec, ParameterServerSpec, MeshSpec, FSDPSpec],
     Field(discriminator="name"),
 ]
 

@@ -47,6 +47,7 @@ _STRATEGIES = {
     "OneDeviceStrategy": "launcher.strategies.one_device",
     "ParameterServerStrategy": "launcher.strategies.parameter_server",
     "MeshStrategy": "launcher.strategies.mesh",
+    "FSDPStrategy": "launcher.strategies.fsdp",
     "TPUStrategy": "launcher.strategies.tpu",
     "RunOptions": "launcher.distribute.run_options",
     "DeviceAssignment": "launcher.distribute.device_assignment",

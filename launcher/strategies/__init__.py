@@ -14,7 +14,7 @@ from launcher.cluster.env import WorkerEnv
 if TYPE_CHECKING:
     from launcher.distribute.strategy import Strategy
 
-_BUILTIN = ("one_device", "mirrored", "multi_worker_mirrored", "central_storage", "parameter_server", "mesh")
+_BUILTIN = ("one_device", "mirrored", "multi_worker_mirrored", "central_storage", "parameter_server", "mesh", "fsdp")
 _REGISTRY: dict[str, Callable[[Any, "Runtime"], "Strategy"]] = {}
 
 

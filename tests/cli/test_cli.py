@@ -50,7 +50,7 @@ def test_one_device_run_writes_the_output_contract(run_dlaunch):
 def test_help_lists_the_config_groups(run_dlaunch):
     proc, _ = run_dlaunch("--help")
     assert proc.returncode == 0
-    assert "strategy: central_storage, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server" in proc.stdout
+    assert "strategy: central_storage, fsdp, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server" in proc.stdout
     recipes = next(line for line in proc.stdout.splitlines() if line.startswith("recipe: "))
     assert {"linear", "wide_deep", "tp_mlp"} <= set(recipes[len("recipe: "):].split(", "))
 

@@ -15,7 +15,7 @@ from tests.conftest import FIXTURES, dlaunch
 # (overrides, key the message must name, text that must appear)
 CASES = [
     (["strategy=mirored"], "strategy", "did you mean mirrored"),
-    (["strategy=centre"], "strategy", "allowed: central_storage, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server"),
+    (["strategy=centre"], "strategy", "allowed: central_storage, fsdp, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server"),
     (["recipe=lnear"], "recipe", "did you mean linear"),
     (["cluster=2x"], "cluster", "NxM"),
     (["cluster=0x2"], "cluster", "both >= 1"),

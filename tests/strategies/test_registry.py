@@ -13,7 +13,7 @@ def test_unknown_strategy_lists_the_available_ones():
     class Spec:
         name = "centre"
 
-    with pytest.raises(KeyError, match="available: central_storage, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server"):
+    with pytest.raises(KeyError, match="available: central_storage, fsdp, mesh, mirrored, multi_worker_mirrored, one_device, parameter_server"):
         strategies.build(Spec(), strategies.Runtime(None, "cpu", "gloo"))
 
 

@@ -1,0 +1,106 @@
+"""strategy=fsdp: FSDP2 sharded data parallelism on real gloo processes, through the real CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher.launch.function import run_function
+from tests.conftest import summary
+
+LINEAR = ("recipe=linear", "strategy=fsdp", "trainer.steps=40", "trainer.checkpoint.every_steps=20")
+# float32 sums of the same per-example gradients in another order (2 or 4 shards, reduce-scatter) differ by a few
+# ulps (~1e-7 relative) per step; 40 momentum steps keep that well under 1e-5 relative.
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def shard_and_measure() -> dict:
+    """A 2-layer MLP with AdamW, one step: what this rank holds, against the whole model's bytes."""
+    from launcher.strategies.fsdp import FSDPStrategy, local_bytes
+
+    strategy = FSDPStrategy(wrap=["Linear"], device_type="cpu")
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+        whole = sum(p.numel() * p.element_size() for p in model.parameters())
+        model, optimizer = strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    model(torch.randn(8, 64)).square().mean().backward()
+    optimizer.step()
+    return {"local": local_bytes(model, optimizer), "ddp": whole * 4, "sharded": type(next(model.parameters())).__name__}
+
+
+@pytest.mark.slow
+def test_each_rank_holds_a_quarter_of_ddps_parameter_gradient_and_optimizer_bytes():
+    """AdamW: parameters + gradients + 2 state tensors = 4x the parameters under DDP; FSDP on 4 ranks holds 1/4 of it."""
+    results = run_function(shard_and_measure, device="cpu", nproc=4)
+    for r in results.values():
+        assert r["sharded"] == "DTensor"
+        assert r["local"] == r["ddp"] // 4  # 64x128, 128, 128x64, 64 all split evenly in 4 along dim 0
+
+
+def test_dry_run_shows_the_memory_per_rank(run_dlaunch):
+    proc, _ = run_dlaunch("recipe=linear", "strategy=fsdp", "cluster=1x4", "launch.dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = " ".join((proc.stdout + proc.stderr).split())
+    # Linear(32, 1): 33 fp32 parameters = 132 bytes; SGD with momentum: 1 state tensor; DDP: 3 x 132 = 396 bytes.
+    assert "per rank: 99 bytes = 1/4 of DDP's 396 bytes (132 bytes parameters" in text, proc.stdout
+    assert "SGD: 1 state tensor(s) per parameter" in text
+
+
+def test_a_wrap_class_the_model_lacks_stops_before_the_first_step(run_dlaunch):
+    proc, _ = run_dlaunch("recipe=linear", "strategy=fsdp", "strategy.wrap=[TransformerBlock]", "trainer.steps=5")
+    assert proc.returncode == 1
+    out = " ".join((proc.stdout + proc.stderr).replace("│", " ").split())
+    assert "strategy.wrap names TransformerBlock, but Linear contains no module of that class" in out
+    assert "its module types are: Linear" in out
+    assert "step 1" not in out and "Traceback" not in out
+
+
+def test_one_process_trains_as_one_device_with_a_warning(run_dlaunch):
+    proc, run_dir = run_dlaunch("recipe=linear", "strategy=fsdp", "trainer.steps=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "strategy=fsdp on one process shards nothing" in proc.stdout + proc.stderr
+    assert summary(run_dir)["num_replicas_in_sync"] == 1
+
+
+def test_fp16_mixed_is_refused_with_the_reason(run_dlaunch):
+    proc, _ = run_dlaunch("recipe=linear", "strategy=fsdp", "cluster=1x2", "trainer.precision=fp16-mixed")
+    assert proc.returncode == 2
+    assert "GradScaler checks only this rank's gradient shard" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_fsdp_on_2_and_4_processes_trains_like_one_device_and_checkpoints_reshard(run_dlaunch):
+    """Final parameters within float32 reduction-order error of one device; the 1x4 checkpoint resumes on 1x2 and on one device."""
+    from launcher.checkpoint import layout, read_tensors
+
+    runs = {}
+    for name, args in (("one", ("strategy=one_device",)), ("fsdp2", ("cluster=1x2",)), ("fsdp4", ("cluster=1x4",))):
+        proc, runs[name] = run_dlaunch(*LINEAR, *args, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    final = {name: read_tensors(layout.step_dir(d / "checkpoints", 40)) for name, d in runs.items()}
+    for name in ("fsdp2", "fsdp4"):
+        assert summary(runs[name])["world_size"] == int(name[-1])
+        for key, value in final["one"].items():
+            torch.testing.assert_close(final[name][key], value, **TOLERANCE, msg=f"{name}: {key}")
+
+    halfway = layout.step_dir(runs["fsdp4"] / "checkpoints", 20)
+    for name, args in (("resumed2", ("cluster=1x2",)), ("resumed1", ("strategy=one_device",))):
+        proc, run_dir = run_dlaunch(*LINEAR, f"trainer.resume={halfway}", *args, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert summary(run_dir)["resumed_from_step"] == 20
+        resumed = read_tensors(layout.step_dir(run_dir / "checkpoints", 40))
+        for key, value in final["fsdp4"].items():
+            torch.testing.assert_close(resumed[key], value, **TOLERANCE, msg=f"{name}: {key}")
+
+
+@pytest.mark.slow
+def test_wrapped_layers_train_in_bf16_with_clipping(run_dlaunch):
+    """digits: each Linear its own unit, MixedPrecisionPolicy(bf16, fp32 reduce), clip_grad_norm on DTensor gradients."""
+    proc, run_dir = run_dlaunch("recipe=digits", "strategy=fsdp", "cluster=1x2", "strategy.wrap=[Linear]",
+                                "strategy.reshard_after_forward=false", "trainer.precision=bf16-mixed",
+                                "trainer.clip_grad_norm=1.0", "trainer.steps=30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["final_loss"] < 0.7 * s["first_loss"]
+    assert s["metrics"]["eval_accuracy"] > 0.5
