@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.cluster import admission, interface
+from launcher.cluster import admission, interface, reach
 from launcher.cluster.address import is_loopback
 from launcher.cluster.env import WorkerEnv, collective_interface
 from launcher.cluster.process_group import ensure_process_group, job_store, process_device
@@ -45,7 +45,7 @@ def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, 
     _wait_for_all(store, env, timeout_s)
     if env.world_size > env.local_world_size:  # several nodes
         _admit(store, env, spec["cluster"].get("token"), timeout_s)
-        _reachable(_present(store, env.world_size), env, spec["cluster"]["master_addr"])
+        _reachable(store, _present(store, env.world_size), env, spec["cluster"]["master_addr"], timeout_s)
     _same_config(store, env, shared)
     ensure_process_group(env, backend, collective_timeout_s, device_type)
     _all_reduce(env, device_type, timeout_s)
@@ -138,12 +138,20 @@ def refusal_message(refused: dict[int, str], present: dict[int, dict], env: Work
     return "\n".join(lines)
 
 
-def _reachable(present: dict[int, dict], env: WorkerEnv, master_addr: str) -> None:
-    """A rank that advertises loopback on a job across machines cannot be reached by its peers: say where and why."""
+def _reachable(store: dist.Store, present: dict[int, dict], env: WorkerEnv, master_addr: str, timeout_s: float) -> None:
+    """Every node's advertised address must be reachable from the others: loopback never is, the rest is tried."""
     if is_loopback(master_addr):
         return  # every node on this machine: loopback reaches them all
     bad = {info["node"]: info for info in present.values() if info.get("addr") and is_loopback(info["addr"])}
     if not bad:
+        nodes = env.world_size // env.local_world_size
+        if env.local_rank == 0:
+            found = reach.probe(store, env.group_rank, nodes, present[env.rank].get("addr"), timeout_s)
+        else:
+            found = reach.unreachable(store, nodes, timeout_s)
+        if found:
+            _until_all_have_read(store, env)
+            raise PreflightError(reach.message(found, present, master_addr))
         return
     lines = ["the collectives of these nodes advertise a loopback address, which their peers on other machines cannot reach:"]
     for node, info in sorted(bad.items()):

@@ -101,3 +101,19 @@ def test_a_rank_that_advertises_loopback_is_named_with_the_variable_to_set(tmp_p
         assert "node 1 (host " in err and "127.0.0.1, the address of interface lo" in err, err[-3000:]
         assert f"set GLOO_SOCKET_IFNAME on node 1 to the interface that reaches {ADDRESSES[0]}" in err
         assert "Traceback" not in err and "connectFullMesh" not in err
+
+
+def test_a_rank_that_advertises_an_address_its_peers_cannot_route_to_is_named(tmp_path, two_hosts):
+    # node 1's user pins gloo to an interface on another network (10.232.0.0/24), to which host0 has no route
+    host1 = list(two_hosts)[1]
+    stray, peer = f"{host1}x", f"{host1}y"
+    for cmd in (("link", "add", stray, "type", "veth", "peer", "name", peer), ("addr", "add", "10.232.0.2/24", "dev", stray),
+                ("link", "set", stray, "up"), ("link", "set", peer, "up")):
+        result = _ip("-n", host1, *cmd)
+        assert result.returncode == 0, result.stderr
+    (code0, err0), (code1, err1) = run_both(tmp_path, list(two_hosts), free_port(), env1={"GLOO_SOCKET_IFNAME": stray})
+    assert code0 != 0 and code1 != 0
+    for err in (err0, err1):
+        assert f"node 1 (host " in err and f"10.232.0.2, the address of interface {stray} (node 0: " in err, err[-3000:]
+        assert f"set GLOO_SOCKET_IFNAME on node 1 to the interface that reaches {ADDRESSES[0]}" in err
+        assert "Traceback" not in err and "connectFullMesh" not in err
