@@ -73,6 +73,7 @@ def describe(spec: Any) -> str:
     if not c.token:
         return "no cluster.token: any node that reaches the rendezvous is admitted"
     if c.node_rank == 0:
+        others = "1" if c.nodes == 2 else f"1..{c.nodes - 1}"
         return (f"nodes are admitted with this job's token; start the others with "
-                f"cluster.node_rank=1..{c.nodes - 1} cluster.token={c.token}")
+                f"cluster.node_rank={others} cluster.token={c.token}")
     return "this node proves cluster.token to node 0 before its ranks are admitted"
