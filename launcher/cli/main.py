@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from launcher.cli import scheduled, sweep
+from launcher.cluster import admission
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
 from launcher.checkpoint.errors import START_AFRESH
@@ -147,7 +148,7 @@ def _job(cfg: Any) -> Any:
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
         spec = _Status.validated.get(_job_key(list(HydraConfig.get().overrides.task))) or composer.validate(cfg, cuda)
-        spec = scheduled.placed(spec)
+        spec = admission.with_token(scheduled.placed(spec), scheduled=bool(scheduler_tasks()))
     except ConfigError as exc:
         render(exc, console)
         _Status.codes.append(2)

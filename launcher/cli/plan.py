@@ -35,6 +35,7 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         ("devices", devices),
         ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
         *_rendezvous_row(spec, processes),
+        *_network_rows(spec),
         ("batch", _batch(spec, n, "replica(s)")),
         ("input", _input_summary(spec)),
         ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
@@ -210,6 +211,18 @@ def _rendezvous_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:
     host = "hosted by node 0" if c.nodes > 1 else "on this machine"
     return [("rendezvous", f"{c.master_addr}:{c.master_port or '<free port>'} (c10d {host}, {where}; "
                            f"nodes wait {spec.launch.rdzv_timeout_s} s, ranks {spec.launch.preflight_timeout_s} s)")]
+
+
+def _network_rows(spec: RunSpec) -> list[tuple[str, str]]:
+    """A node of a multi-node job: the interface its collectives use, and the admission token."""
+    c = spec.cluster
+    if c.nodes == 1 or c.emulated or c.loopback:
+        return []
+    from launcher.cluster import admission, interface
+    from launcher.cluster.env import user_interface_variables
+
+    return [("network", interface.describe(c.master_addr, user_interface_variables())),
+            ("admission", admission.describe(spec))]
 
 
 def _input_summary(spec: RunSpec) -> str:

@@ -164,26 +164,42 @@ def nccl_settings(trace_prefix: str) -> tuple[tuple[tuple[str, ...], str], ...]:
 
 
 def worker_environment(
-    single_node: bool, nccl_trace_prefix: str | None = None, environ: Mapping[str, str] | None = None
+    single_node: bool, nccl_trace_prefix: str | None = None, environ: Mapping[str, str] | None = None,
+    interface: str | None = None,
 ) -> dict[str, str]:
     """Variables the launcher sets for its workers; a value the user set is kept.
 
     Single-node jobs keep every collective transport (gloo, NCCL's bootstrap,
     tensorpipe) on the loopback interface, so that nothing listens on a routable
-    address. With ``nccl_trace_prefix`` (an nccl job), NCCL's async error handling
-    and flight recorder are on, and a timeout dumps each rank's recent collectives
-    to ``nccl_trace_prefix`` + rank.
+    address. A node of a multi-node job puts them on ``interface``, the one whose
+    route reaches the master (cluster/interface.py). With ``nccl_trace_prefix``
+    (an nccl job), NCCL's async error handling and flight recorder are on, and a
+    timeout dumps each rank's recent collectives to ``nccl_trace_prefix`` + rank.
     """
     env = os.environ if environ is None else environ
     extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
     if single_node:
         loopback = _loopback_interface()
         extra.update({name: env.get(name, loopback) for name in LOOPBACK_INTERFACE_VARIABLES})
+    elif interface:
+        extra.update({name: env.get(name, interface) for name in LOOPBACK_INTERFACE_VARIABLES})
     if nccl_trace_prefix is not None:
         for names, value in nccl_settings(nccl_trace_prefix):
             if not any(name in env for name in names):  # the user's setting, under any of its names, stays
                 extra[names[0]] = value
     return extra
+
+
+def collective_interface(backend: str, environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """The variable that chooses ``backend``'s interface, and its value in this process (None: unset)."""
+    name = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    return name, (os.environ if environ is None else environ).get(name) or None
+
+
+def user_interface_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The interface variables the user set for this launch (dlaunch keeps them)."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in LOOPBACK_INTERFACE_VARIABLES if env.get(name)}
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """Before training: every rank shows up, with the same config, and a collective works.
 
 Each rank announces itself in the job's store and waits a short time for all
-the others. A rank that never comes is named, with its node and where it was
+the others. On several nodes, a node's ranks are admitted only if they prove
+the job's ``cluster.token`` (cluster/admission.py), and every rank must
+advertise an address its peers on other nodes can reach (not loopback). A rank that never comes is named, with its node and where it was
 expected, instead of the job hanging in its first collective. Ranks also
 compare a hash of the validated config, so two nodes started with different
 settings stop with the keys that differ. Then the process group is joined and
@@ -20,10 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.cluster.env import WorkerEnv
+from launcher.cluster import admission, interface, reach
+from launcher.cluster.address import is_loopback
+from launcher.cluster.env import WorkerEnv, collective_interface
 from launcher.cluster.process_group import ensure_process_group, job_store, process_device
 
-PER_NODE_KEYS = (("cluster", "node_rank"), ("cluster", "task"))  # differ between nodes by design
+# differ between nodes by design; a token that differs is the admission's to name, never shown
+PER_NODE_KEYS = (("cluster", "node_rank"), ("cluster", "task"), ("cluster", "token"))
 
 
 class PreflightError(RuntimeError):
@@ -36,8 +41,11 @@ def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, 
     """Run every check on this rank; raise ``PreflightError`` naming what is wrong."""
     store = job_store(env, f"dlaunch/preflight/{env.run_id}/{env.restart_count}", timeout_s)
     shared = _shared_part(spec)
-    _announce(store, env, shared)
+    _announce(store, env, shared, backend)
     _wait_for_all(store, env, timeout_s)
+    if env.world_size > env.local_world_size:  # several nodes
+        _admit(store, env, spec["cluster"].get("token"), timeout_s)
+        _reachable(store, _present(store, env.world_size), env, spec["cluster"]["master_addr"], timeout_s)
     _same_config(store, env, shared)
     ensure_process_group(env, backend, collective_timeout_s, device_type)
     _all_reduce(env, device_type, timeout_s)
@@ -54,8 +62,11 @@ def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _announce(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> None:
-    where = {"host": socket.gethostname(), "pid": os.getpid(), "node": env.group_rank, "config": _digest(shared)}
+def _announce(store: dist.Store, env: WorkerEnv, shared: dict[str, Any], backend: str) -> None:
+    where = {"host": socket.gethostname(), "pid": os.getpid(), "node": env.group_rank, "config": _digest(shared),
+             **_advertised(backend)}
+    if env.rank == 0:  # before rank 0 announces itself: a rank that saw every announcement finds the challenge
+        store.set("challenge", admission.challenge())
     if env.local_rank == 0:  # one copy of each node's config, to name the keys that differ
         store.set(f"config-node{env.group_rank}", json.dumps(shared))
     store.set(f"rank{env.rank}", json.dumps(where))
@@ -88,6 +99,67 @@ def missing_ranks_message(present: dict[int, dict], env: WorkerEnv, timeout_s: f
     lines.append("a missing rank crashed or hangs before training (see its log under the run's logs/), "
                  "or cannot reach the store at " f"{env.master_addr}:{env.master_port}")
     return "\n".join(lines)
+
+
+def _advertised(backend: str) -> dict[str, Any]:
+    """The address this rank's collectives advertise to their peers, and what chose it."""
+    variable, name = collective_interface(backend)
+    if backend == "nccl" and name is None:
+        return {}  # NCCL picks a non-loopback interface itself
+    addr, how = interface.advertised(name)
+    return {"addr": addr, "how": how, "variable": variable}
+
+
+def _admit(store: dist.Store, env: WorkerEnv, token: str | None, timeout_s: float) -> None:
+    """Rank 0 checks every rank's answer to its challenge; every rank learns the verdict, refused nodes by name."""
+    challenge = store.get("challenge").decode()
+    store.set(f"answer{env.rank}", admission.answer(token, challenge, env.rank))
+    if env.rank == 0:
+        store.wait([f"answer{r}" for r in range(env.world_size)], timedelta(seconds=timeout_s))
+        answers = {r: store.get(f"answer{r}").decode() for r in range(env.world_size)}
+        store.set("verdict", json.dumps(admission.refused(token, challenge, answers)))
+    store.wait(["verdict"], timedelta(seconds=timeout_s))
+    refused = {int(r): why for r, why in json.loads(store.get("verdict")).items()}
+    if not refused:
+        return
+    _until_all_have_read(store, env)
+    raise PreflightError(refusal_message(refused, _present(store, env.world_size), env))
+
+
+def refusal_message(refused: dict[int, str], present: dict[int, dict], env: WorkerEnv) -> str:
+    """What node 0 says of the nodes it refused, and what a refused node says of itself."""
+    nodes = {present[r]["node"]: (present[r]["host"], why) for r, why in sorted(refused.items())}
+    if env.group_rank in nodes:
+        why = nodes[env.group_rank][1]
+        return (f"node 0 refused this node {env.group_rank}: {why}. Start it with "
+                f"the cluster.token=... that node 0's plan shows (or give every node the same cluster.token)")
+    lines = ["refused node(s) that do not hold this job's cluster.token (no rank of the job was admitted):"]
+    lines += [f"  node {node} (host {host}): {why}" for node, (host, why) in sorted(nodes.items())]
+    return "\n".join(lines)
+
+
+def _reachable(store: dist.Store, present: dict[int, dict], env: WorkerEnv, master_addr: str, timeout_s: float) -> None:
+    """Every node's advertised address must be reachable from the others: loopback never is, the rest is tried."""
+    if is_loopback(master_addr):
+        return  # every node on this machine: loopback reaches them all
+    bad = {info["node"]: info for info in present.values() if info.get("addr") and is_loopback(info["addr"])}
+    if not bad:
+        nodes = env.world_size // env.local_world_size
+        if env.local_rank == 0:
+            found = reach.probe(store, env.group_rank, nodes, present[env.rank].get("addr"), timeout_s)
+        else:
+            found = reach.unreachable(store, nodes, timeout_s)
+        if found:
+            _until_all_have_read(store, env)
+            raise PreflightError(reach.message(found, present, master_addr))
+        return
+    lines = ["the collectives of these nodes advertise a loopback address, which their peers on other machines cannot reach:"]
+    for node, info in sorted(bad.items()):
+        lines.append(f"  node {node} (host {info['host']}): {info['addr']}, {info['how']}; set {info['variable']} on node "
+                     f"{node} to the interface that reaches {master_addr} (`ip route get {master_addr}` names it)")
+    lines.append("dlaunch sets GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME to that interface "
+                 "itself, unless they are set: unset them, or set them to it")
+    raise PreflightError("\n".join(lines))
 
 
 def _same_config(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> None:

@@ -269,6 +269,10 @@ class ClusterSpec(Strict):
     )
     tasks: dict[Literal["chief", "worker", "ps"], list[Annotated[str, Field(min_length=1)]]] | None = None
     task: TaskSpec | None = None
+    token: str | None = Field(
+        None, min_length=8,
+        description="multi-node admission: every node gives node 0's token; null: node 0 makes one and shows it in its plan",
+    )
     workers: Annotated[int, Field(ge=0)] = Field(0, description="parameter_server: worker tasks besides the chief")
     ps: Annotated[int, Field(ge=0)] = Field(0, description="parameter_server: parameter-server tasks")
 

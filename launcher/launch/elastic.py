@@ -26,6 +26,7 @@ from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.cluster.env import worker_env_set, worker_environment
+from launcher.cluster.interface import node_route
 from launcher.config.schema import RunSpec
 from launcher.launch import rendezvous, report, warm
 from launcher.runtime import outputs
@@ -71,7 +72,10 @@ def _local_addr(spec: RunSpec, node_rank: int) -> str | None:
     hosts = c.node_hosts()
     if hosts:
         return hosts[node_rank]
-    return c.master_addr if node_rank == 0 or c.loopback else None
+    if node_rank == 0 or c.loopback:
+        return c.master_addr
+    route = node_route(c.master_addr)
+    return route.address if route else None
 
 
 def local_config(
@@ -169,7 +173,8 @@ def run_node(
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(spec, run_dir, cuda_devices)
-        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace)
+        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
+                      master_addr=spec.cluster.master_addr)
         return 0
     except ChildFailedError as exc:
         return on_failure(*report.causes_of(exc, run_dir), spec, run_dir)
@@ -284,14 +289,17 @@ def _graceful_agent(grace_s: float) -> Iterator[None]:
 
 
 def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool, nccl_trace_prefix: str | None = None,
-                  extra_env: dict[str, str] | None = None) -> None:
+                  extra_env: dict[str, str] | None = None, master_addr: str | None = None) -> None:
     """``python -m module job`` on every worker, under the elastic agent; raises on failure.
 
     ``nccl_trace_prefix``: an nccl job's flight-recorder dumps go to this prefix + rank.
     ``extra_env``: more variables for the workers (a parameter-server task's identity).
+    ``master_addr``: a multi-node job's collectives use the interface whose route reaches it.
     """
     _quiet_agent()
-    with worker_env_set({**worker_environment(single_node, nccl_trace_prefix), **(extra_env or {})}), _graceful_agent(config.dlaunch_grace_s):
+    route = None if single_node or master_addr is None else node_route(master_addr)
+    variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
+    with worker_env_set({**variables, **(extra_env or {})}), _graceful_agent(config.dlaunch_grace_s):
         if module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
             from launcher.runtime.worker import run_job  # imported by the forkserver already
 

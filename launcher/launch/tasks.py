@@ -164,7 +164,7 @@ def task_main(argv: list[str]) -> int:
     )
     try:
         elastic.start_workers(config, elastic.WORKER_MODULE, Path(job_path), single_node=spec.cluster.loopback,
-                              extra_env=task_environment(task))
+                              extra_env=task_environment(task), master_addr=spec.cluster.master_addr)
         return 0
     except ChildFailedError as exc:
         causes = [_as_task(failures.from_process_failure(0, f), task, run_dir) for f in exc.failures.values()]
