@@ -1,4 +1,4 @@
-"""README examples run as written."""
+"""The README's quickstart, and the custom-loop example of docs/TUTORIAL.md, run as written."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from tests.conftest import ROOT
 
 
 def example(name: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(rf"<!-- readme-example: {name} -->\s*```python\n(.*?)```", text, re.S)
-    assert match, f"README example {name} not found"
+    text = (ROOT / "docs" / "TUTORIAL.md").read_text()
+    match = re.search(rf"<!-- docs-example: {name} -->\s*```python\n(.*?)```", text, re.S)
+    assert match, f"docs/TUTORIAL.md example {name} not found"
     return match.group(1)
 
 
