@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
 from launcher.config import pydantic_errors
+from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
 from launcher.runtime import recipe as recipe_lib
@@ -214,12 +215,14 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError([Problem(key=str(key), message=str(exc).splitlines()[0], has_value=False)]) from None
     data.pop("hydra", None)
+    script_config.apply(data)
     try:
         # check_files: the parent looks at the input files once (workers need not)
         spec = RunSpec.model_validate(data, context={"cuda_devices": cuda_devices, "check_files": True})
     except ValidationError as exc:
         raise ConfigError(pydantic_errors.problems(exc, RunSpec, data)) from None
-    _validate_recipe(spec)
+    if spec.script is None:  # a script is not imported here: it runs (once per worker) as __main__
+        _validate_recipe(spec)
     return spec
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import runpy
 import signal
 import socket
 import time
@@ -134,6 +135,8 @@ def _one_line(text: str, limit: int = 110) -> str:
 
 
 def _is_dlaunch_frame(filename: str) -> bool:
+    if filename == runpy.__file__:  # how script mode runs the user's script: not the user's code
+        return True
     return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_RECIPES_DIR)
 
 
