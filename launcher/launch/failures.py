@@ -127,6 +127,7 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 _RECIPES_DIR = str(Path(_PACKAGE_DIR) / "recipes")  # shipped recipes are user-level code
+_RUNPY = (runpy.__file__, "<frozen runpy>")
 
 
 def _one_line(text: str, limit: int = 110) -> str:
@@ -135,7 +136,7 @@ def _one_line(text: str, limit: int = 110) -> str:
 
 
 def _is_dlaunch_frame(filename: str) -> bool:
-    if filename == runpy.__file__:  # how script mode runs the user's script: not the user's code
+    if filename in _RUNPY:  # how script mode runs the user's script: not the user's code
         return True
     return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_RECIPES_DIR)
 
