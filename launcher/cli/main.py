@@ -6,6 +6,7 @@
     dlaunch -m strategy=mirrored cluster=1x1,1x2 recipe.optimizer.lr=0.1,0.01   # Hydra multirun
     dlaunch recipes ls | cp NAME DEST | validate PATH    # the recipe templates
     dlaunch report RUN_OR_SWEEP_DIR        # PNG curves and report.html beside the data
+    dlaunch script=train.py strategy=mirrored cluster=1x2 -- --epochs 3   # a torch script, unmodified
 
 Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
 """
@@ -25,6 +26,7 @@ from launcher.cli import scheduled, sweep
 from launcher.cluster import admission
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
+from launcher.config import script as script_config
 from launcher.checkpoint.errors import START_AFRESH
 from launcher.config.errors import ConfigError, Problem, render
 
@@ -331,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    argv, script_config.ARGS[:] = script_config.split_argv(argv)  # `-- ARGS`: the script's, not Hydra's
     args = _hydra_args(argv)
     composer.CONFIG_DIRS[:] = [os.path.abspath(args.config_dir)] if args.config_dir else []
     composer.CONFIG_NAME = args.config_name or "config"

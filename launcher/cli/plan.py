@@ -45,7 +45,17 @@ def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path
         *_resume_rows(spec, run_dir, resume_from),
         ("run dir", str(run_dir)),
     ]
-    return rows
+    return rows if spec.script is None else _script_rows(spec, rows)
+
+
+# What a script keeps of the plan: its processes and devices; the batch, steps and checkpoints are its own business.
+_SCRIPT_ROWS = ("strategy", "cluster", "processes", "nodes", "replicas", "devices", "backend", "rendezvous", "run dir")
+
+
+def _script_rows(spec: RunSpec, rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    where = "in each of the processes" if spec.num_processes > 1 else "in this process"
+    kept = [row for row in rows if row[0] in _SCRIPT_ROWS]
+    return [kept[0], ("script", f"{spec.script.command()} (as __main__ {where}; dl.get_strategy() returns this strategy)"), *kept[1:]]
 
 
 def _strategy_rows(spec: RunSpec, run_dir: Path) -> list[tuple[str, str]]:

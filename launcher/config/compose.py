@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
 from launcher.config import pydantic_errors, user_recipes
+from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
 from launcher.runtime import recipe as recipe_lib
@@ -234,6 +235,7 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError([Problem(key=str(key), message=str(exc).splitlines()[0], has_value=False)]) from None
     data.pop("hydra", None)
+    script_config.apply(data)
     context = {"cuda_devices": cuda_devices, "check_files": True}  # the parent looks at the input files once (workers need not)
     spec, problems = None, []
     try:
@@ -242,7 +244,9 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
         problems = pydantic_errors.problems(exc, RunSpec, data)
         problems += _rules_without(data, problems, context)
     recipe = data.get("recipe")
-    loaded = _recipe_problems(recipe, problems) if isinstance(recipe, dict) and isinstance(recipe.get("entry"), str) else None
+    # a script is not imported here: it runs (once per worker) as __main__
+    is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
+    loaded = _recipe_problems(recipe, problems) if is_recipe else None
     if problems:
         raise ConfigError(problems)
     if loaded is not None and loaded.manual:

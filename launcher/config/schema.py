@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from launcher.cluster import address
 from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rules
+from launcher.config.script import ScriptSpec, script_fits
 from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
 from launcher.distribute.cross_device_ops import Name as CrossDeviceOpsName
 from launcher.distribute.device_assignment import fit_problem
@@ -427,6 +428,7 @@ class RunSpec(Strict):
     input: InputSpec = InputSpec()
     launch: LaunchSpec = LaunchSpec()
     sweep: SweepSpec = SweepSpec()
+    script: ScriptSpec | None = None
 
     # ----- derived plan -----
     @property
@@ -467,9 +469,10 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        check_rules((_ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
-                     _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, _shared_memory_fits,
-                     accumulation_divides, strategy_trains_so, precision_runs_here), self, cuda)
+        rules = (script_fits, _ps_cluster, _mesh_fits, _one_process_shape, _one_device_shape, _fixed_port, _recipe_supports,
+                 _batch_divides, _whole_batches, _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits,
+                 _shared_memory_fits, accumulation_divides, strategy_trains_so, precision_runs_here)
+        check_rules(tuple(r for r in rules if self.script is None or r not in _LOOP_RULES), self, cuda)
         return self
 
 
@@ -626,3 +629,7 @@ def _backend_fits(spec: RunSpec, cuda: int) -> None:
     if spec.backend(cuda) == "nccl" and spec.device_type(cuda) != "cuda":
         raise PlanError("cluster.backend", "nccl", "nccl needs CUDA devices; use cluster.backend=gloo (or auto) on CPU")
 
+
+# dlaunch's loop's rules (batch, input, trainer): a script brings its own loop, so they are not checked for it.
+_LOOP_RULES = (_recipe_supports, _batch_divides, _whole_batches, _files_cover_workers, accumulation_divides,
+               strategy_trains_so, precision_runs_here)

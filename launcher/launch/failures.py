@@ -11,6 +11,7 @@ import dataclasses
 import io
 import json
 import os
+import runpy
 import signal
 import socket
 import time
@@ -134,6 +135,7 @@ def as_text(root: RootCause, others: list[RootCause], last_logged: int | None, w
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 _RECIPES_DIR = str(Path(_PACKAGE_DIR) / "recipes")  # shipped recipes are user-level code
+_RUNPY = (runpy.__file__, "<frozen runpy>")
 
 
 def _one_line(text: str, limit: int = 110) -> str:
@@ -142,6 +144,8 @@ def _one_line(text: str, limit: int = 110) -> str:
 
 
 def _is_dlaunch_frame(filename: str) -> bool:
+    if filename in _RUNPY:  # how script mode runs the user's script: not the user's code
+        return True
     return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_RECIPES_DIR)
 
 

@@ -110,7 +110,12 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     Resumes from ``trainer.resume``'s checkpoint when there is one, saves every
     ``trainer.checkpoint.every_steps``, and on SIGTERM/SIGINT/SIGHUP saves and
     raises ``Preempted``. ``task``: this process's task in a parameter-server job.
+    With ``script=PATH`` the user's script replaces the recipe and this loop (``script.py``).
     """
+    if spec.script is not None:
+        from launcher.runtime import script
+
+        return script.run(spec, env, run_dir, cuda_devices, console)
     started = time.perf_counter()
     rank = env.rank if env else (task.rank if task else 0)
     runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices), spec.launch.collective_timeout_s,

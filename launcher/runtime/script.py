@@ -1,0 +1,124 @@
+"""Script mode, on the worker side: run the user's script as ``__main__`` under the configured strategy.
+
+Each worker process (or dlaunch itself, for one process) builds the strategy the
+plan names, makes it current with ``experimental_set_strategy`` (so that the
+script's ``dl.get_strategy()`` returns it), and runs the script with
+``runpy.run_path(path, run_name="__main__")`` and ``sys.argv = [path, *args]``,
+as ``python path args`` would. Plain ``print`` goes to the terminal (rank 0) and
+to ``RUN_DIR/logs`` (the other ranks), as a recipe's output does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from rich.console import Console
+
+from launcher import strategies
+from launcher.cluster.env import WorkerEnv
+from launcher.config.schema import RunSpec
+from launcher.distribute.context import experimental_set_strategy
+from launcher.runtime import outputs
+from launcher.runtime.preemption import Preempted, handling_stop_signals
+from launcher.runtime.progress import log
+
+
+class ScriptStopped(Preempted):
+    """A stop signal reached the script; a script saves its own checkpoints (dlaunch cannot know its state)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum, step=None)
+        self.args = (f"stopped by {signal.Signals(signum).name}; a script saves its own checkpoints",)
+
+
+class ScriptExit(Exception):
+    """The script called ``sys.exit`` with a failure code (argparse does for a bad argument: its message is above)."""
+
+    explained = True
+
+    def __init__(self, script: str, code: Any):
+        self.code = code
+        super().__init__(f"{script} exited with {code!r} (sys.exit); its own message is above")
+
+
+def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int, console: Console | None = None) -> dict[str, Any]:
+    """Run ``spec.script`` in this process under the spec's strategy; rank 0 writes the summary."""
+    from launcher.runtime.loop import seed_everything
+
+    started = time.perf_counter()
+    rank = env.rank if env else 0
+    runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices),
+                                 spec.launch.collective_timeout_s, run_spec=spec)
+    seed_everything(spec.trainer.seed)
+    strategy = strategies.build(spec.strategy, runtime)
+    log.info("%s: %d replica(s) in sync on %s; running %s", type(strategy).__name__, strategy.num_replicas_in_sync,
+             ", ".join(strategy.extended.worker_devices), spec.script.command())
+    experimental_set_strategy(strategy)
+    try:
+        with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise():
+            runpy.run_path(spec.script.path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise ScriptExit(Path(spec.script.path).name, exc.code) from None
+    finally:
+        experimental_set_strategy(None)
+    summary = {
+        "status": "completed",
+        "strategy": spec.strategy.name,
+        "recipe": spec.recipe.name,
+        "script": spec.script.command(),
+        "cluster": spec.cluster.shape,
+        "device": runtime.device_type,
+        "num_replicas_in_sync": strategy.num_replicas_in_sync,
+        "world_size": env.world_size if env else 1,
+        "restarts": env.restart_count if env else 0,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    if rank == 0:
+        outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+    return summary
+
+
+@contextlib.contextmanager
+def _as_main(path: str, args: list[str], quiet_argparse: bool) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path[0]`` as ``python path args`` sets them; restored afterwards.
+
+    ``quiet_argparse``: this rank does not print argparse's usage, errors and help,
+    so that a bad argument is reported once (by rank 0), not once per process.
+    """
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *args]
+    sys.path.insert(0, str(Path(path).parent))
+    printer = argparse.ArgumentParser._print_message
+    if quiet_argparse:
+        argparse.ArgumentParser._print_message = lambda self, message, file=None: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser._print_message = printer  # type: ignore[method-assign]
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP end the script with ``ScriptStopped`` (exit 128 + N), as they end a recipe run.
+
+    A recipe stops between steps; a script's steps are its own, so it stops where it is.
+    """
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if not received:  # once: Ctrl-C reaches a worker both from the terminal and forwarded by its agent
+            received.append(signum)
+            raise ScriptStopped(signum)
+
+    with handling_stop_signals(stop):
+        yield

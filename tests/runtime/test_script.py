@@ -1,0 +1,124 @@
+"""Script mode: ``dlaunch script=PATH ... -- ARGS`` runs an unmodified torch script on the planned cluster."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+
+import pytest
+
+from tests.conftest import FIXTURES, ROOT, dlaunch, summary
+
+LOOP = FIXTURES / "custom_loop.py"
+SHAPES = {
+    "one_device": ("strategy=one_device", "cluster=1x1"),
+    "mirrored": ("strategy=mirrored", "cluster=1x2"),
+    "multi_worker_mirrored": ("strategy=multi_worker_mirrored", "cluster=2x1"),  # 2 nodes emulated on this machine
+}
+
+
+def _run(tmp_path, *overrides: str, script_args: tuple[str, ...] = ()):
+    """dlaunch OVERRIDES -- SCRIPT_ARGS (the conftest fixture would append its overrides after the script's arguments)."""
+    run_dir = tmp_path / "run"
+    proc = dlaunch(*overrides, "cluster.device=cpu", f"hydra.run.dir={run_dir}", *(("--", *script_args) if script_args else ()),
+                   cwd=tmp_path)
+    return proc, run_dir
+
+
+def _losses(text: str) -> list[float]:
+    """Rank 0's epoch losses (the other ranks' lines are tagged [rankN])."""
+    return [float(v) for v in re.findall(r"^epoch \d+: loss ([\d.]+)$", text, re.M)]
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_the_documented_loop_runs_under_each_strategy(name, tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc, run_dir = _run(tmp_path, "script=custom_loop.py", *SHAPES[name], script_args=("--epochs", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    replicas = 1 if name == "one_device" else 2
+    assert f": {replicas} replica(s) in sync" in proc.stdout
+    losses = _losses(proc.stdout)
+    # The same global batches in the same order: the mean loss is one device's, whatever the strategy.
+    assert losses == pytest.approx([2.724006, 0.101431], abs=2e-6)
+    done = summary(run_dir)
+    assert (done["status"], done["strategy"], done["num_replicas_in_sync"]) == ("completed", name, replicas)
+    assert done["script"] == "custom_loop.py --epochs 2"
+
+
+def test_the_docs_show_the_loop_that_the_test_runs():
+    page = (ROOT / "docs" / "SCRIPTS.md").read_text()
+    assert LOOP.read_text().strip() in page
+
+
+def test_a_missing_script_is_a_config_error(run_dlaunch, tmp_path):
+    proc, _ = run_dlaunch("script=nope/train.py")
+    assert proc.returncode == 2
+    assert "script.path" in proc.stderr and str(tmp_path / "nope" / "train.py") in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_arguments_after_the_separator_need_a_script(tmp_path):
+    proc, _ = _run(tmp_path, script_args=("--epochs", "2"))
+    assert proc.returncode == 2
+    assert "no script was given" in proc.stderr and "--epochs 2" in proc.stderr
+
+
+def test_a_script_that_raises_shows_its_own_frame_once(run_dlaunch, tmp_path):
+    (tmp_path / "broken.py").write_text("import torch\n\n\ndef build():\n    raise ValueError('bad shape 3x4')\n\n\nbuild()\n")
+    proc, run_dir = run_dlaunch("script=broken.py", "strategy=mirrored", "cluster=1x2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback") == 1  # rank 1 failed alike: one line for it under the panel
+    assert proc.stderr.count('broken.py", line 5, in build') == 1
+    assert "runpy" not in proc.stderr and "launcher/runtime" not in proc.stderr
+    assert not (run_dir / "summary.json").exists() or summary(run_dir)["status"] != "completed"
+
+
+def test_an_argument_the_script_rejects_is_reported_once(tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc, _ = _run(tmp_path, "script=custom_loop.py", "strategy=mirrored", "cluster=1x2", script_args=("--epochz", "2"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("unrecognized arguments: --epochz 2") == 1
+    assert "exited with 2 (sys.exit)" in proc.stderr
+
+
+def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc, _ = run_dlaunch("script=custom_loop.py", "strategy=parameter_server", "cluster.ps=1")
+    assert proc.returncode == 2
+    assert "a script runs only in the training processes" in proc.stderr
+
+
+def test_the_plan_shows_the_script_and_not_the_loop(tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    # 3 replicas and the default global batch 64 would not divide: a script batches its own data.
+    proc, _ = _run(tmp_path, "script=custom_loop.py", "strategy=mirrored", "cluster=1x3", "launch.dry_run=true",
+                   script_args=("--lr", "0.1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = proc.stdout + proc.stderr
+    assert "custom_loop.py --lr 0.1" in plan and "3 in sync" in plan
+    assert not re.search(r"^\s*(batch|steps|checkpoints)\s", plan, re.M)
+
+
+SLEEPER = """import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], f"rank{os.environ.get('RANK', '0')}").touch()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_script_process(tmp_path):
+    from tests.launch.test_restarts import finish, run_processes, start, wait_for
+
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"script={tmp_path / 'sleeper.py'}", "strategy=mirrored", "cluster=1x2", "--", str(tmp_path))
+    try:
+        wait_for(lambda: (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), 120, "both ranks in the script")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, 10, "every process to end (no orphans)")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM; a script saves its own checkpoints" in out
