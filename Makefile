@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast install clean shell
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/dlaunch recipe=linear strategy=mirrored cluster=1x2
+	@echo "dlaunch lives in $(BIN): run 'source $(BIN)/activate' (or 'make shell') to have it on PATH"
+
+# A shell with the venv active, so that `dlaunch` is on PATH (exit leaves it).
+shell: $(STAMP)
+	@echo "dlaunch $$($(BIN)/dlaunch --version | cut -d' ' -f2) on PATH; exit to leave"
+	@. $(BIN)/activate && exec $${SHELL:-bash} -i
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

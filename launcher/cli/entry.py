@@ -11,6 +11,11 @@ import sys
 
 
 def entry() -> None:
+    from launcher.cli import usage
+
+    answered = usage.early_exit(sys.argv[1:])  # --help, --version, torchrun flags: answered before torch is imported
+    if answered is not None:
+        sys.exit(answered)
     from launcher.launch import warm
 
     warm.start_early(sys.argv[1:])

@@ -1,14 +1,13 @@
-"""The launcher's console log handler: rich, on stderr (stdout is for `--cfg` output)."""
+"""The launcher's console log handler, on stderr (stdout is for results: the plan, the result table, ``--cfg``)."""
 
 from __future__ import annotations
 
 import logging
 
 from rich.console import Console
-from rich.logging import RichHandler
+
+from launcher.runtime.progress import console_handler
 
 
 def stderr_handler() -> logging.Handler:
-    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=False)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    return handler
+    return console_handler(Console(stderr=True))

@@ -7,6 +7,7 @@
     dlaunch recipes ls | cp NAME DEST | validate PATH    # the recipe templates
     dlaunch report RUN_OR_SWEEP_DIR        # PNG curves and report.html beside the data
     dlaunch script=train.py strategy=mirrored cluster=1x2 -- --epochs 3   # a torch script, unmodified
+    dlaunch resume RUN_DIR                 # continue a stopped run in its directory
 
 Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import scheduled, sweep
+from launcher.cli import output, scheduled, sweep, sweep_jobs, usage
 from launcher.cluster import admission
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
@@ -40,6 +41,7 @@ class _Status:
 
     codes: list[int] = []
     validated: dict[tuple[str, ...], Any] = {}  # a job's own overrides -> its RunSpec, from the pre-check
+    invalid: dict[tuple[str, ...], list[Problem]] = {}  # a sweep job's own overrides -> why it cannot run
 
 
 def _job_key(overrides: list[str]) -> tuple[str, ...]:
@@ -111,15 +113,12 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     # A SLURM job runs on nodes this machine cannot see: their devices are checked there.
     cuda = REMOTE_CUDA if scheduled.launcher_of(overrides) == "submitit_slurm" else cuda_devices()
     problems: list[Problem] = _check_output_dirs(overrides)
-    error = ConfigError  # UserCodeError (exit 1) when a recipe's own code raised
-    for job in _job_overrides(overrides, multirun):
-        try:
-            _Status.validated[_job_key(job)] = composer.compose_and_validate(job, cuda)
-        except ConfigError as exc:
-            problems.extend(p for p in exc.problems if p not in problems)
-            error = type(exc) if exc.exit_code < error.exit_code else error
+    checked = sweep_jobs.check({_job_key(job): job for job in _job_overrides(overrides, multirun)}, cuda, multirun)
+    _Status.validated.update(checked.valid)
+    _Status.invalid = checked.invalid  # a sweep's invalid combinations: each becomes a failed job with its reason
+    problems.extend(p for p in checked.up_front if p not in problems)
     if problems:
-        raise error(problems)
+        raise checked.error(problems)
 
 
 def _warm_workers(overrides: list[str]) -> None:
@@ -145,11 +144,16 @@ def _job(cfg: Any) -> Any:
     """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None on a config error)."""
     from hydra.core.hydra_config import HydraConfig
 
-    console = Console(stderr=True, highlight=False)
+    console = output.messages()
     cuda = cuda_devices()
+    key = _job_key(list(HydraConfig.get().overrides.task))
+    if key in _Status.invalid:
+        sweep_jobs.skip(Path(HydraConfig.get().runtime.output_dir), _Status.invalid[key], console)
+        _Status.codes.append(2)
+        return None
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
-        spec = _Status.validated.get(_job_key(list(HydraConfig.get().overrides.task))) or composer.validate(cfg, cuda)
+        spec = _Status.validated.get(key) or composer.validate(cfg, cuda)
         spec = admission.with_token(scheduled.placed(spec), scheduled=bool(scheduler_tasks()))
     except ConfigError as exc:
         render(exc, console)
@@ -174,7 +178,11 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     """The job, once it holds its directories: resume choice, plan, run; the run's summary (None on a config error)."""
     from omegaconf import OmegaConf
 
-    from launcher.cli.plan import show_plan, show_summary
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from launcher.cli import resume
+    from launcher.cli.plan import show_summary
     from launcher.runtime import outputs
 
     try:
@@ -187,7 +195,8 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         outputs.start_run(run_dir, resuming=resume_from is not None)
         (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
     try:
-        show_plan(spec, cuda, run_dir, console, spec.launch.dry_run, resume_from)
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        sweep_jobs.show_plan(spec, cuda, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
     except ConfigError as exc:  # a dry run reads the input files whole to count them
         render(exc, console)
         _Status.codes.append(2)
@@ -197,13 +206,15 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         return None
     code = _run(_resuming_from(spec, resume_from), run_dir, cuda, console)
     _Status.codes.append(code)
+    if code >= 128:  # stopped by a signal, after its checkpoint
+        console.print(resume.after_signal(spec, run_dir, code))
     if code and scheduler_tasks():
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "
             f"(summary.json) and in the task logs under .submitit/")
     summary = outputs.read_summary(run_dir)
     if code == 0 and summary:
-        show_summary(summary, run_dir, console)
+        show_summary(summary, run_dir, output.results())
     elif code == 0 and spec.cluster.task is not None and spec.cluster.task.type != "chief":
         console.print(f"{spec.cluster.task.type}:{spec.cluster.task.index} done; the chief ({spec.cluster.master_addr}) "
                       f"wrote the results; this task's logs: {run_dir / 'logs'}")
@@ -324,11 +335,14 @@ def _primary_config_usable(args: Any) -> None:
 
 
 # `dlaunch NAME ...` for these names runs a tool, not a training job.
-SUBCOMMANDS = {"recipes": "launcher.cli.recipes", "report": "launcher.cli.report"}
+SUBCOMMANDS = {"recipes": "launcher.cli.recipes", "report": "launcher.cli.report", "resume": "launcher.cli.resume"}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    answered = usage.early_exit(argv)  # --help, --version, torchrun-style flags
+    if answered is not None:
+        return answered
     if argv and argv[0] in SUBCOMMANDS:
         import importlib
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds")
@@ -33,10 +34,9 @@ class SweepSummary(Callback):
         if not rows:
             return
         write(sweep_dir, rows)
-        console = Console(stderr=True, highlight=False)
-        if not console.is_terminal:  # a log file or a pipe: room for the overrides on one line
-            console.width = max(console.width, 160)
-        show(rows, sweep_dir, console)
+        from launcher.cli import output
+
+        show(rows, sweep_dir, output.results())
         _outcome["failed"] = sum(r["status"] != "completed" for r in rows)
 
 
@@ -94,18 +94,30 @@ def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:
+    """The overrides every job has: shown once above the table, not in each row."""
+    lists = [r["overrides"].split() for r in rows]
+    return [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
+
+
 def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
     failed = sum(r["status"] != "completed" for r in rows)
-    title = f"sweep summary: {len(rows)} job(s)" + (f", {failed} failed" if failed else "")
+    shared = shared_overrides(rows)
+    title = f"sweep summary: {len(rows)} job{'s' if len(rows) != 1 else ''}" + (f", {failed} failed" if failed else "")
     table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
-    for column in ("job", "overrides", "status", "final loss", "metric", "examples/s", "wall s"):
+    columns = ("job", "overrides", "status", "final loss", "metric", "examples/s", "wall s") + (("reason",) if failed else ())
+    for column in columns:
         table.add_column(column, justify="right" if column in ("job", "final loss", "examples/s", "wall s") else "left",
                          overflow="fold")
     for r in rows:
         status = r["status"] if r["status"] == "completed" else f"[red]{r['status']}[/]"
         metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
-        table.add_row(str(r["job"]), r["overrides"], status, _num(r["final_loss"]), metric,
-                      _num(r["examples_per_sec"], ".0f"), _num(r["wall_seconds"], ".2f"))
+        own = " ".join(o for o in r["overrides"].split() if o not in shared)
+        why = [escape(r.get("error") or "")] if failed else []
+        table.add_row(str(r["job"]), escape(own), status, _num(r["final_loss"]), metric,
+                      _num(r["examples_per_sec"], ".0f"), _num(r["wall_seconds"], ".2f"), *why)
+    if shared:
+        console.print(f"every job: {escape(' '.join(shared))}")
     console.print(table)
     console.print(f"sweep results: [bold]{sweep_dir}[/] (sweep_summary.json, sweep_summary.csv, one directory per job)")
 

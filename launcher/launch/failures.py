@@ -109,7 +109,7 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     """The root cause in one panel (its last completed step, else the last logged one), then a line per other rank."""
     console = console or Console(stderr=True, highlight=False)
     lines = [
-        f"[bold]{'task' if root.task else 'rank'}[/] {root.task or root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   [bold]exit[/] {root.exit}",
+        f"[bold]{'task' if root.task else 'rank'}[/] {root.task or root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   {root.exit}",
     ]
     if root.last_step is not None:
         lines.append(f"[bold]last completed step[/] {root.last_step}")

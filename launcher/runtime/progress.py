@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -12,19 +11,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 log = logging.getLogger("dlaunch")
 
 
-def setup_logging(rank: int, console: Console, who: str = "rank") -> None:
-    """INFO from rank 0 only; warnings and errors from every rank, tagged with the rank (or node)."""
+def setup_logging(rank: int, console: Console, who: str | None = None) -> None:
+    """INFO from rank 0 only; warnings and errors from every rank, in one format: ``LEVEL message``.
+
+    A worker's lines are tagged by its elastic agent (``[rank1] WARNING ...``, every rank but rank 0
+    of node 0), so a worker adds no tag of its own. A process that no agent tags (an emulated node's
+    agent) passes ``who``: its lines read ``[node1] WARNING ...``.
+    """
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    if rank == 0 and console.is_terminal:
-        handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False)
-        handler.setFormatter(logging.Formatter(f"[{who}0] %(message)s"))
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"[{who}{rank}] %(levelname)s %(message)s"))
-    root.addHandler(handler)
+    root.addHandler(console_handler(console, f"[{who}{rank}] " if who and rank else ""))
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def console_handler(console: Console, tag: str = "") -> logging.Handler:
+    """Rich on a terminal; off one (a file, a pipe) plain ``LEVEL message`` lines, unpadded and unwrapped."""
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False)
+        handler.setFormatter(logging.Formatter(f"{tag}%(message)s"))
+    else:
+        handler = logging.StreamHandler(console.file)
+        handler.setFormatter(logging.Formatter(f"{tag}%(levelname)s %(message)s"))
+    return handler
 
 
 class ProgressReporter:

@@ -21,7 +21,7 @@ def test_cfg_job_prints_the_composed_config(run_dlaunch):
 def test_dry_run_prints_the_plan_and_starts_nothing(run_dlaunch):
     proc, run_dir = run_dlaunch("strategy=mirrored", "cluster=1x4", "launch.dry_run=true")
     assert proc.returncode == 0, proc.stderr
-    plan = proc.stderr
+    plan = proc.stdout  # results on stdout
     for expected in ("dry run", "mirrored", "1x4", "4 in sync", "gloo", "global 64 = 4 replica(s) x 16 per replica", "127.0.0.1"):
         assert expected in plan, f"{expected!r} missing from the plan:\n{plan}"
     assert (run_dir / "config.yaml").exists()
@@ -44,7 +44,7 @@ def test_one_device_run_writes_the_output_contract(run_dlaunch):
     assert s["final_loss"] < s["first_loss"]
     assert isinstance(s["param_norm"], float) and s["param_norm"] > 0
     assert "eval_loss" in s["metrics"]
-    assert str(run_dir) in proc.stderr  # the user is pointed at the results
+    assert str(run_dir) in proc.stdout  # the user is pointed at the results
 
 
 def test_help_lists_the_config_groups(run_dlaunch):
@@ -73,7 +73,7 @@ def test_dry_run_shows_which_worker_reads_which_files(run_dlaunch, tmp_path):
     assert made.returncode == 0, made.stderr
     proc, _ = run_dlaunch("strategy=mirrored", "cluster=1x4", "input.files=data/train-*.jsonl", "launch.dry_run=true")
     assert proc.returncode == 0, proc.stderr
-    plan = proc.stderr
+    plan = proc.stdout  # results on stdout
     assert "auto_shard_policy AUTO -> FILE" in plan and "input shards (FILE, 8192 elements)" in plan
     rows = {line.split()[0]: line.split() for line in plan.splitlines() if line.strip()[:1].isdigit()}
     assert rows["0"][1:] == ["0", "train-00000-of-00006.jsonl,", "train-00004-of-00006.jsonl", "2730"]

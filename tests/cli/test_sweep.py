@@ -63,3 +63,18 @@ def test_joblib_runs_two_multi_process_jobs_at_once_without_port_clashes(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed", "completed"]
+
+
+def test_an_invalid_combination_is_a_failed_job_and_the_others_run(tmp_path):
+    from tests.conftest import dlaunch
+
+    sweep_dir = tmp_path / "sweep"
+    proc = dlaunch("-m", "strategy=one_device,mirrored", "cluster=1x1,1x2", "trainer.steps=5", f"hydra.sweep.dir={sweep_dir}",
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "config error", "completed", "completed"]
+    assert "cluster 1x2 has 2 devices" in jobs[1]["error"]
+    assert "every job: trainer.steps=5" in proc.stdout
+    assert proc.stdout.count("dlaunch plan") == 1  # the plan once per sweep
+    assert not [line for line in proc.stdout.splitlines() if line != line.rstrip()]

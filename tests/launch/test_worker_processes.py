@@ -48,7 +48,7 @@ def test_a_raising_worker_stops_the_job_within_10s_and_is_reported_once(run_dlau
     out = proc.stdout + proc.stderr
     assert out.count("root cause") == 1
     assert out.count("Traceback (most recent call last)") == 1
-    assert f"rank 1   host {s['error']['host']}   pid {s['error']['pid']}   exit exit code 1" in out
+    assert f"rank 1   host {s['error']['host']}   pid {s['error']['pid']}   exit code 1" in out
     assert "worker rank 1 failed" in out and "RuntimeError: injected failure on replica 1 at step 30" in out
     assert "last completed step 29" in out
     assert s["status"] == "failed" and s["error"]["rank"] == 1 and s["last_completed_step"] == 29

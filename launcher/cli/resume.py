@@ -1,0 +1,75 @@
+"""``dlaunch resume RUN_DIR [KEY=VALUE ...]``: run a stopped run again, in its own directory, from its newest checkpoint.
+
+The default run directory has a timestamp in its name, so "the same command
+again" would start afresh elsewhere. This reads the run's own overrides
+(``RUN_DIR/.hydra/overrides.yaml``) and ``--config-dir``, and runs them with
+``hydra.run.dir=RUN_DIR trainer.resume=auto``; further overrides are added last.
+
+    dlaunch resume outputs/2026-01-02/10-11-12
+    dlaunch resume outputs/2026-01-02/10-11-12 trainer.steps=500
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def command(run_dir: Path) -> str:
+    """The command that resumes the run in ``run_dir``, as the user would type it."""
+    return f"dlaunch resume {shlex.quote(str(run_dir))}"
+
+
+def after_signal(spec: Any, run_dir: Path, code: int) -> str:
+    """The lines shown when a run stopped on a signal: what was saved, and how to go on."""
+    from launcher.checkpoint import layout
+
+    saved = layout.latest(spec.trainer.checkpoint.root(run_dir)) if spec.trainer.checkpoint.every_steps else None
+    if saved is None:
+        why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"
+        return (f"stopped (exit {code}); no checkpoint to resume from: {why}; "
+                f"{command(run_dir)} starts again at step 0")
+    return f"stopped (exit {code}); checkpoint {saved}\nresume with: {command(run_dir)}"
+
+
+def _config_dirs(hydra_dir: Path) -> list[str]:
+    from omegaconf import OmegaConf
+
+    hydra_yaml = hydra_dir / "hydra.yaml"
+    if not hydra_yaml.exists():
+        return []
+    sources = OmegaConf.load(hydra_yaml).hydra.runtime.get("config_sources", [])
+    return [str(s.path) for s in sources if s.provider == "command-line" and s.schema == "file"]
+
+
+def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
+    """The arguments that run ``run_dir``'s job again there; ValueError naming what is missing."""
+    from omegaconf import OmegaConf
+
+    hydra_dir = run_dir / ".hydra"
+    if not (hydra_dir / "overrides.yaml").exists():
+        raise ValueError(f"{run_dir} is not a dlaunch run directory: {hydra_dir / 'overrides.yaml'} does not exist")
+    own = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
+    mine = {o.split("=", 1)[0].lstrip("+~") for o in extra}
+    kept = [o for o in own if o.split("=", 1)[0].lstrip("+~") not in mine | {"trainer.resume"}]
+    config_dirs = [arg for d in _config_dirs(hydra_dir) for arg in ("--config-dir", d)]
+    resume = [] if "trainer.resume" in mine else ["trainer.resume=auto"]
+    return [*config_dirs, *kept, *extra, *resume, f"hydra.run.dir={run_dir}"]
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_DIR [KEY=VALUE ...]")
+        return 0 if argv else 2
+    run_dir = Path(argv[0]).expanduser().resolve()
+    try:
+        args = rerun_args(run_dir, argv[1:])
+    except ValueError as exc:
+        print(f"dlaunch resume: {exc}", file=sys.stderr)
+        return 2
+    print("dlaunch " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
+    from launcher.cli.main import main as run
+
+    return run(args)

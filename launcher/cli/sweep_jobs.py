@@ -1,0 +1,93 @@
+"""A sweep's jobs before and as they run: which combinations are invalid, and the plan once per sweep.
+
+An invalid combination does not stop a sweep: it becomes a job that fails with
+its reason (status ``config error`` in the sweep table), and the valid jobs
+run. The whole sweep is refused up front only when no job is valid, or when a
+job's config cannot even be composed (a typo in a key: every job has it).
+
+    dlaunch -m strategy=one_device,mirrored cluster=1x1,1x2 trainer.steps=20
+    # 3 jobs run; one_device with 1x2 is reported as a failed job with the reason
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launcher.config import compose as composer
+from launcher.config.errors import ConfigError, Problem, render
+
+
+@dataclasses.dataclass
+class Checked:
+    valid: dict[tuple[str, ...], Any] = dataclasses.field(default_factory=dict)  # job key -> RunSpec
+    invalid: dict[tuple[str, ...], list[Problem]] = dataclasses.field(default_factory=dict)
+    up_front: list[Problem] = dataclasses.field(default_factory=list)  # stop before anything runs
+    error: type[ConfigError] = ConfigError  # UserCodeError (exit 1) when a recipe's own code raised
+
+    def note(self, exc: ConfigError) -> None:
+        self.error = type(exc) if exc.exit_code < self.error.exit_code else self.error
+
+
+def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> Checked:
+    """Compose and validate every job (``key -> overrides``); a sweep keeps its valid jobs."""
+    checked = Checked()
+    for key, job in jobs.items():
+        try:
+            cfg = composer.compose(job)
+        except ConfigError as exc:
+            _add(checked.up_front, exc.problems)
+            checked.note(exc)
+            continue
+        try:
+            checked.valid[key] = composer.validate(cfg, cuda)
+        except ConfigError as exc:
+            checked.invalid[key] = exc.problems
+            checked.note(exc)
+    if not multirun or not checked.valid:
+        for problems in checked.invalid.values():
+            _add(checked.up_front, problems)
+        checked.invalid.clear()
+    return checked
+
+
+def _add(problems: list[Problem], new: list[Problem]) -> None:
+    problems.extend(p for p in new if p not in problems)
+
+
+def reason(problems: list[Problem]) -> str:
+    """The problems on one line, for the sweep table."""
+    return "; ".join(f"{p.key}" + (f"={p.value}" if p.has_value else "") + f": {p.message}" for p in problems)
+
+
+def skip(run_dir: Path, problems: list[Problem], console: Console) -> None:
+    """An invalid combination's job: its problems on the terminal and in its ``summary.json``; nothing runs."""
+    console.print(f"[bold red]job {run_dir.name}: not started[/] (the other jobs of the sweep run)")
+    render(ConfigError(problems), console)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"status": "config error", "error": {"exception": f"ConfigError: {reason(problems)}"}}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+_first_plan: dict[str, str] = {}
+
+
+def show_plan(spec: Any, cuda: int, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None, multirun: bool) -> None:
+    """The plan: in full for a run and for a sweep's first job; for the next jobs only the rows that differ."""
+    from launcher.cli.plan import plan_rows
+    from launcher.cli.plan import show_plan as show_full
+
+    if not multirun or not _first_plan:
+        show_full(spec, cuda, run_dir, console, dry_run, resume_from)
+        if multirun:
+            _first_plan.update(plan_rows(spec, cuda, run_dir, resume_from))
+            console.print("(the sweep's first job; each next job shows only what differs from it)")
+        return
+    rows = [(k, v) for k, v in plan_rows(spec, cuda, run_dir, resume_from) if k != "run dir" and _first_plan.get(k) != v]
+    console.print(f"[bold]job {run_dir.name}[/] in {run_dir}")
+    for key, value in rows:
+        console.print(f"  [bold]{key}[/]  {value}")

@@ -1,0 +1,150 @@
+"""What ``dlaunch`` answers before it imports torch: ``--help``, ``--version`` and torchrun-style flags.
+
+These come back in well under a second: the help text is built from
+``launcher/cli/help_data.py``, which ``python -m launcher.cli.helpgen`` writes
+from the pydantic schema (``tests/cli/test_usage.py`` checks it is current).
+
+    dlaunch --help
+    dlaunch --version
+    dlaunch --nproc_per_node=2    # exit 2: "use cluster=1x2"
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from launcher.cli import help_data
+
+# Flags Hydra's own parser accepts (hydra/_internal/utils.py get_args_parser), with or without a value.
+HYDRA_FLAGS = {
+    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r",
+    "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
+    "--config-dir", "-cd", "--experimental-rerun", "--info", "-i",
+}
+
+COMMANDS = (
+    ("dlaunch [KEY=VALUE ...]", "run one job, e.g. dlaunch recipe=linear strategy=mirrored cluster=1x2"),
+    ("dlaunch -m KEY=A,B ...", "a sweep: one job per combination, then one table (sweep_summary.json)"),
+    ("dlaunch recipes ls | cp NAME DEST | validate PATH", "the recipe templates: list, copy, check"),
+    ("dlaunch report RUN_OR_SWEEP_DIR", "PNG curves and report.html beside a run's or sweep's data"),
+    ("dlaunch resume RUN_DIR [KEY=VALUE ...]", "continue a stopped run from its newest checkpoint, in its directory"),
+)
+
+OPTIONS = (
+    ("--help, -h", "this text"),
+    ("--version", "dlaunch's version"),
+    ("--cfg job", "print the composed config and start nothing"),
+    ("launch.dry_run=true", "print the plan and start nothing"),
+    ("--config-dir DIR", "your own config groups (DIR/recipe/NAME.yaml, ...), searched first"),
+    ("-m, --multirun", "sweep over comma-separated values"),
+    ("--hydra-help", "Hydra's own options"),
+)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("dlaunch")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def _table(rows, indent: int = 2) -> list[str]:
+    width = max(len(left) for left, _ in rows)
+    return [f"{' ' * indent}{left.ljust(width)}  {right}".rstrip() for left, right in rows]
+
+
+def help_text() -> str:
+    lines = ["dlaunch: train a PyTorch recipe on a planned cluster with tf.distribute-style strategies.", "",
+             "Commands:", *_table(COMMANDS), "", "Options:", *_table(OPTIONS), "",
+             "Config groups (pick one option each, e.g. strategy=mirrored):"]
+    for group, options in help_data.GROUPS.items():
+        lines.append(f"{group}: {', '.join(name for name, _ in options)}")
+        lines += _table(options, indent=4)
+    lines += ["", "Settings (KEY=VALUE; default in brackets):"]
+    for section, keys in help_data.SECTIONS.items():
+        lines.append(f"{section}:")
+        lines += _table([(f"{section}.{key} [{default}]", text) for key, default, text in keys], indent=4)
+    lines += ["", "Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.",
+              "Results (the plan, the result table) go to stdout; logs and errors go to stderr. More: docs/CLI.md"]
+    return "\n".join(lines) + "\n"
+
+
+# torchrun's and Accelerate's flags, and the dlaunch overrides that say the same.
+_FLAG = re.compile(r"^--?([A-Za-z][\w-]*)(?:=(.*))?$")
+_SAME_AS = {
+    "nproc_per_node": "cluster=NODESx{v} (devices per node)",
+    "num_processes": "cluster=1x{v} (processes on one machine)",
+    "nnodes": "cluster={v}xDEVICES (nodes)",
+    "num_machines": "cluster={v}xDEVICES (nodes)",
+    "node_rank": "cluster.node_rank={v}",
+    "machine_rank": "cluster.node_rank={v}",
+    "master_addr": "cluster.master_addr={v}",
+    "main_process_ip": "cluster.master_addr={v}",
+    "master_port": "cluster.master_port={v}",
+    "main_process_port": "cluster.master_port={v}",
+    "rdzv_endpoint": "cluster.master_addr=HOST cluster.master_port=PORT",
+    "max_restarts": "launch.max_restarts={v}",
+    "monitor_interval": "launch.monitor_interval_s={v}",
+    "mixed_precision": "trainer.precision=bf16-mixed (or fp16-mixed, fp32)",
+    "standalone": "nothing: one machine is the default (cluster=1xM)",
+    "rdzv_backend": "nothing: dlaunch always uses c10d",
+    "rdzv_id": "nothing: dlaunch names each run itself",
+    "multi_gpu": "strategy=mirrored cluster=1xM",
+}
+
+
+def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None]]:
+    """``--name[=value]`` arguments (before ``--``) that Hydra's parser would refuse, with their values."""
+    found, i = [], 0
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    while i < len(head):
+        arg = head[i]
+        match = _FLAG.match(arg)
+        if match and arg.split("=")[0] not in HYDRA_FLAGS:
+            name, value = match.group(1).replace("-", "_"), match.group(2)
+            if value is None and i + 1 < len(head) and not head[i + 1].startswith("-") and "=" not in head[i + 1]:
+                value, i = head[i + 1], i + 1
+            found.append((name, value))
+        i += 1
+    return found
+
+
+def flag_message(argv: list[str]) -> str | None:
+    """One screen mapping torchrun-style flags to dlaunch overrides; None when there are none."""
+    flags = _unknown_flags(argv)
+    if not flags:
+        return None
+    lines = ["dlaunch takes KEY=VALUE overrides, not launcher flags:"]
+    for name, value in flags:
+        given = f"--{name}" + (f"={value}" if value is not None else "")
+        if name in _SAME_AS:
+            lines.append(f"  {given:<28} use {_SAME_AS[name].format(v=value if value is not None else 'N')}")
+        else:
+            lines.append(f"  {given:<28} unknown option; dlaunch --help lists the options and settings")
+    scripts = [a for a in argv if a.endswith(".py") and "=" not in a]
+    if scripts:
+        lines.append(f"  {scripts[0]:<28} a script runs as script={scripts[0]} (docs/SCRIPTS.md)")
+    lines.append("e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)")
+    return "\n".join(lines)
+
+
+def early_exit(argv: list[str]) -> int | None:
+    """The exit code when ``argv`` is answered here (help, version, launcher flags); None: go on to the run."""
+    if argv and argv[0] in ("recipes", "report", "resume"):
+        return None
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    if "--help" in head or "-h" in head:
+        sys.stdout.write(help_text())
+        return 0
+    if "--version" in head:
+        sys.stdout.write(f"dlaunch {version()}\n")
+        return 0
+    message = flag_message(argv)
+    if message:
+        sys.stderr.write(message + "\n")
+        return 2
+    return None

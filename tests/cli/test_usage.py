@@ -1,0 +1,43 @@
+"""dlaunch --help, --version and torchrun habits: answered at once, before torch is imported."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from launcher.cli import helpgen, help_data
+from tests.conftest import dlaunch
+
+
+def test_help_data_is_generated_from_the_current_schema():
+    assert helpgen.TARGET.read_text() == helpgen.generate(), "run: python -m launcher.cli.helpgen"
+    assert help_data.GROUPS["strategy"]
+
+
+def test_help_lists_subcommands_groups_and_settings_with_descriptions_quickly(tmp_path):
+    started = time.monotonic()
+    proc = dlaunch("--help", cwd=tmp_path)
+    assert time.monotonic() - started < 2  # generous: it imports no torch (about 0.1 s)
+    assert proc.returncode == 0
+    for expected in ("dlaunch recipes ls", "dlaunch report", "dlaunch resume RUN_DIR", "NxM", "2x8",
+                     "trainer.precision [fp32]", "launch.max_restarts"):
+        assert expected in proc.stdout, expected
+    assert re.search(r"^    mirrored +synchronous data parallelism", proc.stdout, re.M)  # the schema's docstring
+    assert not [line for line in proc.stdout.splitlines() if line != line.rstrip()]
+
+
+def test_version_is_the_package_version(tmp_path):
+    from importlib.metadata import version
+
+    started = time.monotonic()
+    proc = dlaunch("--version", cwd=tmp_path)
+    assert time.monotonic() - started < 2
+    assert proc.returncode == 0 and proc.stdout == f"dlaunch {version('dlaunch')}\n"
+
+
+def test_torchrun_flags_are_mapped_to_overrides(tmp_path):
+    proc = dlaunch("--nnodes=2", "--nproc_per_node", "8", "--master_port=29500", "--bogus", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "unrecognized arguments" not in proc.stderr
+    for expected in ("cluster=2xDEVICES", "cluster=NODESx8", "cluster.master_port=29500", "--bogus", "unknown option"):
+        assert expected in proc.stderr, expected
