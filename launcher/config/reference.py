@@ -22,7 +22,7 @@ from pydantic_core import PydanticUndefined
 from launcher.config import schema
 from launcher.runtime.recipe import OptimizerConfig
 
-GROUPS = ("cluster", "trainer", "input", "launch", "sweep")
+GROUPS = ("cluster", "trainer", "input", "launch", "sweep", "script")
 HEADER = """# Configuration reference
 
 Every key dlaunch accepts, with its type, its default and what it does. Set any
@@ -41,7 +41,7 @@ def render() -> str:
     for spec in strategy_specs():
         parts += _section(f"strategy={strategy_name(spec)}", spec, prefix="strategy")
     for group in GROUPS:
-        parts += _section(group, schema.RunSpec.model_fields[group].annotation)
+        parts += _section(group, _model_in(schema.RunSpec.model_fields[group].annotation))
     parts += _section("recipe", schema.RecipeSpec, note=(
         "`recipe=NAME` picks a recipe. These keys every recipe has; the rest are the recipe's own "
         "(its `Config` class). Most recipes take `recipe.optimizer`:"))
