@@ -76,8 +76,8 @@ COMMON = ("recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=20
 def test_a_full_disk_in_a_multi_process_run_then_resume_auto(run_dlaunch):
     proc, run_dir = run_dlaunch(*COMMON, env={DISK_FULL: "10", "COLUMNS": "1000"})
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "step 10 was not saved" in proc.stderr and "No space left on device" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "step 10 was not saved" in proc.stdout + proc.stderr and "No space left on device" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert_untouched(run_dir / "checkpoints", 5)
 
     proc, run_dir = run_dlaunch(*COMMON)  # the same command, the disk has room again

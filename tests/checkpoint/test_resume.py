@@ -60,7 +60,7 @@ def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, strat
     _, straight = run_ok(run_dlaunch, "straight", *args, "trainer.steps=30")
     _, stopped = run_ok(run_dlaunch, "stopped", *args, "trainer.steps=17")
     proc, resumed = run_ok(run_dlaunch, "stopped", *args, "trainer.steps=30")
-    assert "resume" in proc.stderr and "from step 17" in proc.stderr and "epoch 1, batch 7" in proc.stderr
+    assert "resume" in proc.stdout + proc.stderr and "from step 17" in proc.stdout + proc.stderr and "epoch 1, batch 7" in proc.stdout + proc.stderr
 
     model_a, optim_a = final_state(straight)
     model_b, optim_b = final_state(resumed)
@@ -81,9 +81,9 @@ def test_resume_at_another_world_size_continues_the_loss(run_dlaunch, shape, nam
     run_ok(run_dlaunch, name, *args, "cluster=1x2", "trainer.steps=17")
     proc, resumed = run_ok(run_dlaunch, name, *args, f"cluster={shape}", "trainer.steps=30")
     workers = {"1x1": 1, "2x2": 4}[shape]
-    assert f"world size 2 -> {workers}" in proc.stderr
-    assert f"per-replica batch 32 -> {64 // workers}" in proc.stderr
-    assert "data re-partitioned" in proc.stderr
+    assert f"world size 2 -> {workers}" in proc.stdout + proc.stderr
+    assert f"per-replica batch 32 -> {64 // workers}" in proc.stdout + proc.stderr
+    assert "data re-partitioned" in proc.stdout + proc.stderr
     expected, got = losses(straight), losses(resumed)
     assert list(got) == list(range(1, 31))
     for step in range(18, 31):

@@ -98,7 +98,7 @@ def test_dlaunch_refuses_a_planted_pickle_before_starting(tmp_path):
     manifest["files"][".metadata"] = {"size": (saved / ".metadata").stat().st_size, "sha256": integrity.digest(saved / ".metadata")}
     (saved / "manifest.json").write_text(json.dumps(manifest))
     proc = dlaunch("trainer.steps=10", *common, cwd=tmp_path)
-    text = " ".join(proc.stderr.split())
+    text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 2, text[-2000:]
     assert "trainer.resume" in text and "not checkpoint metadata" in text and "Traceback" not in text
     assert not marker.exists()

@@ -59,8 +59,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_one_warning(saved_run, run_
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if SKIPPED in line]
     assert len(warnings) == 1 and name in warnings[0], proc.stderr
-    assert reason in " ".join(proc.stderr.split()), proc.stderr
-    assert "from step 30" in proc.stderr
+    assert reason in " ".join((proc.stdout + proc.stderr).split()), proc.stderr
+    assert "from step 30" in proc.stdout + proc.stderr
     assert summary(run_dir)["resumed_from_step"] == 30
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 10, 20, 30, 40, 50], "the steps after 30 were trained again, once"
@@ -71,7 +71,7 @@ def test_the_dry_run_plan_names_the_checkpoint_it_would_use(saved_run, run_dlaun
     truncate(copy_of(saved_run, tmp_path) / "step-00000040")
     proc, _ = run_dlaunch(*COMMON, "trainer.steps=50", "launch.dry_run=true", env=WIDE)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    text = " ".join(proc.stderr.split())
+    text = " ".join((proc.stdout + proc.stderr).split())
     assert "resume from step 30" in text and "step-00000030" in text and "sha256 verified" in text
     assert "skipped step-00000040: damaged" in text
 
@@ -83,10 +83,10 @@ def test_when_no_checkpoint_is_intact_nothing_starts_and_each_is_listed(saved_ru
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
     proc, run_dir = run_dlaunch(*COMMON, "trainer.steps=50", env=WIDE)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and "every checkpoint found" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "every checkpoint found" in proc.stdout + proc.stderr
     for step in (10, 20, 30, 40):
-        assert f"step-000000{step}" in proc.stderr
-    assert "trainer.resume=never" in proc.stderr
+        assert f"step-000000{step}" in proc.stdout + proc.stderr
+    assert "trainer.resume=never" in proc.stdout + proc.stderr
     assert (run_dir / "metrics.jsonl").read_text() == before, "no worker ran"
 
 

@@ -80,4 +80,4 @@ def test_dry_run_shows_which_worker_reads_which_files(run_dlaunch, tmp_path):
     assert rows["3"][1:] == ["0", "train-00003-of-00006.jsonl", "1365"]
     assert "uneven shards: each epoch ends with the shortest worker, after 85 steps" in " ".join(plan.split())
     proc, _ = run_dlaunch("strategy=mirrored", "cluster=1x4", "input.files=data/train-*.jsonl", "input.auto_shard_policy=DATA", "launch.dry_run=true", name="data")
-    assert "0-3" in proc.stderr and "rank r keeps elements k%4==r" in proc.stderr and "2048" in proc.stderr
+    assert "0-3" in proc.stdout + proc.stderr and "rank r keeps elements k%4==r" in proc.stdout + proc.stderr and "2048" in proc.stdout + proc.stderr

@@ -26,17 +26,17 @@ def test_config_name_runs_the_users_primary_config(tmp_path):
 
 def test_config_path_and_a_missing_config_name_are_refused(tmp_path):
     proc = dlaunch("--config-path", "cfg", cwd=tmp_path)
-    assert proc.returncode == 2 and "--config-path" in proc.stderr and "--config-dir" in proc.stderr
+    assert proc.returncode == 2 and "--config-path" in proc.stdout + proc.stderr and "--config-dir" in proc.stdout + proc.stderr
     proc = dlaunch("--config-name", "nope", cwd=tmp_path)
-    assert proc.returncode == 2 and "no such primary config" in proc.stderr and "nope.yaml" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "no such primary config" in proc.stdout + proc.stderr and "nope.yaml" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_bad_recipe_input_exits_2_or_1_naming_the_file(tmp_path):
     proc = dlaunch("recipe=missing/mine.py", cwd=tmp_path)
-    assert proc.returncode == 2 and str(tmp_path / "missing" / "mine.py") in proc.stderr
+    assert proc.returncode == 2 and str(tmp_path / "missing" / "mine.py") in proc.stdout + proc.stderr
     (tmp_path / "broken.py").write_text("raise ValueError('bad import')\n")
     proc = dlaunch("recipe=broken.py", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
-    assert "the recipe's code failed" in proc.stderr and f"{tmp_path / 'broken.py'}:1" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "the recipe's code failed" in proc.stdout + proc.stderr and f"{tmp_path / 'broken.py'}:1" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr

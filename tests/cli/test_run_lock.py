@@ -28,12 +28,12 @@ def test_a_live_run_keeps_its_directories_to_itself(run_dlaunch, tmp_path):
         holder = f"pid {first.pid} on host {socket.gethostname()}, started "
 
         proc, _ = run_dlaunch("recipe=linear", "trainer.steps=5", name="first", env=WIDE)
-        assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr and holder in proc.stderr, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
+        assert proc.returncode == 2 and "hydra.run.dir" in proc.stdout + proc.stderr and holder in proc.stdout + proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stdout + proc.stderr
 
         args = ("recipe=linear", "trainer.steps=5", "trainer.checkpoint.every_steps=5", f"trainer.checkpoint.dir={ckpt}")
         proc, second = run_dlaunch(*args, name="second", env=WIDE)
-        assert proc.returncode == 2 and "trainer.checkpoint.dir" in proc.stderr and holder in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 2 and "trainer.checkpoint.dir" in proc.stdout + proc.stderr and holder in proc.stdout + proc.stderr, proc.stderr[-2000:]
         assert not (second / "metrics.jsonl").exists()
 
         proc, _ = run_dlaunch("-m", *args, "trainer.seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}", name="unused", env=WIDE)
@@ -44,7 +44,7 @@ def test_a_live_run_keeps_its_directories_to_itself(run_dlaunch, tmp_path):
         first.wait(timeout=30)
         proc, _ = run_dlaunch(*args, name="first", env=WIDE)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        taken = " ".join(proc.stderr.split())
+        taken = " ".join((proc.stdout + proc.stderr).split())
         assert taken.count(f"pid {first.pid} on host") == 2 and "which is gone" in taken  # the run dir's and the checkpoints'
     finally:
         if first.poll() is None:

@@ -118,6 +118,6 @@ def test_a_sweep_is_checked_job_by_job(capsys):
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     proc = dlaunch("strategy=mirrored", "cluster=1x3", "trainer.stpes=3", cwd=tmp_path)
     assert proc.returncode == 2
-    assert "trainer.stpes" in proc.stderr and "did you mean trainer.steps" in proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "trainer.stpes" in proc.stdout + proc.stderr and "did you mean trainer.steps" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr + proc.stdout
     assert not (tmp_path / "outputs").exists(), "a config error must not create a run"

@@ -99,8 +99,8 @@ def test_bad_inputs_exit_2_with_one_screen(tmp_path, capsys):
 def test_real_process_exit_code_for_a_glob_without_match(tmp_path):
     proc = dlaunch("input.files=data/train-*.jsonl", cwd=tmp_path)
     assert proc.returncode == 2
-    assert "input.files" in proc.stderr and "no file matches 'data/train-*.jsonl'" in proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "input.files" in proc.stdout + proc.stderr and "no file matches 'data/train-*.jsonl'" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr + proc.stdout
     assert not (tmp_path / "outputs").exists()
 
 

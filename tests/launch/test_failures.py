@@ -109,7 +109,7 @@ def test_a_port_in_use_is_a_clean_error(tmp_path):
         port = busy.getsockname()[1]
         proc = dlaunch("strategy=mirrored", "cluster=1x2", f"cluster.master_port={port}", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
     assert proc.returncode == 1
-    assert "cannot start the rendezvous" in proc.stderr and "Traceback" not in proc.stderr
+    assert "cannot start the rendezvous" in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_traceback_starts_at_user_code(tmp_path):

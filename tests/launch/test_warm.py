@@ -58,7 +58,7 @@ def test_workers_fork_from_the_warm_server_and_train_as_fresh_interpreters_do(tm
         done = dlaunch("recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=6",
                        f"launch.warm_workers={warm_workers}", f"hydra.run.dir={out}", cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert ("forked from the warm server" in done.stderr) == (warm_workers == "true")
+        assert ("forked from the warm server" in done.stdout + done.stderr) == (warm_workers == "true")
         runs[warm_workers] = summary(out)
         servers = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout.splitlines()
         assert [s for s in servers if "multiprocessing.forkserver" in s and str(tmp_path) in s] == [], "reaped at exit"

@@ -54,14 +54,14 @@ def test_the_docs_show_the_loop_that_the_test_runs():
 def test_a_missing_script_is_a_config_error(run_dlaunch, tmp_path):
     proc, _ = run_dlaunch("script=nope/train.py")
     assert proc.returncode == 2
-    assert "script.path" in proc.stderr and str(tmp_path / "nope" / "train.py") in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "script.path" in proc.stdout + proc.stderr and str(tmp_path / "nope" / "train.py") in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_arguments_after_the_separator_need_a_script(tmp_path):
     proc, _ = _run(tmp_path, script_args=("--epochs", "2"))
     assert proc.returncode == 2
-    assert "no script was given" in proc.stderr and "--epochs 2" in proc.stderr
+    assert "no script was given" in proc.stdout + proc.stderr and "--epochs 2" in proc.stdout + proc.stderr
 
 
 def test_a_script_that_raises_shows_its_own_frame_once(run_dlaunch, tmp_path):
@@ -70,7 +70,7 @@ def test_a_script_that_raises_shows_its_own_frame_once(run_dlaunch, tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.count("Traceback") == 1  # rank 1 failed alike: one line for it under the panel
     assert proc.stderr.count('broken.py", line 5, in build') == 1
-    assert "runpy" not in proc.stderr and "launcher/runtime" not in proc.stderr
+    assert "runpy" not in proc.stdout + proc.stderr and "launcher/runtime" not in proc.stdout + proc.stderr
     assert not (run_dir / "summary.json").exists() or summary(run_dir)["status"] != "completed"
 
 
@@ -79,14 +79,14 @@ def test_an_argument_the_script_rejects_is_reported_once(tmp_path):
     proc, _ = _run(tmp_path, "script=custom_loop.py", "strategy=mirrored", "cluster=1x2", script_args=("--epochz", "2"))
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.count("unrecognized arguments: --epochz 2") == 1
-    assert "exited with 2 (sys.exit)" in proc.stderr
+    assert "exited with 2 (sys.exit)" in proc.stdout + proc.stderr
 
 
 def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
     proc, _ = run_dlaunch("script=custom_loop.py", "strategy=parameter_server", "cluster.ps=1")
     assert proc.returncode == 2
-    assert "a script runs only in the training processes" in proc.stderr
+    assert "a script runs only in the training processes" in proc.stdout + proc.stderr
 
 
 def test_the_plan_shows_the_script_and_not_the_loop(tmp_path):

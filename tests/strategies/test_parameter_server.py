@@ -64,7 +64,7 @@ def test_sync_mode_equals_one_device_and_its_checkpoint_resumes_there(run_dlaunc
     proc, resumed = run_dlaunch(*RECIPE, "trainer.steps=21", f"trainer.resume={final}", name="resumed")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary(resumed)["resumed_from_step"] == 20
-    assert "resumed from" in proc.stderr and "step 20" in proc.stderr
+    assert "resumed from" in proc.stdout + proc.stderr and "step 20" in proc.stdout + proc.stderr
 
 
 def test_a_killed_worker_does_not_stop_the_job(run_dlaunch):
@@ -74,7 +74,7 @@ def test_a_killed_worker_does_not_stop_the_job(run_dlaunch):
     s = summary(run_dir)
     assert s["status"] == "completed" and s["steps"] == 40
     assert s["final_loss"] < s["first_loss"]
-    assert "worker:1 had failed (signal SIGKILL); the job went on without it" in " ".join(proc.stderr.split())
+    assert "worker:1 had failed (signal SIGKILL); the job went on without it" in " ".join((proc.stdout + proc.stderr).split())
     assert not run_processes(run_dir)
 
 
@@ -86,7 +86,7 @@ def test_a_dead_ps_is_named_within_the_rpc_timeout(run_dlaunch):
     assert proc.returncode == 1, proc.stderr[-3000:]
     killed = float((run_dir / "ps-killed-at.txt").read_text())
     assert ended - killed < rpc_timeout + 5
-    text = " ".join(proc.stderr.split())
+    text = " ".join((proc.stdout + proc.stderr).split())
     assert "parameter server ps:1 unavailable" in text
     assert "task ps:1 failed: root cause" in text and "signal SIGKILL" in text
     assert summary(run_dir)["status"] == "failed"
@@ -97,7 +97,7 @@ def test_a_dead_ps_restarts_the_job_from_the_last_checkpoint(run_dlaunch):
     proc, run_dir = ps_run(run_dlaunch, "trainer.steps=30", "trainer.checkpoint.every_steps=5", "launch.max_restarts=1",
                            "+recipe.kill_task=ps:1", "+recipe.kill_step=12", "+recipe.step_sleep=0.03")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    text = " ".join(proc.stderr.split())
+    text = " ".join((proc.stdout + proc.stderr).split())
     assert "restarting every task from the newest checkpoint (restart 1 of 1)" in text
     s = summary(run_dir)
     assert s["status"] == "completed" and s["restarts"] == 0
