@@ -36,7 +36,7 @@ def test_a_four_job_sweep_with_a_failing_job_goes_on_and_summarizes(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["status"] for r in rows] == [j["status"] for j in jobs] and rows[0]["examples_per_sec"]
     text = " ".join((proc.stdout + proc.stderr).split())
-    assert "sweep summary: 4 job(s), 1 failed" in text and "recipe.optimizer.lr=0.02" in text
+    assert "sweep summary: 4 jobs, 1 failed" in text and "recipe.optimizer.lr=0.02" in text
     ports = {json.loads((sweep / str(i) / "summary.json").read_text())["world_size"] for i in range(3)}
     assert ports == {2}  # every job ran its own 2-process group
 
