@@ -320,19 +320,6 @@ def _hydra_main(argv: list[str]) -> None:
         sys.argv = saved
 
 
-def _primary_config_usable(args: Any) -> None:
-    """``--config-name`` is looked up as Hydra does (``--config-dir`` first); ``--config-path`` would drop dlaunch's own configs."""
-    if args.config_path is not None:
-        raise ConfigError([Problem(key="--config-path", value=args.config_path, message="would replace dlaunch's own "
-                                   "configs (strategy, cluster, recipe groups); use --config-dir DIR, searched before "
-                                   "them, with --config-name NAME for DIR/NAME.yaml")])
-    if args.config_name is None:
-        return
-    dirs = [*composer.CONFIG_DIRS, str(composer.CONF_DIR)]
-    if not any(Path(d, f"{args.config_name.removesuffix('.yaml')}.yaml").is_file() for d in dirs):
-        raise ConfigError([Problem(key="--config-name", value=args.config_name, message="no such primary config: looked "
-                                   f"for {args.config_name.removesuffix('.yaml')}.yaml in {', '.join(dirs)} (add --config-dir DIR)")])
-
 
 # `dlaunch NAME ...` for these names runs a tool, not a training job.
 SUBCOMMANDS = {"recipes": "launcher.cli.recipes", "report": "launcher.cli.report", "resume": "launcher.cli.resume"}
@@ -353,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     composer.CONFIG_NAME = args.config_name or "config"
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     try:
-        _primary_config_usable(args)
+        composer.primary_config_usable(args.config_path, args.config_name)
         chosen = composer.choose_user_recipes(args.overrides)
         argv = [dict(zip(args.overrides, chosen)).get(a, a) for a in argv] + chosen[len(args.overrides):]
         args.overrides = chosen

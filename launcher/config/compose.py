@@ -325,3 +325,17 @@ def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
             raise ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)]) from None
         raise
     return validate(cfg, cuda_devices)
+
+
+def primary_config_usable(config_path: str | None, config_name: str | None) -> None:
+    """``--config-name`` is looked up as Hydra does (``--config-dir`` first); ``--config-path`` would drop dlaunch's own configs."""
+    if config_path is not None:
+        raise ConfigError([Problem(key="--config-path", value=config_path, message="would replace dlaunch's own "
+                                   "configs (strategy, cluster, recipe groups); use --config-dir DIR, searched before "
+                                   "them, with --config-name NAME for DIR/NAME.yaml")])
+    if config_name is None:
+        return
+    dirs = [*CONFIG_DIRS, str(CONF_DIR)]
+    if not any(Path(d, f"{config_name.removesuffix('.yaml')}.yaml").is_file() for d in dirs):
+        raise ConfigError([Problem(key="--config-name", value=config_name, message="no such primary config: looked "
+                                   f"for {config_name.removesuffix('.yaml')}.yaml in {', '.join(dirs)} (add --config-dir DIR)")])
