@@ -107,8 +107,8 @@ def test_a_model_that_changed_shape_is_explained(run_dlaunch):
     run_ok(run_dlaunch, "run", "trainer.steps=5")
     proc, run_dir = run_dlaunch(*COMMON, "trainer.steps=10", "recipe.features=16", name="run")
     assert proc.returncode == 1
-    text = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps and frames
-    assert "recipe.features: 32 -> 16" in text  # the plan
+    text = " ".join((proc.stdout + proc.stderr).replace("│", " ").split())  # rich wraps and frames
+    assert "recipe.features: 32 -> 16" in text  # the plan (stdout)
     assert "does not fit this run's model" in text
     assert "Traceback" not in text
     assert summary(run_dir)["status"] == "failed"

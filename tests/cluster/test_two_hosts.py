@@ -74,8 +74,9 @@ def run_both(tmp_path, hosts, port, env1: dict | None = None):
     host0, host1 = hosts
     first = node(tmp_path, host0, 0, port)
     second = node(tmp_path, host1, 1, port, env=env1)
-    _, err0 = first.communicate(timeout=240)
-    _, err1 = second.communicate(timeout=60)
+    out0, err0 = first.communicate(timeout=240)
+    out1, err1 = second.communicate(timeout=60)
+    err0, err1 = out0 + err0, out1 + err1  # the plan is on stdout, logs and errors on stderr
     return (first.returncode, " ".join(err0.replace("│", " ").split())), (second.returncode, " ".join(err1.replace("│", " ").split()))
 
 
