@@ -36,6 +36,12 @@ def _no_process_group():
 SUBCOMMANDS = ("recipes", "report", "resume")
 
 
+def with_overrides(args: tuple[str, ...], *overrides: str) -> tuple[str, ...]:
+    """``args`` plus ``overrides``, kept before a ``--`` (what follows it belongs to the user's script)."""
+    cut = args.index("--") if "--" in args else len(args)
+    return (*args[:cut], *overrides, *args[cut:])
+
+
 def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None, device: str | None = "cpu") -> subprocess.CompletedProcess:
     """Run the real command line in a fresh process.
 
@@ -45,7 +51,7 @@ def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
     is_run = not (args and args[0] in SUBCOMMANDS) and not any(a in ("--help", "-h", "--version") for a in args)
     if device and is_run and not any(a.startswith(("cluster.device=", "+cluster.device=")) for a in args):
-        args = (*args, f"cluster.device={device}")
+        args = with_overrides(args, f"cluster.device={device}")
     return subprocess.run(
         [sys.executable, "-m", "launcher.cli.entry", *args],  # the console script's path, warm workers included
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
@@ -60,7 +66,7 @@ def summary(run_dir: Path) -> dict:
 def run_dlaunch(tmp_path):
     def run(*args: str, name: str = "run", **kw) -> tuple[subprocess.CompletedProcess, Path]:
         run_dir = tmp_path / name
-        proc = dlaunch(*args, f"hydra.run.dir={run_dir}", cwd=tmp_path, **kw)
+        proc = dlaunch(*with_overrides(args, f"hydra.run.dir={run_dir}"), cwd=tmp_path, **kw)
         return proc, run_dir
 
     return run

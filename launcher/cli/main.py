@@ -50,9 +50,9 @@ def _job_key(overrides: list[str]) -> tuple[str, ...]:
 
 
 def cuda_devices() -> int:
-    import torch
+    from launcher.cluster import gpus
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus.count()  # without importing torch: a config error answers at once
 
 
 def _hydra_args(argv: list[str]) -> Any:
@@ -148,8 +148,7 @@ def _job(cfg: Any) -> Any:
     cuda = cuda_devices()
     key = _job_key(list(HydraConfig.get().overrides.task))
     if key in _Status.invalid:
-        sweep_jobs.skip(Path(HydraConfig.get().runtime.output_dir), _Status.invalid[key], console)
-        _Status.codes.append(2)
+        _Status.codes.append(sweep_jobs.skip(Path(HydraConfig.get().runtime.output_dir), _Status.invalid[key], console))
         return None
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.

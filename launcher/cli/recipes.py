@@ -269,9 +269,9 @@ def plans(strategies: list[str], overrides: list[str]) -> list[tuple[str, list[s
 
 
 def _local_cuda_devices() -> int:
-    import torch
+    from launcher.cluster import gpus
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus.count()
 
 
 def _summary(problems: list[Problem]) -> str:

@@ -25,7 +25,7 @@ from launcher.config.errors import ConfigError, Problem, render
 @dataclasses.dataclass
 class Checked:
     valid: dict[tuple[str, ...], Any] = dataclasses.field(default_factory=dict)  # job key -> RunSpec
-    invalid: dict[tuple[str, ...], list[Problem]] = dataclasses.field(default_factory=dict)
+    invalid: dict[tuple[str, ...], ConfigError] = dataclasses.field(default_factory=dict)  # its own error (exit 1 or 2)
     up_front: list[Problem] = dataclasses.field(default_factory=list)  # stop before anything runs
     error: type[ConfigError] = ConfigError  # UserCodeError (exit 1) when a recipe's own code raised
 
@@ -46,11 +46,11 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> 
         try:
             checked.valid[key] = composer.validate(cfg, cuda)
         except ConfigError as exc:
-            checked.invalid[key] = exc.problems
+            checked.invalid[key] = exc
             checked.note(exc)
     if not multirun or not checked.valid:
-        for problems in checked.invalid.values():
-            _add(checked.up_front, problems)
+        for exc in checked.invalid.values():
+            _add(checked.up_front, exc.problems)
         checked.invalid.clear()
     return checked
 
@@ -64,13 +64,18 @@ def reason(problems: list[Problem]) -> str:
     return "; ".join(f"{p.key}" + (f"={p.value}" if p.has_value else "") + f": {p.message}" for p in problems)
 
 
-def skip(run_dir: Path, problems: list[Problem], console: Console) -> None:
-    """An invalid combination's job: its problems on the terminal and in its ``summary.json``; nothing runs."""
+def skip(run_dir: Path, error: ConfigError, console: Console) -> int:
+    """An invalid combination's job: its problems on the terminal and in its ``summary.json``; nothing runs.
+
+    Returns its exit code: 2 for a config error, 1 when the recipe's own code raised (a failed job).
+    """
     console.print(f"[bold red]job {run_dir.name}: not started[/] (the other jobs of the sweep run)")
-    render(ConfigError(problems), console)
+    render(error, console)
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"status": "config error", "error": {"exception": f"ConfigError: {reason(problems)}"}}
+    status = "config error" if error.exit_code == 2 else "failed"
+    summary = {"status": status, "error": {"exception": f"{type(error).__name__}: {reason(error.problems)}"}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return error.exit_code
 
 
 _first_plan: dict[str, str] = {}

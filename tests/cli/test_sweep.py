@@ -78,3 +78,16 @@ def test_an_invalid_combination_is_a_failed_job_and_the_others_run(tmp_path):
     assert "every job: trainer.steps=5" in proc.stdout
     assert proc.stdout.count("dlaunch plan") == 1  # the plan once per sweep
     assert not [line for line in proc.stdout.splitlines() if line != line.rstrip()]
+
+
+def test_a_job_whose_recipe_raises_at_import_is_a_failed_job_not_a_config_error(tmp_path):
+    from tests.conftest import dlaunch
+
+    (tmp_path / "broken.py").write_text("import json\nraise RuntimeError('the user broke it')\n")
+    sweep_dir = tmp_path / "sweep"
+    proc = dlaunch("-m", f"recipe.entry=launcher.recipes.linear,{tmp_path / 'broken.py'}", "trainer.steps=5",
+                   f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "failed"]  # the user's code failed (exit 1), not the config
+    assert "broken.py:2" in jobs[1]["error"] and "the user broke it" in jobs[1]["error"]
