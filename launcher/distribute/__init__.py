@@ -21,13 +21,9 @@ from launcher.distribute.context import (
     has_strategy,
     in_cross_replica_context,
 )
-from launcher.distribute.cross_device_ops import (
-    CrossDeviceOps,
-    HierarchicalCopyAllReduce,
-    NcclAllReduce,
-    ReductionToOneDevice,
-    SharedMemoryAllReduce,
-)
+from launcher.distribute.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
+from launcher.distribute.hierarchical import HierarchicalCopyAllReduce
+from launcher.distribute.shared_memory import SharedMemoryAllReduce
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.losses import compute_average_loss, scale_loss
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode, ValueContext

@@ -15,8 +15,9 @@ a torch mechanism at two levels:
 ``None`` (the base class): ``dist.all_reduce``, DDP's own; thread replicas share
 the sums. ``NcclAllReduce``: the same between processes (nccl on CUDA, gloo on
 CPU); ``torch.cuda.nccl.all_reduce`` between CUDA thread replicas.
-``HierarchicalCopyAllReduce``: reduce to each node's leader, all-reduce among
-leaders, broadcast within the node, in subgroups. ``ReductionToOneDevice``:
+``HierarchicalCopyAllReduce`` (``hierarchical.py``): reduce to each node's leader,
+all-reduce among leaders, broadcast within the node, in subgroups. ``SharedMemoryAllReduce``
+(``shared_memory.py``): one machine's CPU processes through ``/dev/shm``. ``ReductionToOneDevice``:
 ``dist.reduce`` to one rank, then ``dist.broadcast``. All give the same numbers
 (up to the order of floating-point additions).
 
@@ -29,9 +30,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import socket
-import weakref
 from typing import Any, Callable, Literal, Sequence
 
 import torch
@@ -246,200 +244,23 @@ class ReductionToOneDevice(CrossDeviceOps):
         return f"ReductionToOneDevice(reduce_to_device={self.reduce_to_device!r}, root_rank={self.root_rank})"
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeTopology:
-    """The nodes of a process group and the subgroups hierarchical reduction runs in."""
+def _by_name() -> dict[str, type[CrossDeviceOps]]:
+    # the hierarchical and shared-memory ops subclass CrossDeviceOps in their own modules
+    from launcher.distribute.hierarchical import HierarchicalCopyAllReduce
+    from launcher.distribute.shared_memory import SharedMemoryAllReduce
 
-    nodes: tuple[tuple[int, ...], ...]  # group ranks per node; the first of each is its leader
-    node_group: Any  # this rank's node as a process group; None when the node has one process
-    leaders_group: Any  # the leaders as a process group, on leaders only; None with one node
-
-
-class HierarchicalCopyAllReduce(CrossDeviceOps):
-    """Reduction using hierarchical copy all-reduce: within nodes, then across them.
-
-    Between processes: ``dist.reduce`` to the node's leader (its lowest rank),
-    ``dist.all_reduce`` among the leaders, then ``dist.broadcast`` from the leader
-    within the node, each in its own subgroup. The subgroups are built once per
-    process group, by every rank in the same order. Nodes come, in this order,
-    from ``ranks_per_node``, from the worker env's node rank (``GROUP_RANK``
-    under torch.distributed.elastic), or from the host name. With one node it is
-    an intra-node reduce and broadcast.
-
-    Between the thread replicas of one process (one node) the values are summed
-    on the first replica's device, the node leader, by its thread and copied
-    back; TF's split of many GPUs into two sub-trees is not reproduced.
-
-    Args:
-        num_packs: as for ``NcclAllReduce``.
-        ranks_per_node: override the topology: ranks ``[0, n)`` are node 0, ``[n, 2n)``
-            node 1, ... (e.g. 2 to run 2 "nodes" of 2 ranks on one machine).
-    """
-
-    name = "hierarchical_copy"
-
-    def __init__(self, num_packs: int = 1, *, ranks_per_node: int | None = None):
-        self.num_packs = _non_negative("num_packs", num_packs)
-        if ranks_per_node is not None and ranks_per_node < 1:
-            raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
-        self.ranks_per_node = ranks_per_node
-        self._env_node: int | None = None
-        self._topologies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> NodeTopology
-
-    def topology(self, group: Any = None) -> NodeTopology:
-        """This op's topology for ``group`` (default: the whole job), built on first use by every rank.
-
-        Every process of the job takes part in building it (``new_group``'s rule), so
-        ``group`` must span the job; strategies build it when they join the group.
-        """
-        key = group if group is not None else dist.group.WORLD
-        if key not in self._topologies:
-            self._topologies[key] = self._build_topology(group)
-        return self._topologies[key]
-
-    def _join(self, processes: ProcessCollectives, env: Any) -> None:
-        if env is not None:
-            self._env_node = env.group_rank
-        self.topology(processes.group)
-
-    def _node_key(self, rank: int) -> Any:
-        if self.ranks_per_node is not None:
-            return rank // self.ranks_per_node
-        if self._env_node is not None:
-            return self._env_node
-        return socket.gethostname()
-
-    def _build_topology(self, group: Any) -> NodeTopology:
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        keys: list[Any] = [None] * size
-        dist.all_gather_object(keys, self._node_key(rank), group=group)
-        nodes: dict[Any, list[int]] = {}
-        for r, key in enumerate(keys):
-            nodes.setdefault(key, []).append(r)
-        ranks = [tuple(members) for members in nodes.values()]
-
-        def to_global(members: Sequence[int]) -> list[int]:
-            return [dist.get_global_rank(group, r) if group is not None else r for r in members]
-
-        # Every rank creates every subgroup, in the same order (torch's requirement).
-        node_group, _ = dist.new_subgroups_by_enumeration([to_global(m) for m in ranks])
-        leaders = [m[0] for m in ranks]
-        leaders_group = dist.new_group(to_global(leaders)) if len(ranks) > 1 else None
-        mine = next(m for m in ranks if rank in m)
-        return NodeTopology(
-            nodes=tuple(ranks),
-            node_group=node_group if len(mine) > 1 else None,
-            leaders_group=leaders_group if rank in leaders else None,
-        )
-
-    def _thread_owner(self, index: int, copies: Sequence[torch.Tensor | None]) -> int:
-        return 0  # the node leader
-
-    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
-        topo = self.topology(group)
-        if topo.node_group is not None:
-            dist.reduce(buffer, group_dst=0, op=dist.ReduceOp.SUM, group=topo.node_group)
-        if topo.leaders_group is not None:
-            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=topo.leaders_group)
-        if topo.node_group is not None:
-            dist.broadcast(buffer, group_src=0, group=topo.node_group)
-
-    def __repr__(self) -> str:
-        return f"HierarchicalCopyAllReduce(num_packs={self.num_packs}, ranks_per_node={self.ranks_per_node})"
-
-
-class SharedMemoryAllReduce(CrossDeviceOps):
-    """Between the processes of one machine, on CPU: a sum through shared memory.
-
-    Every process of the group maps one ``/dev/shm`` segment; each copies its
-    tensor in, sums its share of every process's copy, and copies the whole sum
-    back (``launcher/distribute/shared_memory.py``). Gradients go through it as
-    DDP's communication hook, so DDP still buckets them and starts a bucket as
-    soon as backward has filled it. This is what ``cross_device_ops=None`` picks
-    for CPU processes that share a machine; gloo's all-reduce (loopback sockets)
-    stays in use across machines, for CUDA tensors, and where the segment cannot
-    be made.
-
-    Args:
-        budget_mb: size of the segment's slots and result area together; larger tensors go through in chunks.
-        required: raise when the processes cannot share a segment (other machines,
-            no ``/dev/shm``, not x86-64) instead of falling back to the backend.
-    """
-
-    name = "shared_memory"
-
-    def __init__(self, budget_mb: float = 48.0, *, required: bool = True):
-        if budget_mb <= 0:
-            raise ValueError(f"budget_mb must be > 0, got {budget_mb}")
-        self.budget_mb = budget_mb
-        self.required = required
-        self._segments: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> SharedMemoryGroup | None
-
-    def _join(self, processes: ProcessCollectives, env: Any) -> None:
-        from launcher.distribute.shared_memory import SharedMemoryGroup
-
-        key = _group_key(processes.group)
-        if key in self._segments:
-            return
-        timeout_s = _group_timeout_s(processes.group)
-        segment = SharedMemoryGroup.create(processes.group, int(self.budget_mb * 2**20), timeout_s)
-        self._segments[key] = segment
-        if segment is None and self.required:
-            raise ValueError(
-                "cross_device_ops=shared_memory needs every process of the group on one machine "
-                "(x86-64, with room in /dev/shm); leave cross_device_ops unset to use it only where it can work"
-            )
-
-    def active(self, group: Any = None) -> bool:
-        """True when ``group``'s processes reduce through shared memory."""
-        return self._segments.get(_group_key(group)) is not None
-
-    def _segment(self, group: Any, tensor: torch.Tensor) -> Any:
-        """The group's segment if ``tensor`` can go through it (contiguous, on CPU); else None: the backend's."""
-        if tensor.device.type != "cpu" or not tensor.is_contiguous():
-            return None
-        return self._segments.get(_group_key(group))
-
-    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
-        segment = self._segment(group, buffer)
-        if segment is None:
-            return super()._all_reduce_sum_(buffer, group)
-        segment.all_reduce_(buffer)
-
-    def _mean_(self, buffer: torch.Tensor, group: Any) -> None:
-        """The sum through shared memory, each rank dividing only its share.
-
-        ``(a + b) / 2`` has the bits of DDP's ``a / 2 + b / 2`` (halving is exact
-        outside the subnormal range), for half the division work.
-        """
-        segment = self._segment(group, buffer)
-        if segment is None:
-            return super()._mean_(buffer, group)
-        segment.all_reduce_(buffer, divide_by=dist.get_world_size(group))
-
-    def _check_same_shape(self, tensor: torch.Tensor, processes: Any) -> None:
-        segment = self._segments.get(_group_key(processes.group))
-        if segment is None:
-            return super()._check_same_shape(tensor, processes)
-        processes.check_same_shape(tensor, all_reduce_max_=lambda t: segment.all_reduce_(t, op="max"))
-
-    def __repr__(self) -> str:
-        return f"SharedMemoryAllReduce(budget_mb={self.budget_mb:g})"
-
-
-_BY_NAME: dict[str, type[CrossDeviceOps]] = {
-    cls.name: cls for cls in (NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, SharedMemoryAllReduce)
-}
+    return {cls.name: cls for cls in (NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, SharedMemoryAllReduce)}
 
 
 def from_name(name: str | None) -> CrossDeviceOps | None:
     """The op a config names (``strategy.cross_device_ops``), with its defaults; None stays None."""
     if name is None:
         return None
+    ops = _by_name()
     try:
-        return _BY_NAME[name]()
+        return ops[name]()
     except KeyError:
-        raise ValueError(f"unknown cross_device_ops {name!r}; allowed: {', '.join(_BY_NAME)}") from None
+        raise ValueError(f"unknown cross_device_ops {name!r}; allowed: {', '.join(ops)}") from None
 
 
 def for_processes(ops: CrossDeviceOps | None, processes: ProcessCollectives, env: Any, device: torch.device) -> CrossDeviceOps:
@@ -449,6 +270,8 @@ def for_processes(ops: CrossDeviceOps | None, processes: ProcessCollectives, env
     process computes on this machine's CPU, else the backend's all-reduce.
     """
     if ops is None and device.type == "cpu":
+        from launcher.distribute.shared_memory import SharedMemoryAllReduce
+
         shared = SharedMemoryAllReduce(required=False)
         shared._join(processes, env)
         if shared.active(processes.group):

@@ -28,7 +28,7 @@ unlinked at once: the mappings live on, and nothing is left behind if a process
 dies. If a rank cannot open it (another machine), every rank learns so and
 ``SharedMemoryGroup.create`` returns None.
 
-It plugs into DDP as a communication hook (``cross_device_ops.SharedMemoryAllReduce``):
+It plugs into DDP as a communication hook (``SharedMemoryAllReduce``, at the end of this module):
 DDP still owns buckets, the order of reduction and the overlap with backward.
 """
 
@@ -39,10 +39,14 @@ import os
 import platform
 import secrets
 import time
+import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from launcher.distribute.collectives import ProcessCollectives
+from launcher.distribute.cross_device_ops import CrossDeviceOps, _group_key, _group_timeout_s
 
 SHM_DIR = "/dev/shm"
 LINE = 64  # bytes between two ranks' counters: one cache line each
@@ -232,3 +236,80 @@ def _open(path: str, size: int, token: str) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+class SharedMemoryAllReduce(CrossDeviceOps):
+    """Between the processes of one machine, on CPU: a sum through shared memory.
+
+    Every process of the group maps one ``/dev/shm`` segment; each copies its
+    tensor in, sums its share of every process's copy, and copies the whole sum
+    back (``launcher/distribute/shared_memory.py``). Gradients go through it as
+    DDP's communication hook, so DDP still buckets them and starts a bucket as
+    soon as backward has filled it. This is what ``cross_device_ops=None`` picks
+    for CPU processes that share a machine; gloo's all-reduce (loopback sockets)
+    stays in use across machines, for CUDA tensors, and where the segment cannot
+    be made.
+
+    Args:
+        budget_mb: size of the segment's slots and result area together; larger tensors go through in chunks.
+        required: raise when the processes cannot share a segment (other machines,
+            no ``/dev/shm``, not x86-64) instead of falling back to the backend.
+    """
+
+    name = "shared_memory"
+
+    def __init__(self, budget_mb: float = 48.0, *, required: bool = True):
+        if budget_mb <= 0:
+            raise ValueError(f"budget_mb must be > 0, got {budget_mb}")
+        self.budget_mb = budget_mb
+        self.required = required
+        self._segments: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> SharedMemoryGroup | None
+
+    def _join(self, processes: ProcessCollectives, env: Any) -> None:
+        key = _group_key(processes.group)
+        if key in self._segments:
+            return
+        timeout_s = _group_timeout_s(processes.group)
+        segment = SharedMemoryGroup.create(processes.group, int(self.budget_mb * 2**20), timeout_s)
+        self._segments[key] = segment
+        if segment is None and self.required:
+            raise ValueError(
+                "cross_device_ops=shared_memory needs every process of the group on one machine "
+                "(x86-64, with room in /dev/shm); leave cross_device_ops unset to use it only where it can work"
+            )
+
+    def active(self, group: Any = None) -> bool:
+        """True when ``group``'s processes reduce through shared memory."""
+        return self._segments.get(_group_key(group)) is not None
+
+    def _segment(self, group: Any, tensor: torch.Tensor) -> Any:
+        """The group's segment if ``tensor`` can go through it (contiguous, on CPU); else None: the backend's."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return None
+        return self._segments.get(_group_key(group))
+
+    def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
+        segment = self._segment(group, buffer)
+        if segment is None:
+            return super()._all_reduce_sum_(buffer, group)
+        segment.all_reduce_(buffer)
+
+    def _mean_(self, buffer: torch.Tensor, group: Any) -> None:
+        """The sum through shared memory, each rank dividing only its share.
+
+        ``(a + b) / 2`` has the bits of DDP's ``a / 2 + b / 2`` (halving is exact
+        outside the subnormal range), for half the division work.
+        """
+        segment = self._segment(group, buffer)
+        if segment is None:
+            return super()._mean_(buffer, group)
+        segment.all_reduce_(buffer, divide_by=dist.get_world_size(group))
+
+    def _check_same_shape(self, tensor: torch.Tensor, processes: Any) -> None:
+        segment = self._segments.get(_group_key(processes.group))
+        if segment is None:
+            return super()._check_same_shape(tensor, processes)
+        processes.check_same_shape(tensor, all_reduce_max_=lambda t: segment.all_reduce_(t, op="max"))
+
+    def __repr__(self) -> str:
+        return f"SharedMemoryAllReduce(budget_mb={self.budget_mb:g})"
