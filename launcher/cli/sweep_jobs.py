@@ -44,7 +44,7 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> 
             checked.note(exc)
             continue
         try:
-            checked.valid[key] = composer.validate(cfg, cuda)
+            checked.valid[key] = composer.validate(cfg, cuda, job)
         except ConfigError as exc:
             checked.invalid[key] = exc
             checked.note(exc)

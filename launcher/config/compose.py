@@ -223,11 +223,13 @@ def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | 
     return None
 
 
-def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
+def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = None) -> RunSpec:
     """The composed config as a ``RunSpec``, or a ``ConfigError`` listing every problem.
 
     The schema's field errors, the cross-field rules and the recipe's own ``Config`` are checked together
-    wherever they are independent, so that one run shows every mistake.
+    wherever they are independent, so that one run shows every mistake. Checking the recipe's keys means
+    importing it (and so torch: seconds): when the rest already has problems and the command line
+    (``overrides``) touches no ``recipe`` key, those problems are reported at once without it.
     """
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -246,12 +248,17 @@ def validate(cfg: DictConfig, cuda_devices: int) -> RunSpec:
     recipe = data.get("recipe")
     # a script is not imported here: it runs (once per worker) as __main__
     is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
-    loaded = _recipe_problems(recipe, problems) if is_recipe else None
+    quick = bool(problems) and overrides is not None and not any(_key_of(o).startswith("recipe") for o in overrides)
+    loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
     if problems:
         raise ConfigError(problems)
     if loaded is not None and loaded.manual:
         _manual_step_fits(spec)
     return spec
+
+
+def _key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:
