@@ -363,10 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.multirun:  # Hydra runs a job through its launcher plugin only in multirun mode
             argv = ["-m", *argv]
         try:
-            argv += scheduled.resource_overrides(launcher, args.overrides, list(_Status.validated.values()))
+            extra = scheduled.submission(launcher, args.overrides, list(_Status.validated.values()))
         except ConfigError as exc:
             render(exc)
             return 2
+        if extra is None:  # a dry run on SLURM: its plan and request shown, nothing submitted
+            return 0
+        argv += extra
     try:
         _hydra_main(argv)
     except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line

@@ -1,0 +1,86 @@
+"""The submit side of SLURM without a cluster: sinfo's answer, ``cluster.device=auto``, the request, sbatch's refusals."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+
+import pytest
+from rich.console import Console
+
+from launcher.cli import slurm
+from launcher.config.compose import compose_and_validate
+from launcher.config.errors import ConfigError
+
+REMOTE = 1 << 16
+SINFO = slurm.parse_sinfo("debug*|2|(null)\ngpu|64|gpu:a100:8(S:0-1)\nmixed|32|gpu:4\nmixed|32|(null)\n")
+
+
+def spec(*overrides):
+    return compose_and_validate(["strategy=mirrored", "cluster=1x2", *overrides], REMOTE)
+
+
+def test_sinfo_is_read_per_partition_with_its_default():
+    assert SINFO.default == "debug"
+    assert SINFO.get(None) == slurm.Partition("debug", (2,), (0,))
+    assert SINFO.get("gpu").gpus == (8,) and SINFO.get("mixed").gpus == (4, 0)
+    assert slurm.parse_sinfo("p|4|gpu:1,gpu:tesla:2\n").get("p").gpus == (3,)
+
+
+def test_auto_runs_on_what_the_partition_has():
+    assert slurm.device(spec(), SINFO, "gpu") == ("cuda", "cluster.device=auto and partition gpu has gpu:8 per node (sinfo; 64 CPUs per node)")
+    assert slurm.device(spec(), SINFO, None)[0] == "cpu"
+    assert slurm.device(spec("cluster.device=cuda"), slurm.Sinfo(error="unused"), None) == ("cuda", "cluster.device=cuda")
+
+
+@pytest.mark.parametrize("info,partition,key,words", [
+    (SINFO, "mixed", "cluster.device", "only some nodes"),
+    (slurm.Sinfo(error="sinfo exited 1: slurm_load_partitions: Unable to contact slurm controller"), "gpu", "cluster.device", "Unable to contact"),
+    (SINFO, "nope", "hydra.launcher.partition", "sinfo lists: debug, gpu, mixed"),
+])
+def test_auto_that_cannot_be_decided_is_a_config_error(info, partition, key, words):
+    with pytest.raises(ConfigError) as caught:
+        slurm.device(spec(), info, partition)
+    (problem,) = caught.value.problems
+    assert problem.key == key and words in problem.message
+
+
+def test_the_request_names_every_resource_and_where_to_change_it():
+    params = {**slurm.queue_defaults(), "partition": "debug", "nodes": 2, "cpus_per_task": 2}
+    rows = dict(slurm.request_rows(params, "cluster.device=cpu", 2, 3))
+    assert rows["gres"] == "none: cluster.device=cpu" and rows["cpus"] == "2 per task"
+    assert rows["time"] == "60 min (hydra.launcher.timeout_min)" and rows["jobs"] == "3, as one sbatch job array"
+    assert slurm.asked(params) == "partition=debug nodes=2 tasks_per_node=1 cpus_per_task=2 timeout_min=60"
+
+
+@pytest.mark.parametrize("said,params,fix", [
+    ("sbatch: error: invalid partition specified: nope", {}, "hydra.launcher.partition"),
+    ("sbatch: error: Invalid generic resource (gres) specification", {"gpus_per_node": 8}, "cluster.device=cpu"),
+    ("sbatch: error: Invalid generic resource (gres) specification", {"gres": "gpu:9"}, "hydra.launcher.gres"),
+    ("sbatch: error: Batch job submission failed: Requested time limit is invalid", {}, "hydra.launcher.timeout_min"),
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available", {}, "cluster=NxM"),
+    ("sbatch: error: something new", {}, "the hydra.launcher.* setting"),
+])
+def test_a_refusal_names_the_override_to_change(said, params, fix):
+    assert slurm.fix_for(said, params).startswith(fix)
+
+
+def test_a_refusal_is_one_screen():
+    out = io.StringIO()
+    said = "\n".join(f"sbatch: error: line {i}" for i in range(20))
+    slurm.render_refusal({"partition": "p", "nodes": 1, "tasks_per_node": 1}, said, Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    assert len(lines) <= 12 and "line 19" in lines[-3] and "asked:       partition=p nodes=1 tasks_per_node=1" in lines[1]
+
+
+def test_only_sbatch_s_own_failure_counts_as_a_refusal():
+    from submitit.core.utils import FailedJobError
+
+    def raised(cause):
+        try:
+            raise FailedJobError("x") from cause
+        except FailedJobError as exc:
+            return exc
+
+    assert slurm._from_sbatch(raised(subprocess.CalledProcessError(1, ["sbatch", "job.sh"])))
+    assert not slurm._from_sbatch(raised(None))
