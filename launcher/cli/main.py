@@ -9,7 +9,7 @@
     dlaunch script=train.py strategy=mirrored cluster=1x2 -- --epochs 3   # a torch script, unmodified
     dlaunch resume RUN_DIR                 # continue a stopped run in its directory
 
-Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
+Exit codes: 0 done, 1 training failure, 2 config error (or a submission SLURM refused), 128+N stopped by signal N.
 """
 
 from __future__ import annotations
