@@ -57,11 +57,6 @@ def resources(launcher: str, spec: Any, device: str = "cuda") -> dict[str, int]:
     return wanted
 
 
-def _defaults(launcher: str, spec: Any, device: str) -> dict[str, int]:
-    """Requested unless the user says otherwise: a CPU node's workers each want a CPU (SLURM's default is one per task)."""
-    return {"cpus_per_task": spec.cluster.devices_per_node} if launcher == "submitit_slurm" and device == "cpu" else {}
-
-
 def _one(launcher: str, what: str, values: set[str]) -> None:
     if len(values) > 1:
         raise ConfigError([Problem(key=what, value=",".join(sorted(values)), message=(
@@ -69,17 +64,14 @@ def _one(launcher: str, what: str, values: set[str]) -> None:
             f"sweep {what} in separate commands"))])
 
 
-def _device(launcher: str, specs: list[Any], partition: str | None, query: Callable[[], Any] | None) -> tuple[str, str]:
-    """The device the jobs' nodes run on and why; SLURM decides ``auto`` from the partition (``slurm.device``)."""
-    if launcher != "submitit_slurm":
-        return specs[0].cluster.device, ""
+def _slurm_choice(specs: list[Any], partition: str | None, query: Callable[[], Any] | None) -> tuple[str, str, Any]:
+    """The device the jobs' nodes run on, why, and the partition as sinfo has it (None: unknown); ``slurm.device``."""
     from launcher.cli import slurm
 
-    needs_sinfo = any(s.cluster.device == "auto" for s in specs)
-    info = (query or slurm.sinfo)() if needs_sinfo else slurm.Sinfo()
+    info = (query or slurm.sinfo)()
     decided = [slurm.device(s, info, partition) for s in specs]
-    _one(launcher, "cluster.device", {d for d, _ in decided})
-    return decided[0]
+    _one("submitit_slurm", "cluster.device", {d for d, _ in decided})
+    return (*decided[0], info.get(partition))
 
 
 def resource_overrides(launcher: str, overrides: list[str], specs: list[Any], query: Callable[[], Any] | None = None) -> list[str]:
@@ -110,12 +102,13 @@ def submission(launcher: str, overrides: list[str], specs: list[Any], query: Cal
 
 
 def _request(launcher: str, overrides: list[str], specs: list[Any], query: Callable[[], Any] | None) -> tuple[list[str], str]:
-    """The overrides to add and the device the jobs' nodes run on; SLURM's request is shown."""
+    """The overrides to add and the device the jobs' nodes run on; SLURM's request is checked and shown."""
     _one(launcher, "cluster", {s.cluster.shape for s in specs})
     if not specs:
         return [], ""
     given = _given(overrides)
-    device, why = _device(launcher, specs, given.get("partition"), query)
+    slurm_run = launcher == "submitit_slurm"
+    device, why, partition = _slurm_choice(specs, given.get("partition"), query) if slurm_run else (specs[0].cluster.device, "", None)
     wanted = resources(launcher, specs[0], device)
     problems = [
         Problem(key=f"hydra.launcher.{k}", value=given[k], message=f"cluster {specs[0].cluster.shape} needs {k}={v}; leave it to dlaunch")
@@ -123,19 +116,21 @@ def _request(launcher: str, overrides: list[str], specs: list[Any], query: Calla
     ]
     if problems:
         raise ConfigError(problems)
-    added = {k: v for k, v in {**wanted, **_defaults(launcher, specs[0], device)}.items() if k not in given}
-    extra = [f"hydra.launcher.{k}={v}" for k, v in added.items()]
-    if launcher != "submitit_slurm":
+    if not slurm_run:
         log.info("%s: %s", launcher, ", ".join(f"{k}={v}" for k, v in wanted.items()))
-        return extra, device
+        return [f"hydra.launcher.{k}={v}" for k, v in wanted.items() if k not in given], device
     from launcher.cli import output, slurm
     from launcher.cli.plan import rows_table
 
+    added = {k: v for k, v in {**wanted, **slurm.cpus_per_task(specs[0], device, partition)}.items() if k not in given}
     params = {**slurm.queue_defaults(), **given, **added}
+    problems = slurm.fits(params, specs[0], partition)
+    if problems:
+        raise ConfigError(problems)
     rows = slurm.request_rows(params, why, specs[0].cluster.devices_per_node, len(specs))
     output.results().print(rows_table("SLURM request (hydra/launcher=submitit_slurm)", rows))
     slurm.submit_with_one_screen_refusals()
-    return extra, device
+    return [f"hydra.launcher.{k}={v}" for k, v in added.items()], device
 
 
 def placed(spec: Any) -> Any:

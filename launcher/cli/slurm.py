@@ -36,6 +36,7 @@ class Partition:
     name: str
     cpus: tuple[int, ...]  # per node, one entry per group of like nodes
     gpus: tuple[int, ...]  # per node, likewise; 0: no gpu gres
+    nodes: tuple[int, ...] = ()  # how many nodes each group has
 
     def describe(self) -> str:
         gpus = "no GPU gres" if not any(self.gpus) else "/".join(f"gpu:{g}" for g in self.gpus) + " per node"
@@ -59,24 +60,28 @@ def _gpus(gres: str) -> int:
     return sum(int(m) for m in re.findall(r"gpu(?::[\w.-]+)*?:(\d+)", gres))
 
 
+def _count(text: str) -> int:
+    return int(re.sub(r"\D", "", text) or 0)  # "2+" (a range's least) -> 2
+
+
 def parse_sinfo(text: str) -> Sinfo:
-    """sinfo ``--noheader --format=%P|%c|%G`` lines: partition (``*`` marks the default), CPUs, gres."""
-    groups: dict[str, list[tuple[int, int]]] = {}
+    """sinfo ``--noheader --format=%P|%c|%G|%D`` lines: partition (``*`` marks the default), CPUs, gres, nodes."""
+    groups: dict[str, list[tuple[int, int, int]]] = {}
     default = None
     for line in text.splitlines():
-        if line.count("|") != 2:
+        if line.count("|") != 3:
             continue
-        name, cpus, gres = line.split("|")
+        name, cpus, gres, nodes = line.split("|")
         if name.endswith("*"):
             name = default = name[:-1]
-        groups.setdefault(name, []).append((int(re.sub(r"\D", "", cpus) or 0), _gpus(gres)))
-    parts = {n: Partition(n, tuple(c for c, _ in g), tuple(x for _, x in g)) for n, g in groups.items()}
+        groups.setdefault(name, []).append((_count(cpus), _gpus(gres), _count(nodes)))
+    parts = {n: Partition(n, *(tuple(column) for column in zip(*g))) for n, g in groups.items()}
     return Sinfo(parts, default)
 
 
 def sinfo() -> Sinfo:
     """Ask this machine's SLURM (the submit host's sinfo) for its partitions."""
-    command = ["sinfo", "--noheader", "--format=%P|%c|%G"]
+    command = ["sinfo", "--noheader", "--format=%P|%c|%G|%D"]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -105,6 +110,32 @@ def device(spec: Any, info: Sinfo, partition: str | None) -> tuple[str, str]:
     if any(found.gpus):
         raise _auto_problem(f"cluster.device=auto cannot choose: only some nodes of {found.describe()}; {fix}")
     return "cpu", f"cluster.device=auto and {found.describe()}"
+
+
+def cpus_per_task(spec: Any, device: str, partition: Partition | None) -> dict[str, int]:
+    """Asked unless given: a CPU worker per CPU, as many as a node of the partition has (more only share them)."""
+    if device != "cpu":
+        return {}
+    most = max(partition.cpus) if partition and any(partition.cpus) else spec.cluster.devices_per_node
+    return {"cpus_per_task": min(spec.cluster.devices_per_node, most)}
+
+
+def fits(params: dict[str, Any], spec: Any, partition: Partition | None) -> list[Problem]:
+    """What no node of the partition can hold: sbatch accepts such a job, and it waits in the queue for ever."""
+    if partition is None:  # sinfo could not tell: sbatch judges
+        return []
+    problems = []
+    nodes, tasks = int(params["nodes"]), int(params.get("tasks_per_node") or 1)
+    if nodes > sum(partition.nodes):
+        problems.append(Problem(key="cluster", value=spec.cluster.shape, message=(
+            f"partition {partition.name} has {sum(partition.nodes)} node(s) (sinfo) and cluster {spec.cluster.shape} needs {nodes}; "
+            "SLURM would queue the job until the partition grows: use fewer nodes or another hydra.launcher.partition")))
+    cpus = int(params.get("cpus_per_task") or 1) * tasks
+    if partition.cpus and cpus > max(partition.cpus):
+        problems.append(Problem(key="hydra.launcher.cpus_per_task", value=params.get("cpus_per_task"), message=(
+            f"the nodes of partition {partition.name} have at most {max(partition.cpus)} CPUs (sinfo) and the job asks {cpus} per node; "
+            "SLURM would queue it for ever: ask for fewer, or another hydra.launcher.partition")))
+    return problems
 
 
 def _auto_problem(message: str) -> ConfigError:

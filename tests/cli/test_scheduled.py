@@ -16,7 +16,7 @@ def spec(*overrides):
     return compose_and_validate(["strategy=mirrored", "input.global_batch_size=64", *overrides], REMOTE)
 
 
-GPU_PARTITION = slurm.parse_sinfo("gpu*|64|gpu:8(S:0-1)\ncpu|32|(null)\n")
+GPU_PARTITION = slurm.parse_sinfo("gpu*|64|gpu:8(S:0-1)|4\ncpu|32|(null)|8\n")
 
 
 def test_slurm_gets_nodes_one_task_per_node_and_gpus():

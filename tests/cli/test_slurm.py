@@ -7,8 +7,12 @@ saying why, unless ``sinfo`` already shows an idle ``debug`` partition.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +25,28 @@ PARTITION = "debug"
 SLURM = ("hydra/launcher=submitit_slurm", f"hydra.launcher.partition={PARTITION}")
 
 
+def _controller_down() -> str | None:
+    """Why slurmctld cannot be running, from slurm.conf and one connect (sinfo waits 9 s for a stopped controller)."""
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    text = conf.read_text() if conf.is_file() else ""
+    host = re.search(r"^\s*SlurmctldHost=([^\s(]+)(?:\(([^)]+)\))?", text, re.M | re.I)
+    if host is None:  # configless or unusual: leave it to sinfo
+        return None
+    port = re.search(r"^\s*SlurmctldPort=(\d+)", text, re.M | re.I)
+    where = (host.group(2) or host.group(1), int(port.group(1)) if port else 6817)
+    try:
+        socket.create_connection(where, timeout=2).close()
+    except OSError as exc:
+        return f"slurmctld is not running: {where[0]}:{where[1]} (from {conf}): {exc}"
+    return None
+
+
 def _unavailable() -> str | None:
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         return "no SLURM client here (sinfo, sbatch); `make test-slurm` installs and starts a one-node cluster"
+    down = _controller_down()
+    if down:
+        return f"{down}; `make test-slurm` starts a one-node cluster"
     try:
         proc = subprocess.run(["sinfo", "--noheader", f"--partition={PARTITION}", "--format=%t"],
                               capture_output=True, text=True, timeout=10)
@@ -102,8 +125,20 @@ def test_a_gres_the_cluster_lacks_is_one_screen_naming_the_override(tmp_path, sl
     assert "change:      cluster.device=cpu, or hydra.launcher.partition=" in err
 
 
+def test_a_job_no_node_can_hold_is_refused_instead_of_queued_for_ever(tmp_path, slurm):
+    before = _queue()
+    proc = dlaunch(*SLURM, "strategy=mirrored", "cluster=2x1", cwd=tmp_path)  # sbatch would accept it: it would pend for ever
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"partition {PARTITION} has 1 node(s) (sinfo) and cluster 2x1 needs 2" in proc.stderr
+    assert _queue() == before
+
+
+def _queue() -> str:
+    return subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True).stdout
+
+
 def test_auto_asks_the_partition_and_a_dry_run_shows_the_request_without_submitting(tmp_path, slurm):
-    before = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True).stdout
+    before = _queue()
     proc = dlaunch(*SLURM, "strategy=mirrored", "cluster=1x2", "launch.dry_run=true", cwd=tmp_path, device=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -112,4 +147,4 @@ def test_auto_asks_the_partition_and_a_dry_run_shows_the_request_without_submitt
                 "time         60 min (hydra.launcher.timeout_min)", "dlaunch plan (dry run", "(cpu)",
                 "launch.dry_run=true: nothing was submitted"):
         assert row in out, out
-    assert subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True).stdout == before
+    assert _queue() == before

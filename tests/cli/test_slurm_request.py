@@ -13,7 +13,7 @@ from launcher.config.compose import compose_and_validate
 from launcher.config.errors import ConfigError
 
 REMOTE = 1 << 16
-SINFO = slurm.parse_sinfo("debug*|2|(null)\ngpu|64|gpu:a100:8(S:0-1)\nmixed|32|gpu:4\nmixed|32|(null)\n")
+SINFO = slurm.parse_sinfo("debug*|2|(null)|1\ngpu|64|gpu:a100:8(S:0-1)|4\nmixed|32|gpu:4|2\nmixed|32|(null)|6\n")
 
 
 def spec(*overrides):
@@ -22,9 +22,9 @@ def spec(*overrides):
 
 def test_sinfo_is_read_per_partition_with_its_default():
     assert SINFO.default == "debug"
-    assert SINFO.get(None) == slurm.Partition("debug", (2,), (0,))
+    assert SINFO.get(None) == slurm.Partition("debug", cpus=(2,), gpus=(0,), nodes=(1,))
     assert SINFO.get("gpu").gpus == (8,) and SINFO.get("mixed").gpus == (4, 0)
-    assert slurm.parse_sinfo("p|4|gpu:1,gpu:tesla:2\n").get("p").gpus == (3,)
+    assert slurm.parse_sinfo("p|4|gpu:1,gpu:tesla:2|1\n").get("p").gpus == (3,)
 
 
 def test_auto_runs_on_what_the_partition_has():
@@ -51,6 +51,21 @@ def test_the_request_names_every_resource_and_where_to_change_it():
     assert rows["gres"] == "none: cluster.device=cpu" and rows["cpus"] == "2 per task"
     assert rows["time"] == "60 min (hydra.launcher.timeout_min)" and rows["jobs"] == "3, as one sbatch job array"
     assert slurm.asked(params) == "partition=debug nodes=2 tasks_per_node=1 cpus_per_task=2 timeout_min=60"
+
+
+def test_cpu_workers_get_a_cpu_each_as_far_as_a_node_has_them():
+    assert slurm.cpus_per_task(spec(), "cpu", SINFO.get("gpu")) == {"cpus_per_task": 2}
+    assert slurm.cpus_per_task(spec("cluster=1x4"), "cpu", SINFO.get("debug")) == {"cpus_per_task": 2}  # 4 workers share 2 CPUs
+    assert slurm.cpus_per_task(spec(), "cuda", SINFO.get("gpu")) == {}
+
+
+def test_a_job_no_node_can_hold_is_refused_before_it_waits_in_the_queue_for_ever():
+    params = {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 4}
+    problems = slurm.fits(params, spec("cluster=2x1"), SINFO.get("debug"))
+    assert [p.key for p in problems] == ["cluster", "hydra.launcher.cpus_per_task"]
+    assert "partition debug has 1 node(s) (sinfo) and cluster 2x1 needs 2" in problems[0].message
+    assert "at most 2 CPUs (sinfo) and the job asks 4 per node" in problems[1].message
+    assert slurm.fits(params, spec("cluster=2x1"), None) == []  # sinfo could not tell: sbatch judges
 
 
 @pytest.mark.parametrize("said,params,fix", [

@@ -16,6 +16,7 @@ RUN=/run/dlaunch-slurm  # pid files; the daemons' state and logs are under /var/
 LOGS=/var/log/slurm
 PARTITION=debug
 NODE=$(hostname -s)
+MARK="# Written by dlaunch's tests/slurm/setup_slurm.sh"
 
 say() { echo "setup_slurm: $*" >&2; }
 
@@ -40,7 +41,7 @@ write_conf() {
     node_line=$(slurmd -C | head -1 | sed "s/^NodeName=[^ ]*/NodeName=$NODE NodeAddr=127.0.0.1/")
     mkdir -p "$CONF_DIR" "$RUN" "$LOGS" /var/spool/slurmctld /var/spool/slurmd
     cat >"$CONF.new" <<EOF
-# Written by dlaunch's tests/slurm/setup_slurm.sh: a one-node test cluster.
+$MARK: a one-node test cluster.
 ClusterName=dlaunch-test
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
@@ -137,7 +138,13 @@ stop_all() {
 [[ $(id -u) == 0 ]] || { say "needs root (it installs packages and starts daemons)"; exit 3; }
 case "${1:-start}" in
     start)
-        if is_idle; then say "already running: node $NODE idle in partition $PARTITION"; exit 0; fi
+        if [[ -e $CONF ]] && ! grep -q "^$MARK" "$CONF"; then  # a real cluster's configuration: never overwritten
+            is_idle && { say "SLURM already runs here (partition $PARTITION idle); $CONF left as it is"; exit 0; }
+            say "$CONF exists and was not written by this script: not touching it"; exit 3
+        fi
+        if alive "$RUN/slurmctld.pid" && alive "$RUN/slurmd.pid" && is_idle; then  # pid files first: sinfo waits 9 s for a stopped controller
+            say "already running: node $NODE idle in partition $PARTITION"; exit 0
+        fi
         install_packages
         write_conf
         start_munge
