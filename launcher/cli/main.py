@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
-    codes = [*_Status.codes, *([1] if args.multirun and sweep.failed_jobs() else [])]  # jobs run elsewhere (joblib) too
+    codes = [*_Status.codes, *([1] if (args.multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
     return max(codes, default=0, key=_severity)
 
 

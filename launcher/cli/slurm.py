@@ -138,6 +138,26 @@ def fits(params: dict[str, Any], spec: Any, partition: Partition | None) -> list
     return problems
 
 
+def check_on_cpu(specs: list[Any], device: str, why: str) -> None:
+    """Specs with ``cluster.device=auto`` were validated for GPU nodes (the submit host cannot see the compute
+    nodes); when the partition has none, they are checked again for the CPU nodes they will run on."""
+    from pydantic import ValidationError
+
+    from launcher.config import pydantic_errors
+
+    problems: list[Problem] = []
+    for spec in specs if device == "cpu" else ():
+        if spec.cluster.device != "auto":
+            continue
+        data = spec.model_dump()
+        try:
+            type(spec).model_validate(data, context={"cuda_devices": 0})
+        except ValidationError as exc:
+            problems += [p for p in pydantic_errors.problems(exc, type(spec), data) if p not in problems]
+    if problems:
+        raise ConfigError([*problems, Problem(key="cluster.device", value="auto", message=f"{why}: the jobs run on the CPU")])
+
+
 def _auto_problem(message: str) -> ConfigError:
     return ConfigError([Problem(key="cluster.device", value="auto", message=message)])
 

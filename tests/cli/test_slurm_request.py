@@ -99,3 +99,12 @@ def test_only_sbatch_s_own_failure_counts_as_a_refusal():
 
     assert slurm._from_sbatch(raised(subprocess.CalledProcessError(1, ["sbatch", "job.sh"])))
     assert not slurm._from_sbatch(raised(None))
+
+
+def test_auto_jobs_that_land_on_cpu_nodes_are_checked_again_for_the_cpu():
+    nccl = spec("cluster.backend=nccl")  # fine for the GPU nodes the submit host assumed
+    slurm.check_on_cpu([nccl], "cuda", "unused")
+    with pytest.raises(ConfigError) as caught:
+        slurm.check_on_cpu([nccl], "cpu", "cluster.device=auto and partition debug has no GPU gres")
+    assert [p.key for p in caught.value.problems] == ["cluster.backend", "cluster.device"]
+    slurm.check_on_cpu([spec()], "cpu", "unused")
