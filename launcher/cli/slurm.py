@@ -263,8 +263,10 @@ def submit_with_one_screen_refusals() -> None:
             if not _from_sbatch(exc):  # a job that ran and failed: its own report stands
                 raise
             said = str(exc)  # submitit's text is sbatch's stderr
-        except FileNotFoundError as exc:  # no sbatch on PATH: not a submit host
-            said = f"cannot run sbatch: {exc}"
+        except FileNotFoundError as exc:
+            if exc.filename != "sbatch":
+                raise
+            said = f"cannot run sbatch: {exc.strerror} (this machine is not a SLURM submit host)"
         from launcher.cli import output
 
         render_refusal(self.params, said, output.messages())

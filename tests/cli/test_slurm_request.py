@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 
 import pytest
@@ -11,6 +12,7 @@ from rich.console import Console
 from launcher.cli import slurm
 from launcher.config.compose import compose_and_validate
 from launcher.config.errors import ConfigError
+from tests.conftest import dlaunch
 
 REMOTE = 1 << 16
 SINFO = slurm.parse_sinfo("debug*|2|(null)|1\ngpu|64|gpu:a100:8(S:0-1)|4\nmixed|32|gpu:4|2\nmixed|32|(null)|6\n")
@@ -108,3 +110,29 @@ def test_auto_jobs_that_land_on_cpu_nodes_are_checked_again_for_the_cpu():
         slurm.check_on_cpu([nccl], "cpu", "cluster.device=auto and partition debug has no GPU gres")
     assert [p.key for p in caught.value.problems] == ["cluster.backend", "cluster.device"]
     slurm.check_on_cpu([spec()], "cpu", "unused")
+
+
+def _stand_ins(tmp_path, sinfo: str, sbatch: str) -> dict:
+    """PATH with a stand-in sinfo and sbatch (shell scripts): the whole submit path runs without SLURM."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("sinfo", sinfo), ("sbatch", sbatch)):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_without_slurm_a_refusal_and_a_dry_run_go_the_whole_way(tmp_path):
+    env = _stand_ins(tmp_path, "echo 'debug*|2|(null)|1'",
+                     "echo 'sbatch: error: Invalid generic resource (gres) specification' >&2; exit 1")
+    refused = dlaunch("hydra/launcher=submitit_slurm", "strategy=mirrored", "cluster=1x2", "cluster.device=cuda",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, env=env, device=None)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    assert "SLURM said:  sbatch: error: Invalid generic resource (gres) specification" in refused.stderr
+    assert "change:      cluster.device=cpu" in refused.stderr and "gres         gpu:2 per node: cluster.device=cuda" in refused.stdout
+
+    dry = dlaunch("hydra/launcher=submitit_slurm", "strategy=mirrored", "cluster=1x2", "launch.dry_run=true", cwd=tmp_path, env=env, device=None)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "gres         none: cluster.device=auto and partition debug has no GPU gres" in dry.stdout
+    assert "launch.dry_run=true: nothing was submitted (1 job(s) would be)" in dry.stdout
