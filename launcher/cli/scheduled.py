@@ -128,7 +128,7 @@ def _request(launcher: str, overrides: list[str], specs: list[Any], query: Calla
     if problems:
         raise ConfigError(problems)
     slurm.check_on_cpu(specs, device, why)
-    rows = slurm.request_rows(params, why, specs[0].cluster.devices_per_node, len(specs))
+    rows = slurm.request_rows(params, why, specs[0].cluster.devices_per_node, len(specs), partition and partition.name)
     output.results().print(rows_table("SLURM request (hydra/launcher=submitit_slurm)", rows))
     slurm.submit_with_one_screen_refusals()
     return [f"hydra.launcher.{k}={v}" for k, v in added.items()], device

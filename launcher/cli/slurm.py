@@ -177,15 +177,16 @@ def asked(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={params[k]}" for k in _SHOWN if params.get(k) not in (None, ""))
 
 
-def request_rows(params: dict[str, Any], why_device: str, processes_per_node: int, jobs: int) -> list[tuple[str, str]]:
-    """The request as plan rows (shown before submitting, and in a dry run)."""
+def request_rows(params: dict[str, Any], why_device: str, processes_per_node: int, jobs: int,
+                 default: str | None = None) -> list[tuple[str, str]]:
+    """The request as plan rows (shown before submitting, and in a dry run); ``default``: SLURM's default partition."""
     gpus = params.get("gpus_per_node")
     gres = f"gpu:{gpus} per node: {why_device}" if gpus else f"none: {why_device}"
     if params.get("gres"):
         gres = f"{params['gres']} (hydra.launcher.gres)"
     mem = f"{params['mem_gb']} GB per node" if params.get("mem_gb") else "SLURM's default (hydra.launcher.mem_gb)"
     return [
-        ("partition", params.get("partition") or "SLURM's default (hydra.launcher.partition)"),
+        ("partition", params.get("partition") or f"SLURM's default{f' ({default})' if default else ''}: hydra.launcher.partition chooses"),
         ("nodes", str(params["nodes"])),
         ("tasks", f"{params['tasks_per_node']} per node: one dlaunch node each, starting {processes_per_node} worker(s)"),
         ("cpus", f"{params['cpus_per_task']} per task" if params.get("cpus_per_task") else "SLURM's default per task"),
