@@ -36,6 +36,14 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
+# SLURM end to end (docs/OPERATIONS.md, SLURM): start a one-node SLURM with munge on this machine (root; installs
+# slurmctld, slurmd and munge with apt if absent), then run the tests that submit through hydra/launcher=submitit_slurm.
+# `tests/slurm/setup_slurm.sh stop` stops the daemons again.
+.PHONY: test-slurm
+test-slurm: $(STAMP)
+	tests/slurm/setup_slurm.sh
+	$(BIN)/python -m pytest tests/cli/test_slurm.py
+
 # Benchmarks (docs/PERFORMANCE.md): the bench_mlp workload through dlaunch and hand-written torch,
 # interleaved rounds, then the micro-benchmarks. Results: benchmarks/results/. Quick check: make bench BENCH_ARGS=--quick
 .PHONY: bench

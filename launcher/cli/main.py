@@ -9,7 +9,7 @@
     dlaunch script=train.py strategy=mirrored cluster=1x2 -- --epochs 3   # a torch script, unmodified
     dlaunch resume RUN_DIR                 # continue a stopped run in its directory
 
-Exit codes: 0 done, 1 training failure, 2 config error, 128+N stopped by signal N.
+Exit codes: 0 done, 1 training failure, 2 config error (or a submission SLURM refused), 128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -362,17 +362,20 @@ def main(argv: list[str] | None = None) -> int:
         if not args.multirun:  # Hydra runs a job through its launcher plugin only in multirun mode
             argv = ["-m", *argv]
         try:
-            argv += scheduled.resource_overrides(launcher, args.overrides, list(_Status.validated.values()))
+            extra = scheduled.submission(launcher, args.overrides, list(_Status.validated.values()))
         except ConfigError as exc:
             render(exc)
             return 2
+        if extra is None:  # a dry run on SLURM: its plan and request shown, nothing submitted
+            return 0
+        argv += extra
     try:
         _hydra_main(argv)
     except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
-    codes = [*_Status.codes, *([1] if args.multirun and sweep.failed_jobs() else [])]  # jobs run elsewhere (joblib) too
+    codes = [*_Status.codes, *([1] if (args.multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
     return max(codes, default=0, key=_severity)
 
 

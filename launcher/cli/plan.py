@@ -307,17 +307,23 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
 
 def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None = None) -> None:
     shards = shard_table(spec, count=dry_run)  # first: a file that cannot be counted is an error, not half a plan
-    table = Table(title="dlaunch plan" + (" (dry run: nothing is started)" if dry_run else ""), show_header=False, title_justify="left", box=None, padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in plan_rows(spec, cuda_devices, run_dir, resume_from):
-        table.add_row(key, value)
-    console.print(table)
+    title = "dlaunch plan" + (" (dry run: nothing is started)" if dry_run else "")
+    console.print(rows_table(title, plan_rows(spec, cuda_devices, run_dir, resume_from)))
     if shards is not None:
         console.print(shards)
     placement = placement_table(spec, run_dir)
     if placement is not None:
         console.print(placement)
+
+
+def rows_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """Two columns, a bold key and its value: the plan's look."""
+    table = Table(title=title, show_header=False, title_justify="left", box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
 
 
 def show_summary(summary: dict, run_dir: Path, console: Console) -> None:

@@ -10,7 +10,8 @@ master address come from the scheduler's variables (``launcher.cluster.scheduler
 from __future__ import annotations
 
 import logging
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from hydra.errors import CompactHydraException
 
@@ -36,45 +37,101 @@ def launcher_of(overrides: list[str]) -> str | None:
     return None
 
 
-def _given(overrides: list[str]) -> dict[str, str]:
+def _given(overrides: list[str], prefix: str = "hydra.launcher.") -> dict[str, str]:
     found = {}
     for text in overrides:
         key, _, value = text.partition("=")
-        if key.lstrip("+").startswith("hydra.launcher."):
-            found[key.lstrip("+").removeprefix("hydra.launcher.")] = value
+        if key.lstrip("+").startswith(prefix):
+            found[key.lstrip("+").removeprefix(prefix)] = value
     return found
 
 
-def resources(launcher: str, spec: Any) -> dict[str, int]:
-    """submitit's resources for one job of this cluster."""
+def resources(launcher: str, spec: Any, device: str = "cuda") -> dict[str, int]:
+    """submitit's resources for one job of this cluster, whose nodes run on ``device`` (see ``slurm.device``)."""
     c = spec.cluster
     if launcher == "submitit_local":  # one machine: each node is a task here
         return {"nodes": 1, "tasks_per_node": c.nodes}
     wanted = {"nodes": c.nodes, "tasks_per_node": 1}
-    if c.device != "cpu":  # cluster.device=auto on SLURM asks for GPUs; cpu asks for none
+    if device == "cuda":
         wanted["gpus_per_node"] = c.devices_per_node
     return wanted
 
 
-def resource_overrides(launcher: str, overrides: list[str], specs: list[Any]) -> list[str]:
-    """``hydra.launcher.*`` overrides that give the scheduler the cluster's shape; raise on a conflict."""
-    shapes = {s.cluster.shape for s in specs}
-    if len(shapes) > 1:
-        raise ConfigError([Problem(key="cluster", value=",".join(sorted(shapes)), message=(
+def _one(launcher: str, what: str, values: set[str]) -> None:
+    if len(values) > 1:
+        raise ConfigError([Problem(key=what, value=",".join(sorted(values)), message=(
             f"hydra/launcher={launcher} runs a sweep as one job array with one allocation shape; "
-            "sweep cluster shapes in separate commands"))])
+            f"sweep {what} in separate commands"))])
+
+
+def _slurm_choice(specs: list[Any], partition: str | None, query: Callable[[], Any] | None) -> tuple[str, str, Any]:
+    """The device the jobs' nodes run on, why, and the partition as sinfo has it (None: unknown); ``slurm.device``."""
+    from launcher.cli import slurm
+
+    info = (query or slurm.sinfo)()
+    decided = [slurm.device(s, info, partition) for s in specs]
+    _one("submitit_slurm", "cluster.device", {d for d, _ in decided})
+    return (*decided[0], info.get(partition))
+
+
+def resource_overrides(launcher: str, overrides: list[str], specs: list[Any], query: Callable[[], Any] | None = None) -> list[str]:
+    """``hydra.launcher.*`` overrides that give the scheduler the cluster's shape; raise on a conflict.
+
+    ``query`` stands in for sinfo (tests).
+    """
+    return _request(launcher, overrides, specs, query)[0]
+
+
+def submission(launcher: str, overrides: list[str], specs: list[Any], query: Callable[[], Any] | None = None) -> list[str] | None:
+    """The overrides to submit with (``resource_overrides``); None after a dry run on SLURM, which submits nothing.
+
+    A dry run on SLURM shows the request and the first job's plan here: a job submitted only to print its plan
+    would wait in the queue and print it in a log on the compute node.
+    """
+    extra, device = _request(launcher, overrides, specs, query)
+    if launcher != "submitit_slurm" or not specs or not all(s.launch.dry_run for s in specs):
+        return extra
+    from launcher.cli import output
+    from launcher.cli.plan import show_plan
+
+    sweep_dir = Path(_given(overrides, "hydra.sweep.").get("dir") or "multirun/<date>/<time>")
+    cuda = specs[0].cluster.devices_per_node if device == "cuda" else 0
+    show_plan(specs[0], cuda, sweep_dir / "0", output.results(), dry_run=True)
+    output.results().print(f"launch.dry_run=true: nothing was submitted ({len(specs)} job(s) would be)")
+    return None
+
+
+def _request(launcher: str, overrides: list[str], specs: list[Any], query: Callable[[], Any] | None) -> tuple[list[str], str]:
+    """The overrides to add and the device the jobs' nodes run on; SLURM's request is checked and shown."""
+    _one(launcher, "cluster", {s.cluster.shape for s in specs})
     if not specs:
-        return []
-    wanted, given = resources(launcher, specs[0]), _given(overrides)
+        return [], ""
+    given = _given(overrides)
+    slurm_run = launcher == "submitit_slurm"
+    device, why, partition = _slurm_choice(specs, given.get("partition"), query) if slurm_run else (specs[0].cluster.device, "", None)
+    wanted = resources(launcher, specs[0], device)
     problems = [
         Problem(key=f"hydra.launcher.{k}", value=given[k], message=f"cluster {specs[0].cluster.shape} needs {k}={v}; leave it to dlaunch")
         for k, v in wanted.items() if k in given and str(given[k]) != str(v)
     ]
     if problems:
         raise ConfigError(problems)
-    extra = [f"hydra.launcher.{k}={v}" for k, v in wanted.items() if k not in given]
-    log.info("%s: %s", launcher, ", ".join(f"{k}={v}" for k, v in wanted.items()))
-    return extra
+    if not slurm_run:
+        log.info("%s: %s", launcher, ", ".join(f"{k}={v}" for k, v in wanted.items()))
+        return [f"hydra.launcher.{k}={v}" for k, v in wanted.items() if k not in given], device
+    from launcher.cli import output, slurm
+    from launcher.cli.plan import rows_table
+
+    added = {k: v for k, v in {**wanted, **slurm.cpus_per_task(specs[0], device, partition)}.items() if k not in given}
+    params = {**slurm.queue_defaults(), **given, **added}
+    problems = slurm.fits(params, specs[0], partition)
+    if problems:
+        raise ConfigError(problems)
+    slurm.check_on_cpu(specs, device, why)
+    rows = slurm.request_rows(params, why, specs[0].cluster.devices_per_node, len(specs), partition and partition.name)
+    output.results().print(rows_table("SLURM request (hydra/launcher=submitit_slurm)", rows))
+    slurm.submit_with_one_screen_refusals()
+    return [f"hydra.launcher.{k}={v}" for k, v in added.items()], device
 
 
 def placed(spec: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import scheduled
+from launcher.cli import scheduled, slurm
 from launcher.config.compose import compose_and_validate
 from launcher.config.errors import ConfigError
 from tests.conftest import dlaunch, summary
@@ -16,28 +16,39 @@ def spec(*overrides):
     return compose_and_validate(["strategy=mirrored", "input.global_batch_size=64", *overrides], REMOTE)
 
 
+GPU_PARTITION = slurm.parse_sinfo("gpu*|64|gpu:8(S:0-1)|4\ncpu|32|(null)|8\n")
+
+
 def test_slurm_gets_nodes_one_task_per_node_and_gpus():
     s = spec("cluster=2x8")
-    assert scheduled.resources("submitit_slurm", s) == {"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8}
-    assert scheduled.resources("submitit_slurm", spec("cluster=2x8", "cluster.device=cpu")) == {"nodes": 2, "tasks_per_node": 1}
+    assert scheduled.resources("submitit_slurm", s, "cuda") == {"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8}
+    assert scheduled.resources("submitit_slurm", s, "cpu") == {"nodes": 2, "tasks_per_node": 1}
     assert scheduled.resources("submitit_local", s) == {"nodes": 1, "tasks_per_node": 2}
 
 
 def test_overrides_fill_in_what_the_user_left_out():
-    extra = scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=2"], [spec("cluster=2x8")])
+    extra = scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=2"], [spec("cluster=2x8")], lambda: GPU_PARTITION)
     assert extra == ["hydra.launcher.tasks_per_node=1", "hydra.launcher.gpus_per_node=8"]
+
+
+def test_a_cpu_job_asks_a_cpu_per_worker_unless_told_otherwise():
+    overrides = ["hydra.launcher.partition=cpu"]
+    extra = scheduled.resource_overrides("submitit_slurm", overrides, [spec("cluster=1x4")], lambda: GPU_PARTITION)
+    assert extra == ["hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=1", "hydra.launcher.cpus_per_task=4"]
+    mine = scheduled.resource_overrides("submitit_slurm", [*overrides, "hydra.launcher.cpus_per_task=16"], [spec("cluster=1x4")], lambda: GPU_PARTITION)
+    assert "hydra.launcher.cpus_per_task=4" not in mine
 
 
 def test_a_conflicting_allocation_is_a_config_error():
     with pytest.raises(ConfigError) as info:
-        scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=3"], [spec("cluster=2x8")])
+        scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=3"], [spec("cluster=2x8")], lambda: GPU_PARTITION)
     (p,) = info.value.problems
     assert p.key == "hydra.launcher.nodes" and "needs nodes=2" in p.message
 
 
 def test_a_sweep_over_cluster_shapes_is_refused():
     with pytest.raises(ConfigError, match="one allocation shape"):
-        scheduled.resource_overrides("submitit_slurm", [], [spec("cluster=1x8"), spec("cluster=2x8")])
+        scheduled.resource_overrides("submitit_slurm", [], [spec("cluster=1x8"), spec("cluster=2x8")], lambda: GPU_PARTITION)
 
 
 def test_launcher_is_read_from_the_overrides():
