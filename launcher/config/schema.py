@@ -22,7 +22,8 @@ from launcher.distribute.devices import canonical_name
 from launcher.input import checks
 from launcher.input import files as files_lib
 from launcher.input.auto_shard import AutoShardPolicy, too_few_files
-from launcher.strategies.fsdp import FSDPSpec
+from launcher.strategies import mesh_fsdp
+from launcher.strategies.fsdp import FSDPOptions, FSDPSpec
 
 # ---------- strategies (one model per registered strategy) ----------
 class OneDeviceSpec(Strict):
@@ -218,6 +219,10 @@ class MeshSpec(Strict):
 
     name: Literal["mesh"]
     device_assignment: DeviceAssignmentSpec = DeviceAssignmentSpec()
+    data_parallel: Literal["replicate", "fsdp"] = Field(
+        "replicate", description="the replica (dp) dim: replicate (each replica a whole copy, gradients all-reduced) "
+                                 "or fsdp (FSDP2 fully_shard over the replicas: each rank holds 1/dp of its tp shard)")
+    fsdp: FSDPOptions = Field(default_factory=FSDPOptions, description="data_parallel=fsdp: how it shards, as strategy=fsdp's keys")
     refuses: ClassVar[dict[str, str]] = {
         "fp16-mixed": "GradScaler does not unscale the split layers' DTensor gradients; use trainer.precision=bf16-mixed",
     }
@@ -232,8 +237,12 @@ class MeshSpec(Strict):
 
     def describe(self) -> str:
         a = self.device_assignment
+        dp = f"; {mesh_fsdp.describe(self)}" if self.data_parallel == "fsdp" else ""
         return (f"mesh ({a.logical_devices} logical device(s) per replica, computation_shape {a.computation_shape}; "
-                f"DeviceMesh (replica, logical), DTensor)")
+                f"DeviceMesh (replica, logical), DTensor{dp})")
+
+    def plan_rows(self, spec: Any, run_dir: Any) -> list[tuple[str, str]]:
+        return mesh_fsdp.plan_rows(spec, run_dir) if self.data_parallel == "fsdp" else []
 
 
 StrategySpec = Annotated[
@@ -529,7 +538,14 @@ def _mesh_fits(spec: RunSpec, cuda: int) -> None:
         raise PlanError("strategy.device_assignment.computation_shape", a.computation_shape,
                         f"computation_shape {a.computation_shape} = {a.logical_devices} logical devices per replica needs "
                         f"a multiple of {a.logical_devices} devices, but {where}")
-    problem = fit_problem(a.computation_shape, spec.num_replicas, c.world_size, where)
+    if spec.strategy.data_parallel == "fsdp":
+        problem = mesh_fsdp.fit_problem(spec.num_replicas, a.logical_devices, a.computation_shape, c.world_size, where)
+    else:
+        problem = fit_problem(a.computation_shape, spec.num_replicas, c.world_size, where)
+        if spec.strategy.fsdp != FSDPOptions():
+            raise PlanError("strategy.fsdp", spec.strategy.fsdp.model_dump(),
+                            "strategy.fsdp says how data_parallel=fsdp shards; with data_parallel=replicate nothing is "
+                            "sharded: set strategy.data_parallel=fsdp, or leave strategy.fsdp at its defaults")
     if problem:
         key = "strategy.device_assignment.num_replicas" if a.num_replicas else "strategy.device_assignment.computation_shape"
         raise PlanError(key, a.num_replicas or a.computation_shape, problem)

@@ -42,16 +42,25 @@ log = logging.getLogger("dlaunch")
 _STATE_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "Adagrad": 1, "RMSprop": 1, "Adamax": 2, "NAdam": 2, "RAdam": 2}
 
 
-class FSDPSpec(Strict):
-    """``strategy=fsdp``: sharded data parallelism (FSDP2 ``fully_shard``), one process per device."""
+class FSDPOptions(Strict):
+    """How FSDP2 shards a model: ``strategy=fsdp``'s keys, and ``strategy.fsdp`` of ``strategy=mesh``."""
 
-    name: Literal["fsdp"]
     reshard_after_forward: bool = Field(
         True, description="free each layer's gathered parameters after its forward (gather again for backward): "
                           "less memory, one more all-gather per layer")
     wrap: list[str] = Field(
         default_factory=list, description="nn.Module class names sharded one by one (e.g. TransformerEncoderLayer); "
                                           "empty: the whole model is one unit")
+
+    def describe_units(self) -> str:
+        units = f"each {', '.join(self.wrap)} then the root" if self.wrap else "the whole model as one unit"
+        return f"{units}; reshard after forward: {'yes' if self.reshard_after_forward else 'no'}"
+
+
+class FSDPSpec(FSDPOptions):
+    """``strategy=fsdp``: sharded data parallelism (FSDP2 ``fully_shard``), one process per device."""
+
+    name: Literal["fsdp"]
     refuses: ClassVar[dict[str, str]] = {
         "fp16-mixed": "GradScaler checks only this rank's gradient shard for inf/NaN, so ranks could disagree on "
                       "skipping a step; use trainer.precision=bf16-mixed (FSDP's MixedPrecisionPolicy, no scaler)",
@@ -61,9 +70,7 @@ class FSDPSpec(Strict):
         return cluster.world_size
 
     def describe(self) -> str:
-        units = f"each {', '.join(self.wrap)} then the root" if self.wrap else "the whole model as one unit"
-        return (f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {units}; "
-                f"reshard after forward: {'yes' if self.reshard_after_forward else 'no'})")
+        return f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {self.describe_units()})"
 
     def plan_rows(self, spec: Any, run_dir: Path) -> list[tuple[str, str]]:
         """The memory row: this recipe's parameter, gradient and optimizer bytes per rank, against DDP's."""
@@ -81,8 +88,12 @@ def state_bytes(model: torch.nn.Module, optimizer: Any) -> tuple[int, int]:
     return params, per
 
 
-def memory_row(spec: Any, run_dir: Path) -> str:
-    """'params + grads + optimizer state per rank: X MiB = 1/N of DDP's Y MiB' for the spec's recipe."""
+def memory_row(spec: Any, run_dir: Path, ways: int | None = None, how: str = "") -> str:
+    """'params + grads + optimizer state per rank: X MiB = 1/N of DDP's Y MiB' for the spec's recipe.
+
+    ``ways``: how many pieces each rank's share is (default: the replicas); ``how`` says how they are
+    cut, where that is not simply FSDP over every rank (the mesh: FSDP x TP).
+    """
     from launcher.runtime.ps_task import build_variables
 
     try:
@@ -92,7 +103,8 @@ def memory_row(spec: Any, run_dir: Path) -> str:
         return f"unknown: the recipe's model could not be built on the meta device ({type(exc).__name__}: {exc})"
     params, per = state_bytes(model, optimizer)
     ddp = params * (2 + per)  # parameters, gradients, optimizer state: every rank holds all of them
-    n, what = spec.num_replicas, f"{_mib(params)} parameters, {type(optimizer).__name__}: {per} state tensor(s) per parameter"
+    n = ways or spec.num_replicas
+    what = f"{_mib(params)} parameters, {type(optimizer).__name__}: {per} state tensor(s) per parameter{how}"
     if n == 1:
         return f"params + grads + optimizer state: {_mib(ddp)}, nothing sharded on one process ({what})"
     return f"params + grads + optimizer state per rank: {_mib(ddp / n)} = 1/{n} of DDP's {_mib(ddp)} ({what})"
@@ -140,7 +152,7 @@ def _rebind(optimizer: Any, before: dict[int, str], module: torch.nn.Module) -> 
     if optimizer is None:
         return
     if optimizer.state:
-        raise ValueError("strategy=fsdp shards the model in prepare(); give it an optimizer that has not stepped yet")
+        raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
     after = dict(module.named_parameters())
     for group in optimizer.param_groups:
         group["params"] = [after[before[id(p)]] for p in group["params"]]
@@ -155,18 +167,38 @@ class _FSDPExtended(StrategyExtended):
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         module = module.to(self._devices[0])
-        units = wrapped_units(module, self.wrap)  # a bad name fails on one process too, before the first step
         if self.mesh is None:
+            wrapped_units(module, self.wrap)  # a bad name fails on one process too, before the first step
             log.warning("strategy=fsdp on one process shards nothing: it trains as strategy=one_device would")
             return module, optimizer
-        from torch.distributed.fsdp import fully_shard
+        return shard(module, optimizer, self.mesh, self.options, self.wrap), optimizer
 
-        before = {id(p): name for name, p in module.named_parameters()}
-        for unit in units:
-            fully_shard(unit, mesh=self.mesh, **self.options)
-        fully_shard(module, mesh=self.mesh, **self.options)
-        _rebind(optimizer, before, module)
-        return module, optimizer
+
+def fsdp_options(reshard_after_forward: bool, param_dtype: torch.dtype | None) -> dict[str, Any]:
+    """``fully_shard``'s keyword arguments: bf16 ``param_dtype`` gathers and computes in it, reduces in fp32."""
+    options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
+    if param_dtype is not None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    return options
+
+
+def shard(module: torch.nn.Module, optimizer: Any, mesh: Any, options: dict, wrap: Sequence[str]) -> torch.nn.Module:
+    """``fully_shard`` each ``wrap`` unit, then the root, over the 1-D ``mesh``; the optimizer takes the new parameters.
+
+    Parameters that are already DTensors (tensor parallelism on a sibling mesh dim) become
+    2-D DTensors: FSDP shards each rank's TP shard further over ``mesh``.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    units = wrapped_units(module, wrap)
+    before = {id(p): name for name, p in module.named_parameters()}
+    for unit in units:
+        fully_shard(unit, mesh=mesh, **options)
+    fully_shard(module, mesh=mesh, **options)
+    _rebind(optimizer, before, module)
+    return module
 
 
 class FSDPStrategy(Strategy):
@@ -190,11 +222,7 @@ class FSDPStrategy(Strategy):
         env = WorkerEnv.from_environ() if env == "from-environment" else env
         kind = device_type or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
         grouped = ensure_process_group(env, None, timeout_s, kind)
-        options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
-        if param_dtype is not None:
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        options = fsdp_options(reshard_after_forward, param_dtype)
         mesh, collectives = None, None
         if grouped:
             import torch.distributed as dist
@@ -211,8 +239,13 @@ class FSDPStrategy(Strategy):
         return self._extended.mesh
 
 
+def param_dtype(runtime: Runtime) -> torch.dtype | None:
+    """bf16 under ``trainer.precision=bf16-mixed`` (FSDP's MixedPrecisionPolicy); None keeps the model's dtype."""
+    precision = runtime.run_spec.trainer.precision if runtime.run_spec is not None else "fp32"
+    return torch.bfloat16 if precision == "bf16-mixed" else None
+
+
 @register("fsdp")
 def from_spec(spec: FSDPSpec, runtime: Runtime) -> FSDPStrategy:
-    precision = runtime.run_spec.trainer.precision if runtime.run_spec is not None else "fp32"
-    return FSDPStrategy(spec.reshard_after_forward, spec.wrap, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
+    return FSDPStrategy(spec.reshard_after_forward, spec.wrap, param_dtype=param_dtype(runtime),
                         device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env)

@@ -5,7 +5,9 @@ The TPUStrategy counterpart of model parallelism inside a replica. A
 logical devices; every device is one process, and the job's processes form a
 2-D ``DeviceMesh`` named ``("replica", "logical")``. Training is synchronous:
 each replica reads its share of every global batch (a replica's logical devices
-read the same rows), and gradients are averaged over the replica dimension.
+read the same rows), and gradients are averaged over the replica dimension; or,
+with ``data_parallel=ShardedReplicas()``, the replicas shard the model with FSDP2
+(``launcher.strategies.mesh_fsdp``: FSDP x tensor parallelism).
 
 Inside a replica, tensors are annotated as TPUStrategy does, with DTensor
 placements over the replica's logical devices:
@@ -45,6 +47,8 @@ from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import map_structure
 from launcher.strategies import Runtime, register
 from launcher.distribute.replicated import DelegatingOptimizer
+from launcher.strategies.fsdp import param_dtype
+from launcher.strategies.mesh_fsdp import ShardedReplicas
 
 
 class _AssignedTo(torch.autograd.Function):
@@ -102,15 +106,18 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class _MeshExtended(StrategyExtended):
     collective_forward = True
 
-    def __init__(self, device: str, collectives: Any, mesh: DeviceMesh | None, assignment: DeviceAssignment):
+    def __init__(self, device: str, collectives: Any, mesh: DeviceMesh | None, assignment: DeviceAssignment,
+                 data_parallel: ShardedReplicas | None = None):
         super().__init__([device], collectives)
-        self.mesh, self.assignment = mesh, assignment
+        self.mesh, self.assignment, self.data_parallel = mesh, assignment, data_parallel
         self._annotation_mesh: DeviceMesh | None = None
 
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
         return super()._reduce(reduce_op, map_structure(_full, value), axis)
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        if self.data_parallel is not None:  # FSDP's reduce-scatter averages over the replicas: no MeshOptimizer
+            return self.data_parallel.prepare(module, optimizer, self.mesh)
         if optimizer is None:
             return module, None
         group = self.mesh.get_group("replica") if self.mesh is not None else None
@@ -201,6 +208,8 @@ class MeshStrategy(Strategy):
     Args:
         device_assignment: replicas x logical devices; default: one logical device per
             process (plain data parallelism).
+        data_parallel: ``ShardedReplicas(...)`` shards the replica dim with FSDP2
+            (``launcher.strategies.mesh_fsdp``); default: each replica a whole copy.
         device_type: "cpu" or "cuda"; default: CUDA when visible.
         timeout_s: collective timeout.
 
@@ -208,8 +217,8 @@ class MeshStrategy(Strategy):
     device ``l`` of replica ``r``.
     """
 
-    def __init__(self, device_assignment: DeviceAssignment | None = None, *, device_type: str | None = None,
-                 timeout_s: float = 300.0, env: WorkerEnv | None = None):
+    def __init__(self, device_assignment: DeviceAssignment | None = None, *, data_parallel: ShardedReplicas | None = None,
+                 device_type: str | None = None, timeout_s: float = 300.0, env: WorkerEnv | None = None):
         env = env if env is not None else WorkerEnv.from_environ()
         kind = device_type or (env.device_type if env else None) or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
         grouped = ensure_process_group(env, None, timeout_s, kind)
@@ -225,7 +234,7 @@ class MeshStrategy(Strategy):
                                     mesh_dim_names=("replica", "logical"))
         device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
         collectives = ProcessCollectives(mesh.get_group("replica")) if mesh is not None and assignment.num_replicas > 1 else None
-        super().__init__(_MeshExtended(device, collectives, mesh, assignment))
+        super().__init__(_MeshExtended(device, collectives, mesh, assignment, data_parallel))
 
     # ----- the device assignment -----
     @property
@@ -367,4 +376,11 @@ def from_spec(spec: Any, runtime: Runtime) -> MeshStrategy:
     cluster = runtime.run_spec.cluster
     assignment = DeviceAssignment.build(Topology.from_devices(cluster.world_size), spec.device_assignment.computation_shape,
                                         num_replicas=spec.replicas(cluster))
-    return MeshStrategy(assignment, device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env)
+    return MeshStrategy(assignment, data_parallel=_data_parallel(spec, runtime), device_type=runtime.device_type,
+                        timeout_s=runtime.collective_timeout_s, env=runtime.env)
+
+
+def _data_parallel(spec: Any, runtime: Runtime) -> ShardedReplicas | None:
+    if spec.data_parallel != "fsdp":
+        return None
+    return ShardedReplicas(spec.fsdp.reshard_after_forward, spec.fsdp.wrap, param_dtype(runtime))
