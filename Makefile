@@ -30,8 +30,11 @@ shell: $(STAMP)
 	@echo "dlaunch $$($(BIN)/dlaunch --version | cut -d' ' -f2) on PATH; exit to leave"
 	@. $(BIN)/activate && exec $${SHELL:-bash} -i
 
+# Two test processes (pytest-xdist), a test file each at a time: most tests wait on the processes they start,
+# so two streams finish sooner even on two cores (figures: docs/DEVELOPMENT.md). TEST_JOBS=0 runs them in one.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

@@ -14,7 +14,7 @@ from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 WIDE = {"COLUMNS": "1000"}  # the holder's line unwrapped
-LONG = ("recipe=linear", "trainer.steps=10000000", "trainer.log_every=100", "trainer.checkpoint.every_steps=1000000")
+LONG = ("recipe=linear", "cluster.device=cpu", "trainer.steps=10000000", "trainer.log_every=100", "trainer.checkpoint.every_steps=1000000")
 
 
 def test_a_live_run_keeps_its_directories_to_itself(run_dlaunch, tmp_path):

@@ -116,7 +116,7 @@ def stop(proc: subprocess.Popen, started: set[int]) -> set[int]:
 @pytest.mark.skipif(not (PROC / "net" / "tcp").exists(), reason="needs Linux /proc/net/tcp")
 def test_a_single_node_job_listens_on_loopback_only(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2",
+    command = [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
                "trainer.steps=1000000", "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
     with (tmp_path / "output.txt").open("w") as output:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)

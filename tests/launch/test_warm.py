@@ -92,7 +92,7 @@ def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_pat
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "trainer.steps=1000000",
+        [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu", "trainer.steps=1000000",
          "trainer.log_every=50", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
