@@ -96,6 +96,17 @@ class Command:
     seconds: float = 0.0
     resumable: bool = False  # a checkpoint existed when it started
 
+    def expected_exit(self, max_restarts: int) -> int:
+        """How the command must end after its faults: completed, stopped by its signal, or out of restarts."""
+        if not self.faults:
+            return 0
+        if self.faults[-1] == "term_in_save":
+            return 128 + signal.SIGTERM  # the workers saved, then stopped
+        if self.faults[-1] in ENDS_COMMAND:
+            return -signal.SIGKILL
+        assert self.faults.count("kill_worker") > max_restarts, self.faults
+        return 1  # restarts exhausted
+
 
 @dataclasses.dataclass
 class Soak:
@@ -141,6 +152,8 @@ class Soak:
                 (self.run_dir / "hold-save").unlink(missing_ok=True)
             command.seconds = time.monotonic() - started
             self._check_nothing_left(proc.pid, log)
+            assert command.exit_code == command.expected_exit(self.max_restarts), \
+                f"{self}: command {len(self.commands)} met {command.faults}, exited {command.exit_code}:\n{log.read_text()[-3000:]}"
             if command.exit_code == 0:
                 return
             assert len(self.commands) <= 3 * self.n + 2, f"{self}: too many commands; last log:\n{log.read_text()[-3000:]}"

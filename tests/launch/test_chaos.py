@@ -26,7 +26,8 @@ def final_state(run_dir) -> dict[str, torch.Tensor]:
     return {**read_tensors(final, "model"), **{f"optim.{k}": v for k, v in read_tensors(final, "optim").items()}}
 
 
-def metrics(run_dir) -> dict[int, float]:
+def metrics(run_dir) -> tuple[dict[int, float], list[int]]:
+    """(loss by step, the steps in the order logged)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records}, [r["step"] for r in records]
 
