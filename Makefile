@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean shell
+.PHONY: demo test test-fast soak install clean shell
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ test-fast: $(STAMP)
 test-slurm: $(STAMP)
 	tests/slurm/setup_slurm.sh
 	$(BIN)/python -m pytest tests/cli/test_slurm.py
+
+# The chaos soak (docs/RELIABILITY.md): one run interrupted SOAK_N times at random, then compared with an
+# uninterrupted one. `make test` runs it with 5 interruptions; replay a failure with the SOAK_SEED it printed.
+SOAK_N ?= 30
+SOAK_REPORT ?= soak-report.json
+soak: $(STAMP)
+	SOAK_N=$(SOAK_N) SOAK_REPORT=$(SOAK_REPORT) $(BIN)/python -m pytest tests/launch/test_chaos.py -m soak -s -q
 
 # Benchmarks (docs/PERFORMANCE.md): the bench_mlp workload through dlaunch and hand-written torch,
 # interleaved rounds, then the micro-benchmarks. Results: benchmarks/results/. Quick check: make bench BENCH_ARGS=--quick

@@ -203,6 +203,8 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     if spec.launch.dry_run:
         _Status.codes.append(0)
         return None
+    if not spec.cluster.node_rank:
+        outputs.record_command(run_dir)
     code = _run(_resuming_from(spec, resume_from), run_dir, cuda, console)
     _Status.codes.append(code)
     if code >= 128:  # stopped by a signal, after its checkpoint

@@ -112,7 +112,9 @@ class TrainerSpec(Strict):
         if value in ("auto", "never"):
             return value
         path = _absolute_path(value, info)
-        if not os.path.exists(path):
+        # The parent checks the disk (check_files); workers trust it. A worker restarted later resumes from the
+        # run's newest checkpoint, and retention may have removed this one by then (checkpoint.select).
+        if (info.context or {}).get("check_files") and not os.path.exists(path):
             raise PlanError("trainer.resume", value, f"no checkpoint at {path}; allowed: auto, never, or the path of a checkpoint")
         return path
 

@@ -84,6 +84,7 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
         "metrics": {},
         "last_logged_step": last_logged_step(run_dir),
         "last_completed_step": root.last_step,
+        "history": outputs.history(run_dir),
         "error": root.as_dict(),
     }
     outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

@@ -19,8 +19,8 @@ failure files stay the agent's.
 
 The forkserver inherits the workers' environment (``worker_environment``): it is
 started inside it, because torch reads some variables (``OMP_NUM_THREADS``) when it
-is imported. It exits when dlaunch does, and its children follow it
-(``die_with_launcher``). ``launch.warm_workers=false`` starts every worker as a
+is imported. It dies with dlaunch, however dlaunch ends (``forkserver_guard``), and
+its children follow it (``die_with_launcher``). ``launch.warm_workers=false`` starts every worker as a
 fresh interpreter instead (``python -m launcher.runtime.worker``).
 """
 
@@ -38,7 +38,7 @@ from launcher.cluster.env import worker_environment, worker_env_set
 
 # torch._dynamo (with sympy, about 0.9 s here) is imported by a process's first optimizer step: in the
 # server it is imported once, off the workers' critical path. The server stays single-threaded.
-PRELOAD = ["launcher.runtime.worker", "torch._dynamo"]
+PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch._dynamo"]
 _started = False
 
 

@@ -143,6 +143,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
                  step, make_schedule(spec.trainer, optimizer), evaluator)
     restarted = (env is not None and env.restart_count > 0) or (task is not None and task.attempt > 0)
     resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=restarted))
+    if rank == 0:
+        outputs.record_start(run_dir, env.restart_count if env else (task.attempt if task else 0), resumed_at)
     loop_started = time.perf_counter()
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy, task):
         losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
@@ -166,6 +168,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "steps": spec.trainer.steps,
         "resumed_from_step": resumed_at or None,
         "restarts": env.restart_count if env else 0,
+        "history": outputs.history(run_dir),  # over every command since the run began afresh
         "first_loss": curve[0] if curve else None,
         "final_loss": curve[-1] if curve else None,
         "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / max(loop_seconds, 1e-9),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
+HISTORY = "history.jsonl"  # in STATE_DIR: each command and each start of the workers since the run began afresh
 
 
 def start_run(run_dir: Path, resuming: bool = False) -> None:
@@ -27,6 +29,40 @@ def start_run(run_dir: Path, resuming: bool = False) -> None:
     (run_dir / ERROR).unlink(missing_ok=True)
     if not resuming:
         (run_dir / METRICS).unlink(missing_ok=True)
+        (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)
+
+
+def record_command(run_dir: Path) -> None:
+    """A ``dlaunch`` command is about to start this run's workers (node 0's launcher says so once per command)."""
+    _append_history(run_dir, {"event": "command", "pid": os.getpid(), "time": time.time()})
+
+
+def record_start(run_dir: Path, restart: int, resumed_from_step: int) -> None:
+    """The workers started (``restart``: the agent's restart count) and loaded ``resumed_from_step`` (0: none)."""
+    _append_history(run_dir, {"event": "start", "restart": restart, "resumed_from_step": resumed_from_step, "time": time.time()})
+
+
+def history(run_dir: Path) -> dict[str, int]:
+    """What it took to get here since the run began afresh, for summary.json.
+
+    ``commands``: dlaunch commands that started workers; ``restarts``: elastic
+    restarts of the workers (after a worker failed), over all those commands;
+    ``resumes``: starts of the workers that continued from a checkpoint.
+    """
+    events = read_records(run_dir / STATE_DIR / HISTORY)
+    starts = [e for e in events if e.get("event") == "start"]
+    return {
+        "commands": sum(e.get("event") == "command" for e in events),
+        "restarts": sum(bool(e.get("restart")) for e in starts),
+        "resumes": sum(bool(e.get("resumed_from_step")) for e in starts),
+    }
+
+
+def _append_history(run_dir: Path, event: dict[str, Any]) -> None:
+    path = run_dir / STATE_DIR / HISTORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:  # one short line per write: a killed writer leaves at most a torn last line
+        fh.write(json.dumps(event) + "\n")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

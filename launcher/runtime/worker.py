@@ -19,6 +19,7 @@ from launcher.cluster import env as env_lib
 from launcher.cluster import preflight
 from launcher.config.schema import RunSpec
 from launcher.launch.failures import write_error_file
+from launcher.launch.parent_death import die_with_parent
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
 from launcher.runtime.preemption import Preempted
@@ -27,13 +28,7 @@ from launcher.runtime.progress import log, setup_logging
 
 def die_with_launcher() -> None:
     """If dlaunch itself is killed (SIGKILL, OOM), its workers must not train on as orphans."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    die_with_parent()
 
 
 def teardown() -> None:

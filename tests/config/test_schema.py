@@ -88,3 +88,17 @@ def test_cross_device_ops_in_the_plan():
     assert MirroredSpec(name="mirrored").describe() == "mirrored (DDP all-reduce, through shared memory on one CPU machine, 25 MB buckets)"
     spec = MultiWorkerMirroredSpec(name="multi_worker_mirrored", cross_device_ops="reduction_to_one_device")
     assert spec.describe() == "multi_worker_mirrored (DDP + cross_device_ops reduction_to_one_device, 25 MB buckets)"
+
+
+def test_a_resume_path_is_checked_on_disk_by_the_parent_only(tmp_path):
+    """Workers trust the parent's check: a restarted worker resumes from the newest checkpoint, and retention may
+    have removed the one the command started from by then."""
+    from launcher.config.schema import RunSpec
+
+    gone = tmp_path / "checkpoints" / "step-00000004"
+    assert any(p.key == "trainer.resume" and "no checkpoint at" in p.message for p in problems([f"trainer.resume={gone}"]))
+    (tmp_path / "checkpoints").mkdir()
+    gone.mkdir()
+    data = composer.compose_and_validate([f"trainer.resume={gone}"], cuda_devices=0).model_dump(mode="json")
+    gone.rmdir()
+    assert RunSpec.model_validate(data, context={"cuda_devices": 0}).trainer.resume == str(gone)  # as a worker validates

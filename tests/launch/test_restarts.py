@@ -129,6 +129,21 @@ def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, tm
     assert run_processes(run_dir) == []
 
 
+def test_a_restart_after_retention_removed_the_checkpoint_the_command_resumed_from(tmp_path):
+    # the command resumes from step 4; with keep=1 the saves of steps 6 and 8 remove it; rank 1 is killed in its
+    # 5th step (step 9) and the restart resumes from step 8 (its 5th step would be step 13: the run ends first)
+    run_dir = tmp_path / "run"
+    keep = ("trainer.checkpoint.every_steps=2", "trainer.checkpoint.keep=1")
+    assert finish(start(run_dir, *keep, "trainer.steps=4")) and summary(run_dir)["status"] == "completed"
+    out = finish(start(run_dir, *keep, "trainer.steps=12", "launch.max_restarts=1", "+recipe.kill_replica=1",
+                       "+recipe.kill_step=5"))
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["restarts"] == 1, out[-3000:]
+    assert s["history"] == {"commands": 2, "restarts": 1, "resumes": 2}
+    assert logged_steps(run_dir) == list(range(1, 13))
+    assert run_processes(run_dir) == []
+
+
 def test_a_worker_that_always_fails_is_tried_n_plus_one_times(tmp_path):
     run_dir = tmp_path / "run"
     out = finish(start(run_dir, "launch.max_restarts=2", "+recipe.fail_replica=1", "+recipe.fail_step=2",
