@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import weakref
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,8 +42,7 @@ from launcher.distribute.collectives import ProcessCollectives, SingleProcess
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.values import PerReplica
 
-# The names a config may give as strategy.cross_device_ops (null: the default all-reduce).
-Name = Literal["nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device", "shared_memory"]
+from launcher.strategies.mirrored import CrossDeviceOpsName as Name  # the names a config may give (the spec's)
 
 
 class CrossDeviceOps:

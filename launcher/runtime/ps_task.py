@@ -25,7 +25,8 @@ from launcher.distribute.partitioners import place_module
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.preemption import handling_stop_signals
 from launcher.runtime.progress import log
-from launcher.strategies.parameter_server import cluster_def, contents_for
+from launcher.strategies.impl.ps_module import contents_for
+from launcher.strategies.parameter_server import cluster_def
 
 
 def build_variables(spec: RunSpec, run_dir: Path) -> tuple[object, object]:
