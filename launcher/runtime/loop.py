@@ -137,8 +137,10 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
-    if task is not None and task.type == "worker":
-        return _worker_task(spec, strategy, step, stream, task)
+    if task is not None and task.type == "worker":  # a parameter-server worker: no checkpoints, no summary
+        from launcher.runtime import ps_task
+
+        return ps_task.train_worker(spec, strategy, step, stream, task)
     evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
@@ -201,24 +203,6 @@ def _finishing(strategy: Any, task: PSTask | None) -> Iterator[None]:
         if task is not None:
             strategy.extended.finish()
         raise
-
-
-def _worker_task(spec: RunSpec, strategy: Any, replica_step: ReplicaStep, stream: DataStream,
-                 task: PSTask) -> dict[str, Any]:
-    """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
-    start = strategy.global_step
-    if start:
-        stream.seek(position_at(stream, start))
-    local = 0
-    with StopRequests(distributed=False) as stop:
-        while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
-            strategy.run(replica_step, args=(next(stream), False))
-            local += 1
-    strategy.extended.leave()
-    if stop.signum:
-        raise Preempted(stop.signum, strategy.global_step)
-    log.info("%s: %d step(s) from global step %d to %d", task.name, local, start, strategy.global_step)
-    return {"status": "completed", "task": task.name, "local_steps": local}
 
 
 def position_at(stream: DataStream, step: int) -> Position:
