@@ -119,8 +119,10 @@ def _distributed() -> bool:
 class Checkpointer:
     """One worker's side of saving and loading; ``save`` and ``load`` are collective."""
 
-    def __init__(self, spec: RunSpec, run_dir: Path, rank: int):
+    def __init__(self, spec: RunSpec, run_dir: Path, rank: int, strategy: Any = None):
+        """``strategy``: the ``StrategyExtended`` whose hooks may save and load the variables themselves."""
         self.spec, self.rank = spec, rank
+        self.strategy = strategy
         self.root = root_of(spec, run_dir)
         self.every = spec.trainer.checkpoint.every_steps
         self._saved: tuple[int, Path] | None = None  # the last step saved, and where
@@ -157,9 +159,8 @@ class Checkpointer:
         final = layout.step_dir(self.root, step)
         try:
             partial.mkdir(parents=True, exist_ok=True)
-            if hasattr(model, "save_to_ps"):  # parameter servers: each ps writes its shards
-                model.save_to_ps(partial, (step, position.epoch, position.offset))
-            else:
+            progress = (step, position.epoch, position.offset)
+            if self.strategy is None or not self.strategy.save_checkpoint(model, partial, progress):
                 self._save_here(partial, step, position, model, optimizer, loop or {})
             if self.rank == 0:  # DCP returned: every rank's files are written
                 layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
@@ -209,8 +210,9 @@ class Checkpointer:
         """
         saved = layout.read_manifest(path)
         manifest.check_compatible(saved, self.spec, str(path))
-        if hasattr(model, "load_from_ps"):  # parameter servers: each ps reads the rows it holds
-            step, epoch, offset = model.load_from_ps(path)
+        kept = None if self.strategy is None else self.strategy.load_checkpoint(model, path)
+        if kept is not None:  # the strategy keeps its variables itself (parameter servers)
+            step, epoch, offset = kept
             self._saved = (step, path)
             return step, Position(epoch, offset)
         tensors: dict[str, Any] = {**state.model_and_optimizer(model, optimizer), "progress": state.progress(0, 0, 0)}

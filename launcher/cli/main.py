@@ -182,6 +182,8 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
 
     from launcher.cli import resume
     from launcher.cli.plan import show_summary
+    from launcher.config.plan import Plan
+    from launcher.launch import launchers
     from launcher.runtime import outputs
 
     try:
@@ -193,9 +195,10 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
         outputs.start_run(run_dir, resuming=resume_from is not None)
         (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
+    plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
     try:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-        sweep_jobs.show_plan(spec, cuda, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
+        sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
     except ConfigError as exc:  # a dry run reads the input files whole to count them
         render(exc, console)
         _Status.codes.append(2)
@@ -205,7 +208,7 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         return None
     if not spec.cluster.node_rank:
         outputs.record_command(run_dir)
-    code = _run(_resuming_from(spec, resume_from), run_dir, cuda, console)
+    code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     _Status.codes.append(code)
     if code >= 128:  # stopped by a signal, after its checkpoint
         console.print(resume.after_signal(spec, run_dir, code))
@@ -270,43 +273,6 @@ def _resuming_from(spec: Any, path: Path | None) -> Any:
     if path is None:
         return spec
     return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"resume": str(path)})})
-
-
-def _run(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
-    if getattr(spec.strategy, "launches_tasks", False):  # chief, workers and ps tasks, each its own agent
-        from launcher.launch.tasks import launch as launch_tasks
-
-        return launch_tasks(spec, run_dir, cuda)
-    if spec.num_processes == 1 and spec.launch.max_restarts == 0:
-        return _run_in_process(spec, run_dir, cuda, console)
-    from launcher.launch.elastic import launch
-
-    return launch(spec, run_dir, cuda)
-
-
-def _run_in_process(spec: Any, run_dir: Path, cuda: int, console: Console) -> int:
-    """One process (one replica, or central storage's replica threads) needs no workers: train here (pdb and profilers just work).
-
-    With ``launch.max_restarts`` it runs as one elastic worker instead, so that it can be restarted.
-    """
-    from launcher.launch import failures, report
-    from launcher.runtime.loop import train
-    from launcher.runtime.preemption import Preempted
-
-    try:
-        train(spec, None, run_dir, cuda, console)
-        return 0
-    except Preempted as exc:
-        log.warning("%s", exc)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        log.warning("interrupted")
-        return 130
-    except Exception as exc:  # noqa: BLE001 - shown as the root cause below
-        root = failures.from_exception(exc)
-        failures.render(root, [], report.last_logged_step(run_dir), console)
-        report.record_failure(spec, run_dir, root)
-        return 1
 
 
 def _hydra_main(argv: list[str]) -> None:

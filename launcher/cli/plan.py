@@ -9,43 +9,72 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.config.errors import ConfigError, Problem
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
 from launcher.input.files import count_rows
 
 
-def plan_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path | None = None) -> list[tuple[str, str]]:
-    if getattr(spec.strategy, "launches_tasks", False):
-        return _task_rows(spec, cuda_devices, run_dir, resume_from)
-    device = spec.device_type(cuda_devices)
-    c = spec.cluster
-    n = spec.num_replicas
-    processes = spec.num_processes
-    if device == "cuda":
-        devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
-    else:
-        devices = f"cpu x {processes}" if processes > 1 else "cpu"
-    rows = [
-        ("strategy", spec.strategy.describe()),
-        ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),
-        ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
-        ("processes", _processes(spec, processes)),
-        *_nodes_row(spec, processes),
-        ("replicas", _replicas(spec, n)),
-        ("devices", devices),
-        ("backend", spec.backend(cuda_devices) if processes > 1 else "none (one process)"),
-        *_rendezvous_row(spec, processes),
-        *_network_rows(spec),
-        ("batch", _batch(spec, n, "replica(s)")),
-        ("input", _input_summary(spec)),
-        ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
-        ("training", _training(spec, device)),
-        *_strategy_rows(spec, run_dir),
-        ("checkpoints", _checkpoints(spec, run_dir)),
-        *_resume_rows(spec, run_dir, resume_from),
-        ("run dir", str(run_dir)),
-    ]
+def plan_rows(spec: RunSpec, plan: Plan, run_dir: Path, resume_from: Path | None = None) -> list[tuple[str, str]]:
+    """The plan's rows: the strategy chooses them (``StrategyUnit.plan_rows``), from the standard ones."""
+    rows = spec.strategy.plan_rows(Rows(spec, plan, run_dir, resume_from))
     return rows if spec.script is None else _script_rows(spec, rows)
+
+
+class Rows:
+    """The plan's standard rows for one run, and the parts of them a strategy's own rows reuse."""
+
+    def __init__(self, spec: RunSpec, plan: Plan, run_dir: Path, resume_from: Path | None):
+        self.spec, self.plan, self.run_dir, self.resume_from = spec, plan, run_dir, resume_from
+
+    def standard(self) -> list[tuple[str, str]]:
+        """One process per device (or one process), started here or by torch.distributed.elastic."""
+        spec, plan, c = self.spec, self.plan, self.spec.cluster
+        n, processes, device = plan.replicas, plan.processes, plan.device_type
+        if device == "cuda":
+            devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
+        else:
+            devices = f"cpu x {processes}" if processes > 1 else "cpu"
+        return [
+            self.row("strategy"), self.row("recipe"),
+            ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
+            ("processes", _processes(spec, processes)),
+            *_nodes_row(spec, processes),
+            ("replicas", spec.strategy.replicas_row(n)),
+            ("devices", devices),
+            ("backend", plan.backend if processes > 1 else "none (one process)"),
+            *_rendezvous_row(spec, processes),
+            *_network_rows(spec),
+            ("batch", self.batch("replica(s)")),
+            self.row("input"),
+            ("steps", f"{spec.trainer.steps} (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+            self.row("training"),
+            *spec.strategy.own_rows(spec, self.run_dir),
+            ("checkpoints", self.checkpoints()),
+            *self.resume(),
+            self.row("run dir"),
+        ]
+
+    def row(self, key: str) -> tuple[str, str]:
+        """A row every plan shows the same way: strategy, recipe, input, training or run dir."""
+        spec = self.spec
+        value = {
+            "strategy": spec.strategy.describe,
+            "recipe": lambda: f"{spec.recipe.name} ({spec.recipe.entry})",
+            "input": lambda: _input_summary(spec),
+            "training": lambda: _training(spec, self.plan.device_type),
+            "run dir": lambda: str(self.run_dir),
+        }[key]()
+        return key, value
+
+    def batch(self, what: str) -> str:
+        return _batch(self.spec, self.plan.replicas, what)
+
+    def checkpoints(self) -> str:
+        return _checkpoints(self.spec, self.run_dir)
+
+    def resume(self) -> list[tuple[str, str]]:
+        return _resume_rows(self.spec, self.run_dir, self.resume_from)
 
 
 # What a script keeps of the plan: its processes and devices; the batch, steps and checkpoints are its own business.
@@ -56,60 +85,6 @@ def _script_rows(spec: RunSpec, rows: list[tuple[str, str]]) -> list[tuple[str, 
     where = "in each of the processes" if spec.num_processes > 1 else "in this process"
     kept = [row for row in rows if row[0] in _SCRIPT_ROWS]
     return [kept[0], ("script", f"{spec.script.command()} (as __main__ {where}; dl.get_strategy() returns this strategy)"), *kept[1:]]
-
-
-def _strategy_rows(spec: RunSpec, run_dir: Path) -> list[tuple[str, str]]:
-    """Rows a strategy adds about itself (fsdp: per-rank memory)."""
-    own = getattr(spec.strategy, "plan_rows", None)
-    return own(spec, run_dir) if own is not None else []
-
-
-def _task_rows(spec: RunSpec, cuda_devices: int, run_dir: Path, resume_from: Path | None) -> list[tuple[str, str]]:
-    """A parameter-server job: its tasks, their transport, and who trains on what."""
-    c, n = spec.cluster, spec.num_replicas
-    names = ", ".join(f"{kind}:{i}" for kind, i in c.ps_tasks())
-    here = "all on this machine" if c.task is None else f"this machine runs {c.task.type}:{c.task.index}"
-    where = "loopback only" if c.loopback else f"listening on {c.master_addr}"
-    rows = [
-        ("strategy", spec.strategy.describe()),
-        ("recipe", f"{spec.recipe.name} ({spec.recipe.entry})"),
-        ("cluster", f"{c.shape} ({spec.device_type(cuda_devices)})"),
-        ("tasks", f"{names}: {here}, one torch.distributed.elastic agent each"),
-        ("rpc", f"TensorPipe; endpoints meet at the chief, {c.master_addr}:{c.master_port or '<free port>'} ({where}); "
-                f"a ps silent for {spec.strategy.rpc_timeout_s} s is unavailable"),
-        ("training", f"{n} task(s) (chief + {c.workers} worker(s)) pull, compute, push; "
-                     f"{'one update per step from all of them' if spec.strategy.mode == 'sync' else 'each push applied as it arrives'}; "
-                     f"a dead worker does not stop the job" + (" (async only)" if spec.strategy.mode == "sync" else "")),
-        ("batch", _batch(spec, n, "task(s)")),
-        ("input", _input_summary(spec)),
-        ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
-        ("training", _training(spec, spec.device_type(cuda_devices))),
-        ("checkpoints", _checkpoints(spec, run_dir) + ("; written by the ps tasks from their shards" if spec.trainer.checkpoint.every_steps else "")),
-        *_resume_rows(spec, run_dir, resume_from),
-        ("run dir", str(run_dir)),
-    ]
-    return rows
-
-
-def placement_table(spec: RunSpec, run_dir: Path) -> Table | None:
-    """Which ps task holds which variable (or shard of one), from the recipe's model built on the meta device."""
-    if not getattr(spec.strategy, "launches_tasks", False):
-        return None
-    from launcher.distribute.partitioners import place_module
-    from launcher.runtime.ps_task import build_variables
-    from launcher.strategies.parameter_server import variables_scope
-
-    with variables_scope():
-        model, _ = build_variables(spec, run_dir)
-    placement = place_module(model, spec.cluster.ps, spec.strategy.partitioner.build(spec.cluster.ps))
-    per_ps = ", ".join(f"ps:{k} {b / 2**20:.1f} MiB" for k, b in enumerate(placement.bytes_per_ps()))
-    table = Table(title=f"variable placement ({spec.strategy.partitioner.describe()}; {per_ps})", title_justify="left",
-                  box=None, padding=(0, 2))
-    for column in ("variable", "shape", "shard", "ps", "size"):
-        table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
-    for row in placement.rows():
-        table.add_row(*row)
-    return table
 
 
 def _batch(spec: RunSpec, n: int, what: str) -> str:
@@ -137,15 +112,6 @@ def _training(spec: RunSpec, device: str) -> str:
     if t.eval_every:
         parts.append(f"evaluate every {t.eval_every} steps")
     return "; ".join(parts)
-
-
-def _replicas(spec: RunSpec, n: int) -> str:
-    assignment = getattr(spec.strategy, "device_assignment", None)
-    if assignment is None:
-        return f"{n} in sync"
-    logical = assignment.logical_devices
-    return (f"{n} in sync, {logical} logical device(s) each: DeviceMesh {n} x {logical} (replica, logical); "
-            f"rank r*{logical}+l is logical device l of replica r")
 
 
 def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
@@ -305,15 +271,14 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
     )
 
 
-def show_plan(spec: RunSpec, cuda_devices: int, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None = None) -> None:
+def show_plan(spec: RunSpec, plan: Plan, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None = None) -> None:
     shards = shard_table(spec, count=dry_run)  # first: a file that cannot be counted is an error, not half a plan
     title = "dlaunch plan" + (" (dry run: nothing is started)" if dry_run else "")
-    console.print(rows_table(title, plan_rows(spec, cuda_devices, run_dir, resume_from)))
+    console.print(rows_table(title, plan_rows(spec, plan, run_dir, resume_from)))
     if shards is not None:
         console.print(shards)
-    placement = placement_table(spec, run_dir)
-    if placement is not None:
-        console.print(placement)
+    for table in spec.strategy.plan_tables(spec, run_dir):
+        console.print(table)
 
 
 def rows_table(title: str, rows: list[tuple[str, str]]) -> Table:

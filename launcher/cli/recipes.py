@@ -28,18 +28,11 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from launcher import strategies
 from launcher.config.errors import ConfigError, Problem, did_you_mean, render
 
-# The cluster shape each strategy is checked with: one that exercises it (several replicas where it has them).
-STRATEGY_SHAPES: dict[str, tuple[str, ...]] = {
-    "one_device": ("cluster=1x1",),
-    "mirrored": ("cluster=1x2",),
-    "multi_worker_mirrored": ("cluster=1x2",),
-    "central_storage": ("cluster=1x1",),
-    "parameter_server": ("cluster.workers=2", "cluster.ps=2"),
-    "mesh": ("cluster=1x4",),
-    "fsdp": ("cluster=1x2",),
-}
+# The cluster shape each strategy is checked with: its unit's example (several replicas where it has them).
+STRATEGY_SHAPES: dict[str, tuple[str, ...]] = {name: unit.example for name, unit in strategies.units().items()}
 
 
 class Refused(Exception):

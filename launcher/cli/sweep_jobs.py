@@ -81,18 +81,18 @@ def skip(run_dir: Path, error: ConfigError, console: Console) -> int:
 _first_plan: dict[str, str] = {}
 
 
-def show_plan(spec: Any, cuda: int, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None, multirun: bool) -> None:
+def show_plan(spec: Any, plan: Any, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None, multirun: bool) -> None:
     """The plan: in full for a run and for a sweep's first job; for the next jobs only the rows that differ."""
     from launcher.cli.plan import plan_rows
     from launcher.cli.plan import show_plan as show_full
 
     if not multirun or not _first_plan:
-        show_full(spec, cuda, run_dir, console, dry_run, resume_from)
+        show_full(spec, plan, run_dir, console, dry_run, resume_from)
         if multirun:
-            _first_plan.update(plan_rows(spec, cuda, run_dir, resume_from))
+            _first_plan.update(plan_rows(spec, plan, run_dir, resume_from))
             console.print("(the sweep's first job; each next job shows only what differs from it)")
         return
-    rows = [(k, v) for k, v in plan_rows(spec, cuda, run_dir, resume_from) if k != "run dir" and _first_plan.get(k) != v]
+    rows = [(k, v) for k, v in plan_rows(spec, plan, run_dir, resume_from) if k != "run dir" and _first_plan.get(k) != v]
     console.print(f"[bold]job {run_dir.name}[/] in {run_dir}")
     for key, value in rows:
         console.print(f"  [bold]{key}[/]  {value}")

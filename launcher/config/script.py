@@ -75,7 +75,7 @@ def apply(data: dict[str, Any]) -> None:
 
 def script_fits(spec: Any, cuda: int) -> None:
     """A strategy that builds the model in ps tasks needs a recipe's ``build``: a script cannot give it one."""
-    if spec.script is not None and getattr(spec.strategy, "launches_tasks", False):
+    if spec.script is not None and not spec.strategy.runs_scripts:
         raise PlanError("strategy", spec.strategy.name,
                         f"strategy {spec.strategy.name} builds the model on its ps tasks from a recipe's build(); "
                         "a script runs only in the training processes; use a recipe, or strategy=multi_worker_mirrored")

@@ -141,7 +141,7 @@ def accumulation_divides(spec: "RunSpec", cuda: int) -> None:
 
 def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
     """A strategy names the trainer features it cannot honour, and why (``refuses``)."""
-    refuses = getattr(type(spec.strategy), "refuses", {})
+    refuses = spec.strategy.refuses
     t = spec.trainer
     used = {
         "fp16-mixed": ("trainer.precision", t.precision == "fp16-mixed", t.precision),

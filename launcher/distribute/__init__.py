@@ -12,46 +12,27 @@ Strategies, contexts and values follow ``tf.distribute``'s names and semantics::
         strategy.reduce(dl.ReduceOp.SUM, v, axis=0)     # tensor(28)
 """
 
-from launcher.distribute.context import (
-    ReplicaContext,
-    experimental_set_strategy,
-    get_loss_reduction,
-    get_replica_context,
-    get_strategy,
-    has_strategy,
-    in_cross_replica_context,
-)
-from launcher.distribute.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
-from launcher.distribute.hierarchical import HierarchicalCopyAllReduce
-from launcher.distribute.shared_memory import SharedMemoryAllReduce
-from launcher.distribute.extended import StrategyExtended
-from launcher.distribute.losses import compute_average_loss, scale_loss
-from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode, ValueContext
-from launcher.distribute.reduce_op import ReduceOp
-from launcher.distribute.strategy import Strategy
-from launcher.distribute.values import PerReplica
-from launcher.input.auto_shard import AutoShardPolicy
-
-# Strategies live in launcher/strategies/ (one per file) and import this package's
-# modules, so they are looked up on first use rather than imported here.
-_STRATEGIES = {
-    "CentralStorageStrategy": "launcher.strategies.central_storage",
-    "MirroredStrategy": "launcher.strategies.mirrored",
-    "MultiWorkerMirroredStrategy": "launcher.strategies.multi_worker_mirrored",
-    "CommunicationOptions": "launcher.strategies.multi_worker_mirrored",
-    "CommunicationImplementation": "launcher.strategies.multi_worker_mirrored",
-    "OneDeviceStrategy": "launcher.strategies.one_device",
-    "ParameterServerStrategy": "launcher.strategies.parameter_server",
-    "MeshStrategy": "launcher.strategies.mesh",
-    "FSDPStrategy": "launcher.strategies.fsdp",
-    "TPUStrategy": "launcher.strategies.tpu",
+# Everything is looked up on first use: the strategies (in launcher/strategies/) import this
+# package's modules, and validating a config imports a few torch-free ones (devices,
+# device_assignment) without loading torch through this package.
+_NAMES = {
+    **dict.fromkeys(("ReplicaContext", "experimental_set_strategy", "get_loss_reduction", "get_replica_context",
+                     "get_strategy", "has_strategy", "in_cross_replica_context"), "launcher.distribute.context"),
+    **dict.fromkeys(("CrossDeviceOps", "NcclAllReduce", "ReductionToOneDevice"), "launcher.distribute.cross_device_ops"),
+    "HierarchicalCopyAllReduce": "launcher.distribute.hierarchical",
+    "SharedMemoryAllReduce": "launcher.distribute.shared_memory",
+    **dict.fromkeys(("InputContext", "InputOptions", "InputReplicationMode", "ValueContext"), "launcher.distribute.input_context"),
+    **dict.fromkeys(("compute_average_loss", "scale_loss"), "launcher.distribute.losses"),
+    **dict.fromkeys(("DeviceAssignment", "Topology"), "launcher.distribute.device_assignment"),
+    **dict.fromkeys(("FixedShardsPartitioner", "MinSizePartitioner", "MaxSizePartitioner"), "launcher.distribute.partitioners"),
+    "StrategyExtended": "launcher.distribute.extended",
+    "ReduceOp": "launcher.distribute.reduce_op",
+    "Strategy": "launcher.distribute.strategy",
+    "PerReplica": "launcher.distribute.values",
+    "AutoShardPolicy": "launcher.input.auto_shard",
     "RunOptions": "launcher.distribute.run_options",
-    "DeviceAssignment": "launcher.distribute.device_assignment",
-    "Topology": "launcher.distribute.device_assignment",
     "Server": "launcher.distribute.server",
-    "FixedShardsPartitioner": "launcher.distribute.partitioners",
-    "MinSizePartitioner": "launcher.distribute.partitioners",
-    "MaxSizePartitioner": "launcher.distribute.partitioners",
+    "TPUStrategy": "launcher.strategies.impl.tpu",  # TPUStrategy is MeshStrategy built from a TPU topology
 }
 
 
@@ -61,8 +42,11 @@ _MODULES = ("experimental", "cluster_resolver", "tpu")
 def __getattr__(name: str):
     import importlib
 
-    if name in _STRATEGIES:
-        return getattr(importlib.import_module(_STRATEGIES[name]), name)
+    from launcher import strategies
+
+    module = _NAMES.get(name) or strategies.exported(name)
+    if module is not None:
+        return getattr(importlib.import_module(module), name)
     if name in _MODULES:
         return importlib.import_module(f"launcher.distribute.{name}")
     raise AttributeError(f"module 'launcher.distribute' has no attribute {name!r}")

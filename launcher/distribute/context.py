@@ -43,7 +43,7 @@ def _get_default_strategy() -> "Strategy":
     global _default_strategy
     with _default_lock:
         if _default_strategy is None:
-            from launcher.strategies.default import DefaultStrategy
+            from launcher.strategies.impl.default import DefaultStrategy
 
             _default_strategy = DefaultStrategy()
         return _default_strategy

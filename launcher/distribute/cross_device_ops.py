@@ -30,7 +30,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,8 +40,6 @@ from launcher.distribute.collectives import ProcessCollectives, SingleProcess
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.values import PerReplica
 
-# The names a config may give as strategy.cross_device_ops (null: the default all-reduce).
-Name = Literal["nccl_all_reduce", "hierarchical_copy", "reduction_to_one_device", "shared_memory"]
 
 
 class CrossDeviceOps:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # validation names devices without loading torch
+    import torch
 
 _NAME = re.compile(r"^(?:.*/)?(?:device:)?(cpu|gpu|cuda|meta)(?::(\d+))?$", re.IGNORECASE)
 
 
 def canonical_name(name: str | torch.device) -> str:
     """``"/GPU:1"`` -> ``"cuda:1"``, ``"CPU:0"`` -> ``"cpu:0"``, ``"cuda"`` -> ``"cuda:0"``."""
-    if isinstance(name, torch.device):
+    if not isinstance(name, str):  # a torch.device
         return f"{name.type}:{name.index or 0}"
     match = _NAME.match(name.strip())
     if not match:
@@ -26,6 +28,8 @@ def to_torch(name: str | torch.device) -> torch.device:
 
     Several CPU replicas (``cpu:0``, ``cpu:1``) share the one CPU device of torch.
     """
+    import torch
+
     kind, index = canonical_name(name).split(":")
     if kind in ("cpu", "meta"):
         return torch.device(kind)
@@ -34,6 +38,8 @@ def to_torch(name: str | torch.device) -> torch.device:
 
 def default_local_devices() -> list[str]:
     """Every visible GPU, or the CPU when there is none (TF's MirroredStrategy default)."""
+    import torch
+
     if torch.cuda.is_available():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     return ["cpu:0"]

@@ -16,7 +16,7 @@ _NAMES = {
     "CommunicationOptions": "launcher.strategies.multi_worker_mirrored",
     "CommunicationImplementation": "launcher.strategies.multi_worker_mirrored",
     "ParameterServerStrategy": "launcher.strategies.parameter_server",
-    "TPUStrategy": "launcher.strategies.tpu",
+    "TPUStrategy": "launcher.strategies.impl.tpu",
     "FixedShardsPartitioner": "launcher.distribute.partitioners",
     "MinSizePartitioner": "launcher.distribute.partitioners",
     "MaxSizePartitioner": "launcher.distribute.partitioners",

@@ -55,6 +55,18 @@ class StrategyExtended:
         self._created: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> parameter
         self._container: "Strategy | None" = None
 
+    # ----- hooks for a strategy that keeps its variables itself (parameter_server: on its ps tasks) -----
+    def open(self, step: int) -> None:
+        """The variables are loaded (or new) at ``step``: processes that wait for them may start. Default: none wait."""
+
+    def save_checkpoint(self, model: Any, path: Any, progress: tuple[int, int, int]) -> bool:
+        """Write ``model``'s variables into ``path`` where this strategy keeps them; False: dlaunch saves them (DCP)."""
+        return False
+
+    def load_checkpoint(self, model: Any, path: Any) -> tuple[int, int, int] | None:
+        """Read them back and return the saved (step, epoch, batch offset); None: dlaunch loads them (DCP)."""
+        return None
+
     @property
     def worker_devices(self) -> tuple[str, ...]:
         """The devices this process runs replicas on."""

@@ -23,9 +23,10 @@ import dataclasses
 import enum
 import logging
 import math
-from typing import Sequence, TypeVar
+from typing import TYPE_CHECKING, Sequence, TypeVar
 
-import torch
+if TYPE_CHECKING:  # validation and the plan use this module without loading torch
+    import torch
 
 log = logging.getLogger("dlaunch")
 T = TypeVar("T")

@@ -29,15 +29,17 @@ import glob
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # validation resolves and checks files without loading torch; the readers import it
+    import torch
 
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan
 
 FORMATS = ("jsonl", "csv", "pt", "npy")
-Columns = dict[str, torch.Tensor]
+Columns = "dict[str, torch.Tensor]"
 
 
 # ---------- which files ----------
@@ -106,6 +108,8 @@ def num_rows(columns: Columns, where: str = "columns") -> int:
 
 def read_columns(files: Sequence[str], fmt: str) -> Columns:
     """The rows of ``files``, concatenated in order. Files without rows are skipped."""
+    import torch
+
     parts = [c for c in (read_file(f, fmt) for f in files) if num_rows(c)]
     if not parts:
         return {}
@@ -117,6 +121,8 @@ def read_columns(files: Sequence[str], fmt: str) -> Columns:
 
 
 def _read_jsonl(path: Path) -> Columns:
+    import torch
+
     rows = []
     with path.open() as fh:
         for number, line in enumerate(fh, 1):
@@ -129,6 +135,8 @@ def _read_jsonl(path: Path) -> Columns:
 
 
 def _read_csv(path: Path) -> Columns:
+    import torch
+
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, [])
@@ -148,6 +156,8 @@ def _read_csv(path: Path) -> Columns:
 
 
 def _read_pt(path: Path) -> Columns:
+    import torch
+
     data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise ValueError(f"{path}: a .pt file must hold a dict of tensors (torch.save({{'x': x, 'y': y}}, path))")
@@ -155,6 +165,8 @@ def _read_pt(path: Path) -> Columns:
 
 
 def _read_npy(path: Path) -> Columns:
+    import torch
+
     array = np.load(path, allow_pickle=False)
     if array.dtype.names:
         return {name: torch.from_numpy(np.ascontiguousarray(array[name])) for name in array.dtype.names}
@@ -179,6 +191,8 @@ def count_rows(path: str | Path, fmt: str) -> int:
 # ---------- writing ----------
 def write_file(path: str | Path, columns: Columns, fmt: str | None = None) -> Path:
     """Write ``columns`` in ``fmt`` (default: the extension's); ``read_file`` gives them back."""
+    import torch
+
     path = Path(path)
     fmt = fmt or infer_format([str(path)])
     num_rows(columns)
@@ -203,6 +217,8 @@ def write_file(path: str | Path, columns: Columns, fmt: str | None = None) -> Pa
 
 
 def _write_csv(path: Path, columns: Columns) -> None:
+    import torch
+
     header, blocks = [], []
     for name, v in columns.items():
         if v.dim() > 2:
@@ -297,6 +313,8 @@ class FileShard:
 
     def batches(self, epoch: int) -> list[torch.Tensor]:
         """Row indices per step for ``epoch``."""
+        import torch
+
         d = self.dataset
         if d.shuffle_seed is None:
             order = torch.arange(self.num_rows)

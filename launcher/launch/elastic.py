@@ -27,6 +27,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.cluster.env import worker_env_set, worker_environment
 from launcher.cluster.interface import node_route
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch import rendezvous, report, warm
 from launcher.runtime import outputs
@@ -35,8 +36,8 @@ log = logging.getLogger("dlaunch")
 WORKER_MODULE = "launcher.runtime.worker"
 
 
-def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
-    """The validated spec, as workers read it: they never run Hydra.
+def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
+    """The validated spec and its resolved plan, as workers read them: they never run Hydra nor resolve again.
 
     Nodes that share a run directory (a scheduler's tasks on a shared file system)
     each write their own job file; node 0 clears what a previous run left.
@@ -50,7 +51,8 @@ def write_job(spec: RunSpec, run_dir: Path, cuda_devices: int) -> Path:
             for stale in state.glob(pattern):
                 stale.unlink()
     path = state / ("job.json" if node is None else f"job-node{node}.json")
-    path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "run_dir": str(run_dir.resolve()), "cuda_devices": cuda_devices}))
+    path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
+                                "run_dir": str(run_dir.resolve()), "cuda_devices": plan.cuda_devices}))
     return path
 
 
@@ -131,23 +133,10 @@ def _quiet_agent() -> None:
 
 
 def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
-    """Run the job's workers to the end; return the exit code (0, 1, or 128+signal).
+    """Run the job's workers to the end through the launcher its strategy names; return the exit code."""
+    from launcher.launch import launchers
 
-    One node, or this machine's node of several (``cluster.node_rank``), runs its
-    elastic agent here. Several nodes without a node rank are emulated: one agent
-    process per node on this machine, meeting through the same rendezvous.
-    """
-    job = write_job(spec, run_dir, cuda_devices)
-    c = spec.cluster
-    exposed = network_binding(spec)
-    if exposed:
-        log.info("%s", exposed)
-    if c.emulated:
-        from launcher.launch import emulate
-
-        return emulate.run(spec, run_dir, job)
-    run_id = f"dlaunch-{c.master_port}" if c.nodes > 1 else None  # every node must name the same run
-    return run_node(spec, run_dir, job, cuda_devices, c.node_rank or 0, run_id)
+    return launchers.choose(spec).launch(spec, Plan.resolve(spec, cuda_devices), run_dir, None)
 
 
 def network_binding(spec: RunSpec) -> str | None:
@@ -163,7 +152,7 @@ def network_binding(spec: RunSpec) -> str | None:
 
 
 def run_node(
-    spec: RunSpec, run_dir: Path, job: Path, cuda_devices: int, node_rank: int, run_id: str | None,
+    spec: RunSpec, run_dir: Path, job: Path, plan: Plan, node_rank: int, run_id: str | None,
     listen_fd: int | None = None, on_failure: Callable[..., int] = report.report_failures,
 ) -> int:
     """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``."""
@@ -172,7 +161,7 @@ def run_node(
     how = " (forked from the warm server)" if warm.started() else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
-        trace = nccl_trace_prefix(spec, run_dir, cuda_devices)
+        trace = nccl_trace_prefix(spec, run_dir, plan.cuda_devices)
         start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
                       master_addr=spec.cluster.master_addr)
         return 0

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, failures, rendezvous, report
 from launcher.runtime import outputs
@@ -144,7 +145,7 @@ def node_main(argv: list[str]) -> int:
         return _record_failures(real, finished, spec, run_dir, node_rank)
 
     listen_fd = int(fd[0]) if fd else None
-    return elastic.run_node(spec, run_dir, Path(job_path), job["cuda_devices"], node_rank, run_id, listen_fd, on_failure)
+    return elastic.run_node(spec, run_dir, Path(job_path), Plan.from_job(job), node_rank, run_id, listen_fd, on_failure)
 
 
 if __name__ == "__main__":

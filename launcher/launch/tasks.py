@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.cluster.env import PSTask, task_environment
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, emulate, failures, report
 
@@ -40,12 +41,12 @@ def all_tasks(spec: RunSpec, attempt: int = 0) -> list[PSTask]:
     return [PSTask(kind, i, rank, attempt) for rank, (kind, i) in enumerate(spec.cluster.ps_tasks())]
 
 
-def launch(spec: RunSpec, run_dir: Path, cuda_devices: int) -> int:
+def launch(spec: RunSpec, run_dir: Path, plan: Plan) -> int:
     """Run this machine's tasks to the end (restarting all of them when allowed); return the exit code."""
     c = spec.cluster
     if not c.tasks:  # every task here: the chief's RPC rendezvous on a free loopback port
         spec = spec.model_copy(update={"cluster": c.model_copy(update={"master_port": c.master_port or _free_port(c.master_addr)})})
-    job = elastic.write_job(spec, run_dir, cuda_devices)
+    job = elastic.write_job(spec, run_dir, plan)
     for attempt in range(spec.launch.max_restarts + 1):
         tasks = [t for t in all_tasks(spec, attempt) if c.task is None or (t.type, t.index) == (c.task.type, c.task.index)]
         where = "on this machine" if c.task is None else "here (the other tasks run elsewhere)"
@@ -102,7 +103,7 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
     A worker's failure is reported and the job goes on, except in sync mode, where
     every step needs every worker's gradient.
     """
-    sync = getattr(spec.strategy, "mode", "async") == "sync"
+    sync = spec.strategy.mode == "sync"
     reported: set[PSTask] = set()
     while True:
         codes = {t: p.poll() for t, p in procs.items()}

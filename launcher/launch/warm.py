@@ -48,7 +48,7 @@ def eligible(spec: Any, cuda_devices: int) -> bool:
     return (
         spec.launch.warm_workers
         and sys.platform == "linux"
-        and not getattr(spec.strategy, "launches_tasks", False)
+        and spec.strategy.launcher(spec) == "elastic"  # not in process, not emulated nodes, not tasks
         and spec.device_type(cuda_devices) == "cpu"
         and c.nodes == 1 and c.task is None
         and spec.num_processes > 1

@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from launcher import checkpoint, strategies
 from launcher.checkpoint import Checkpointer
 from launcher.checkpoint.state import unwrap
 from launcher.cluster.env import PSTask, WorkerEnv
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
@@ -103,7 +104,7 @@ class _Meter:
         return rate, per_step * (self.total - step)
 
 
-def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int, console: Console | None = None,
+def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None,
           task: PSTask | None = None) -> dict[str, Any]:
     """Run the recipe under the spec's strategy; rank 0 (the chief) writes metrics and the summary.
 
@@ -115,10 +116,10 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     if spec.script is not None:
         from launcher.runtime import script
 
-        return script.run(spec, env, run_dir, cuda_devices, console)
+        return script.run(spec, env, run_dir, plan, console)
     started = time.perf_counter()
     rank = env.rank if env else (task.rank if task else 0)
-    runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices), spec.launch.collective_timeout_s,
+    runtime = strategies.Runtime(env, plan.device_type, plan.backend, spec.launch.collective_timeout_s,
                                  run_spec=spec, task=(task.type, task.index) if task else None)
     seed_everything(spec.trainer.seed)
     strategy = strategies.build(spec.strategy, runtime)
@@ -136,11 +137,14 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
-    if task is not None and task.type == "worker":
-        return _worker_task(spec, strategy, step, stream, task)
+    if task is not None and task.type == "worker":  # a parameter-server worker: no checkpoints, no summary
+        from launcher.runtime import ps_task
+
+        return ps_task.train_worker(spec, strategy, step, stream, task)
     evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
-    loop = _Loop(spec, strategy, model, optimizer, stream, Checkpointer(spec, run_dir, rank), run_dir, rank == 0, console,
-                 step, make_schedule(spec.trainer, optimizer), evaluator)
+    checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
+    loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
+                 make_schedule(spec.trainer, optimizer), evaluator)
     restarted = (env is not None and env.restart_count > 0) or (task is not None and task.attempt > 0)
     resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=restarted))
     if rank == 0:
@@ -153,22 +157,34 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
     metrics = evaluator()
     if metrics:
         log.info("eval: %s", ", ".join(f"{k}={v:.6g}" for k, v in metrics.items()))
+    summary = _summary(spec, plan, env, strategy, loop, losses, model, metrics, resumed_at, (started, loop_seconds))
+    summary["history"] = outputs.history(run_dir)  # over every command since the run began afresh
+    if task is not None:
+        strategy.extended.finish()  # the ps tasks stop the workers, then end
+    if rank == 0:
+        outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+    return summary
+
+
+def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, loop: "_Loop", losses: list[float],
+             model: Any, metrics: dict[str, float], resumed_at: int, timing: tuple[float, float]) -> dict[str, Any]:
+    """What ``summary.json`` says of a finished run; ``timing``: (when train started, seconds in the loop)."""
+    started, loop_seconds = timing
     curve = loop.curve or losses
-    summary = {
+    return {
         "status": "completed",
         "strategy": spec.strategy.name,
         "recipe": spec.recipe.name,
         "cluster": spec.cluster.shape,
-        "device": runtime.device_type,
-        "backend": runtime.backend if strategy.num_replicas_in_sync > 1 or (env is not None and env.world_size > 1) else None,
+        "device": plan.device_type,
+        "backend": plan.backend if strategy.num_replicas_in_sync > 1 or plan.processes > 1 else None,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
-        "world_size": env.world_size if env else 1,
+        "world_size": plan.world_size,
         "global_batch_size": spec.input.global_batch_size,
         "per_replica_batch_size": spec.per_replica_batch_size,
         "steps": spec.trainer.steps,
         "resumed_from_step": resumed_at or None,
         "restarts": env.restart_count if env else 0,
-        "history": outputs.history(run_dir),  # over every command since the run began afresh
         "first_loss": curve[0] if curve else None,
         "final_loss": curve[-1] if curve else None,
         "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / max(loop_seconds, 1e-9),
@@ -179,12 +195,6 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int
         "precision": spec.trainer.precision,
         "skipped_steps": loop.skipped_steps,
     }
-    if task is not None:
-        summary["world_size"] = len(spec.cluster.ps_tasks())
-        strategy.extended.finish()  # the ps tasks stop the workers, then end
-    if rank == 0:
-        outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
-    return summary
 
 
 @contextlib.contextmanager
@@ -196,24 +206,6 @@ def _finishing(strategy: Any, task: PSTask | None) -> Iterator[None]:
         if task is not None:
             strategy.extended.finish()
         raise
-
-
-def _worker_task(spec: RunSpec, strategy: Any, replica_step: ReplicaStep, stream: DataStream,
-                 task: PSTask) -> dict[str, Any]:
-    """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
-    start = strategy.global_step
-    if start:
-        stream.seek(position_at(stream, start))
-    local = 0
-    with StopRequests(distributed=False) as stop:
-        while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
-            strategy.run(replica_step, args=(next(stream), False))
-            local += 1
-    strategy.extended.leave()
-    if stop.signum:
-        raise Preempted(stop.signum, strategy.global_step)
-    log.info("%s: %d step(s) from global step %d to %d", task.name, local, start, strategy.global_step)
-    return {"status": "completed", "task": task.name, "local_steps": local}
 
 
 def position_at(stream: DataStream, step: int) -> Position:
@@ -286,8 +278,7 @@ class _Loop:
 
     def _open(self, step: int) -> None:
         """Variables held elsewhere (parameter servers) are ready once loaded: the other tasks may start."""
-        if hasattr(self.strategy.extended, "open"):
-            self.strategy.extended.open(step)
+        self.strategy.extended.open(step)
 
     def run(self, start: int, distributed: bool, watch: heartbeat.Heartbeat) -> list[float]:
         watch.last_completed = start

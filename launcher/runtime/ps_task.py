@@ -13,7 +13,7 @@ import contextlib
 import datetime
 import signal
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch.distributed as dist
 
@@ -23,9 +23,10 @@ from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
 from launcher.runtime import recipe as recipe_lib
-from launcher.runtime.preemption import handling_stop_signals
+from launcher.runtime.preemption import Preempted, StopRequests, handling_stop_signals
 from launcher.runtime.progress import log
-from launcher.strategies.parameter_server import cluster_def, contents_for
+from launcher.strategies.impl.ps_module import contents_for
+from launcher.strategies.parameter_server import cluster_def
 
 
 def build_variables(spec: RunSpec, run_dir: Path) -> tuple[object, object]:
@@ -81,3 +82,22 @@ def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:
     store = dist.PrefixStore(f"dlaunch-ps-checkpoints/{task.attempt}", rpc.store())
     dist.init_process_group("gloo", store=store, rank=task.index, world_size=spec.cluster.ps,
                             timeout=datetime.timedelta(seconds=spec.launch.collective_timeout_s))
+
+
+def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, task: PSTask) -> dict[str, Any]:
+    """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
+    from launcher.runtime import loop  # the plan imports this module (build_variables) without the loop
+
+    start = strategy.global_step
+    if start:
+        stream.seek(loop.position_at(stream, start))
+    local = 0
+    with StopRequests(distributed=False) as stop:
+        while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
+            strategy.run(replica_step, args=(next(stream), False))
+            local += 1
+    strategy.extended.leave()
+    if stop.signum:
+        raise Preempted(stop.signum, strategy.global_step)
+    log.info("%s: %d step(s) from global step %d to %d", task.name, local, start, strategy.global_step)
+    return {"status": "completed", "task": task.name, "local_steps": local}

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from launcher import strategies
 from launcher.cluster.env import WorkerEnv
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute.context import experimental_set_strategy
 from launcher.runtime import outputs
@@ -48,13 +49,13 @@ class ScriptExit(Exception):
         super().__init__(f"{script} exited with {code!r} (sys.exit); its own message is above")
 
 
-def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, cuda_devices: int, console: Console | None = None) -> dict[str, Any]:
+def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None) -> dict[str, Any]:
     """Run ``spec.script`` in this process under the spec's strategy; rank 0 writes the summary."""
     from launcher.runtime.loop import seed_everything
 
     started = time.perf_counter()
     rank = env.rank if env else 0
-    runtime = strategies.Runtime(env, spec.device_type(cuda_devices), spec.backend(cuda_devices),
+    runtime = strategies.Runtime(env, plan.device_type, plan.backend,
                                  spec.launch.collective_timeout_s, run_spec=spec)
     seed_everything(spec.trainer.seed)
     strategy = strategies.build(spec.strategy, runtime)

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from launcher.cluster import env as env_lib
 from launcher.cluster import preflight
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch.failures import write_error_file
 from launcher.launch.parent_death import die_with_parent
@@ -73,12 +74,11 @@ def run(job_path: Path) -> int:
         log.warning("restart %d: every rank had already completed this run; nothing to redo", env.restart_count)
         return 0
     try:
-        cuda = job["cuda_devices"]
-        spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": cuda})
+        spec, plan = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]}), Plan.from_job(job)
         if env is not None and env.world_size > 1:
-            preflight.check(env, job["spec"], spec.launch.preflight_timeout_s, spec.backend(cuda), spec.device_type(cuda),
+            preflight.check(env, job["spec"], spec.launch.preflight_timeout_s, plan.backend, plan.device_type,
                             spec.launch.collective_timeout_s)
-        train(spec, env, run_dir, job["cuda_devices"], console)
+        train(spec, env, run_dir, plan, console)
         outputs.completion_marker(run_dir, rank).touch()
         teardown()
         return 0
@@ -108,7 +108,7 @@ def run_task(job: dict, task: env_lib.PSTask) -> int:
 
             ps_task.serve(spec, task, run_dir)
         else:
-            train(spec, None, run_dir, job["cuda_devices"], console, task=task)
+            train(spec, None, run_dir, Plan.from_job(job), console, task=task)
         outputs.completion_marker(run_dir, task.rank).touch()
         return 0
     except Preempted as exc:

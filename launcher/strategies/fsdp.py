@@ -1,45 +1,18 @@
-"""``FSDPStrategy``: sharded data parallelism through torch's FSDP2 (``fully_shard`` on a 1-D DeviceMesh).
+"""``strategy=fsdp``: sharded data parallelism through torch's FSDP2 (``FSDPStrategy``, in ``impl/fsdp.py``).
 
-Data parallel like ``multi_worker_mirrored`` (one process per device, each reads
-its share of every global batch), but each rank keeps only ``1/N`` of every
-parameter, gradient and optimizer state. A layer's parameters are all-gathered
-just before its forward (and again before its backward when
-``reshard_after_forward``), and its gradients are reduce-scattered, so a step
-computes the same averaged gradient as DDP with a fraction of the memory.
-
-``wrap`` names the module classes to shard one by one (each instance is its own
-all-gather unit, e.g. a transformer block); the root is sharded last and holds
-the rest. ``trainer.precision=bf16-mixed`` becomes FSDP's ``MixedPrecisionPolicy``
-(bf16 compute, fp32 gradient reduction, fp32 sharded master weights).
-
-Example (in a process started by dlaunch or torchrun)::
-
-    strategy = FSDPStrategy(wrap=["TransformerEncoderLayer"])
-    with strategy.scope():
-        model = build_model()
-        model, optimizer = strategy.prepare(model, torch.optim.AdamW(model.parameters()))
+Each rank keeps ``1/N`` of every parameter, gradient and optimizer state; the
+plan shows that memory per rank against DDP's (docs/STRATEGIES_FSDP.md).
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
 
 from launcher.config.base import Strict
-from launcher.distribute import devices as devlib
-from launcher.distribute.collectives import ProcessCollectives
-from launcher.distribute.extended import StrategyExtended
-from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
-
-log = logging.getLogger("dlaunch")
-
-# Optimizer state tensors per parameter element, for the plan's memory row (torch.optim's own classes).
-_STATE_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "Adagrad": 1, "RMSprop": 1, "Adamax": 2, "NAdam": 2, "RAdam": 2}
+from launcher.strategies import forward, unit
+from launcher.strategies.base import StrategyUnit
 
 
 class FSDPOptions(Strict):
@@ -57,10 +30,14 @@ class FSDPOptions(Strict):
         return f"{units}; reshard after forward: {'yes' if self.reshard_after_forward else 'no'}"
 
 
-class FSDPSpec(FSDPOptions):
+@unit
+class FSDPSpec(StrategyUnit, FSDPOptions):
     """``strategy=fsdp``: sharded data parallelism (FSDP2 ``fully_shard``), one process per device."""
 
     name: Literal["fsdp"]
+    impl: ClassVar[str] = "launcher.strategies.impl.fsdp"
+    exports: ClassVar[tuple[str, ...]] = ("FSDPStrategy",)
+    example: ClassVar[tuple[str, ...]] = ("cluster=1x2",)
     refuses: ClassVar[dict[str, str]] = {
         "fp16-mixed": "GradScaler checks only this rank's gradient shard for inf/NaN, so ranks could disagree on "
                       "skipping a step; use trainer.precision=bf16-mixed (FSDP's MixedPrecisionPolicy, no scaler)",
@@ -72,180 +49,11 @@ class FSDPSpec(FSDPOptions):
     def describe(self) -> str:
         return f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {self.describe_units()})"
 
-    def plan_rows(self, spec: Any, run_dir: Path) -> list[tuple[str, str]]:
+    def own_rows(self, spec: Any, run_dir: Any) -> list[tuple[str, str]]:
         """The memory row: this recipe's parameter, gradient and optimizer bytes per rank, against DDP's."""
+        from launcher.strategies.impl.fsdp import memory_row  # builds the model on the meta device: torch
+
         return [("memory", memory_row(spec, run_dir))]
 
 
-# ---------- memory arithmetic (the plan) ----------
-def state_bytes(model: torch.nn.Module, optimizer: Any) -> tuple[int, int]:
-    """(parameter bytes, optimizer-state tensors per parameter) of a model built on any device, meta included."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    name = type(optimizer).__name__
-    per = _STATE_PER_PARAM.get(name, 2)
-    if name == "SGD" and not any(g.get("momentum") for g in optimizer.param_groups):
-        per = 0
-    return params, per
-
-
-def memory_row(spec: Any, run_dir: Path, ways: int | None = None, how: str = "") -> str:
-    """'params + grads + optimizer state per rank: X MiB = 1/N of DDP's Y MiB' for the spec's recipe.
-
-    ``ways``: how many pieces each rank's share is (default: the replicas); ``how`` says how they are
-    cut, where that is not simply FSDP over every rank (the mesh: FSDP x TP).
-    """
-    from launcher.runtime.ps_task import build_variables
-
-    try:
-        with torch.device("meta"):
-            model, optimizer = build_variables(spec, run_dir)
-    except Exception as exc:  # noqa: BLE001 - the plan shows why, the run itself will say more
-        return f"unknown: the recipe's model could not be built on the meta device ({type(exc).__name__}: {exc})"
-    params, per = state_bytes(model, optimizer)
-    ddp = params * (2 + per)  # parameters, gradients, optimizer state: every rank holds all of them
-    n = ways or spec.num_replicas
-    what = f"{_mib(params)} parameters, {type(optimizer).__name__}: {per} state tensor(s) per parameter{how}"
-    if n == 1:
-        return f"params + grads + optimizer state: {_mib(ddp)}, nothing sharded on one process ({what})"
-    return f"params + grads + optimizer state per rank: {_mib(ddp / n)} = 1/{n} of DDP's {_mib(ddp)} ({what})"
-
-
-def _mib(b: float) -> str:
-    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{int(b):,} bytes"
-
-
-def local_bytes(model: torch.nn.Module, optimizer: Any) -> int:
-    """What this rank holds now: its parameter, gradient and optimizer-state shards (measured, not computed)."""
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    total = 0
-    for p in model.parameters():
-        total += local(p).numel() * p.element_size()
-        if p.grad is not None:
-            total += local(p.grad).numel() * p.grad.element_size()
-    for state in optimizer.state.values():
-        total += sum(local(v).numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor) and v.dim())
-    return total
-
-
-# ---------- the strategy ----------
-class WrapError(ValueError):
-    """``strategy.wrap`` names a class the model does not contain."""
-
-    explained = True  # the message names the model's module types: dlaunch's frames add nothing
-
-
-def wrapped_units(module: torch.nn.Module, wrap: Sequence[str]) -> list[torch.nn.Module]:
-    """Every submodule of a class named in ``wrap``, children before parents (fully_shard's order)."""
-    types = sorted({type(m).__name__ for m in module.modules()})
-    missing = [name for name in wrap if name not in types]
-    if missing:
-        raise WrapError(f"strategy.wrap names {', '.join(missing)}, but {type(module).__name__} contains no module of "
-                        f"that class; its module types are: {', '.join(types)}")
-    units = [m for m in module.modules() if type(m).__name__ in wrap and m is not module]
-    return list(reversed(units))
-
-
-def _rebind(optimizer: Any, before: dict[int, str], module: torch.nn.Module) -> None:
-    """fully_shard replaces each parameter by a DTensor one: the optimizer built before ``prepare`` takes the new ones."""
-    if optimizer is None:
-        return
-    if optimizer.state:
-        raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
-    after = dict(module.named_parameters())
-    for group in optimizer.param_groups:
-        group["params"] = [after[before[id(p)]] for p in group["params"]]
-
-
-class _FSDPExtended(StrategyExtended):
-    collective_forward = True  # a forward all-gathers parameters: every rank evaluates
-
-    def __init__(self, device: str, collectives: Any, mesh: Any, options: dict, wrap: Sequence[str]):
-        super().__init__([device], collectives)
-        self.mesh, self.options, self.wrap = mesh, options, list(wrap)
-
-    def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
-        module = module.to(self._devices[0])
-        if self.mesh is None:
-            wrapped_units(module, self.wrap)  # a bad name fails on one process too, before the first step
-            log.warning("strategy=fsdp on one process shards nothing: it trains as strategy=one_device would")
-            return module, optimizer
-        return shard(module, optimizer, self.mesh, self.options, self.wrap), optimizer
-
-
-def fsdp_options(reshard_after_forward: bool, param_dtype: torch.dtype | None) -> dict[str, Any]:
-    """``fully_shard``'s keyword arguments: bf16 ``param_dtype`` gathers and computes in it, reduces in fp32."""
-    options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
-    if param_dtype is not None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    return options
-
-
-def shard(module: torch.nn.Module, optimizer: Any, mesh: Any, options: dict, wrap: Sequence[str]) -> torch.nn.Module:
-    """``fully_shard`` each ``wrap`` unit, then the root, over the 1-D ``mesh``; the optimizer takes the new parameters.
-
-    Parameters that are already DTensors (tensor parallelism on a sibling mesh dim) become
-    2-D DTensors: FSDP shards each rank's TP shard further over ``mesh``.
-    """
-    from torch.distributed.fsdp import fully_shard
-
-    units = wrapped_units(module, wrap)
-    before = {id(p): name for name, p in module.named_parameters()}
-    for unit in units:
-        fully_shard(unit, mesh=mesh, **options)
-    fully_shard(module, mesh=mesh, **options)
-    _rebind(optimizer, before, module)
-    return module
-
-
-class FSDPStrategy(Strategy):
-    """Sharded data parallelism: FSDP2 ``fully_shard`` over every process of the job (a 1-D DeviceMesh).
-
-    Args:
-        reshard_after_forward: free gathered parameters after each unit's forward.
-        wrap: names of the module classes sharded as their own units; empty: the root alone.
-        param_dtype: compute dtype of the gathered parameters (bf16 for mixed precision);
-            gradients are reduced in fp32 and the sharded master weights stay fp32.
-        device_type: "cpu" or "cuda"; default: CUDA when visible.
-        env: where this process sits in the job; default: what the launcher put in the environment.
-    """
-
-    def __init__(self, reshard_after_forward: bool = True, wrap: Sequence[str] = (), *,
-                 param_dtype: torch.dtype | None = None, device_type: str | None = None,
-                 timeout_s: float = 300.0, env: Any = "from-environment"):
-        from launcher.cluster.env import WorkerEnv
-        from launcher.cluster.process_group import ensure_process_group, process_device
-
-        env = WorkerEnv.from_environ() if env == "from-environment" else env
-        kind = device_type or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
-        grouped = ensure_process_group(env, None, timeout_s, kind)
-        options = fsdp_options(reshard_after_forward, param_dtype)
-        mesh, collectives = None, None
-        if grouped:
-            import torch.distributed as dist
-            from torch.distributed.device_mesh import init_device_mesh
-
-            mesh = init_device_mesh(kind, (dist.get_world_size(),), mesh_dim_names=("shard",))
-            collectives = ProcessCollectives()
-        device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
-        super().__init__(_FSDPExtended(device, collectives, mesh, options, wrap))
-
-    @property
-    def mesh(self) -> Any:
-        """The 1-D ``("shard",)`` DeviceMesh the parameters are sharded over (None in one process)."""
-        return self._extended.mesh
-
-
-def param_dtype(runtime: Runtime) -> torch.dtype | None:
-    """bf16 under ``trainer.precision=bf16-mixed`` (FSDP's MixedPrecisionPolicy); None keeps the model's dtype."""
-    precision = runtime.run_spec.trainer.precision if runtime.run_spec is not None else "fp32"
-    return torch.bfloat16 if precision == "bf16-mixed" else None
-
-
-@register("fsdp")
-def from_spec(spec: FSDPSpec, runtime: Runtime) -> FSDPStrategy:
-    return FSDPStrategy(spec.reshard_after_forward, spec.wrap, param_dtype=param_dtype(runtime),
-                        device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env)
+__getattr__ = forward(__name__, FSDPSpec.impl)

@@ -1,37 +1,41 @@
-"""``OneDeviceStrategy``: everything on one device, one replica.
-
-Example::
-
-    strategy = OneDeviceStrategy("cuda:0")   # or "cpu:0"
-    with strategy.scope():
-        model = torch.nn.Linear(8, 1)        # created on cuda:0
-"""
+"""``strategy=one_device``: one replica on one device (``OneDeviceStrategy``, in ``impl/one_device.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-import torch
+from pydantic import Field, field_validator
 
-from launcher.distribute import devices as devlib
-from launcher.distribute.extended import StrategyExtended
-from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
-
-
-class _OneDeviceExtended(StrategyExtended):
-    def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
-        return module.to(self._devices[0]), optimizer
+from launcher.distribute.devices import canonical_name
+from launcher.strategies import forward, unit
+from launcher.strategies.base import Rule, StrategyUnit, no_tasks, one_replica_shape
 
 
-class OneDeviceStrategy(Strategy):
-    """A distribution strategy for running on a single device."""
+@unit
+class OneDeviceSpec(StrategyUnit):
+    """``strategy=one_device``: one replica on one device."""
 
-    def __init__(self, device: str | torch.device):
-        super().__init__(_OneDeviceExtended([devlib.canonical_name(device)]))
+    name: Literal["one_device"]
+    device: str | None = Field(None, description="e.g. cpu:0 or cuda:1; default: the cluster's device type, index 0")
+    impl: ClassVar[str] = "launcher.strategies.impl.one_device"
+    exports: ClassVar[tuple[str, ...]] = ("OneDeviceStrategy",)
+
+    def replicas(self, cluster: Any) -> int:
+        return 1
+
+    def describe(self) -> str:
+        return "one_device" + (f" on {self.device}" if self.device else "")
+
+    def shape_rules(self) -> tuple[Rule, ...]:
+        return (no_tasks, one_replica_shape)
+
+    def named_devices(self) -> list[tuple[str, str]]:
+        return [("strategy.device", self.device)] if self.device else []
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str | None) -> str | None:
+        return None if value is None else canonical_name(value)
 
 
-@register("one_device")
-def from_spec(spec: Any, runtime: Runtime) -> OneDeviceStrategy:
-    device = spec.device or ("cuda:0" if runtime.device_type == "cuda" else "cpu:0")
-    return OneDeviceStrategy(device)
+__getattr__ = forward(__name__, OneDeviceSpec.impl)

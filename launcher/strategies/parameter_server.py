@@ -1,413 +1,163 @@
-"""``ParameterServerStrategy``: variables on ps tasks; a chief and workers pull, compute and push.
+"""``strategy=parameter_server``: variables on ps tasks; a chief and workers pull, compute and push (RPC).
 
-As ``tf.distribute.experimental.ParameterServerStrategy`` (between-graph
-replication): variables live on the ps tasks, placed round-robin, a large one
-split along dim 0 by a partitioner; every training task (the chief and each
-worker) runs the step on its own share of each global batch. Transport is
-torch.distributed.rpc (TensorPipe).
-
-* A forward pulls the current values of the dense variables; an embedding
-  lookup pulls only the rows its ids name, so no task ever holds a whole table.
-* ``optimizer.step()`` pushes the gradients (an embedding's as sparse rows); the
-  ps applies them with the optimizer it holds. Async (TF's mode): each push as
-  it arrives. Sync: once every training task has pushed, the mean, as
-  ``SyncReplicasOptimizer`` does; the result then equals one device's with the
-  same global batch.
-* The global step lives on ps 0. As the seed says, the first replica of every
-  training task advances it (``global_step_rule="every_worker"``; in sync mode once
-  per applied step); under dlaunch only the chief's pushes do, so that it counts
-  ``trainer.steps``. Workers stop when the chief is done; a worker that dies does
-  not stop the job (async).
-* ``reduce`` is over every training task (they meet at ps 0), as
-  ``num_replicas_in_sync`` counts them.
-
-Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).join()``)::
-
-    strategy = ParameterServerStrategy(TFConfigClusterResolver(), MinSizePartitioner(256 << 10, 2))
-    with strategy.scope():
-        model = WideDeep()                            # created on the meta device: no values here
-    model, optimizer = strategy.prepare(model, torch.optim.Adagrad(model.parameters(), lr=0.05))
+Unlike the other strategies it runs no worker group: each task (chief, workers,
+ps) is its own process under its own agent (the ``tasks`` launcher,
+``launcher/launch/tasks.py``). The torch side is ``impl/parameter_server.py``.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import warnings
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-import torch
-import torch.distributed.rpc as trpc
-import torch.nn.functional as F
+from pydantic import Field, model_validator
 
-from launcher.cluster.env import tf_config
-from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver, validate_task
-from launcher.distribute import server as ps_server
-from launcher.distribute.ps_client import Client, ParameterServerUnavailable
-from launcher.distribute.collectives import SingleProcess
-from launcher.distribute import task_exchange
-from launcher.distribute.extended import StrategyExtended, _check_same_shapes
-from launcher.distribute.meta_scope import MetaScope, variables_scope  # noqa: F401 - variables_scope: public here too
-from launcher.distribute.partitioners import Partitioner, Placement, place_module
-from launcher.distribute.reduce_op import ReduceOp
-from launcher.distribute.strategy import Strategy
-from launcher.distribute.values import PerReplica, map_structure
-from launcher.strategies import Runtime, ps_local, register
-
-log = logging.getLogger("dlaunch")
-TRAINING_JOBS = ("chief", "worker")
+from launcher.config.base import PlanError, PositiveInt, Strict
+from launcher.strategies import forward, unit
+from launcher.strategies.base import Rule, StrategyUnit
 
 
-class _Tasks(SingleProcess):
-    """The process level of a training task: its place among the chief and workers, and no collectives."""
+class PartitionerSpec(Strict):
+    """``strategy.partitioner``: how a large variable is split along dim 0 across ps tasks (TF's partitioners)."""
 
-    def __init__(self, rank: int, world_size: int):
-        self.rank, self.world_size = rank, world_size
+    kind: Literal["none", "fixed", "min_size", "max_size"] = Field(
+        "min_size", description="none: every variable whole | fixed: num_shards | min_size / max_size: by bytes per shard",
+    )
+    num_shards: PositiveInt | None = Field(None, description="fixed: shards per variable (at most its rows)")
+    min_shard_bytes: PositiveInt = Field(256 << 10, description="min_size: a shard holds at least this many bytes")
+    max_shard_bytes: PositiveInt | None = Field(None, description="max_size: a shard holds at most this many bytes")
+    max_shards: PositiveInt | None = Field(None, description="min_size: null is the number of ps tasks; max_size: null is no cap")
 
+    @model_validator(mode="after")
+    def _settings_given(self) -> "PartitionerSpec":
+        if self.kind == "fixed" and self.num_shards is None:
+            raise PlanError("strategy.partitioner.num_shards", None, "partitioner kind fixed needs num_shards (e.g. 4)")
+        if self.kind == "max_size" and self.max_shard_bytes is None:
+            raise PlanError("strategy.partitioner.max_shard_bytes", None, "partitioner kind max_size needs max_shard_bytes (e.g. 1048576)")
+        return self
 
-# ---------- the model and optimizer a training task sees ----------
-class PSModule(torch.nn.Module):
-    """The user's module, run on values pulled from the ps tasks at each forward.
+    def build(self, num_ps: int) -> Any:
+        from launcher.distribute import partitioners
 
-    ``.local`` is the user's module on the meta device (its structure, no values).
-    An ``nn.Embedding``'s table is never pulled whole: each lookup pulls the rows
-    it needs, and its gradient goes back as those rows.
-    """
+        return partitioners.from_config(
+            self.kind, num_ps, num_shards=self.num_shards, min_shard_bytes=self.min_shard_bytes,
+            max_shard_bytes=self.max_shard_bytes, max_shards=self.max_shards,
+        )
 
-    def __init__(self, module: torch.nn.Module, client: Client, device: torch.device):
-        super().__init__()
-        self.local = module
-        object.__setattr__(self, "_client", client)
-        object.__setattr__(self, "_device", device)
-        object.__setattr__(self, "records", [])  # (variable, row ids or None, pulled leaf) since the last push
-        sparse = []
-        for prefix, sub in module.named_modules():
-            if isinstance(sub, torch.nn.Embedding) and sub.weight.requires_grad:
-                name = f"{prefix}.weight" if prefix else "weight"
-                sub.forward = functools.partial(self._lookup, name, sub)  # type: ignore[method-assign]
-                sparse.append(name)
-        object.__setattr__(self, "sparse_names", sparse)
-        object.__setattr__(self, "dense_names", [n for n in client.placement.names() if n not in sparse])
-        object.__setattr__(self, "trainable", {s.name: s.trainable for s in client.placement.shards})
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        values = {n: v.to(self._device) for n, v in self._client.pull(self.dense_names).items()}
-        if torch.is_grad_enabled():
-            for name, value in values.items():
-                if self.trainable[name]:
-                    value.requires_grad_(True)
-                    self.records.append((name, None, value))
-        return torch.func.functional_call(self.local, values, args, kwargs, strict=False)
-
-    def _lookup(self, name: str, module: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
-        unique, inverse = torch.unique(ids.reshape(-1).cpu(), return_inverse=True)
-        rows = self._client.gather(name, unique).to(self._device)
-        if torch.is_grad_enabled():
-            rows.requires_grad_(True)
-            self.records.append((name, unique, rows))
-        return F.embedding(inverse.view(ids.shape).to(self._device), rows)
-
-    def gradients(self) -> dict[int, dict[str, Any]]:
-        """The recorded gradients, cut to shards and grouped by ps: dense slices, or (rows, values)."""
-        out: dict[int, dict[str, Any]] = {}
-        for name, ids, leaf in self.records:
-            if leaf.grad is None:
-                continue
-            grad = leaf.grad.detach().cpu()
-            for s in self._client.placement.of(name):
-                piece = _dense_piece(grad, s) if ids is None else _sparse_piece(ids, grad, s)
-                if piece is not None:
-                    box = out.setdefault(s.ps, {})
-                    box[s.key] = piece if s.key not in box else _add(box[s.key], piece)
-        return out
-
-    def param_norm(self) -> float:
-        return sum(self._client.each(ps_server.remote_sum_of_squares)) ** 0.5
-
-    def save_to_ps(self, path: Any, progress: tuple[int, int, int]) -> None:
-        """Every ps writes its shards into ``path`` (one DCP checkpoint of the whole variables)."""
-        self._client.each(ps_server.remote_save, str(path), tuple(progress))
-
-    def load_from_ps(self, path: Any) -> tuple[int, int, int]:
-        """Every ps reads its rows from ``path``; returns the saved (step, epoch, batch offset)."""
-        return self._client.each(ps_server.remote_load, str(path))[0]
-
-    def state_dict_from_ps(self) -> dict[str, torch.Tensor]:
-        """The whole model's values, pulled (small models only: this materializes every table)."""
-        return self._client.pull(self._client.placement.names())
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "variables whole"
+        if self.kind == "fixed":
+            return f"{self.num_shards} shards per variable"
+        if self.kind == "min_size":
+            return f"shards of >= {self.min_shard_bytes} bytes, at most {self.max_shards or 'one per ps'}"
+        return f"shards of <= {self.max_shard_bytes} bytes" + (f", at most {self.max_shards}" if self.max_shards else "")
 
 
-def _dense_piece(grad: torch.Tensor, s: Any) -> torch.Tensor:
-    return grad if s.num_shards == 1 else grad[s.offset : s.offset + s.shape[0]]
+@unit
+class ParameterServerSpec(StrategyUnit):
+    """``strategy=parameter_server``: variables on ps tasks, a chief and workers that pull, compute and push (RPC)."""
 
-
-def _sparse_piece(ids: torch.Tensor, grad: torch.Tensor, s: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    mask = (ids >= s.offset) & (ids < s.offset + s.shape[0])
-    if not bool(mask.any()):
-        return None
-    return ids[mask] - s.offset, grad[mask]
-
-
-def _add(a: Any, b: Any) -> Any:
-    if isinstance(a, tuple):
-        return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
-    return a + b
-
-
-class PSOptimizer:
-    """``step()`` pushes the gradients of the last forward(s) to the ps tasks, which hold the real optimizer."""
-
-    def __init__(self, primary: torch.optim.Optimizer, module: PSModule, increments: bool):
-        self.primary, self._module, self._increments = primary, module, increments
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.primary.param_groups
-
-    def step(self, closure: Any = None) -> None:
-        if closure is not None:
-            raise ValueError("ParameterServerStrategy's optimizer takes no closure")
-        grads = self._module.gradients()
-        self._module.records.clear()
-        self._module._client.push(grads, increment=self._increments)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._module.records.clear()
-
-    def __repr__(self) -> str:
-        return f"PSOptimizer({type(self.primary).__name__} on the ps tasks)"
-
-
-# ---------- what each ps task is given ----------
-def contents_for(ps: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer, placement: Placement) -> dict[str, Any]:
-    """ps task ``ps``'s shards of ``module`` (real values), their layout, and the optimizer's groups over them."""
-    values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    mine = placement.on(ps)
-    names = {id(p): n for n, p in module.named_parameters()}
-    groups = []
-    for group in optimizer.param_groups:
-        group_names = [names[id(p)] for p in group["params"]]
-        keys = [s.key for s in mine if s.name in group_names]
-        groups.append((group_names, keys, {k: v for k, v in group.items() if k != "params"}))
-    return {
-        "shards": {s.key: values[s.name].detach()[s.offset : s.offset + s.shape[0]] if s.num_shards > 1 else values[s.name].detach()
-                   for s in mine},
-        "trainable": {s.key: s.trainable for s in mine},
-        "layout": {s.key: (s.name, s.offset, s.full_shape) for s in mine},
-        "optimizer_cls": type(optimizer),
-        "groups": groups,
+    name: Literal["parameter_server"]
+    mode: Literal["async", "sync"] = Field(
+        "async", description="async: the ps applies each push as it arrives | sync: one gradient per training task per step",
+    )
+    partitioner: PartitionerSpec = PartitionerSpec()
+    rpc_timeout_s: PositiveInt = Field(60, description="an RPC to a ps that does not answer in this time fails")
+    impl: ClassVar[str] = "launcher.strategies.impl.parameter_server"
+    exports: ClassVar[tuple[str, ...]] = ("ParameterServerStrategy",)
+    example: ClassVar[tuple[str, ...]] = ("cluster.workers=2", "cluster.ps=2")
+    runs_scripts: ClassVar[bool] = False  # the ps tasks build the model from a recipe's build()
+    refuses: ClassVar[dict[str, str]] = {
+        "fp16-mixed": "the ps tasks apply the gradients, so GradScaler can neither unscale them nor skip a step; "
+                      "use trainer.precision=bf16-mixed (no scaler needed)",
+        "compile": "each forward pulls the variables from the ps tasks over RPC (a functional call on a meta "
+                   "module), which torch.compile cannot capture",
+        "lr_schedule": "the ps tasks own the optimizer and its learning rate; set recipe.optimizer.lr instead",
+        "clip_grad_norm": "the ps tasks apply each task's gradient shard by shard, so no process sees the whole "
+                          "gradient to clip",
     }
 
+    def replicas(self, cluster: Any) -> int:
+        """The training tasks (chief and workers): each reads its share of every global batch."""
+        return 1 + cluster.workers
 
-# ---------- the strategy ----------
-def _local_part(leaf: PerReplica, axis: int | None) -> tuple[torch.Tensor, int]:
-    """This task's sum of a per-replica value (along ``axis`` too), and how many values it adds up."""
-    parts = [torch.as_tensor(v) for v in leaf.values]
-    if axis is None:
-        _check_same_shapes(parts)
-        return sum(parts[1:], parts[0].clone()), len(parts)
-    return sum(p.sum(dim=axis) for p in parts), sum(p.shape[axis] for p in parts)
+    def processes(self, cluster: Any) -> int:
+        """The input pipelines: one per training task (ps tasks read no data)."""
+        return self.replicas(cluster)
 
+    def world_size(self, cluster: Any) -> int:
+        return len(cluster.ps_tasks())
 
-def _this_task(reduce_op: ReduceOp, leaf: Any, axis: int | None) -> Any:
-    """``reduce_over="this_task"``: this task's (single) replica's value, reduced along ``axis`` only."""
-    local = leaf.values[0] if isinstance(leaf, PerReplica) else leaf
-    if axis is None:
-        return local
-    return local.sum(axis) if reduce_op is ReduceOp.SUM else local.float().mean(axis)
+    def launcher(self, spec: Any) -> str:
+        return "tasks"  # chief, workers and ps tasks, each its own agent
 
+    def describe(self) -> str:
+        return f"parameter_server ({self.mode}; {self.partitioner.describe()}; torch.distributed.rpc)"
 
-def _combine(reduce_op: ReduceOp, parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
-    shapes = {tuple(t.shape) for t, _ in parts}
-    if len(shapes) > 1:
-        raise ValueError(f"per-replica values have different shapes across training tasks {sorted(shapes)}; pass axis= "
-                         "to reduce along the batch dimension (for example with a last partial batch)")
-    total = sum(t for t, _ in parts[1:]) + parts[0][0]
-    return total if reduce_op is ReduceOp.SUM else total / sum(n for _, n in parts)
+    def shape_rules(self) -> tuple[Rule, ...]:
+        return (ps_cluster,)
 
+    def plan_rows(self, rows: Any) -> list[tuple[str, str]]:
+        """Its tasks, their transport, and who trains on what."""
+        spec = rows.spec
+        c, n = spec.cluster, spec.num_replicas
+        names = ", ".join(f"{kind}:{i}" for kind, i in c.ps_tasks())
+        here = "all on this machine" if c.task is None else f"this machine runs {c.task.type}:{c.task.index}"
+        where = "loopback only" if c.loopback else f"listening on {c.master_addr}"
+        sync = self.mode == "sync"
+        return [
+            rows.row("strategy"), rows.row("recipe"),
+            ("cluster", f"{c.shape} ({rows.plan.device_type})"),
+            ("tasks", f"{names}: {here}, one torch.distributed.elastic agent each"),
+            ("rpc", f"TensorPipe; endpoints meet at the chief, {c.master_addr}:{c.master_port or '<free port>'} ({where}); "
+                    f"a ps silent for {self.rpc_timeout_s} s is unavailable"),
+            ("training", f"{n} task(s) (chief + {c.workers} worker(s)) pull, compute, push; "
+                         f"{'one update per step from all of them' if sync else 'each push applied as it arrives'}; "
+                         f"a dead worker does not stop the job" + (" (async only)" if sync else "")),
+            ("batch", rows.batch("task(s)")),
+            rows.row("input"),
+            ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+            rows.row("training"),
+            ("checkpoints", rows.checkpoints() + ("; written by the ps tasks from their shards" if spec.trainer.checkpoint.every_steps else "")),
+            *rows.resume(),
+            rows.row("run dir"),
+        ]
 
-class _PSExtended(StrategyExtended):
-    def __init__(self, device: str, position: int, training_tasks: int, strategy_args: dict):
-        super().__init__([device], _Tasks(position, training_tasks))
-        self._args = strategy_args
-        self.client: Client | None = None
-        self._exchanges = 0  # reduce calls so far: every task makes them in the same order
+    def plan_tables(self, spec: Any, run_dir: Any) -> list[Any]:
+        """Which ps task holds which variable (or shard of one), from the recipe's model built on the meta device."""
+        from rich.table import Table
 
-    @property
-    def parameter_devices(self) -> tuple[str, ...]:
-        return tuple(f"/job:ps/task:{k}" for k in range(self._args["num_ps"]))
+        from launcher.distribute.partitioners import place_module
+        from launcher.runtime.ps_task import build_variables
+        from launcher.strategies.impl.parameter_server import variables_scope
 
-    @property
-    def _gradients_averaged_over(self) -> int:
-        # Sync: the ps applies the mean of every task's push; async: each push as it is.
-        return self._proc.world_size if self._args["mode"] == "sync" else 1
-
-    def _scope(self) -> Any:
-        return MetaScope(super()._scope())  # variables live on the ps tasks: no values here
-
-    def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
-        """Over every training task, as ``num_replicas_in_sync`` counts them: the tasks meet at ps 0.
-
-        The tasks share no process group, so each sends its replicas' sum (and
-        count) of every per-replica leaf to ps 0 and adds up everyone's.
-        """
-        if self._args["reduce_over"] == "this_task":
-            return map_structure(lambda leaf: _this_task(reduce_op, leaf, axis), value)
-        leaves: list[PerReplica] = []
-        map_structure(lambda leaf: leaves.append(leaf) if isinstance(leaf, PerReplica) else None, value)
-        if not leaves or self._proc.world_size == 1:
-            return super()._reduce(reduce_op, value, axis)
-        mine = [_local_part(leaf, axis) for leaf in leaves]
-        self._exchanges += 1
-        everyone = task_exchange.exchange(self._exchanges, self._proc.rank, mine, self._proc.world_size,
-                                          float(self._args["sync_timeout_s"]))
-        totals = iter([_combine(reduce_op, [parts[i] for parts in everyone]) for i in range(len(leaves))])
-        return map_structure(lambda leaf: next(totals) if isinstance(leaf, PerReplica) else self._reduce_plain(reduce_op, leaf, axis), value)
-
-    def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
-        a = self._args
-        placement = place_module(module, a["num_ps"], a["partitioner"])
-        client = Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
-        client.sync, client.sync_timeout_s = a["mode"] == "sync", float(a["sync_timeout_s"])
-        self.client = client
-        chief = a["task"].startswith("chief")
-        if chief and not any(p.is_meta for p in module.parameters()) and optimizer is not None:
-            for k in range(a["num_ps"]):  # the chief initializes the variables (built outside scope(): real values)
-                c = contents_for(k, module, optimizer, placement)
-                client.call(k, ps_server.remote_create, c, a["training_tasks"] if client.sync else None)
-        if chief and a["open_on_prepare"]:
-            self.open(0)
-        if not chief:
-            client.global_step = max(client.each(ps_server.remote_wait_ready, float(a["ready_timeout_s"])))
-        model = PSModule(module.to("meta"), client, self._devices[0])
-        return model, (None if optimizer is None else PSOptimizer(optimizer, model, chief or a["global_step_rule"] == "every_worker"))
-
-    def open(self, global_step: int) -> None:
-        """The chief's word that the variables are initialized (or restored): workers may start."""
-        self.client.each(ps_server.remote_wait_created, float(self._args["ready_timeout_s"]))
-        self.client.each(ps_server.remote_open, int(global_step))
-        self.client.global_step = int(global_step)
-
-    def finish(self) -> None:
-        """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
-        a = self._args
-        client = self.client or Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])  # a coordinator never prepares
-        try:
-            client.each(ps_server.remote_finish)
-        except ParameterServerUnavailable as exc:
-            log.warning("%s", exc)
-
-    def leave(self) -> None:
-        """A worker is done: the ps tasks need not wait for it."""
-        try:
-            self.client.each(ps_server.remote_leave, self.client.task)
-        except ParameterServerUnavailable:
-            pass
+        with variables_scope():
+            model, _ = build_variables(spec, run_dir)
+        placement = place_module(model, spec.cluster.ps, self.partitioner.build(spec.cluster.ps))
+        per_ps = ", ".join(f"ps:{k} {b / 2**20:.1f} MiB" for k, b in enumerate(placement.bytes_per_ps()))
+        table = Table(title=f"variable placement ({self.partitioner.describe()}; {per_ps})", title_justify="left",
+                      box=None, padding=(0, 2))
+        for column in ("variable", "shape", "shard", "ps", "size"):
+            table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
+        for row in placement.rows():
+            table.add_row(*row)
+        return [table]
 
 
-class ParameterServerStrategy(Strategy):
-    """Variables on ps tasks, training on the chief and workers.
-
-    Args:
-        cluster_resolver: the cluster (chief, worker, ps tasks) and this task's place in it;
-            default ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set. A cluster spec
-            without a task type or id is a ``ValueError``.
-        variable_partitioner: splits large variables along dim 0 (``FixedShardsPartitioner``,
-            ``MinSizePartitioner``, ``MaxSizePartitioner``); None keeps every variable whole.
-        num_gpus_per_worker: 0 (default): each task computes on the CPU; 1: on its GPU. Without a
-            cluster, the number of local replica threads (0: one, on the CPU), on ``device``'s type.
-        mode: ``"async"`` (default) or ``"sync"``.
-        global_step_rule: ``"every_worker"`` (default, the seed's): the first replica of every
-            training task advances the global step at each of its pushes (async: 6 after 3 steps
-            of 2 tasks; sync: one per applied step, 3). ``"chief"``: only the chief's pushes
-            advance it, so that it counts the chief's steps (what dlaunch's ``trainer.steps`` is).
-        reduce_over: ``"tasks"`` (default): ``reduce`` combines every training task's values,
-            as ``num_replicas_in_sync`` counts them; every task must call it. ``"this_task"``:
-            this task's values only, for tasks that do not step together (dlaunch's runtime,
-            where the chief logs its own loss and workers never wait for it).
-        rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
-        sync_timeout_s: sync mode: how long a push may wait for the other tasks' gradients of the step.
-        device: the task's compute device (default ``cuda:0`` with ``num_gpus_per_worker=1``, else
-            ``cpu:0``); without a cluster its type picks the local replicas' devices.
-
-    The chief initializes the variables: built outside ``scope()`` (real values),
-    ``prepare`` sends them to the ps tasks. Under dlaunch the ps tasks build them
-    from the recipe themselves, so no task ever holds a whole partitioned table.
-
-    ``reduce`` combines every training task's values, as ``num_replicas_in_sync``
-    counts them (the tasks meet at ps 0; every task must call it). With no cluster
-    (no resolver, no ``TF_CONFIG``) the strategy falls back to local training, with a
-    warning: variables on the CPU (or the only GPU), compute replicated on
-    ``num_gpus_per_worker`` GPUs (``device="cpu"``: CPU replica threads), as
-    ``CentralStorageStrategy``; the global step counts the applied steps::
-
-        strategy = ParameterServerStrategy()            # one local replica on the CPU
-        strategy.num_replicas_in_sync                   # 1
-        ParameterServerStrategy(num_gpus_per_worker=2, device="cpu").num_replicas_in_sync   # 2
-    """
-
-    def __init__(self, cluster_resolver: Any = None, variable_partitioner: Partitioner | None = None, *,
-                 num_gpus_per_worker: int = 0, mode: str = "async", global_step_rule: str = "every_worker",
-                 reduce_over: str = "tasks",
-                 rpc_timeout_s: float = 60.0, ready_timeout_s: float = 300.0, device: str | None = None,
-                 open_on_prepare: bool = True, sync_timeout_s: float = 300.0):
-        if mode not in ("async", "sync"):
-            raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
-        if reduce_over not in ("tasks", "this_task"):
-            raise ValueError(f"reduce_over must be 'tasks' or 'this_task', got {reduce_over!r}")
-        if global_step_rule not in ("every_worker", "chief"):
-            raise ValueError(f"global_step_rule must be 'every_worker' or 'chief', got {global_step_rule!r}")
-        self._is_chief = True
-        resolver = cluster_resolver if cluster_resolver is not None else (TFConfigClusterResolver() if tf_config() else None)
-        if resolver is None or not resolver.cluster_spec():
-            self._start_local(int(num_gpus_per_worker), device)
-            return
-        if num_gpus_per_worker > 1:
-            raise ValueError(f"num_gpus_per_worker={num_gpus_per_worker}: a training task runs one replica here; "
-                             "start one task per GPU (cluster.workers) instead")
-        device = device or ("cuda:0" if num_gpus_per_worker == 1 else "cpu:0")
-        validate_task(resolver)
-        cluster = resolver.cluster_spec()
-        if "ps" not in cluster.jobs:
-            raise ValueError(f"the cluster {cluster.as_dict()} has no ps job: ParameterServerStrategy keeps variables on ps tasks")
-        if resolver.task_type == "ps":
-            raise ValueError("a ps task serves variables and trains nothing: run launcher.distribute.Server(cluster, 'ps', i).join()")
-        training = [(job, i) for job in TRAINING_JOBS if job in cluster.jobs for i in cluster.task_indices(job)]
-        me = (resolver.task_type, int(resolver.task_id))
-        if me not in training:
-            raise ValueError(f"task {me[0]}:{me[1]} is not a training task of {cluster.as_dict()}")
-        ps_server.Server(cluster, me[0], me[1], start=not trpc.api._is_current_rpc_agent_set(), rpc_timeout_s=rpc_timeout_s)
-        args = {
-            "task": f"{me[0]}:{me[1]}", "num_ps": cluster.num_tasks("ps"), "partitioner": variable_partitioner, "mode": mode,
-            "rpc_timeout_s": rpc_timeout_s, "ready_timeout_s": ready_timeout_s, "training_tasks": len(training),
-            "open_on_prepare": open_on_prepare, "sync_timeout_s": sync_timeout_s, "global_step_rule": global_step_rule,
-            "reduce_over": reduce_over,
-        }
-        super().__init__(_PSExtended(device, training.index(me), len(training), args), cluster_resolver=resolver)
-        self._is_chief = me[0] == "chief"
-
-    def _start_local(self, num_gpus: int, device: str | None) -> None:
-        """No cluster: the seed's local training (``launcher/strategies/ps_local.py``)."""
-        devices, parameter_device = ps_local.local_devices(num_gpus, device)
-        warnings.warn(f"ParameterServerStrategy without a cluster (no cluster_resolver, no TF_CONFIG): local training "
-                      f"on {devices}, variables on {parameter_device}", UserWarning, stacklevel=3)
-        super().__init__(ps_local.LocalPSExtended(devices, parameter_device))
-
-    @property
-    def is_chief(self) -> bool:
-        return self._is_chief
-
-    @property
-    def global_step(self) -> int:
-        """The global step as last heard from ps 0; in local training, the steps applied."""
-        client = getattr(self._extended, "client", None)
-        return client.global_step if client else getattr(self._extended, "global_step", 0)
-
-    @property
-    def finished(self) -> bool:
-        """Whether the chief has ended the job (heard at the last push)."""
-        client = getattr(self._extended, "client", None)
-        return bool(client and client.finished)
+def ps_cluster(spec: Any, cuda: int) -> None:
+    """It needs at least one ps task, and one process per task."""
+    c = spec.cluster
+    if c.ps < 1:
+        raise PlanError("cluster.ps", c.ps, "strategy=parameter_server keeps the variables on ps tasks; give cluster.ps=1 or more "
+                                            "(and cluster.workers=N for workers besides the chief)")
+    if c.world_size > 1 and not c.tasks:
+        raise PlanError("cluster", c.shape, f"strategy=parameter_server takes its tasks from cluster.workers and cluster.ps "
+                                            f"(one process each), not from cluster={c.nodes}x{c.devices_per_node}; use cluster=1x1")
+    if c.task is not None:
+        count = {"chief": 1, "worker": c.workers, "ps": c.ps}[c.task.type]
+        if c.task.index >= count:
+            raise PlanError("cluster.task", f"{c.task.type}:{c.task.index}",
+                            f"cluster.task {c.task.type}:{c.task.index} is not in cluster.tasks ({count} {c.task.type} task(s))")
 
 
 def cluster_def(cluster: Any) -> dict[str, list[str]]:
@@ -419,17 +169,4 @@ def cluster_def(cluster: Any) -> dict[str, list[str]]:
     return {"chief": [chief], "worker": [other] * cluster.workers, "ps": [other] * cluster.ps}
 
 
-@register("parameter_server")
-def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
-    """This task's strategy under dlaunch: the ps tasks build the variables, the chief opens them after a resume."""
-    cluster = runtime.run_spec.cluster
-    task_type, index = runtime.task
-    resolver = SimpleClusterResolver(ClusterSpec(cluster_def(cluster)), task_type=task_type, task_id=index)
-    device = "cuda:0" if runtime.device_type == "cuda" else "cpu:0"
-    return ParameterServerStrategy(
-        resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
-        ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
-        global_step_rule="chief",  # trainer.steps counts the chief's steps; workers stop when it has made them
-        reduce_over="this_task",  # the chief logs its own loss: workers do not stop to meet it
-        sync_timeout_s=runtime.run_spec.launch.collective_timeout_s,
-    )
+__getattr__ = forward(__name__, ParameterServerSpec.impl)

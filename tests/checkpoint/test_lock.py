@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from launcher.checkpoint import lock
-from tests.conftest import wait_for
 
 HOLDER = """
 import sys, time

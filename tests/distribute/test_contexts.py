@@ -17,7 +17,7 @@ from launcher.distribute import (
     has_strategy,
     in_cross_replica_context,
 )
-from launcher.strategies.default import DefaultStrategy
+from launcher.strategies.impl.default import DefaultStrategy
 
 
 def test_outside_any_scope_the_default_strategy_is_current():

@@ -40,9 +40,9 @@ def test_a_mesh_that_does_not_fill_the_cluster_exits_2_with_the_arithmetic(run_d
 def fsdp_x_tp_shards() -> dict:
     """tp_mlp on dp 2 (FSDP) x tp 2: each parameter's placements, and what a rank holds after one SGD-momentum step."""
     from launcher.recipes import tp_mlp
-    from launcher.strategies.fsdp import local_bytes
-    from launcher.strategies.mesh import MeshStrategy
-    from launcher.strategies.mesh_fsdp import ShardedReplicas
+    from launcher.strategies.impl.fsdp import local_bytes
+    from launcher.strategies.impl.mesh import MeshStrategy
+    from launcher.strategies.impl.mesh_fsdp import ShardedReplicas
 
     s = MeshStrategy(DeviceAssignment.build(Topology.from_devices(4), [2], num_replicas=2), data_parallel=ShardedReplicas())
     cfg = tp_mlp.Config(name="tp_mlp", entry="launcher.recipes.tp_mlp", hidden=64)

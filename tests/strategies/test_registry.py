@@ -25,3 +25,66 @@ def test_an_in_process_run_ignores_rank_variables_in_the_shell(monkeypatch):
     s = strategies.build(spec.strategy, strategies.Runtime(None, "cpu", "gloo"))
     assert s.num_replicas_in_sync == 1 and not dist.is_initialized()
     assert s.cluster_resolver is None
+
+
+# ---------- a strategy is one unit: its file, its torch side, its YAML ----------
+def _python(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_validating_a_config_imports_no_torch():
+    """A config error answers before torch loads: the schema, the registry and every unit are torch-free."""
+    code = ("import sys, launcher.config.schema as s, launcher.strategies as r, launcher.cli.recipes; r.units(); "
+            "s.RunSpec.model_validate({'strategy': {'name': 'mirrored'}, 'recipe': {'name': 'r', 'entry': 'r'}}); "
+            "print('torch' in sys.modules)")
+    assert _python(code) == "False"
+
+
+def test_every_unit_has_its_yaml_and_its_torch_side():
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "strategy"
+    for name, unit in strategies.units().items():
+        assert (conf / f"{name}.yaml").exists(), name
+        assert unit.impl.startswith("launcher.strategies.impl."), name
+        assert unit.example, name
+
+
+def test_a_strategy_in_a_new_file_registers_and_validates(tmp_path):
+    """Adding a strategy touches no other file: the registry finds it, the run spec accepts it, the plan asks it."""
+    (tmp_path / "solo.py").write_text('''
+from typing import Any, ClassVar, Literal
+
+from launcher.strategies import unit
+from launcher.strategies.base import StrategyUnit
+
+
+@unit
+class SoloSpec(StrategyUnit):
+    name: Literal["solo"]
+    impl: ClassVar[str] = "launcher.strategies.impl.one_device"
+    example: ClassVar[tuple[str, ...]] = ("cluster=1x3",)
+
+    def replicas(self, cluster: Any) -> int:
+        return 3
+
+    def describe(self) -> str:
+        return "solo, three replicas"
+''')
+    code = f"""
+import launcher.strategies as registry
+registry.__path__.append({str(tmp_path)!r})
+from launcher.cli import recipes
+from launcher.config.schema import RunSpec
+spec = RunSpec.model_validate({{"strategy": {{"name": "solo"}}, "cluster": {{"devices_per_node": 3}},
+                                 "recipe": {{"name": "r", "entry": "r"}}, "input": {{"global_batch_size": 9}}}})
+print(spec.num_replicas, spec.num_processes, spec.strategy.describe(), recipes.STRATEGY_SHAPES["solo"], spec.strategy.launcher(spec))
+"""
+    assert _python(code) == "3 3 solo, three replicas ('cluster=1x3',) elastic"

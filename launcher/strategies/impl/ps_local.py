@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from launcher.strategies.central_storage import _CentralExtended
+from launcher.strategies.impl.central_storage import _CentralExtended
 
 
 class LocalPSExtended(_CentralExtended):

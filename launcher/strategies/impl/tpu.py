@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from launcher.distribute.device_assignment import DeviceAssignment
 from launcher.distribute.tpu import TPUClusterResolver
-from launcher.strategies.mesh import MeshStrategy
+from launcher.strategies.impl.mesh import MeshStrategy
 
 
 class TPUStrategy(MeshStrategy):

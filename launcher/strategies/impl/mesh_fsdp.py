@@ -16,12 +16,11 @@ averages the gradients over the replicas, so the mesh's all-reduce is not used::
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from launcher.strategies.fsdp import fsdp_options, memory_row, shard, wrapped_units
+from launcher.strategies.impl.fsdp import fsdp_options, shard, wrapped_units
 
 log = logging.getLogger("dlaunch")
 
@@ -43,28 +42,3 @@ class ShardedReplicas:
             log.warning("strategy.data_parallel=fsdp with 1 replica shards nothing: it trains as data_parallel=replicate would")
             return module, optimizer
         return shard(module, optimizer, mesh["replica"], self.options, self.wrap), optimizer
-
-
-# ---------- the spec side: validation and the plan ----------
-def fit_problem(replicas: int, logical: int, computation_shape: Sequence[int], devices: int, where: str) -> str | None:
-    """Why dp x tp does not fill the cluster (None when it does), with the arithmetic."""
-    if replicas * logical == devices:
-        return None
-    return (f"dp {replicas} x tp {logical} = {replicas * logical} devices, but {where} (dp: FSDP over "
-            f"strategy.device_assignment.num_replicas; tp: the product of computation_shape {list(computation_shape)})")
-
-
-def describe(spec: Any) -> str:
-    """The strategy row's data-parallel part."""
-    return f"dp: FSDP2 fully_shard over the replica dim (sharded; {spec.fsdp.describe_units()})"
-
-
-def plan_rows(spec: Any, run_dir: Path) -> list[tuple[str, str]]:
-    """The mesh's dims as dp (FSDP, sharded) x tp, and the per-rank memory of fsdp's plan for dp x tp pieces."""
-    dp, tp = spec.num_replicas, spec.strategy.device_assignment.logical_devices
-    how = (f"; FSDP {dp} x TP {tp}, approximate: a parameter the tensor-parallel plan leaves whole, "
-           f"like RowwiseParallel's bias, is split {dp} ways only") if dp * tp > 1 else ""
-    return [
-        ("mesh", f"dp {dp} (replica dim: FSDP, sharded) x tp {tp} (logical dim: tensor parallel) = {dp * tp} devices"),
-        ("memory", memory_row(spec, run_dir, ways=dp * tp, how=how)),
-    ]

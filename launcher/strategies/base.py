@@ -1,0 +1,125 @@
+"""What every ``strategy=NAME`` unit is: its spec model plus what the launcher asks of it.
+
+A strategy's file (``launcher/strategies/NAME.py``) subclasses ``StrategyUnit``
+with its own fields and answers, and decorates it with ``@unit``; the registry
+(``launcher.strategies``) finds the file and adds the model to the run spec's
+union. The torch side lives in ``launcher/strategies/impl/NAME.py`` and is
+imported only when a worker builds the strategy, so validating a config never
+imports torch.
+
+Example (a whole strategy besides its YAML and its torch side)::
+
+    @unit
+    class SoloSpec(StrategyUnit):
+        name: Literal["solo"]
+        impl: ClassVar[str] = "launcher.strategies.impl.solo"
+
+        def replicas(self, cluster) -> int:
+            return 1
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, ClassVar
+
+from launcher.config.base import PlanError, Strict
+
+# A cross-field rule: ``rule(spec, cuda_devices)`` raises PlanError (see launcher.config.base.check_rules).
+Rule = Callable[[Any, int], None]
+
+
+class StrategyUnit(Strict):
+    """The spec of one strategy, and its answers to the launcher, the plan and the CLI."""
+
+    name: str  # each unit narrows it to Literal["its name"]: the union's discriminator
+
+    impl: ClassVar[str] = ""  # the module that registers the builder (torch; imported by build() only)
+    exports: ClassVar[tuple[str, ...]] = ()  # public classes of ``impl``, reachable as launcher.distribute.NAME
+    example: ClassVar[tuple[str, ...]] = ("cluster=1x1",)  # overrides giving a cluster that exercises it
+    refuses: ClassVar[dict[str, str]] = {}  # trainer features it cannot honour, and why (config/trainer.py)
+    runs_scripts: ClassVar[bool] = True  # a script= can replace the recipe and loop under it
+
+    # ----- process shape -----
+    def replicas(self, cluster: Any) -> int:
+        """Replicas in sync: each reads its share of every global batch."""
+        raise NotImplementedError
+
+    def processes(self, cluster: Any) -> int:
+        """Worker processes, the input pipelines that auto-sharding divides data among."""
+        return cluster.world_size if self.replicas(cluster) > 1 else 1
+
+    def world_size(self, cluster: Any) -> int:
+        """Processes of the whole job."""
+        return cluster.world_size
+
+    def mesh(self, cluster: Any) -> dict[str, list[Any]]:
+        """The replicas' device mesh, as the plan records it."""
+        return {"dims": ["replica"], "shape": [self.replicas(cluster)]}
+
+    def launcher(self, spec: Any) -> str:
+        """Which launcher starts it (launcher/launch/launchers.py): in_process, elastic or emulated."""
+        c = spec.cluster
+        if spec.num_processes == 1 and spec.launch.max_restarts == 0:
+            return "in_process"
+        return "emulated" if c.emulated else "elastic"
+
+    # ----- validation -----
+    def shape_rules(self) -> tuple[Rule, ...]:
+        """Rules about the cluster it is given (run before the batch and device rules)."""
+        return (no_tasks,)
+
+    def device_rules(self) -> tuple[Rule, ...]:
+        """Rules about the devices it reduces on (run after the cluster's device rules)."""
+        return ()
+
+    def named_devices(self) -> list[tuple[str, str]]:
+        """(config key, device) for each device the spec names, checked to exist on this machine."""
+        return []
+
+    # ----- the plan -----
+    def describe(self) -> str:
+        return self.name
+
+    def replicas_row(self, n: int) -> str:
+        return f"{n} in sync"
+
+    def own_rows(self, spec: Any, run_dir: Any) -> list[tuple[str, str]]:
+        """Rows the plan adds about this strategy (before the checkpoints row)."""
+        return []
+
+    def plan_rows(self, rows: Any) -> list[tuple[str, str]]:
+        """The plan's rows; ``rows`` (launcher.cli.plan.Rows) gives the standard ones and their parts."""
+        return rows.standard()
+
+    def plan_tables(self, spec: Any, run_dir: Any) -> list[Any]:
+        """Tables the plan prints after its rows (rich Tables)."""
+        return []
+
+    # ----- the worker -----
+    def build(self, runtime: Any) -> Any:
+        """This worker's ``Strategy`` (launcher.distribute), built by the builder ``impl`` registers."""
+        from launcher import strategies
+
+        importlib.import_module(self.impl)
+        return strategies.builder(self.name)(self, runtime)
+
+
+# ----- rules several units share -----
+def no_tasks(spec: Any, cuda: int) -> None:
+    """ps and worker tasks belong to a strategy that launches tasks; the others take cluster=NxM."""
+    c = spec.cluster
+    for key, value in (("cluster.ps", c.ps), ("cluster.workers", c.workers)):
+        if value:
+            raise PlanError(key, value, f"only strategy=parameter_server has ps and worker tasks; strategy "
+                                        f"{spec.strategy.name} takes its processes from cluster=NxM")
+
+
+def one_replica_shape(spec: Any, cuda: int) -> None:
+    """One replica on one device cannot use a cluster of several."""
+    if spec.num_replicas == 1 and spec.cluster.world_size > 1:
+        raise PlanError(
+            "cluster", spec.cluster.shape,
+            f"strategy {spec.strategy.name} runs 1 replica on 1 device, but cluster {spec.cluster.shape} "
+            f"has {spec.cluster.world_size} devices; use cluster=1x1 or strategy=mirrored",
+        )
