@@ -28,7 +28,6 @@ from launcher.cluster import admission
 from launcher.cluster.env import full_errors, scheduler_tasks
 from launcher.config import compose as composer
 from launcher.config import script as script_config
-from launcher.checkpoint.errors import START_AFRESH
 from launcher.config.errors import ConfigError, Problem, render
 
 log = logging.getLogger("dlaunch")
@@ -251,6 +250,7 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
     if spec.trainer.resume == "never" or (spec.trainer.resume == "auto" and not root.exists()):
         return None  # nothing to read: no need for torch.distributed.checkpoint in this process
     from launcher import checkpoint
+    from launcher.checkpoint.errors import START_AFRESH
 
     try:
         choice = checkpoint.select(spec, run_dir)

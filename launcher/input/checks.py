@@ -26,7 +26,6 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 HEAD_BYTES = 1 << 16
 TAIL_BYTES = 1 << 10
@@ -185,6 +184,8 @@ def _clip(text: str, limit: int = 40) -> str:
 def _check_npy(head: bytes, size: int, tail: bytes) -> str | None:
     if not head.startswith(NPY_MAGIC):
         return "it does not start with numpy's magic (\\x93NUMPY): np.save writes it"
+    import numpy as np  # only for .npy files: a config without them is checked without numpy
+
     fh = io.BytesIO(head)
     readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     try:

@@ -40,6 +40,7 @@ from launcher.cluster.env import worker_environment, worker_env_set
 # server it is imported once, off the workers' critical path. The server stays single-threaded.
 PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch._dynamo"]
 _started = False
+_kept = False  # the validated job will fork its workers from it (keep_if_useful)
 
 
 def eligible(spec: Any, cuda_devices: int) -> bool:
@@ -79,7 +80,9 @@ def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
     another program (a test, a notebook) starts its workers as fresh interpreters,
     which see that program's environment as it is at launch.
     """
+    global _kept
     if _started and eligible(spec, cuda_devices):
+        _kept = True
         return True
     stop()
     return False
@@ -97,9 +100,16 @@ def stop() -> None:
 
 
 def shutdown(wait_s: float = 10.0) -> None:
-    """At the command's end: let the forkserver exit and reap it (its workers' CPU time is then this process's)."""
+    """At the command's end: let the forkserver exit and reap it (its workers' CPU time is then this process's).
+
+    A server no job kept (a config error, say) is stopped at once rather than waited for: it
+    would finish importing torch first, seconds after the error was shown.
+    """
     global _started
     if not _started:
+        return
+    if not _kept:
+        stop()
         return
     server = forkserver._forkserver
     pid, alive = server._forkserver_pid, server._forkserver_alive_fd

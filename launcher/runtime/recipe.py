@@ -27,10 +27,12 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:  # validating a config imports this module: torch only where a recipe is built
+    import torch
 
 
 class RecipeConfig(BaseModel):
@@ -54,6 +56,8 @@ class OptimizerConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty (decoupled for adamw)")
 
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        import torch
+
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if self.name == "adagrad":

@@ -41,6 +41,17 @@ def test_a_job_without_local_cpu_workers_stops_the_early_server():
         warm.stop()
 
 
+@linux_only
+def test_a_server_no_job_kept_is_stopped_at_the_end_not_waited_for():
+    # a config error: main() returns before keep_if_useful; the server may still be importing torch
+    assert warm.start_early(["trainer.steps=-1"])
+    pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
+    warm.shutdown()
+    assert not warm.started()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped at once
+
+
 def test_eligibility_follows_the_validated_job():
     mirrored = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
     assert warm.eligible(mirrored, 0) == (sys.platform == "linux")
