@@ -51,7 +51,7 @@ def test_a_node_with_another_token_is_refused_on_both_sides(tmp_path):
     _, err1 = second.communicate(timeout=60)
     err0, err1 = (" ".join(e.replace("│", " ").split()) for e in (err0, err1))
     assert first.returncode != 0 and second.returncode != 0
-    assert f"node 1 (host " in err0 and why in err0 and "refused node(s)" in err0, err0[-3000:]
+    assert "node 1 (host " in err0 and why in err0 and "refused node(s)" in err0, err0[-3000:]
     assert "refused this node 1" in err1 and why in err1 and "node 0's plan" in err1, err1[-3000:]
     for err in (err0, err1):
         assert TOKEN not in err.replace(f"cluster.token={TOKEN}", "") and "Traceback" not in err

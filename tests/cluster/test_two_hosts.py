@@ -115,6 +115,6 @@ def test_a_rank_that_advertises_an_address_its_peers_cannot_route_to_is_named(tm
     (code0, err0), (code1, err1) = run_both(tmp_path, list(two_hosts), free_port(), env1={"GLOO_SOCKET_IFNAME": stray})
     assert code0 != 0 and code1 != 0
     for err in (err0, err1):
-        assert f"node 1 (host " in err and f"10.232.0.2, the address of interface {stray} (node 0: " in err, err[-3000:]
+        assert "node 1 (host " in err and f"10.232.0.2, the address of interface {stray} (node 0: " in err, err[-3000:]
         assert f"set GLOO_SOCKET_IFNAME on node 1 to the interface that reaches {ADDRESSES[0]}" in err
         assert "Traceback" not in err and "connectFullMesh" not in err
