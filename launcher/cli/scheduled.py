@@ -93,10 +93,11 @@ def submission(launcher: str, overrides: list[str], specs: list[Any], query: Cal
         return extra
     from launcher.cli import output
     from launcher.cli.plan import show_plan
+    from launcher.config.plan import Plan
 
     sweep_dir = Path(_given(overrides, "hydra.sweep.").get("dir") or "multirun/<date>/<time>")
     cuda = specs[0].cluster.devices_per_node if device == "cuda" else 0
-    show_plan(specs[0], cuda, sweep_dir / "0", output.results(), dry_run=True)
+    show_plan(specs[0], Plan.resolve(specs[0], cuda), sweep_dir / "0", output.results(), dry_run=True)
     output.results().print(f"launch.dry_run=true: nothing was submitted ({len(specs)} job(s) would be)")
     return None
 

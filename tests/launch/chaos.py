@@ -172,13 +172,30 @@ class Soak:
             return False
         time.sleep(self.rng.uniform(0, 0.05))  # anywhere within a step (0.03 s), the save after it included
         if fault == "kill_worker":
-            os.kill(rank_pid(self.run_dir, self.rng.randrange(2)), signal.SIGKILL)
+            if not self._kill_rank(proc, self.rng.randrange(2)):
+                return False
         elif fault == "kill_agent":
             os.kill(proc.pid, signal.SIGKILL)
         else:
             os.killpg(proc.pid, signal.SIGKILL)
         command.faults.append(fault)
         return True
+
+    def _kill_rank(self, proc: subprocess.Popen, rank: int) -> bool:
+        """SIGKILL ``rank``'s live attempt; False if the command ended first.
+
+        The attempts file can name an attempt that has just ended (a restart under way, its
+        successor not yet recorded): the newest line is read again until a live one is killed.
+        """
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while proc.poll() is None:
+            try:
+                os.kill(rank_pid(self.run_dir, rank), signal.SIGKILL)
+                return True
+            except ProcessLookupError:
+                assert time.monotonic() < deadline, f"{self}: rank {rank} has no live attempt (a hang?)"
+                time.sleep(0.05)
+        return False
 
     def _term_in_save(self, proc: subprocess.Popen, command: Command, step: int) -> bool:
         gate, marker = self.run_dir / "hold-save", self.run_dir / "saving"
