@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from launcher import strategies
+from launcher.cluster import gpus
 from launcher.config.errors import ConfigError, Problem, did_you_mean, render
 
 # The cluster shape each strategy is checked with: its unit's example (several replicas where it has them).
@@ -261,12 +262,6 @@ def plans(strategies: list[str], overrides: list[str]) -> list[tuple[str, list[s
     return result
 
 
-def _local_cuda_devices() -> int:
-    from launcher.cluster import gpus
-
-    return gpus.count()
-
-
 def _summary(problems: list[Problem]) -> str:
     parts = []
     for p in problems:
@@ -287,7 +282,7 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
     for o in args.overrides:
         if _key(o) == "recipe":
             raise Refused(f"validate checks the recipe in {args.path}; leave out {o!r}")
-    cuda = _local_cuda_devices() if args.cuda_devices is None else args.cuda_devices
+    cuda = gpus.count() if args.cuda_devices is None else args.cuda_devices
     problems: list[Problem] = []
     for path in find_recipe_yamls(Path(args.path).expanduser()):
         try:

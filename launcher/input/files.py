@@ -31,7 +31,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-import numpy as np
 
 if TYPE_CHECKING:  # validation resolves and checks files without loading torch; the readers import it
     import torch
@@ -165,6 +164,7 @@ def _read_pt(path: Path) -> Columns:
 
 
 def _read_npy(path: Path) -> Columns:
+    import numpy as np  # here, not at the top: validating a config imports this module
     import torch
 
     array = np.load(path, allow_pickle=False)
@@ -184,6 +184,8 @@ def count_rows(path: str | Path, fmt: str) -> int:
             lines = sum(1 for line in fh if line.strip())
         return max(lines - 1, 0) if fmt == "csv" else lines
     if fmt == "npy":
+        import numpy as np
+
         return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
     return num_rows(_read_pt(path), where=str(path))
 
@@ -206,6 +208,8 @@ def write_file(path: str | Path, columns: Columns, fmt: str | None = None) -> Pa
     elif fmt == "pt":
         torch.save(dict(columns), path)
     elif fmt == "npy":
+        import numpy as np
+
         dtype = [(k, v.numpy().dtype, tuple(v.shape[1:])) for k, v in columns.items()]
         array = np.empty(num_rows(columns), dtype=dtype)
         for k, v in columns.items():

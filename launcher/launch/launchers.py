@@ -13,15 +13,13 @@ from __future__ import annotations
 import abc
 import logging
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 log = logging.getLogger("dlaunch")
 
 
 class Launcher(abc.ABC):
     """Starts a validated run, waits for it, and returns its exit code (0, 1, or 128+signal)."""
-
-    interactive: ClassVar[bool] = False  # trains in this process: pdb and profilers just work
 
     @abc.abstractmethod
     def launch(self, spec: Any, plan: Any, run_dir: Path, console: Any) -> int:
@@ -33,8 +31,6 @@ class InProcess(Launcher):
 
     With ``launch.max_restarts`` the strategy asks for ``elastic`` instead, so that the one worker can be restarted.
     """
-
-    interactive = True
 
     def launch(self, spec: Any, plan: Any, run_dir: Path, console: Any) -> int:
         from launcher.launch import failures, report

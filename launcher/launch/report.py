@@ -73,7 +73,7 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
         "recipe": spec.recipe.name,
         "cluster": spec.cluster.shape,
         "num_replicas_in_sync": spec.num_replicas,
-        "world_size": spec.cluster.world_size if spec.num_replicas > 1 else 1,
+        "world_size": spec.strategy.world_size(spec.cluster),  # as a completed run's summary (the Plan's)
         "global_batch_size": spec.input.global_batch_size,
         "steps": spec.trainer.steps,
         "first_loss": records[0]["loss"] if records else None,

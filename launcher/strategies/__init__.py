@@ -9,6 +9,7 @@ place that branches on a strategy's name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import typing
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 
 _NOT_UNITS = ("base",)  # modules of this package that define no strategy
 _UNITS: dict[str, type["StrategyUnit"]] = {}
-_BUILDERS: dict[str, Callable[[Any, "Runtime"], "Strategy"]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +46,7 @@ def unit(cls: type["StrategyUnit"]) -> type["StrategyUnit"]:
     return cls
 
 
-def register(name: str) -> Callable[[Callable], Callable]:
-    """Register ``builder(spec, runtime) -> Strategy`` under ``name`` (in the unit's ``impl`` module)."""
-
-    def deco(builder: Callable) -> Callable:
-        _BUILDERS[name] = builder
-        return builder
-
-    return deco
-
-
+@functools.cache
 def _discover() -> None:
     for module in pkgutil.iter_modules(__path__):
         if not module.ispkg and module.name not in _NOT_UNITS:
@@ -84,12 +75,8 @@ def lookup(name: str) -> type["StrategyUnit"]:
         raise KeyError(f"unknown strategy {name!r}; available: {', '.join(available())}") from None
 
 
-def builder(name: str) -> Callable[[Any, Runtime], "Strategy"]:
-    return _BUILDERS[name]
-
-
 def build(spec: Any, runtime: Runtime) -> "Strategy":
-    """Build the strategy named by ``spec.name`` for this worker."""
+    """Build the strategy ``spec`` (a validated unit) describes, for this worker; an unknown name lists the known ones."""
     lookup(spec.name)
     return spec.build(runtime)
 

@@ -34,7 +34,7 @@ class StrategyUnit(Strict):
 
     name: str  # each unit narrows it to Literal["its name"]: the union's discriminator
 
-    impl: ClassVar[str] = ""  # the module that registers the builder (torch; imported by build() only)
+    impl: ClassVar[str] = ""  # the torch side, whose from_spec(spec, runtime) builds it (imported by build() only)
     exports: ClassVar[tuple[str, ...]] = ()  # public classes of ``impl``, reachable as launcher.distribute.NAME
     example: ClassVar[tuple[str, ...]] = ("cluster=1x1",)  # overrides giving a cluster that exercises it
     refuses: ClassVar[dict[str, str]] = {}  # trainer features it cannot honour, and why (config/trainer.py)
@@ -98,11 +98,8 @@ class StrategyUnit(Strict):
 
     # ----- the worker -----
     def build(self, runtime: Any) -> Any:
-        """This worker's ``Strategy`` (launcher.distribute), built by the builder ``impl`` registers."""
-        from launcher import strategies
-
-        importlib.import_module(self.impl)
-        return strategies.builder(self.name)(self, runtime)
+        """This worker's ``Strategy`` (launcher.distribute), built by ``impl``'s ``from_spec(spec, runtime)``."""
+        return importlib.import_module(self.impl).from_spec(self, runtime)
 
 
 # ----- rules several units share -----

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from launcher.config.base import PlanError
 from launcher.distribute.devices import canonical_name
 from launcher.strategies import forward, unit
-from launcher.strategies.base import Rule, StrategyUnit, no_tasks, one_replica_shape
+from launcher.strategies.base import Rule, StrategyUnit, no_tasks
 
 
 @unit
@@ -43,7 +43,7 @@ class CentralStorageSpec(StrategyUnit):
         return f"central_storage (parameters once on {home}, compute on {', '.join(self.compute_devices)})"
 
     def shape_rules(self) -> tuple[Rule, ...]:
-        return (no_tasks, one_process_shape, one_replica_shape)
+        return (no_tasks, one_process_shape)  # its one process covers one_replica_shape: one message, not two
 
     def named_devices(self) -> list[tuple[str, str]]:
         return [("strategy", d) for d in self.devices()]

@@ -129,7 +129,7 @@ class ParameterServerSpec(StrategyUnit):
 
         from launcher.distribute.partitioners import place_module
         from launcher.runtime.ps_task import build_variables
-        from launcher.strategies.impl.parameter_server import variables_scope
+        from launcher.distribute.meta_scope import variables_scope
 
         with variables_scope():
             model, _ = build_variables(spec, run_dir)

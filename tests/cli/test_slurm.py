@@ -20,7 +20,7 @@ import torch
 from tests.conftest import dlaunch, summary
 from tests.launch.test_multi_node import COMMON, params
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a SLURM run plus the same run locally
 PARTITION = "debug"
 SLURM = ("hydra/launcher=submitit_slurm", f"hydra.launcher.partition={PARTITION}")
 

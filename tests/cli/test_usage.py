@@ -48,7 +48,7 @@ def test_torchrun_flags_are_mapped_to_overrides(tmp_path):
 def test_a_config_error_answers_without_importing_torch(tmp_path):
     code = ("import sys; from launcher.cli.main import main; "
             "sys.argv = ['dlaunch', 'trainer.steps=-1', 'cluster=1x3', 'cluster.device=cpu']; "
-            "c = main(); print(c, 'torch' in sys.modules)")
+            "c = main(); print(c, 'torch' in sys.modules or 'numpy' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split()[-2:] == ["2", "False"], done.stdout + done.stderr
     assert "trainer.steps" in done.stderr and "cluster" in done.stderr

@@ -31,4 +31,6 @@ def test_a_build_is_told_by_its_libraries(tmp_path):
 
 def test_the_driver_is_asked_in_a_child_that_answers_a_number():
     told = gpus._driver_count()  # no libcuda here answers 0; a GPU machine its devices
-    assert told == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert isinstance(told, int) and told >= 0
+    if gpus.torch_build() == "cuda":  # a CPU wheel on a GPU machine sees none, whatever the driver says
+        assert told == (torch.cuda.device_count() if torch.cuda.is_available() else 0)

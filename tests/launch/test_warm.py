@@ -42,10 +42,15 @@ def test_a_job_without_local_cpu_workers_stops_the_early_server():
 
 
 @linux_only
-def test_a_server_no_job_kept_is_stopped_at_the_end_not_waited_for():
+def test_a_server_no_job_kept_is_stopped_at_the_end_not_waited_for(monkeypatch):
     # a config error: main() returns before keep_if_useful; the server may still be importing torch
     assert warm.start_early(["trainer.steps=-1"])
     pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
+
+    def no_waiting(seconds):
+        raise AssertionError("shutdown waited for a server that no job kept")
+
+    monkeypatch.setattr(warm.time, "sleep", no_waiting)
     warm.shutdown()
     assert not warm.started()
     with pytest.raises(ChildProcessError):

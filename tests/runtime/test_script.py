@@ -19,10 +19,9 @@ SHAPES = {
 
 
 def _run(tmp_path, *overrides: str, script_args: tuple[str, ...] = ()):
-    """dlaunch OVERRIDES -- SCRIPT_ARGS (the conftest fixture would append its overrides after the script's arguments)."""
+    """dlaunch OVERRIDES -- SCRIPT_ARGS; conftest's dlaunch() adds cluster.device=cpu before the ``--``."""
     run_dir = tmp_path / "run"
-    proc = dlaunch(*overrides, "cluster.device=cpu", f"hydra.run.dir={run_dir}", *(("--", *script_args) if script_args else ()),
-                   cwd=tmp_path)
+    proc = dlaunch(*overrides, f"hydra.run.dir={run_dir}", *(("--", *script_args) if script_args else ()), cwd=tmp_path)
     return proc, run_dir
 
 

@@ -37,7 +37,7 @@ from launcher.distribute.collectives import ThreadRendezvous
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.replicated import DelegatingOptimizer, ReplicaParameters, _local_id
 from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 
 
 class CentralModule(ReplicaParameters):
@@ -243,7 +243,6 @@ class CentralStorageStrategy(Strategy):
         super().__init__(_CentralExtended(compute, devlib.canonical_name(parameter_device)))
 
 
-@register("central_storage")
 def from_spec(spec: Any, runtime: Runtime) -> CentralStorageStrategy:
     """Compute devices as the spec lists them; by default one of the cluster's device type."""
     default = "cuda:0" if runtime.device_type == "cuda" else "cpu:0"

@@ -32,7 +32,7 @@ from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 
 log = logging.getLogger("dlaunch")
 
@@ -208,7 +208,6 @@ def param_dtype(runtime: Runtime) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16-mixed" else None
 
 
-@register("fsdp")
 def from_spec(spec: Any, runtime: Runtime) -> FSDPStrategy:
     return FSDPStrategy(spec.reshard_after_forward, spec.wrap, param_dtype=param_dtype(runtime),
                         device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env)

@@ -45,7 +45,7 @@ from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import map_structure
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 from launcher.distribute.replicated import DelegatingOptimizer
 from launcher.strategies.impl.fsdp import param_dtype
 from launcher.strategies.impl.mesh_fsdp import ShardedReplicas
@@ -371,7 +371,6 @@ def _check_split(shape: tuple[int, ...], dims: list[int], logical: int) -> None:
                              f"(shape {list(shape)}, partition_dimensions {dims})")
 
 
-@register("mesh")
 def from_spec(spec: Any, runtime: Runtime) -> MeshStrategy:
     cluster = runtime.run_spec.cluster
     assignment = DeviceAssignment.build(Topology.from_devices(cluster.world_size), spec.device_assignment.computation_shape,

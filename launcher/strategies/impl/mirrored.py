@@ -41,7 +41,7 @@ from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.replicated import MirroredModule, MirroredOptimizer
 from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 
 
 class _MirroredExtended(StrategyExtended):
@@ -140,7 +140,6 @@ class MirroredStrategy(Strategy):
         super().__init__(extended, cluster_resolver=resolver)
 
 
-@register("mirrored")
 def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
     """One replica per process, on the device type the validated spec resolved."""
     ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s, runtime.device_type)

@@ -33,7 +33,7 @@ from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 from launcher.strategies.impl.mirrored import _MirroredExtended
 
 GROUP_JOBS = ("chief", "worker")
@@ -132,7 +132,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         super().__init__(extended, cluster_resolver=resolver)
 
 
-@register("multi_worker_mirrored")
 def from_spec(spec: Any, runtime: Runtime) -> MultiWorkerMirroredStrategy:
     resolver = TorchElasticClusterResolver(runtime.env, runtime.device_type) if runtime.env is not None else None
     options = CommunicationOptions(timeout_seconds=runtime.collective_timeout_s)

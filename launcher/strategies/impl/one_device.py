@@ -16,7 +16,7 @@ import torch
 from launcher.distribute import devices as devlib
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.strategy import Strategy
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 
 
 class _OneDeviceExtended(StrategyExtended):
@@ -31,7 +31,6 @@ class OneDeviceStrategy(Strategy):
         super().__init__(_OneDeviceExtended([devlib.canonical_name(device)]))
 
 
-@register("one_device")
 def from_spec(spec: Any, runtime: Runtime) -> OneDeviceStrategy:
     device = spec.device or ("cuda:0" if runtime.device_type == "cuda" else "cpu:0")
     return OneDeviceStrategy(device)

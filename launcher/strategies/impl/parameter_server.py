@@ -45,12 +45,12 @@ from launcher.distribute.ps_client import Client, ParameterServerUnavailable
 from launcher.distribute.collectives import SingleProcess
 from launcher.distribute import task_exchange
 from launcher.distribute.extended import StrategyExtended, _check_same_shapes
-from launcher.distribute.meta_scope import MetaScope, variables_scope  # noqa: F401 - variables_scope: public here too
+from launcher.distribute.meta_scope import MetaScope
 from launcher.distribute.partitioners import Partitioner, place_module
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import PerReplica, map_structure
-from launcher.strategies import Runtime, register
+from launcher.strategies import Runtime
 from launcher.strategies.impl import ps_local
 from launcher.strategies.impl.ps_module import PSModule, PSOptimizer, contents_for
 from launcher.strategies.parameter_server import cluster_def
@@ -283,7 +283,6 @@ class ParameterServerStrategy(Strategy):
         return bool(client and client.finished)
 
 
-@register("parameter_server")
 def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
     """This task's strategy under dlaunch: the ps tasks build the variables, the chief opens them after a resume."""
     cluster = runtime.run_spec.cluster
