@@ -1,0 +1,45 @@
+"""The code's shape, as docs/DEVELOPMENT.md states it: small modules and functions, strategies as units."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from launcher import strategies
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "launcher"
+GENERATED = {PACKAGE / "cli" / "help_data.py"}  # written by launcher.cli.helpgen from the schema
+
+
+def _modules(under: Path = PACKAGE) -> list[Path]:
+    return sorted(p for p in under.rglob("*.py") if p not in GENERATED)
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules() if (n := p.read_text().count("\n")) > 400}
+    assert not long, f"split these modules: {long}"
+
+
+def test_no_function_is_over_60_lines():
+    long = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long, f"split these functions: {long}"
+
+
+def test_config_and_cli_branch_on_no_strategy_name_and_test_no_strategy_attribute():
+    names = set(strategies.available())
+    found = []
+    for path in _modules(PACKAGE / "config") + _modules(PACKAGE / "cli"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Compare):
+                literals = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant)]
+                found += [f"{where} compares with {v!r}" for v in literals if v in names]
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("hasattr", "getattr") and node.args:
+                if "strategy" in ast.unparse(node.args[0]):
+                    found.append(f"{where} {ast.unparse(node)}")
+    assert not found, "dispatch through the strategy unit instead: " + "; ".join(found)
