@@ -9,8 +9,9 @@ import torch
 import torch.multiprocessing as mp
 
 from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver
+from launcher.distribute.meta_scope import variables_scope
 from launcher.distribute.partitioners import place_module
-from launcher.strategies.parameter_server import ParameterServerStrategy, PSModule, variables_scope
+from launcher.strategies.parameter_server import ParameterServerStrategy, PSModule
 from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_task, run_cluster
 
 
