@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,15 +15,30 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow
 
 
+# setuptools copies into build/ and never deletes there: a wheel built in a checkout whose build/ outlived a
+# removed module ships that module. The wheel is built from a copy of the sources alone.
+NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "build", "dist", "outputs", "multirun", "*.egg-info",
+                                     "__pycache__", ".pytest_cache")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
+    out, sources = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("sources") / "dlaunch"
+    shutil.copytree(ROOT, sources, ignore=NOT_SOURCES)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(sources)],
         check=True, capture_output=True, text=True,
     )
     (path,) = out.glob("dlaunch-*.whl")
     return path
+
+
+def test_the_wheel_ships_the_modules_of_the_tree_and_no_others(wheel):
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("launcher/") and n.endswith(".py")}
+    tree = {p.relative_to(ROOT).as_posix() for p in (ROOT / "launcher").rglob("*.py") if "__pycache__" not in p.parts}
+    tree |= {f"launcher/recipes/{p.name}" for p in (ROOT / "recipes").glob("*.py")}  # recipes/ ships as launcher.recipes
+    tree |= {f"launcher/conf/{p.name}" for p in (ROOT / "conf").glob("*.py")}  # and conf/ as launcher.conf
+    assert shipped == tree, (sorted(tree - shipped), sorted(shipped - tree))
 
 
 def test_wheel_carries_configs_and_recipes(wheel):

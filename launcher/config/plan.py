@@ -52,3 +52,15 @@ class Plan(Strict):
     def from_job(cls, job: dict) -> "Plan":
         """The plan the parent wrote into a job file (``launcher.launch.elastic.write_job``)."""
         return cls.model_validate(job["plan"])
+
+
+def read_job(job: dict) -> tuple[Any, Plan]:
+    """The ``RunSpec`` and ``Plan`` of a job file, as the parent resolved them.
+
+    The spec's rules are judged against the CUDA count the parent saw (the plan's),
+    so a worker accepts exactly what its parent accepted.
+    """
+    from launcher.config.schema import RunSpec
+
+    plan = Plan.from_job(job)
+    return RunSpec.model_validate(job["spec"], context={"cuda_devices": plan.cuda_devices}), plan

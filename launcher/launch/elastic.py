@@ -52,7 +52,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
                 stale.unlink()
     path = state / ("job.json" if node is None else f"job-node{node}.json")
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
-                                "run_dir": str(run_dir.resolve()), "cuda_devices": plan.cuda_devices}))
+                                "run_dir": str(run_dir.resolve())}))
     return path
 
 
@@ -161,7 +161,7 @@ def run_node(
     how = " (forked from the warm server)" if warm.started() else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
-        trace = nccl_trace_prefix(spec, run_dir, plan.cuda_devices)
+        trace = nccl_trace_prefix(plan, run_dir)
         start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
                       master_addr=spec.cluster.master_addr)
         return 0
@@ -181,9 +181,9 @@ def run_node(
         return 1
 
 
-def nccl_trace_prefix(spec: RunSpec, run_dir: Path, cuda_devices: int) -> str | None:
+def nccl_trace_prefix(plan: Plan, run_dir: Path) -> str | None:
     """Where an nccl job's flight recorder dumps each rank's last collectives on a timeout; None for gloo."""
-    if spec.backend(cuda_devices) != "nccl":
+    if plan.backend != "nccl":
         return None
     return str(run_dir.resolve() / outputs.STATE_DIR / "nccl_trace_rank_")
 

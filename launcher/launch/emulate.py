@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from launcher.config.plan import Plan
+from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, failures, rendezvous, report
 from launcher.runtime import outputs
@@ -137,7 +137,7 @@ def node_main(argv: list[str]) -> int:
     node_rank = int(node)
     setup_logging(node_rank, Console(stderr=True), who="node")
     job = json.loads(Path(job_path).read_text())
-    spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+    spec, plan = read_job(job)
     spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"master_port": int(port)})})
     run_dir = Path(job["run_dir"])
 
@@ -145,7 +145,7 @@ def node_main(argv: list[str]) -> int:
         return _record_failures(real, finished, spec, run_dir, node_rank)
 
     listen_fd = int(fd[0]) if fd else None
-    return elastic.run_node(spec, run_dir, Path(job_path), Plan.from_job(job), node_rank, run_id, listen_fd, on_failure)
+    return elastic.run_node(spec, run_dir, Path(job_path), plan, node_rank, run_id, listen_fd, on_failure)
 
 
 if __name__ == "__main__":

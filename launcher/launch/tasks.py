@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.cluster.env import PSTask, task_environment
-from launcher.config.plan import Plan
+from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, emulate, failures, report
 
@@ -154,7 +154,7 @@ def task_main(argv: list[str]) -> int:
     die_with_launcher()
     job_path, kind, index, attempt = argv
     job = json.loads(Path(job_path).read_text())
-    spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
+    spec, _ = read_job(job)
     task = next(t for t in all_tasks(spec, int(attempt)) if (t.type, t.index) == (kind, int(index)))
     setup_logging(task.rank, Console(stderr=True), who="node")
     run_dir = Path(job["run_dir"])

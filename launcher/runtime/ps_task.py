@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from launcher.cluster import rpc
 from launcher.cluster.env import PSTask
+from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
@@ -42,6 +43,19 @@ def build_variables(spec: RunSpec, run_dir: Path) -> tuple[object, object]:
     )
     parts = loaded.module.build(loaded.config, ctx)
     return parts.model, parts.optimizer
+
+
+def run(spec: RunSpec, plan: Plan, task: PSTask, run_dir: Path, console: Any) -> None:
+    """One task of a parameter-server job: a ps serves its variables; the chief and workers train."""
+    from launcher.runtime.loop import train
+
+    try:
+        if task.type == "ps":
+            serve(spec, task, run_dir)
+        else:
+            train(spec, None, run_dir, plan, console, task=task)
+    finally:
+        rpc.shutdown()
 
 
 def serve(spec: RunSpec, task: PSTask, run_dir: Path) -> None:

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from launcher.cluster import env as env_lib
 from launcher.cluster import preflight
-from launcher.config.plan import Plan
+from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch.failures import write_error_file
 from launcher.launch.parent_death import die_with_parent
@@ -60,32 +60,35 @@ def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
 
 
 def run(job_path: Path) -> int:
+    """Run this process's part of the job; the exit code the agent sees (a failure's cause is in the error file)."""
     die_with_launcher()
     job = json.loads(job_path.read_text())
-    task = env_lib.ps_task()
-    if task is not None:
-        return run_task(job, task)
-    env = env_lib.WorkerEnv.from_environ()
-    rank = env.rank if env else 0
+    run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
+    env = env_lib.WorkerEnv.from_environ() if task is None else None
+    rank = task.rank if task is not None else (env.rank if env else 0)
     console = Console(stderr=True)
     setup_logging(rank, console)
-    run_dir = Path(job["run_dir"])
-    if already_completed(run_dir, env):
+    if task is None and already_completed(run_dir, env):
         log.warning("restart %d: every rank had already completed this run; nothing to redo", env.restart_count)
         return 0
+    if task is not None:
+        outputs.completion_marker(run_dir, rank).unlink(missing_ok=True)
+    leave = teardown if task is None else (lambda: None)  # a ps task's groups end with its RPC agent
     try:
-        spec, plan = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]}), Plan.from_job(job)
-        if env is not None and env.world_size > 1:
-            preflight.check(env, job["spec"], spec.launch.preflight_timeout_s, plan.backend, plan.device_type,
-                            spec.launch.collective_timeout_s)
-        train(spec, env, run_dir, plan, console)
+        spec, plan = read_job(job)
+        if task is not None:
+            from launcher.runtime import ps_task
+
+            ps_task.run(spec, plan, task, run_dir, console)
+        else:
+            _train(spec, plan, env, run_dir, job["spec"], console)
         outputs.completion_marker(run_dir, rank).touch()
-        teardown()
+        leave()
         return 0
     except Preempted as exc:  # the launcher was signalled too, or only the workers were (then this is the cause)
         log.warning("%s", exc)
         write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step})
-        teardown()
+        leave()
         return exc.exit_code
     except KeyboardInterrupt as exc:
         write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
@@ -95,36 +98,12 @@ def run(job_path: Path) -> int:
         return 1
 
 
-def run_task(job: dict, task: env_lib.PSTask) -> int:
-    """One task of a parameter-server job: a ps serves its variables; the chief and workers train."""
-    console = Console(stderr=True)
-    setup_logging(task.rank, console)
-    run_dir = Path(job["run_dir"])
-    outputs.completion_marker(run_dir, task.rank).unlink(missing_ok=True)
-    try:
-        spec = RunSpec.model_validate(job["spec"], context={"cuda_devices": job["cuda_devices"]})
-        if task.type == "ps":
-            from launcher.runtime import ps_task
-
-            ps_task.serve(spec, task, run_dir)
-        else:
-            train(spec, None, run_dir, Plan.from_job(job), console, task=task)
-        outputs.completion_marker(run_dir, task.rank).touch()
-        return 0
-    except Preempted as exc:
-        log.warning("%s", exc)
-        write_error_file(env_lib.error_file(), exc, task.rank, {"last_step": exc.step})
-        return exc.exit_code
-    except KeyboardInterrupt as exc:
-        write_error_file(env_lib.error_file(), exc, task.rank, heartbeat.progress_of(exc))
-        return 130
-    except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
-        write_error_file(env_lib.error_file(), exc, task.rank, heartbeat.progress_of(exc))
-        return 1
-    finally:
-        from launcher.cluster import rpc
-
-        rpc.shutdown()
+def _train(spec: RunSpec, plan: Plan, env: env_lib.WorkerEnv | None, run_dir: Path, as_written: dict, console: Console) -> None:
+    """One rank of a collective job: check the ranks agree and can talk (this joins the process group), then train."""
+    if env is not None and env.world_size > 1:
+        preflight.check(env, as_written, spec.launch.preflight_timeout_s, plan.backend,
+                        plan.device_type, spec.launch.collective_timeout_s)
+    train(spec, env, run_dir, plan, console)
 
 
 def _run_flushed(job_path: Path) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from launcher.cluster.env import LOOPBACK_INTERFACE_VARIABLES, worker_environment
 from launcher.config.compose import compose_and_validate
+from launcher.config.plan import Plan
 from launcher.launch.elastic import nccl_trace_prefix
 
 PREFIX = "/runs/r/.dlaunch/nccl_trace_rank_"
@@ -37,9 +38,9 @@ def test_a_gloo_job_gets_no_nccl_settings():
 
 def test_the_dumps_go_to_the_run_directory_when_the_backend_is_nccl(tmp_path):
     cuda = compose_and_validate(["strategy=mirrored", "cluster=1x2", "cluster.device=cuda"], cuda_devices=2)
-    assert nccl_trace_prefix(cuda, tmp_path, cuda_devices=2) == str(tmp_path.resolve() / ".dlaunch" / "nccl_trace_rank_")
+    assert nccl_trace_prefix(Plan.resolve(cuda, 2), tmp_path) == str(tmp_path.resolve() / ".dlaunch" / "nccl_trace_rank_")
     cpu = compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
-    assert nccl_trace_prefix(cpu, Path("r"), cuda_devices=0) is None
+    assert nccl_trace_prefix(Plan.resolve(cpu, 0), Path("r")) is None
 
 
 def test_single_node_collectives_stay_on_loopback(monkeypatch):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from launcher.config.compose import compose_and_validate
-from launcher.config.plan import Plan
+from launcher.config.plan import Plan, read_job
 
 
 def _plan(*overrides: str, cuda: int = 0) -> Plan:
@@ -34,7 +34,18 @@ def test_the_job_file_carries_the_plan(tmp_path):
     spec = compose_and_validate(["recipe=linear", "strategy=mirrored", "cluster=1x2"], cuda_devices=0)
     plan = Plan.resolve(spec, 0)
     job = json.loads(write_job(spec, tmp_path, plan).read_text())
-    assert Plan.from_job(job) == plan and job["cuda_devices"] == 0
+    assert set(job) == {"spec", "plan", "run_dir"}  # the CUDA count the parent saw lives in the plan alone
+    assert read_job(job) == (spec, plan)
+
+
+def test_a_worker_judges_the_spec_by_the_parents_cuda_count(tmp_path):
+    """Written on a machine with 2 CUDA devices, a cuda 1x2 job reads back as such wherever it is read."""
+    from launcher.launch.elastic import write_job
+
+    spec = compose_and_validate(["recipe=linear", "strategy=mirrored", "cluster=1x2", "cluster.device=cuda"], cuda_devices=2)
+    job = json.loads(write_job(spec, tmp_path, Plan.resolve(spec, 2)).read_text())
+    again, plan = read_job(job)
+    assert again == spec and (plan.device_type, plan.backend, plan.cuda_devices) == ("cuda", "nccl", 2)
 
 
 @pytest.mark.parametrize(("overrides", "launcher"), [

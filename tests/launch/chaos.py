@@ -119,7 +119,8 @@ class Soak:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.steps = self.n * (2 * self.every + 2) + self.every  # room for n faults, each at most 2*every+2 steps on
+        self.steps = self.n * (2 * self.every + 4) + self.every  # room for n faults: each at most 2*every steps past
+        # the furthest step seen, plus the steps a command logs between that look and its stop
         self.args = soak_args(self.steps, self.every, self.max_restarts)
         self.plan = self.rng.sample(FAULTS, len(FAULTS)) + [self.rng.choice(FAULTS) for _ in range(self.n)]
         self.plan = self.plan[: self.n]  # every kind once (when n >= 4), then at random
@@ -134,6 +135,8 @@ class Soak:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         while True:
             command = Command(resumable=layout.latest(self.run_dir / "checkpoints") is not None)
+            # a stopped command may log steps past the one the harness saw: the next fault waits for new progress
+            self.seen = max(self.seen, last_step(self.run_dir))
             self.commands.append(command)
             log = self.run_dir.parent / f"{self.run_dir.name}-command-{len(self.commands)}.log"
             started = time.monotonic()

@@ -82,12 +82,13 @@ def test_train_step_starts_near_uniform_and_evaluate_writes_a_sample(tmp_path):
 @pytest.mark.slow
 def test_one_device_run_learns(tmp_path):
     run_dir = tmp_path / "run"
-    assert main(["recipe=charlm", f"hydra.run.dir={run_dir}"]) == 0
+    assert main(["recipe=charlm", "trainer.steps=300", f"hydra.run.dir={run_dir}"]) == 0
     result = json.loads((run_dir / "summary.json").read_text())
     assert result["status"] == "completed" and result["strategy"] == "one_device" and result["recipe"] == "charlm"
     metrics = result["metrics"]
-    # Measured (seed 0, 1,200 steps): eval_loss 1.49 nats/byte (2.15 bits); the stated bound is 1.8.
-    assert metrics["eval_loss"] < 1.8, metrics
+    # The recipe's stated bound after 300 steps (a quarter of the default; the full run's 1.8 is measured, not
+    # run here: 2 minutes). Measured (seed 0): eval_loss 1.91 nats/byte at 300 steps, 1.49 at 1,200.
+    assert metrics["eval_loss"] < 2.3, metrics
     assert metrics["eval_bits_per_char"] == pytest.approx(metrics["eval_loss"] / math.log(2))
     sample = (run_dir / "sample.txt").read_text()
     assert sample.startswith("def ") and len(sample.strip()) > 4

@@ -141,8 +141,10 @@ class MirroredStrategy(Strategy):
 
 
 def from_spec(spec: Any, runtime: Runtime) -> MirroredStrategy:
-    """One replica per process, on the device type the validated spec resolved."""
-    ensure_process_group(runtime.env, runtime.backend, runtime.collective_timeout_s, runtime.device_type)
+    """One replica per process, on the device type the validated spec resolved.
+
+    The worker joined the process group already (in its preflight): the strategy finds it.
+    """
     device = devlib.canonical_name(process_device(runtime.env, runtime.device_type))
     ops = cdo.from_name(spec.cross_device_ops)
     return MirroredStrategy(devices=[device], cross_device_ops=ops, ddp_options=spec.ddp_options(), env=runtime.env)
