@@ -7,6 +7,7 @@ allowed and a did-you-mean, never a traceback.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.resources
 import re
 from pathlib import Path
@@ -62,14 +63,21 @@ def register_configs(overrides: Iterable[str] = ()) -> None:
     """
     store = ConfigStore.instance()
     for name, path in recipe_files().items():
-        node = OmegaConf.load(path)
-        node.recipe.name = name
-        node.recipe.entry = f"launcher.recipes.{name}"
+        node = _shipped_recipe(name, str(path), path.stat().st_mtime_ns)
         store.store(group="recipe", name=name, node=node, package="_global_", provider="dlaunch")
     for shape in {"1x1"} | _shapes_in(overrides):
         nodes, devices = (int(v) for v in SHAPE.match(shape).groups())
         node = {**ClusterSpec().model_dump(), "nodes": nodes, "devices_per_node": devices}
         store.store(group="cluster", name=shape, node=node, provider="dlaunch")
+
+
+@functools.lru_cache(maxsize=64)
+def _shipped_recipe(name: str, path: str, mtime_ns: int) -> DictConfig:
+    """A shipped recipe's YAML as a stored option, parsed once per process (per version of the file)."""
+    node = OmegaConf.load(path)
+    node.recipe.name = name
+    node.recipe.entry = f"launcher.recipes.{name}"
+    return node
 
 
 def choose_user_recipes(overrides: list[str]) -> list[str]:
