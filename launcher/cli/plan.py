@@ -271,14 +271,18 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
     )
 
 
-def show_plan(spec: RunSpec, plan: Plan, run_dir: Path, console: Console, dry_run: bool, resume_from: Path | None = None) -> None:
+def show_plan(spec: RunSpec, plan: Plan, run_dir: Path, console: Console, dry_run: bool,
+              resume_from: Path | None = None) -> list[tuple[str, str]]:
+    """Print the plan; its rows, for a sweep to compare the next jobs with."""
     shards = shard_table(spec, count=dry_run)  # first: a file that cannot be counted is an error, not half a plan
     title = "dlaunch plan" + (" (dry run: nothing is started)" if dry_run else "")
-    console.print(rows_table(title, plan_rows(spec, plan, run_dir, resume_from)))
+    rows = plan_rows(spec, plan, run_dir, resume_from)
+    console.print(rows_table(title, rows))
     if shards is not None:
         console.print(shards)
     for table in spec.strategy.plan_tables(spec, run_dir):
         console.print(table)
+    return rows
 
 
 def rows_table(title: str, rows: list[tuple[str, str]]) -> Table:

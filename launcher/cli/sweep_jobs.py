@@ -87,9 +87,9 @@ def show_plan(spec: Any, plan: Any, run_dir: Path, console: Console, dry_run: bo
     from launcher.cli.plan import show_plan as show_full
 
     if not multirun or not _first_plan:
-        show_full(spec, plan, run_dir, console, dry_run, resume_from)
+        rows = show_full(spec, plan, run_dir, console, dry_run, resume_from)
         if multirun:
-            _first_plan.update(plan_rows(spec, plan, run_dir, resume_from))
+            _first_plan.update(rows)
             console.print("(the sweep's first job; each next job shows only what differs from it)")
         return
     rows = [(k, v) for k, v in plan_rows(spec, plan, run_dir, resume_from) if k != "run dir" and _first_plan.get(k) != v]

@@ -44,6 +44,8 @@ def __getattr__(name: str):
 
     from launcher import strategies
 
+    if name == "__all__":  # `from launcher.distribute import *`: this table's names and every strategy's
+        return sorted({*_NAMES, *_MODULES, *strategies.exports()})
     module = _NAMES.get(name) or strategies.exported(name)
     if module is not None:
         return getattr(importlib.import_module(module), name)
@@ -51,43 +53,6 @@ def __getattr__(name: str):
         return importlib.import_module(f"launcher.distribute.{name}")
     raise AttributeError(f"module 'launcher.distribute' has no attribute {name!r}")
 
-__all__ = [
-    "AutoShardPolicy",
-    "CentralStorageStrategy",
-    "CrossDeviceOps",
-    "DeviceAssignment",
-    "FixedShardsPartitioner",
-    "HierarchicalCopyAllReduce",
-    "InputContext",
-    "InputOptions",
-    "InputReplicationMode",
-    "MaxSizePartitioner",
-    "MeshStrategy",
-    "MinSizePartitioner",
-    "MirroredStrategy",
-    "NcclAllReduce",
-    "OneDeviceStrategy",
-    "ParameterServerStrategy",
-    "PerReplica",
-    "ReduceOp",
-    "ReductionToOneDevice",
-    "SharedMemoryAllReduce",
-    "ReplicaContext",
-    "RunOptions",
-    "Server",
-    "Strategy",
-    "StrategyExtended",
-    "TPUStrategy",
-    "Topology",
-    "ValueContext",
-    "cluster_resolver",
-    "compute_average_loss",
-    "experimental",
-    "experimental_set_strategy",
-    "get_loss_reduction",
-    "get_replica_context",
-    "get_strategy",
-    "has_strategy",
-    "in_cross_replica_context",
-    "scale_loss",
-]
+
+def __dir__() -> list[str]:
+    return __getattr__("__all__")

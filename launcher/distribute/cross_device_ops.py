@@ -178,7 +178,7 @@ class NcclAllReduce(CrossDeviceOps):
     name = "nccl_all_reduce"
 
     def __init__(self, num_packs: int = 1):
-        self.num_packs = _non_negative("num_packs", num_packs)
+        self.num_packs = non_negative("num_packs", num_packs)
 
     def _local_sum(self, parts: Sequence[Any]) -> torch.Tensor:
         tensors = [torch.as_tensor(p) for p in parts]
@@ -221,7 +221,7 @@ class ReductionToOneDevice(CrossDeviceOps):
     def __init__(self, reduce_to_device: str | None = None, accumulation_fn: Callable | None = None, *, root_rank: int = 0):
         self.reduce_to_device = None if reduce_to_device is None else devlib.canonical_name(reduce_to_device)
         self.accumulation_fn = accumulation_fn or _add_n
-        self.root_rank = _non_negative("root_rank", root_rank)
+        self.root_rank = non_negative("root_rank", root_rank)
 
     def _local_sum(self, parts: Sequence[Any]) -> torch.Tensor:
         tensors = [torch.as_tensor(p) for p in parts]
@@ -355,14 +355,15 @@ def _nccl_ready(tensors: Sequence[torch.Tensor]) -> bool:
     return torch.cuda.nccl.is_available(tensors)
 
 
-def _group_key(group: Any) -> Any:
+def group_key(group: Any) -> Any:
+    """The process group an op runs over: ``group``, or the default (world) group for None."""
     return group if group is not None else dist.group.WORLD
 
 
-def _group_timeout_s(group: Any) -> float:
+def group_timeout_s(group: Any) -> float:
     """The process group's collective timeout (its gloo backend's), else torch's default."""
     try:
-        return _group_key(group)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        return group_key(group)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     except (AttributeError, RuntimeError):
         return 1800.0
 
@@ -373,7 +374,8 @@ def _default_processes() -> Any:
     return SingleProcess()
 
 
-def _non_negative(what: str, value: int) -> int:
+def non_negative(what: str, value: int) -> int:
+    """``value``, checked as a count or a rank (the ops' constructors name the argument)."""
     if value < 0:
         raise ValueError(f"{what} must be >= 0, got {value}")
     return value

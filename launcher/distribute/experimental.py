@@ -10,25 +10,17 @@ from __future__ import annotations
 
 import importlib
 
-_NAMES = {
-    "CentralStorageStrategy": "launcher.strategies.central_storage",
-    "MultiWorkerMirroredStrategy": "launcher.strategies.multi_worker_mirrored",
-    "CommunicationOptions": "launcher.strategies.multi_worker_mirrored",
-    "CommunicationImplementation": "launcher.strategies.multi_worker_mirrored",
-    "ParameterServerStrategy": "launcher.strategies.parameter_server",
-    "TPUStrategy": "launcher.strategies.impl.tpu",
-    "FixedShardsPartitioner": "launcher.distribute.partitioners",
-    "MinSizePartitioner": "launcher.distribute.partitioners",
-    "MaxSizePartitioner": "launcher.distribute.partitioners",
-    "ValueContext": "launcher.distribute.input_context",
-}
+# TF's experimental subset of the package's names, found where launcher.distribute finds them.
+_NAMES = ("CentralStorageStrategy", "MultiWorkerMirroredStrategy", "CommunicationOptions", "CommunicationImplementation",
+          "ParameterServerStrategy", "TPUStrategy", "FixedShardsPartitioner", "MinSizePartitioner",
+          "MaxSizePartitioner", "ValueContext")
 _MODULES = {"coordinator": "launcher.distribute.coordinator"}
 
 
 def __getattr__(name: str):
     # Strategies import launcher.distribute: looked up on first use, not at import.
     if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
+        return getattr(importlib.import_module("launcher.distribute"), name)
     if name in _MODULES:
         return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'launcher.distribute.experimental' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.distribute.collectives import ProcessCollectives
-from launcher.distribute.cross_device_ops import CrossDeviceOps, _non_negative
+from launcher.distribute.cross_device_ops import CrossDeviceOps, non_negative
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
     name = "hierarchical_copy"
 
     def __init__(self, num_packs: int = 1, *, ranks_per_node: int | None = None):
-        self.num_packs = _non_negative("num_packs", num_packs)
+        self.num_packs = non_negative("num_packs", num_packs)
         if ranks_per_node is not None and ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
         self.ranks_per_node = ranks_per_node

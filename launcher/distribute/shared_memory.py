@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.distribute.collectives import ProcessCollectives
-from launcher.distribute.cross_device_ops import CrossDeviceOps, _group_key, _group_timeout_s
+from launcher.distribute.cross_device_ops import CrossDeviceOps, group_key, group_timeout_s
 
 SHM_DIR = "/dev/shm"
 LINE = 64  # bytes between two ranks' counters: one cache line each
@@ -266,10 +266,10 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         self._segments: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # process group -> SharedMemoryGroup | None
 
     def _join(self, processes: ProcessCollectives, env: Any) -> None:
-        key = _group_key(processes.group)
+        key = group_key(processes.group)
         if key in self._segments:
             return
-        timeout_s = _group_timeout_s(processes.group)
+        timeout_s = group_timeout_s(processes.group)
         segment = SharedMemoryGroup.create(processes.group, int(self.budget_mb * 2**20), timeout_s)
         self._segments[key] = segment
         if segment is None and self.required:
@@ -280,13 +280,13 @@ class SharedMemoryAllReduce(CrossDeviceOps):
 
     def active(self, group: Any = None) -> bool:
         """True when ``group``'s processes reduce through shared memory."""
-        return self._segments.get(_group_key(group)) is not None
+        return self._segments.get(group_key(group)) is not None
 
     def _segment(self, group: Any, tensor: torch.Tensor) -> Any:
         """The group's segment if ``tensor`` can go through it (contiguous, on CPU); else None: the backend's."""
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             return None
-        return self._segments.get(_group_key(group))
+        return self._segments.get(group_key(group))
 
     def _all_reduce_sum_(self, buffer: torch.Tensor, group: Any) -> None:
         segment = self._segment(group, buffer)
@@ -306,7 +306,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         segment.all_reduce_(buffer, divide_by=dist.get_world_size(group))
 
     def _check_same_shape(self, tensor: torch.Tensor, processes: Any) -> None:
-        segment = self._segments.get(_group_key(processes.group))
+        segment = self._segments.get(group_key(processes.group))
         if segment is None:
             return super()._check_same_shape(tensor, processes)
         processes.check_same_shape(tensor, all_reduce_max_=lambda t: segment.all_reduce_(t, op="max"))

@@ -86,6 +86,11 @@ def exported(name: str) -> str | None:
     return next((u.impl for u in units().values() if name in u.exports), None)
 
 
+def exports() -> list[str]:
+    """Every strategy's public class names."""
+    return sorted(name for u in units().values() for name in u.exports)
+
+
 def forward(module_name: str, impl: str) -> Callable[[str], Any]:
     """A unit module's ``__getattr__``: its torch side's names, imported on first use."""
 

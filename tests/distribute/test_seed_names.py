@@ -173,3 +173,16 @@ def test_distribute_values_from_function_gives_the_seeds_local_results(devices):
     array_value = np.array([3.0, 2.0, 1.0])
     assert [float(v) for v in local(lambda ctx: array_value[ctx.replica_id_in_sync_group])] == [3.0, 2.0][:n]  # 2.
     assert list(local(lambda ctx: ctx.num_replicas_in_sync)) == [n] * n  # 3. (1,) with one replica
+
+
+def test_every_public_name_resolves_and_every_strategy_is_public():
+    from launcher import strategies
+
+    names = dl.__all__
+    assert set(strategies.exports()) <= set(names) and {"FSDPStrategy", "MultiWorkerMirroredStrategy"} <= set(names)
+    missing = [n for n in names if not hasattr(dl, n)]
+    assert not missing, missing
+    star: dict = {}
+    exec("from launcher.distribute import *", star)
+    assert set(names) <= set(star) and dir(dl) == names
+    assert all(hasattr(dl.experimental, n) for n in dl.experimental.__all__)
