@@ -59,6 +59,17 @@ class StrategyExtended:
     def open(self, step: int) -> None:
         """The variables are loaded (or new) at ``step``: processes that wait for them may start. Default: none wait."""
 
+    def own_loop(self) -> Any:
+        """A training loop of this strategy's that replaces dlaunch's in this process, or None (the default).
+
+        Called as ``loop(spec, strategy, replica_step, stream)``; a parameter-server worker's steps
+        until the chief is done, with no checkpoints, evaluation or summary of its own.
+        """
+        return None
+
+    def finish(self) -> None:
+        """Training ended here (completed, or stopped after its save): processes serving it may end. Default: none."""
+
     def save_checkpoint(self, model: Any, path: Any, progress: tuple[int, int, int]) -> bool:
         """Write ``model``'s variables into ``path`` where this strategy keeps them; False: dlaunch saves them (DCP)."""
         return False

@@ -137,20 +137,19 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
-    if task is not None and task.type == "worker":  # a parameter-server worker: no checkpoints, no summary
-        from launcher.runtime import ps_task
-
-        return ps_task.train_worker(spec, strategy, step, stream, task)
+    own = strategy.extended.own_loop()
+    if own is not None:
+        return own(spec, strategy, step, stream)
     evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
                  make_schedule(spec.trainer, optimizer), evaluator)
-    restarted = (env is not None and env.restart_count > 0) or (task is not None and task.attempt > 0)
-    resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=restarted))
+    attempt = env.restart_count if env else (task.attempt if task else 0)  # workers restarted by the launcher
+    resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=attempt > 0))
     if rank == 0:
-        outputs.record_start(run_dir, env.restart_count if env else (task.attempt if task else 0), resumed_at)
+        outputs.record_start(run_dir, attempt, resumed_at)
     loop_started = time.perf_counter()
-    with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy, task):
+    with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy):
         losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
     loop_seconds = time.perf_counter() - loop_started
 
@@ -159,8 +158,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
         log.info("eval: %s", ", ".join(f"{k}={v:.6g}" for k, v in metrics.items()))
     summary = _summary(spec, plan, env, strategy, loop, losses, model, metrics, resumed_at, (started, loop_seconds))
     summary["history"] = outputs.history(run_dir)  # over every command since the run began afresh
-    if task is not None:
-        strategy.extended.finish()  # the ps tasks stop the workers, then end
+    strategy.extended.finish()  # a parameter-server chief: the ps tasks stop the workers, then end
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
     return summary
@@ -198,13 +196,12 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
 
 
 @contextlib.contextmanager
-def _finishing(strategy: Any, task: PSTask | None) -> Iterator[None]:
+def _finishing(strategy: Any) -> Iterator[None]:
     """A parameter-server chief stopped by a signal (after its save) still ends the job: the ps tasks need not wait."""
     try:
         yield
     except Preempted:
-        if task is not None:
-            strategy.extended.finish()
+        strategy.extended.finish()
         raise
 
 

@@ -98,7 +98,7 @@ def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:
                             timeout=datetime.timedelta(seconds=spec.launch.collective_timeout_s))
 
 
-def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, task: PSTask) -> dict[str, Any]:
+def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, name: str) -> dict[str, Any]:
     """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
     from launcher.runtime import loop  # the plan imports this module (build_variables) without the loop
 
@@ -113,5 +113,5 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, t
     strategy.extended.leave()
     if stop.signum:
         raise Preempted(stop.signum, strategy.global_step)
-    log.info("%s: %d step(s) from global step %d to %d", task.name, local, start, strategy.global_step)
-    return {"status": "completed", "task": task.name, "local_steps": local}
+    log.info("%s: %d step(s) from global step %d to %d", name, local, start, strategy.global_step)
+    return {"status": "completed", "task": name, "local_steps": local}

@@ -31,6 +31,7 @@ Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from typing import Any
@@ -160,6 +161,13 @@ class _PSExtended(StrategyExtended):
         self.client.each(ps_server.remote_wait_created, float(self._args["ready_timeout_s"]))
         self.client.each(ps_server.remote_open, int(global_step))
         self.client.global_step = int(global_step)
+
+    def own_loop(self) -> Any:
+        if not self._args["task"].startswith("worker"):
+            return None
+        from launcher.runtime import ps_task  # the runtime's side of a ps job (it imports this module)
+
+        return functools.partial(ps_task.train_worker, name=self._args["task"])
 
     def finish(self) -> None:
         """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
