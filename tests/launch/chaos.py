@@ -104,8 +104,9 @@ class Command:
             return 128 + signal.SIGTERM  # the workers saved, then stopped
         if self.faults[-1] in ENDS_COMMAND:
             return -signal.SIGKILL
-        assert self.faults.count("kill_worker") > max_restarts, self.faults
-        return 1  # restarts exhausted
+        if self.faults.count("kill_worker") > max_restarts:
+            return 1  # restarts exhausted
+        return 0  # the n-th fault killed a worker: the agent restarted the workers and the run completed
 
 
 @dataclasses.dataclass
@@ -119,8 +120,9 @@ class Soak:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.steps = self.n * (2 * self.every + 4) + self.every  # room for n faults: each at most 2*every steps past
-        # the furthest step seen, plus the steps a command logs between that look and its stop
+        # Room for n faults: each lands at most 2*every steps past the furthest step seen, and a stopped command
+        # may log some steps past that before it ends (a stop is agreed between the ranks): twice that, for slack.
+        self.steps = self.n * (4 * self.every + 4) + self.every
         self.args = soak_args(self.steps, self.every, self.max_restarts)
         self.plan = self.rng.sample(FAULTS, len(FAULTS)) + [self.rng.choice(FAULTS) for _ in range(self.n)]
         self.plan = self.plan[: self.n]  # every kind once (when n >= 4), then at random
@@ -170,7 +172,7 @@ class Soak:
                 fault = "kill_agent"
         if fault == "term_in_save":
             return self._term_in_save(proc, command, target)
-        target = self.seen + self.rng.randint(1, 2 * self.every)
+        target = min(self.seen + self.rng.randint(1, 2 * self.every), self.steps - 1)  # never past the run's end
         if not self._reach(proc, target):
             return False
         time.sleep(self.rng.uniform(0, 0.05))  # anywhere within a step (0.03 s), the save after it included
