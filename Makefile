@@ -30,9 +30,9 @@ shell: $(STAMP)
 	@echo "dlaunch $$($(BIN)/dlaunch --version | cut -d' ' -f2) on PATH; exit to leave"
 	@. $(BIN)/activate && exec $${SHELL:-bash} -i
 
-# Two test processes (pytest-xdist), a test file each at a time: most tests wait on the processes they start,
-# so two streams finish sooner even on two cores (figures: docs/DEVELOPMENT.md). TEST_JOBS=0 runs them in one.
-TEST_JOBS ?= 2
+# Four test processes (pytest-xdist), a test file each at a time: most tests wait on the processes they start, so
+# four streams keep two cores busy, idle or shared (figures: docs/DEVELOPMENT.md). TEST_JOBS=0 runs them in one.
+TEST_JOBS ?= 4
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 

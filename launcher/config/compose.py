@@ -61,14 +61,27 @@ def register_configs(overrides: Iterable[str] = ()) -> None:
     Recipes keep their YAML beside their .py; cluster shapes are generated, so any
     ``NxM`` is an option without a file per shape.
     """
-    store = ConfigStore.instance()
     for name, path in recipe_files().items():
-        node = _shipped_recipe(name, str(path), path.stat().st_mtime_ns)
-        store.store(group="recipe", name=name, node=node, package="_global_", provider="dlaunch")
+        _store("recipe", name, (str(path), path.stat().st_mtime_ns), package="_global_")
     for shape in {"1x1"} | _shapes_in(overrides):
-        nodes, devices = (int(v) for v in SHAPE.match(shape).groups())
+        _store("cluster", shape, shape)
+
+
+_STORED: dict[tuple[str, str], Any] = {}  # (group, name) -> what this process stored there last
+
+
+def _store(group: str, name: str, source: Any, package: str | None = None) -> None:
+    """Store an option once per process and source (ConfigStore copies each node it stores: 5 ms a recipe)."""
+    store = ConfigStore.instance()
+    if _STORED.get((group, name)) == source and f"{name}.yaml" in store.repo.get(group, {}):
+        return
+    if group == "recipe":
+        node = _shipped_recipe(name, *source)
+    else:
+        nodes, devices = (int(v) for v in SHAPE.match(name).groups())
         node = {**ClusterSpec().model_dump(), "nodes": nodes, "devices_per_node": devices}
-        store.store(group="cluster", name=shape, node=node, provider="dlaunch")
+    store.store(group=group, name=name, node=node, package=package, provider="dlaunch")
+    _STORED[(group, name)] = source
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,7 +7,9 @@ for each one, after the launcher has composed, planned and started its agent.
 
 dlaunch therefore starts a ``multiprocessing`` forkserver as the command starts
 (``launcher/cli/entry.py``), unless the command line rules out a run (help, a
-dry run, a sweep, a subcommand). The forkserver imports ``launcher.runtime.worker``
+dry run, a sweep, a subcommand) or a run of more than one process (``may_ask_for_workers``:
+a plain ``dlaunch recipe=charlm`` trains in dlaunch, and the server would cost it about
+2 s of CPU). The forkserver imports ``launcher.runtime.worker``
 (and ``torch._dynamo``, which the first optimizer step would import) on another
 core while the launcher imports, composes, validates, plans and starts
 torch.distributed.elastic. Once the job is validated, a job whose workers
@@ -26,12 +28,15 @@ fresh interpreter instead (``python -m launcher.runtime.worker``).
 
 from __future__ import annotations
 
+import importlib.resources
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
 from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any
 
 from launcher.cluster.env import worker_environment, worker_env_set
@@ -61,16 +66,50 @@ _NOT_A_RUN = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--
               "launch.dry_run=true", "launch.warm_workers=false", "recipes", "report")
 
 
+# A --config-dir, --config-name or --config-path may change the default shape (dlaunch's own is one process).
+_OTHER_CONFIG = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp")
+_SHAPE = re.compile(r"^(\d+)x(\d+)$")
+
+
 def start_early(argv: list[str]) -> bool:
-    """At the command's very start, before torch is imported: warm up unless the command line rules it out.
+    """At the command's very start, before torch is imported: warm up if the command line can ask for workers.
 
     Whether the job needs workers is known only once its config is validated (a
-    second later); ``keep_if_useful`` then keeps the server, or stops it.
+    second later); ``keep_if_useful`` then keeps the server, or stops it. A command
+    line that cannot ask for more than one local process starts none: the server
+    would cost a second or two of CPU for nothing.
     """
     if sys.platform != "linux" or any(arg in _NOT_A_RUN or arg.startswith("hydra/launcher=") for arg in argv):
         return False
+    if not may_ask_for_workers(argv):
+        return False
     _launch()
     return True
+
+
+def may_ask_for_workers(argv: list[str]) -> bool:
+    """Whether ``argv`` can make a run of more than one local process.
+
+    With dlaunch's own config (cluster 1x1) and a shipped recipe (none sets a shape), only
+    the cluster's shape keys can; another primary config or a user's recipe YAML may set them too.
+    """
+    shipped = {Path(p).stem for p in _recipe_yamls()}
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if key in _OTHER_CONFIG or key in ("cluster.nodes", "cluster.devices_per_node"):
+            return True
+        if key == "cluster":
+            shape = _SHAPE.match(value.strip())
+            if not shape or int(shape[1]) * int(shape[2]) > 1:
+                return True
+        if key == "recipe" and value not in shipped:
+            return True
+    return False
+
+
+def _recipe_yamls() -> list[str]:
+    return [str(p) for p in importlib.resources.files("launcher.recipes").iterdir() if str(p).endswith(".yaml")]
 
 
 def keep_if_useful(spec: Any, cuda_devices: int) -> bool:

@@ -19,19 +19,22 @@ linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the forkserver 
 @pytest.mark.parametrize("argv", [
     ["--help"], ["--cfg", "job"], ["-m", "cluster=1x1,1x2"], ["launch.dry_run=true"], ["launch.warm_workers=false"],
     ["recipes", "ls"], ["report", "x"], ["hydra/launcher=submitit_slurm"],
+    # one process, which trains in dlaunch: dlaunch's own config is 1x1 and no shipped recipe sets a shape
+    ["trainer.steps=5"], ["recipe=charlm", "strategy=mirrored", "cluster.device=cpu"], ["cluster=1x1"],
 ])
-def test_command_lines_that_run_nothing_start_no_server(argv):
+def test_command_lines_that_start_no_workers_start_no_server(argv):
     assert not warm.start_early(argv)
     assert not warm.started()
 
 
 @linux_only
 def test_a_job_without_local_cpu_workers_stops_the_early_server():
-    assert warm.start_early(["recipe=linear"])
+    argv = ["strategy=multi_worker_mirrored", "cluster=2x1"]
+    assert warm.start_early(argv)
     try:
         pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
         assert warm.started() and pid is not None
-        spec = composer.compose_and_validate(["recipe=linear"], cuda_devices=0)  # one process: trains in dlaunch
+        spec = composer.compose_and_validate(argv, cuda_devices=0)  # two emulated nodes: no local workers of its own
         assert not warm.eligible(spec, 0)
         assert not warm.keep_if_useful(spec, 0)
         assert not warm.started()
@@ -44,7 +47,7 @@ def test_a_job_without_local_cpu_workers_stops_the_early_server():
 @linux_only
 def test_a_server_no_job_kept_is_stopped_at_the_end_not_waited_for(monkeypatch):
     # a config error: main() returns before keep_if_useful; the server may still be importing torch
-    assert warm.start_early(["trainer.steps=-1"])
+    assert warm.start_early(["cluster=1x2", "trainer.steps=-1"])
     pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
 
     def no_waiting(seconds):
@@ -55,6 +58,15 @@ def test_a_server_no_job_kept_is_stopped_at_the_end_not_waited_for(monkeypatch):
     assert not warm.started()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # killed and reaped at once
+
+
+@pytest.mark.parametrize("argv", [
+    ["cluster=1x2"], ["cluster=2x1"], ["cluster=tasks"], ["cluster.devices_per_node=4"], ["+cluster.nodes=2"],
+    ["--config-dir", "mine"], ["--config-name=other"], ["recipe=mine.yaml"], ["recipe=path/to/mine.py"],
+])
+def test_a_command_line_that_may_ask_for_workers_warms_them(argv):
+    """Another primary config, a user's recipe (its YAML may set the shape) or a shape of more than one device."""
+    assert warm.may_ask_for_workers(argv)
 
 
 def test_eligibility_follows_the_validated_job():

@@ -82,7 +82,7 @@ def test_train_step_starts_near_uniform_and_evaluate_writes_a_sample(tmp_path):
 @pytest.mark.slow
 def test_one_device_run_learns(tmp_path):
     run_dir = tmp_path / "run"
-    assert main(["recipe=charlm", "trainer.steps=300", f"hydra.run.dir={run_dir}"]) == 0
+    assert main(["recipe=charlm", "cluster.device=cpu", "trainer.steps=300", f"hydra.run.dir={run_dir}"]) == 0
     result = json.loads((run_dir / "summary.json").read_text())
     assert result["status"] == "completed" and result["strategy"] == "one_device" and result["recipe"] == "charlm"
     metrics = result["metrics"]
