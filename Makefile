@@ -30,9 +30,10 @@ shell: $(STAMP)
 	@echo "dlaunch $$($(BIN)/dlaunch --version | cut -d' ' -f2) on PATH; exit to leave"
 	@. $(BIN)/activate && exec $${SHELL:-bash} -i
 
-# Four test processes (pytest-xdist), a test file each at a time: most tests wait on the processes they start, so
-# four streams keep two cores busy, idle or shared (figures: docs/DEVELOPMENT.md). TEST_JOBS=0 runs them in one.
-TEST_JOBS ?= 4
+# Five test processes (pytest-xdist), a test file each at a time, the costliest files first (tests/conftest.py):
+# most tests wait on the processes they start, so five streams keep two cores busy, idle or shared (figures:
+# docs/DEVELOPMENT.md). TEST_JOBS=0 runs them in one.
+TEST_JOBS ?= 5
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 

@@ -38,13 +38,14 @@ def seconds_after(since: float, what: str) -> float:
     return took
 
 
-def test_a_raising_worker_stops_the_job_within_10s_and_is_reported_once(run_dlaunch):
+def test_a_raising_worker_stops_the_job_at_once_and_is_reported_once(run_dlaunch):
     # rank 0 waits in the gradient all-reduce; the collective timeout is long, so it cannot be what ends the job
+    # (seconds on an idle machine; the bound leaves room for a busy one and stays far from the 300 s timeout)
     proc, run_dir = run_dlaunch(*PROBE_1X2, "+recipe.fail_replica=1", "+recipe.fail_step=30", "trainer.log_every=1",
                                 "launch.collective_timeout_s=300")
     assert proc.returncode == 1
     s = summary(run_dir)
-    assert seconds_after(s["error"]["time"], "rank 1 raised") < 10
+    assert seconds_after(s["error"]["time"], "rank 1 raised") < 30
     out = proc.stdout + proc.stderr
     assert out.count("root cause") == 1
     assert out.count("Traceback (most recent call last)") == 1
