@@ -33,7 +33,8 @@ def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
     run_dir = tmp_path / "run"
     code, gone, out = stop_with(run_dir, signum)
     assert code == 128 + signum, out[-3000:]
-    assert gone < 10, f"workers still alive {gone:.1f} s after {signal.Signals(signum).name}"
+    # saved and stopped: seconds idle, 10.8 s once under a CPU hog; torch elastic's own close would wait 30 s
+    assert gone < 20, f"workers still alive {gone:.1f} s after {signal.Signals(signum).name}"
     saved = layout.latest(run_dir / "checkpoints")
     assert saved is not None, out[-3000:]
     assert layout.read_manifest(saved)["step"] >= 3
@@ -73,5 +74,5 @@ def test_emulated_nodes_stop_on_sigterm_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     code, gone, out = stop_with(run_dir, signal.SIGTERM, "strategy=mirrored", "cluster=2x1")
     assert code == 143, out[-3000:]
-    assert gone < 20  # saved and stopped, not killed after the 30 s grace
+    assert gone < 20  # saved and stopped, well before torch elastic's 30 s close would end them
     assert layout.latest(run_dir / "checkpoints") is not None

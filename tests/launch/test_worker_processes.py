@@ -62,7 +62,7 @@ def test_a_peer_that_ignores_sigterm_is_killed_after_the_grace_not_30s(run_dlaun
                                 "+recipe.hang_replica=0", "+recipe.hang_step=30", "launch.collective_timeout_s=300",
                                 "launch.shutdown_grace_s=3")
     assert proc.returncode == 1
-    # 3 s of grace, then SIGKILL: well under the 30 s default grace it is told apart from, with room for a busy machine
+    # 3 s of grace, then SIGKILL: well under torch elastic's 30 s close it is told apart from, with room for a busy machine
     assert seconds_after(summary(run_dir)["error"]["time"], "rank 1 raised (grace 3 s)") < 20
     out = proc.stdout + proc.stderr
     assert "worker rank 1 failed" in out and "rank 0: signal SIGKILL (stopped by dlaunch)" in out
