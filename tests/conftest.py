@@ -26,12 +26,11 @@ def pytest_collection_modifyitems(config, items):
     long multi-process files do not start last and leave one stream running while the others have finished.
     A file's cost is guessed from its tests: a ``slow`` one starts processes (seconds), the others take ~0.1 s,
     and one skipped here (no CUDA, say) costs nothing."""
-    cost: dict[str, float] = {}
+    cost: dict[Path, float] = {}
     for item in items:
         skipped = any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
-        guess = 0 if skipped else 10 if item.get_closest_marker("slow") else 0.25
-        cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0) + guess
-    items.sort(key=lambda item: -cost[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
+        cost[item.path] = cost.get(item.path, 0) + (0 if skipped else 10 if item.get_closest_marker("slow") else 0.25)
+    items.sort(key=lambda item: -cost[item.path])  # stable: a file's tests keep their order
 
 
 @pytest.fixture(autouse=True)

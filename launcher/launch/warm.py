@@ -36,7 +36,6 @@ import signal
 import sys
 import time
 from multiprocessing import forkserver
-from pathlib import Path
 from typing import Any
 
 from launcher.cluster.env import worker_environment, worker_env_set
@@ -93,7 +92,8 @@ def may_ask_for_workers(argv: list[str]) -> bool:
     With dlaunch's own config (cluster 1x1) and a shipped recipe (none sets a shape), only
     the cluster's shape keys can; another primary config or a user's recipe YAML may set them too.
     """
-    shipped = {Path(p).stem for p in _recipe_yamls()}
+    recipes = importlib.resources.files("launcher.recipes").iterdir()
+    shipped = {f.name.removesuffix(".yaml") for f in recipes if f.name.endswith(".yaml")}
     for arg in argv:
         key, _, value = arg.partition("=")
         key = key.lstrip("+~")
@@ -106,10 +106,6 @@ def may_ask_for_workers(argv: list[str]) -> bool:
         if key == "recipe" and value not in shipped:
             return True
     return False
-
-
-def _recipe_yamls() -> list[str]:
-    return [str(p) for p in importlib.resources.files("launcher.recipes").iterdir() if str(p).endswith(".yaml")]
 
 
 def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
