@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import prewarmed
+
 # One intra-op thread in every process the suite starts (dlaunch's workers get one already), unless the
 # developer chose otherwise: the suite runs several processes per core (pytest-xdist, multi-process runs,
 # CI's neighbours), and torch's default of a thread per core made a run 1.5x slower under a CPU hog.
@@ -59,16 +61,29 @@ def with_overrides(args: tuple[str, ...], *overrides: str) -> tuple[str, ...]:
     return (*args[:cut], *overrides, *args[cut:])
 
 
+ZYGOTE = None if os.environ.get("DLAUNCH_TEST_FRESH") == "1" else prewarmed.Zygote(str(ROOT), dict(os.environ))
+
+
+def pytest_sessionfinish(session):
+    if ZYGOTE is not None:
+        ZYGOTE.close()
+
+
 def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None, device: str | None = "cpu") -> subprocess.CompletedProcess:
-    """Run the real command line in a fresh process.
+    """Run the real command line in a process of its own: forked from this test process's prewarmed
+    interpreter (``tests/prewarmed.py``), or a fresh one where that is busy or ``DLAUNCH_TEST_FRESH=1``.
 
     A run means the CPU (``cluster.device=cpu``) unless the test says otherwise: ``device="cuda"``,
     or ``device=None`` for the default ``auto``, which picks a GPU where there is one.
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
-    is_run = not (args and args[0] in SUBCOMMANDS) and not any(a in ("--help", "-h", "--version") for a in args)
+    quick = any(a in ("--help", "-h", "--version") for a in args)  # answered before torch is imported: always fresh
+    is_run = not (args and args[0] in SUBCOMMANDS) and not quick
     if device and is_run and not any(a.startswith(("cluster.device=", "+cluster.device=")) for a in args):
         args = with_overrides(args, f"cluster.device={device}")
+    forked = ZYGOTE and not quick and ZYGOTE.run(list(args), cwd, full_env, timeout)
+    if forked:
+        return forked
     return subprocess.run(
         [sys.executable, "-m", "launcher.cli.entry", *args],  # the console script's path, warm workers included
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,

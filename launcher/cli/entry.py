@@ -7,6 +7,7 @@ CPU processes can have its forkserver import them on another core meanwhile
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -25,7 +26,27 @@ def entry() -> None:
         code = main()
     finally:
         warm.shutdown()  # every worker has ended by now: the server follows, and is reaped
-    sys.exit(code)
+    leave(code)
+
+
+def leave(code: int) -> None:
+    """Exit as dlaunch's workers do: Python's own exit steps run, C++ destructors at interpreter exit do not.
+
+    After a signal, torch elastic's ``launch_agent`` leaves the rendezvous open on purpose (a restart could
+    rejoin it): its keep-alive thread still calls into the C++ TCPStore as the interpreter ends, and the
+    store's destructors then abort the process now and then (``terminate called without an active
+    exception``, exit -6 after every message of a clean stop had been printed).
+    """
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():  # what the interpreter's exit waits for first
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # logging, multiprocessing's children, temporary files: as at a normal exit
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -352,10 +352,7 @@ def _severity(code: int) -> tuple[int, int]:
     return (code >= 128, code == 1, code)
 
 
-def entry() -> None:
-    """The console script."""
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    entry()
+    from launcher.cli.entry import leave
+
+    leave(main())

@@ -1,0 +1,175 @@
+"""Run the real ``dlaunch`` command line in a process forked from an interpreter that has already imported it.
+
+A fresh ``python -m launcher.cli.entry`` spends about 2.5 s of CPU importing torch, torch._dynamo (the first
+optimizer imports it), Hydra and dlaunch before it reads its command line. The suite starts a few hundred
+commands on a 2-core CI machine, so each pytest-xdist worker keeps one such interpreter (the *zygote*) and forks
+a command from it instead. The fork is a separate process, as a fresh one would be: its own pid, working
+directory, environment, stdout and stderr files and exit status, stopped by a signal as any process is, and its
+workers, forkserver and agents are started by dlaunch itself exactly as from a fresh interpreter.
+
+What a fork cannot show, fresh interpreters cover: the tests of import cost, of the installed console script
+(``tests/test_packaging.py``) and of the warm forkserver, and every test that starts ``dlaunch`` with
+``subprocess.Popen``. ``DLAUNCH_TEST_FRESH=1`` runs every command in a fresh interpreter instead.
+
+The protocol, on the zygote's stdin and stdout, one command at a time: a JSON line ``{argv, cwd, env, out, err}``
+in; ``pid N`` out once forked, then ``status S`` (the raw wait status) once it has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def serve() -> None:
+    """The zygote: import what every command imports, then fork one child per request until stdin closes."""
+    _die_with_parent()
+    import torch._dynamo  # noqa: F401  (what the first optimizer of a run imports)
+
+    import launcher.cli.entry  # noqa: F401
+    import launcher.cli.main  # noqa: F401
+    import launcher.runtime.loop  # noqa: F401
+
+    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    replies.write(b"ready\n")
+    replies.flush()
+    for line in requests:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(request)  # never returns
+        replies.write(f"pid {pid}\n".encode())
+        replies.flush()
+        _, status = os.waitpid(pid, 0)
+        replies.write(f"status {status}\n".encode())
+        replies.flush()
+
+
+def _child(request: dict) -> None:
+    """The command, as ``python -m launcher.cli.entry ARGV`` run in ``cwd`` with ``env`` would run it."""
+    code = 1
+    try:
+        _die_with_parent()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["out"], os.O_WRONLY), (2, request["err"], os.O_WRONLY)):
+            opened = os.open(path, mode)
+            os.dup2(opened, fd)
+            os.close(opened)
+        from launcher.cli import entry
+
+        sys.argv = [entry.__file__, *request["argv"]]
+        sys.path[0] = os.getcwd()  # what ``-m`` puts first
+        sys.modules["__main__"] = entry  # what multiprocessing's forkserver re-imports in its children
+        try:
+            entry.entry()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _print_exit(exc.code))
+        threading._shutdown()  # as the interpreter's own exit does: non-daemon threads, then atexit
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - what a fresh interpreter prints for an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _print_exit(message: object) -> int:
+    print(message, file=sys.stderr)
+    return 1
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Zygote:
+    """One per test process, started at its first command; a command while it is busy runs fresh instead."""
+
+    def __init__(self, root: str, env: dict[str, str]):
+        self._root, self._env = root, env  # the environment it imports under: the session's, not a test's
+        self._proc: subprocess.Popen | None = None
+        self._busy = threading.Lock()
+        self._scratch = tempfile.mkdtemp(prefix="dlaunch-zygote-")  # the running command's stdout and stderr files
+
+    def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
+        """``dlaunch ARGS`` forked from the zygote; None where it cannot (busy, or not on Linux)."""
+        if sys.platform != "linux" or not self._busy.acquire(blocking=False):
+            return None
+        try:
+            return self._run(args, cwd, env, timeout)
+        finally:
+            self._busy.release()
+
+    def _run(self, args, cwd, env, timeout) -> subprocess.CompletedProcess:
+        proc = self._started()
+        out, err = os.path.join(self._scratch, "stdout"), os.path.join(self._scratch, "stderr")
+        for path in (out, err):
+            open(path, "w").close()
+        request = {"argv": args, "cwd": str(cwd), "env": env, "out": out, "err": err}
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        pid = int(self._reply(proc, "pid", 60).split()[1])
+        try:
+            status = int(self._reply(proc, "status", timeout).split()[1])
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)  # as subprocess.run does on its timeout; dlaunch's workers die with it
+            self._reply(proc, "status", 60)
+            raise subprocess.TimeoutExpired(["dlaunch", *args], timeout, _read(out), _read(err)) from None
+        return subprocess.CompletedProcess(["dlaunch", *args], os.waitstatus_to_exitcode(status), _read(out), _read(err))
+
+    def _started(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", "from tests import prewarmed; prewarmed.serve()"],
+                cwd=self._root, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,  # unbuffered: select sees every reply
+            )
+            self._reply(self._proc, "ready", 120)
+        return self._proc
+
+    @staticmethod
+    def _reply(proc: subprocess.Popen, word: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(word, timeout)
+                continue
+            line = proc.stdout.readline().decode()
+            if not line.startswith(word):
+                raise RuntimeError(f"the zygote answered {line!r}, expected {word!r} (exit status {proc.poll()})")
+            return line
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(30)
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()

@@ -1,0 +1,61 @@
+"""The suite's prewarmed runner (``tests/prewarmed.py``) runs a command as a fresh interpreter would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.prewarmed import Zygote
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="forks with PR_SET_PDEATHSIG")]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
+RESULT = ("status", "final_loss", "first_loss", "param_norm", "eval_loss", "steps", "strategy", "recipe")
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    z = Zygote(str(ROOT), ENV)
+    yield z
+    z.close()
+
+
+def fresh(args: list[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli.entry", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("shape", [[], ["strategy=mirrored", "cluster=1x2"]], ids=["one_process", "two_workers"])
+def test_a_forked_run_ends_as_a_fresh_one_does(zygote, tmp_path, shape):
+    ends = {}
+    for how in ("forked", "fresh"):
+        args = ["recipe=linear", "trainer.steps=10", "cluster.device=cpu", *shape, f"hydra.run.dir={tmp_path / how}"]
+        proc = zygote.run(args, tmp_path, ENV, 240) if how == "forked" else fresh(args, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads((tmp_path / how / "summary.json").read_text())
+        ends[how] = {k: result.get(k) for k in RESULT}
+        assert f"results: {tmp_path / how}" in proc.stdout
+    assert ends["forked"] == ends["fresh"] and ends["forked"]["status"] == "completed"
+
+
+def test_a_config_error_prints_and_exits_as_from_a_fresh_interpreter(zygote, tmp_path):
+    args = ["trainer.stepz=3", "cluster.device=cpu"]
+    forked, plain = zygote.run(args, tmp_path, ENV, 60), fresh(args, tmp_path)
+    assert forked.returncode == plain.returncode == 2
+    assert forked.stderr == plain.stderr and "trainer.stepz = 3" in forked.stderr and "Traceback" not in forked.stderr
+
+
+def test_a_timeout_kills_the_command_and_the_next_one_runs(zygote, tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.run(["recipe=linear", "trainer.steps=100000000", "cluster.device=cpu", f"hydra.run.dir={tmp_path / 'long'}"], tmp_path, ENV, 8)
+    proc = zygote.run(["recipe=linear", "trainer.steps=3", "cluster.device=cpu", f"hydra.run.dir={tmp_path / 'next'}"], tmp_path, ENV, 120)
+    assert proc.returncode == 0 and json.loads((tmp_path / "next" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_busy_zygote_declines_so_the_caller_runs_fresh(zygote, tmp_path):
+    with zygote._busy:  # another thread's command is running
+        assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60) is None
+    assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60).returncode == 0
