@@ -17,6 +17,7 @@ in; ``pid N`` out once forked, then ``status S`` (the raw wait status) once it h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -131,14 +132,26 @@ class Zygote:
         request = {"argv": args, "cwd": str(cwd), "env": env, "out": out, "err": err}
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.flush()
-        pid = int(self._reply(proc, "pid", 60).split()[1])
+        pid = None
         try:
+            pid = int(self._reply(proc, "pid", 60).split()[1])
             status = int(self._reply(proc, "status", timeout).split()[1])
         except subprocess.TimeoutExpired:
-            os.kill(pid, signal.SIGKILL)  # as subprocess.run does on its timeout; dlaunch's workers die with it
-            self._reply(proc, "status", 60)
+            self._discard(pid)  # as subprocess.run does on its timeout; dlaunch's workers die with it
             raise subprocess.TimeoutExpired(["dlaunch", *args], timeout, _read(out), _read(err)) from None
+        except BaseException:  # pytest-timeout's, say: the next command must not meet a zygote still waiting
+            self._discard(pid)
+            raise
         return subprocess.CompletedProcess(["dlaunch", *args], os.waitstatus_to_exitcode(status), _read(out), _read(err))
+
+    def _discard(self, pid: int | None) -> None:
+        """Kill the command and the zygote (its next command starts a new one); dlaunch's workers die with them."""
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._proc.kill()
+        self._proc.wait(30)
+        self._proc = None
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:

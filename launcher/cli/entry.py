@@ -40,9 +40,10 @@ def leave(code: int) -> None:
     import atexit
     import threading
 
-    for thread in threading.enumerate():  # what the interpreter's exit waits for first
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # The interpreter's own first exit step: the thread-exit hooks (concurrent.futures' and joblib's executors
+    # shut down there), then a wait for every non-daemon thread. Joining those threads without the hooks
+    # would wait forever on an executor's manager thread (a joblib sweep's).
+    threading._shutdown()
     atexit._run_exitfuncs()  # logging, multiprocessing's children, temporary files: as at a normal exit
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -1,0 +1,58 @@
+"""The console script's exit: Python's exit steps run, C++ destructors at interpreter exit do not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+
+
+def test_leave_waits_for_threads_runs_exit_handlers_flushes_and_keeps_the_code():
+    proc = run("""
+        import atexit, threading, time
+        from launcher.cli.entry import leave
+        atexit.register(lambda: print("exit handler", flush=True))
+        threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+        print("unflushed ", end="")
+        leave(7)
+    """)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout == "unflushed thread done\nexit handler\n"
+
+
+def test_leave_shuts_an_open_executor_down_as_the_interpreter_would():
+    """An executor's worker threads are not daemons: they end once its exit hook has run, not before."""
+    proc = run("""
+        from concurrent.futures import ThreadPoolExecutor
+        from launcher.cli.entry import leave
+        pool = ThreadPoolExecutor(2)
+        pool.submit(print, "job ran")
+        leave(0)
+    """)
+    assert proc.returncode == 0 and proc.stdout == "job ran\n", proc.stderr
+
+
+def test_an_open_tcpstore_with_a_live_client_thread_does_not_abort_the_exit():
+    """What torch elastic leaves behind after a signal: the rendezvous store, its keep-alive thread calling it.
+
+    Exiting through the interpreter's finalisation aborts here (``terminate called without an active
+    exception``, exit -6: measured 5 of 5 with torch 2.13); ``leave`` exits with the code asked for."""
+    proc = run("""
+        import threading, time
+        from datetime import timedelta
+        import torch.distributed as dist
+        from launcher.cli.entry import leave
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+        def keep_alive():
+            while True:
+                store.set("k", "v")
+                store.get("k")
+        threading.Thread(target=keep_alive, daemon=True).start()
+        time.sleep(0.2)
+        leave(129)
+    """)
+    assert proc.returncode == 129 and "terminate called" not in proc.stderr, proc.stderr
