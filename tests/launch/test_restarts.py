@@ -111,10 +111,14 @@ def uninterrupted(strategy: str, tmp_path_factory) -> tuple[dict, dict]:
 def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, tmp_path_factory, strategy, kill_at):
     run_dir = tmp_path / "run"
     victim = random.Random(kill_at).choice([0, 1] if strategy != "one_device" else [0])
-    proc = start(run_dir, *SHAPES[strategy], "launch.max_restarts=2", "+recipe.step_sleep=0.05", "+recipe.record_attempts=true")
+    # The victim pauses inside step kill_at on its first attempt and is killed there: a kill timed by the logged
+    # steps could land after the last step on a busy machine (it did once: the run completed with no restart).
+    proc = start(run_dir, *SHAPES[strategy], "launch.max_restarts=2", f"+recipe.pause_replica={victim}",
+                 f"+recipe.pause_step={kill_at}", "+recipe.record_attempts=true")
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= kill_at, 120, f"step {kill_at}")
-        os.kill(worker_pids(run_dir)[victim], signal.SIGKILL)
+        paused = run_dir / f"paused-replica{victim}"
+        wait_for(lambda: paused.exists() and paused.read_text().strip(), 120, f"replica {victim} to pause in step {kill_at}")
+        os.kill(int(paused.read_text()), signal.SIGKILL)  # the paused worker's own pid
     finally:
         out = finish(proc)
     assert proc.returncode == 0, out[-3000:]

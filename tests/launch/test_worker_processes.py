@@ -76,8 +76,9 @@ def test_a_hung_rank_is_named_when_the_collective_times_out(run_dlaunch):
     hung = json.loads((run_dir / ".dlaunch" / "rank-1.progress.json").read_text())
     assert hung["operation"] == "train step 12" and hung["step"] == 11
     # timeout, the settling wait (2.5 s), then the stuck rank gets launch.shutdown_grace_s (5 s) to stop before
-    # SIGKILL; the rest is slack for the report and the exit on a busy machine
-    assert seconds_after(hung["since"], "rank 1 stopped in step 12 (collective timeout 10 s)") < 10 + 2.5 + 5 + 10
+    # SIGKILL; the rest is slack for the report and the exit on a busy machine (28.6 s once under a CPU hog). The
+    # bound tells the 10 s asked for apart from the 300 s default, not how fast a loaded machine reports.
+    assert seconds_after(hung["since"], "rank 1 stopped in step 12 (collective timeout 10 s)") < 10 + 2.5 + 5 + 40
     out = " ".join((proc.stdout + proc.stderr).replace("│", " ").split())  # the panel's lines, rejoined
     assert out.count("root cause") == 1 and "worker rank 0 failed" in out and "Traceback" not in out
     assert 'CollectiveTimeout: the gradient all-reduce in "train step 12" timed out after 10 s on rank 0:' in out
