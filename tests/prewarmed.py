@@ -156,8 +156,10 @@ class Zygote:
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from tests import prewarmed; prewarmed.serve()"],
-                cwd=self._root, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,  # unbuffered: select sees every reply
+                # ``tests`` from the checkout, last on the path: ``launcher`` is the installed copy, as a fresh
+                # command's is (a checkout first would shadow a non-editable install, as on a GPU machine)
+                [sys.executable, "-c", f"import sys; sys.path.append({self._root!r}); from tests import prewarmed; prewarmed.serve()"],
+                cwd=self._scratch, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,  # unbuffered: select sees every reply
             )
             self._reply(self._proc, "ready", 120)
         return self._proc
