@@ -43,6 +43,7 @@ def test_a_four_job_sweep_with_a_failing_job_goes_on_and_summarizes(tmp_path):
 
 @pytest.mark.slow
 def test_an_optuna_study_minimizes_the_final_loss(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper is not installed")
     sweep = tmp_path / "study"
     proc = dlaunch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.sampler.seed=1",
                    "recipe.optimizer.lr=interval(0.001,0.1)", "trainer.steps=20", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
