@@ -29,12 +29,12 @@ import tempfile
 import threading
 import time
 
-PR_SET_PDEATHSIG = 1
+from launcher.launch.parent_death import die_with_parent
 
 
 def serve() -> None:
     """The zygote: import what every command imports, then fork one child per request until stdin closes."""
-    _die_with_parent()
+    die_with_parent()
     import torch._dynamo  # noqa: F401  (what the first optimizer of a run imports)
 
     import launcher.cli.entry  # noqa: F401
@@ -60,7 +60,7 @@ def _child(request: dict) -> None:
     """The command, as ``python -m launcher.cli.entry ARGV`` run in ``cwd`` with ``env`` would run it."""
     code = 1
     try:
-        _die_with_parent()
+        die_with_parent()
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -74,14 +74,9 @@ def _child(request: dict) -> None:
         sys.path[0] = os.getcwd()  # what ``-m`` puts first
         sys.modules["__main__"] = entry  # what multiprocessing's forkserver re-imports in its children
         try:
-            entry.entry()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _print_exit(exc.code))
-        threading._shutdown()  # as the interpreter's own exit does: non-daemon threads, then atexit
-        import atexit
-
-        atexit._run_exitfuncs()
+            entry.entry()  # leaves through entry.leave
+        except SystemExit as exc:  # an answer before the run (--help, torchrun flags): dlaunch's own exit anyway
+            entry.leave(exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _print_exit(exc.code)))
     except BaseException:  # noqa: BLE001 - what a fresh interpreter prints for an uncaught exception
         import traceback
 
@@ -98,12 +93,6 @@ def _child(request: dict) -> None:
 def _print_exit(message: object) -> int:
     print(message, file=sys.stderr)
     return 1
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Zygote:
