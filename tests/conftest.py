@@ -30,6 +30,8 @@ def pytest_collection_modifyitems(config, items):
     and one skipped here (no CUDA, say) costs nothing."""
     cost: dict[Path, float] = {}
     for item in items:
+        if any(m.kwargs.get("reason") == "needs a CUDA device" for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)  # `pytest -m cuda`: the GPU machine's own tests (.ci/gpu-check)
         skipped = any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
         cost[item.path] = cost.get(item.path, 0) + (0 if skipped else 10 if item.get_closest_marker("slow") else 0.25)
     items.sort(key=lambda item: -cost[item.path])  # stable: a file's tests keep their order
@@ -61,6 +63,27 @@ def with_overrides(args: tuple[str, ...], *overrides: str) -> tuple[str, ...]:
     return (*args[:cut], *overrides, *args[cut:])
 
 
+def pinned(args: tuple[str, ...], device: str | None = "cpu") -> tuple[str, ...]:
+    """``args`` with ``cluster.device=device`` added to a run that names no device.
+
+    Tests mean the CPU unless they say otherwise: on a GPU machine the default ``auto``
+    picks cuda, and ``cluster=1x2`` would then ask for two GPUs. ``device=None`` keeps ``auto``.
+    """
+    quick = any(a in ("--help", "-h", "--version") for a in args)
+    is_run = not (args and args[0] in SUBCOMMANDS) and not quick
+    if device and is_run and not any(a.startswith(("cluster.device=", "+cluster.device=")) for a in args):
+        return with_overrides(args, f"cluster.device={device}")
+    return args
+
+
+def command(*args: str, device: str | None = "cpu", warm: bool = True) -> list[str]:
+    """The argv of a fresh ``dlaunch`` process, for tests that need a ``subprocess.Popen`` of their own
+    (signals, kills, several nodes at once). ``warm``: the console script's path, whose workers fork from a
+    warm forkserver; ``warm=False`` starts each worker as ``python -m launcher.runtime.worker``, so a test
+    can find a rank's process by its command line."""
+    return [sys.executable, "-m", "launcher.cli.entry" if warm else "launcher.cli.main", *pinned(args, device)]
+
+
 ZYGOTE = None if os.environ.get("DLAUNCH_TEST_FRESH") == "1" else prewarmed.Zygote(str(ROOT), dict(os.environ))
 
 
@@ -78,9 +101,7 @@ def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
     quick = any(a in ("--help", "-h", "--version") for a in args)  # answered before torch is imported: always fresh
-    is_run = not (args and args[0] in SUBCOMMANDS) and not quick
-    if device and is_run and not any(a.startswith(("cluster.device=", "+cluster.device=")) for a in args):
-        args = with_overrides(args, f"cluster.device={device}")
+    args = pinned(args, device)
     forked = ZYGOTE and not quick and ZYGOTE.run(list(args), cwd, full_env, timeout)
     if forked:
         return forked

@@ -43,3 +43,20 @@ def test_config_and_cli_branch_on_no_strategy_name_and_test_no_strategy_attribut
                 if "strategy" in ast.unparse(node.args[0]):
                     found.append(f"{where} {ast.unparse(node)}")
     assert not found, "dispatch through the strategy unit instead: " + "; ".join(found)
+
+
+def test_tests_start_dlaunch_processes_through_the_helpers_that_pin_the_device():
+    """On a GPU machine ``auto`` picks cuda, and ``cluster=1x2`` then asks for two GPUs: every command a test
+    starts goes through ``tests.conftest.dlaunch`` or ``command``, which add ``cluster.device=cpu`` unless the
+    test names a device (issue 15, a hermetic suite). An argv that spells the module itself bypasses them."""
+    helpers = {ROOT / "tests" / "conftest.py", ROOT / "tests" / "prewarmed.py"}
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path in helpers:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if any(w.startswith(("launcher.cli.main", "launcher.cli.entry")) for w in words) and "-m" in words:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "start dlaunch through tests.conftest.command(...): " + ", ".join(found)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, command
 from tests.prewarmed import Zygote
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="forks with PR_SET_PDEATHSIG")]
@@ -25,7 +25,7 @@ def zygote():
 
 
 def fresh(args: list[str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli.entry", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=240)
+    return subprocess.run(command(*args), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=240)
 
 
 @pytest.mark.parametrize("shape", [[], ["strategy=mirrored", "cluster=1x2"]], ids=["one_process", "two_workers"])

@@ -40,11 +40,16 @@ def leave(code: int) -> None:
     import atexit
     import threading
 
+    # Both steps are CPython's private exit steps (3.10-3.14 have them). A Python without them exits the
+    # ordinary way, with the rare abort described above rather than an AttributeError.
+    shutdown, exit_funcs = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or exit_funcs is None:
+        sys.exit(code)
     # The interpreter's own first exit step: the thread-exit hooks (concurrent.futures' and joblib's executors
     # shut down there), then a wait for every non-daemon thread. Joining those threads without the hooks
     # would wait forever on an executor's manager thread (a joblib sweep's).
-    threading._shutdown()
-    atexit._run_exitfuncs()  # logging, multiprocessing's children, temporary files: as at a normal exit
+    shutdown()
+    exit_funcs()  # logging, multiprocessing's children, temporary files: as at a normal exit
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)

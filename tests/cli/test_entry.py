@@ -56,3 +56,18 @@ def test_an_open_tcpstore_with_a_live_client_thread_does_not_abort_the_exit():
         leave(129)
     """)
     assert proc.returncode == 129 and "terminate called" not in proc.stderr, proc.stderr
+
+
+def test_a_python_without_the_private_exit_steps_exits_the_ordinary_way():
+    """``threading._shutdown`` and ``atexit._run_exitfuncs`` are CPython's own: where they are missing,
+    ``leave`` is ``sys.exit`` (the code, the handlers and the flush still hold)."""
+    proc = run("""
+        import atexit, threading
+        del threading._shutdown
+        from launcher.cli.entry import leave
+        atexit.register(lambda: print("exit handler", flush=True))
+        print("unflushed ", end="")
+        leave(5)
+    """)
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stdout == "unflushed exit handler\n"

@@ -85,11 +85,11 @@ def test_ls_shows_each_recipe_with_strategies_purpose_and_command(capsys, monkey
     assert "``" not in out and "│" not in out
 
 
-def test_ls_imports_no_recipe_and_no_torch():
+def test_ls_imports_no_recipe_and_no_torch(tmp_path):
     code = ("import sys; from launcher.cli.recipes import main; assert main(['ls']) == 0; "
             "loaded = [m for m in sys.modules if m.startswith('launcher.recipes.') or m == 'torch']; "
             "assert not loaded, loaded")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 

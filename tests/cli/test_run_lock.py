@@ -6,11 +6,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import command, wait_for
 
 pytestmark = pytest.mark.slow
 WIDE = {"COLUMNS": "1000"}  # the holder's line unwrapped
@@ -20,7 +19,7 @@ LONG = ("recipe=linear", "cluster.device=cpu", "trainer.steps=10000000", "traine
 def test_a_live_run_keeps_its_directories_to_itself(run_dlaunch, tmp_path):
     run_dir, ckpt = tmp_path / "first", tmp_path / "shared-checkpoints"
     first = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli.entry", *LONG, f"trainer.checkpoint.dir={ckpt}", f"hydra.run.dir={run_dir}"],
+        command(*LONG, f"trainer.checkpoint.dir={ckpt}", f"hydra.run.dir={run_dir}"),
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:

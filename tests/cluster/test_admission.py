@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from launcher.cluster import admission
 from launcher.config import compose as composer
+from tests.conftest import command
 from tests.launch.test_multi_node import free_port
 
 TOKEN = "correct-horse-battery"
@@ -39,7 +39,7 @@ def test_node_0_of_nodes_started_by_hand_makes_a_token_and_shows_it():
 def node(tmp_path, rank: int, port: int, *extra: str) -> subprocess.Popen:
     args = ["recipe=linear", "strategy=mirrored", "cluster=2x1", f"cluster.node_rank={rank}", f"cluster.master_port={port}",
             "trainer.steps=5", "cluster.device=cpu", "launch.preflight_timeout_s=30", f"hydra.run.dir={tmp_path / f'node{rank}'}", *extra]
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli.entry", *args], cwd=tmp_path,
+    return subprocess.Popen(command(*args), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.conftest import command
 from tests.launch.test_multi_node import COMMON, free_port, params
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def node(tmp_path, host: str, rank: int, port: int, *extra: str, env: dict | Non
             f"cluster.node_rank={rank}", "cluster.token=two-hosts-token", "cluster.device=cpu",
             "launch.preflight_timeout_s=30", f"hydra.run.dir={tmp_path / f'node{rank}'}", *extra]
     variables = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")}
-    return subprocess.Popen(["ip", "netns", "exec", host, sys.executable, "-m", "launcher.cli.entry", *args], cwd=tmp_path,
+    return subprocess.Popen(["ip", "netns", "exec", host, *command(*args)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**variables, **(env or {})})
 
 

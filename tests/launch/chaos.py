@@ -27,12 +27,11 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from launcher.checkpoint import layout
-from tests.conftest import PROBE
+from tests.conftest import PROBE, command
 from tests.launch.test_worker_processes import workers_of
 
 FAULTS = ("kill_worker", "kill_agent", "kill_group", "term_in_save")
@@ -51,7 +50,7 @@ def start(args: tuple[str, ...], run_dir: Path, log: Path) -> subprocess.Popen:
     """``dlaunch args`` in its own session (its process group is the session), output to ``log``."""
     with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "launcher.cli.entry", *args, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
+            command(*args, f"hydra.run.dir={run_dir}"), cwd=run_dir.parent,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"},
         )

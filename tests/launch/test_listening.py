@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from launcher.config import compose as composer
 from launcher.launch import elastic
-from tests.conftest import ROOT
+from tests.conftest import command
 
 PROC = Path("/proc")
 LISTEN = "0A"
@@ -116,10 +115,9 @@ def stop(proc: subprocess.Popen, started: set[int]) -> set[int]:
 @pytest.mark.skipif(not (PROC / "net" / "tcp").exists(), reason="needs Linux /proc/net/tcp")
 def test_a_single_node_job_listens_on_loopback_only(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
-               "trainer.steps=1000000", "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+    argv = command("strategy=mirrored", "cluster=1x2", "trainer.steps=1000000", "trainer.log_every=1", f"hydra.run.dir={run_dir}")
     with (tmp_path / "output.txt").open("w") as output:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT)
     tree: set[int] = {proc.pid}
     try:
         wait_for_training(run_dir / "metrics.jsonl", proc, timeout_s=180)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from tests.conftest import PROBE, summary
+from tests.conftest import PROBE, command, summary
 
 pytestmark = pytest.mark.slow
 COMMON = ("recipe=linear", "strategy=mirrored", "trainer.steps=30", "trainer.log_every=10",
@@ -53,7 +52,7 @@ def assert_real_2x2_ranks(found):
 def node_command(tmp_path, node_rank, port, *extra):
     args = [*COMMON, "cluster=2x2", f"cluster.node_rank={node_rank}", f"cluster.master_port={port}",
             f"hydra.run.dir={tmp_path / f'node{node_rank}'}", *extra]
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli.main", *args], cwd=tmp_path,
+    return subprocess.Popen(command(*args, warm=False), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from tests.conftest import PROBE, summary
+from tests.conftest import PROBE, command, summary
 
 pytestmark = pytest.mark.slow
 COMMON = (f"recipe.entry={PROBE}", "recipe.examples=640", "trainer.steps=30", "trainer.log_every=1",
@@ -36,7 +35,7 @@ def start(run_dir: Path, *args: str) -> subprocess.Popen:
     """dlaunch with COMMON and ``args`` (mirrored 1x2 unless ``args`` name a strategy)."""
     shape = () if any(a.startswith("strategy=") for a in args) else MIRRORED
     return subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli.main", *COMMON, *shape, *args, f"hydra.run.dir={run_dir}"],
+        command(*COMMON, *shape, *args, f"hydra.run.dir={run_dir}", warm=False),
         cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"},
     )

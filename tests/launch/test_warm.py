@@ -11,7 +11,7 @@ import pytest
 
 from launcher.config import compose as composer
 from launcher.launch import warm
-from tests.conftest import PROBE, dlaunch, summary
+from tests.conftest import PROBE, command, dlaunch, summary
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the forkserver is used on Linux")
 
@@ -120,8 +120,7 @@ def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_pat
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu", "trainer.steps=1000000",
-         "trainer.log_every=50", f"hydra.run.dir={run_dir}"],
+        command("strategy=mirrored", "cluster=1x2", "trainer.steps=1000000", "trainer.log_every=50", f"hydra.run.dir={run_dir}"),
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import json
 import time
 
 import pytest
 
-from tests.conftest import PROBE, summary
+from tests.conftest import PROBE, command, summary
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +100,7 @@ def test_a_killed_rank_shows_the_last_step_its_heartbeat_recorded(run_dlaunch):
 def test_ctrl_c_stops_every_worker(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli.entry", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu", "trainer.steps=1000000",
-         "trainer.log_every=50", f"hydra.run.dir={run_dir}"],
+        command("strategy=mirrored", "cluster=1x2", "trainer.steps=1000000", "trainer.log_every=50", f"hydra.run.dir={run_dir}"),
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     deadline = time.monotonic() + 90

@@ -11,7 +11,6 @@ import pytest
 from launcher.runtime import loggers
 from launcher.runtime.loggers import LoggerUnavailable, TensorBoardLogger, make_loggers
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -56,9 +55,9 @@ def test_unknown_name_is_reported_before_a_missing_package(no_tensorboard, tmp_p
     assert not isinstance(caught.value, ImportError)
 
 
-def test_importing_the_module_does_not_import_tensorboard():
+def test_importing_the_module_does_not_import_tensorboard(tmp_path):
     code = "import sys, launcher.runtime.loggers; print(any('tensorboard' in m for m in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
 

@@ -11,14 +11,13 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from tests.conftest import FIXTURES, summary
+from tests.conftest import FIXTURES, command, summary
 from tests.launch.test_restarts import run_processes
 
 pytestmark = pytest.mark.slow
@@ -133,8 +132,9 @@ def test_each_task_can_run_its_own_dlaunch_as_on_separate_machines(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "launcher.cli.main", *RECIPE, "strategy=parameter_server", "cluster=tasks", f"cluster.tasks={tasks}",
-             f"cluster.task={{type: {kind}, index: {index}}}", "trainer.steps=20", f"hydra.run.dir={tmp_path / name}"],
+            command(*RECIPE, "strategy=parameter_server", "cluster=tasks", f"cluster.tasks={tasks}",
+                    f"cluster.task={{type: {kind}, index: {index}}}", "trainer.steps=20", f"hydra.run.dir={tmp_path / name}",
+                    warm=False),
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for name, kind, index in (("chief", "chief", 0), ("worker", "worker", 0), ("ps0", "ps", 0), ("ps1", "ps", 1))
     }
@@ -150,8 +150,8 @@ def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path)
     from tests.launch.test_restarts import logged_steps
 
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "launcher.cli.main", *RECIPE, *PS, "trainer.steps=60", "trainer.log_every=1",
-            "trainer.checkpoint.every_steps=50", f"hydra.run.dir={run_dir}"]
+    args = command(*RECIPE, *PS, "trainer.steps=60", "trainer.log_every=1", "trainer.checkpoint.every_steps=50",
+                   f"hydra.run.dir={run_dir}", warm=False)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     proc = subprocess.Popen([*args, "+recipe.step_sleep=0.1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
