@@ -79,7 +79,9 @@ def _load_main(path: str) -> None:
 
 def _worker(job_path: Path) -> int:
     job = pickle.loads(job_path.read_bytes())
-    sys.path[:0] = [p for p in job["sys_path"] if p not in sys.path]
+    # The launching process's path, in its order (as multiprocessing's spawn does), then this process's own:
+    # a directory the launcher appended must not come first here and shadow an installed package.
+    sys.path[:] = [*job["sys_path"], *(p for p in sys.path if p not in job["sys_path"])]
     rank = WorkerEnv.from_environ().rank
     try:
         if job["main_file"]:

@@ -38,7 +38,7 @@ print("saved 2", flush=True)
 
 def test_a_save_killed_midway_never_moves_latest(tmp_path):
     root = tmp_path / "checkpoints"
-    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         partial = layout.partial_dir(root, 2)
         deadline = time.monotonic() + 120
