@@ -120,7 +120,7 @@ def local_config(
     return config
 
 
-# torch 2.11 has no LaunchConfig.shutdown_timeout (2.13 has); dlaunch supports both.
+# torch 2.11 has no LaunchConfig.shutdown_timeout (2.12 and later have it); dlaunch supports both.
 _HAS_SHUTDOWN_TIMEOUT = "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
 
 
