@@ -63,14 +63,18 @@ def with_overrides(args: tuple[str, ...], *overrides: str) -> tuple[str, ...]:
     return (*args[:cut], *overrides, *args[cut:])
 
 
+def answered_early(args: tuple[str, ...]) -> bool:
+    """``--help``, ``-h`` and ``--version`` answer before torch is imported, and run nothing."""
+    return any(a in ("--help", "-h", "--version") for a in args)
+
+
 def pinned(args: tuple[str, ...], device: str | None = "cpu") -> tuple[str, ...]:
     """``args`` with ``cluster.device=device`` added to a run that names no device.
 
     Tests mean the CPU unless they say otherwise: on a GPU machine the default ``auto``
     picks cuda, and ``cluster=1x2`` would then ask for two GPUs. ``device=None`` keeps ``auto``.
     """
-    quick = any(a in ("--help", "-h", "--version") for a in args)
-    is_run = not (args and args[0] in SUBCOMMANDS) and not quick
+    is_run = not (args and args[0] in SUBCOMMANDS) and not answered_early(args)
     if device and is_run and not any(a.startswith(("cluster.device=", "+cluster.device=")) for a in args):
         return with_overrides(args, f"cluster.device={device}")
     return args
@@ -100,7 +104,7 @@ def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     or ``device=None`` for the default ``auto``, which picks a GPU where there is one.
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
-    quick = any(a in ("--help", "-h", "--version") for a in args)  # answered before torch is imported: always fresh
+    quick = answered_early(args)  # answered before torch is imported: always fresh
     args = pinned(args, device)
     forked = ZYGOTE and not quick and ZYGOTE.run(list(args), cwd, full_env, timeout)
     if forked:

@@ -71,7 +71,8 @@ def _child(request: dict) -> None:
         from launcher.cli import entry
 
         sys.argv = [entry.__file__, *request["argv"]]
-        sys.path[0] = os.getcwd()  # what ``-m`` puts first
+        if not sys.flags.safe_path:  # PYTHONSAFEPATH=1 (.ci/gpu-check): -m puts nothing first, and -c put nothing here
+            sys.path[0] = os.getcwd()  # what ``-m`` puts first, in place of ``-c``'s ''
         sys.modules["__main__"] = entry  # what multiprocessing's forkserver re-imports in its children
         try:
             entry.entry()  # leaves through entry.leave

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SUBCOMMANDS, dlaunch
+from tests.conftest import ROOT, SUBCOMMANDS, answered_early, dlaunch
 
 pytestmark = pytest.mark.slow
 SHORT = {"trainer.steps": "30", "trainer.log_every": "10"}
@@ -39,7 +39,7 @@ def files(page: Path) -> dict[str, str]:
 def arguments(command: str, work: Path, index: int) -> list[str]:
     """The command's arguments; a run gets the short settings it does not set itself, and a run directory in ``work``."""
     args = shlex.split(command, comments=True)[1:]
-    if args[0] in SUBCOMMANDS or any(a in ("--help", "-h", "--version") for a in args):
+    if args[0] in SUBCOMMANDS or answered_early(args):
         return args
     keys = {a.split("=", 1)[0].lstrip("+~") for a in args if "=" in a}
     args += [f"{k}={v}" for k, v in SHORT.items() if k not in keys]
