@@ -81,9 +81,12 @@ def leftovers(run_dir: Path, sid: int) -> list[str]:
     return session_processes(sid) + workers_of(run_dir)
 
 
-def rank_pid(run_dir: Path, rank: int) -> int:
-    """The pid of ``rank``'s current attempt (the probe's ``record_attempts`` appends one line per start)."""
-    return int((run_dir / f"attempts-rank{rank}.txt").read_text().split()[-1])
+def attempts_of(run_dir: Path, rank: int) -> list[int]:
+    """The pids of ``rank``'s attempts so far (the probe's ``record_attempts`` appends one line per start)."""
+    try:
+        return [int(pid) for pid in (run_dir / f"attempts-rank{rank}.txt").read_text().split()]
+    except OSError:
+        return []
 
 
 @dataclasses.dataclass
@@ -176,8 +179,10 @@ class Soak:
             return False
         time.sleep(self.rng.uniform(0, 0.05))  # anywhere within a step (0.03 s), the save after it included
         if fault == "kill_worker":
+            attempts = len(attempts_of(self.run_dir, 0))
             if not self._kill_rank(proc, self.rng.randrange(2)):
                 return False
+            self._await_restart(proc, attempts)
         elif fault == "kill_agent":
             os.kill(proc.pid, signal.SIGKILL)
         else:
@@ -194,12 +199,25 @@ class Soak:
         deadline = time.monotonic() + EXIT_TIMEOUT_S
         while proc.poll() is None:
             try:
-                os.kill(rank_pid(self.run_dir, rank), signal.SIGKILL)
+                os.kill(attempts_of(self.run_dir, rank)[-1], signal.SIGKILL)
                 return True
             except ProcessLookupError:
                 assert time.monotonic() < deadline, f"{self}: rank {rank} has no live attempt (a hang?)"
                 time.sleep(0.05)
         return False
+
+    def _await_restart(self, proc: subprocess.Popen, attempts: int) -> None:
+        """After a worker's kill: wait for rank 0's next attempt (or the command's end), then note the furthest step.
+
+        The agent stops every worker before it starts the next attempt, so from then on only the new
+        attempt logs, and only after it recorded its start: the next fault, which waits for a step past
+        ``seen``, lands on a restart the run's history counts (it once landed on one still loading).
+        """
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while len(attempts_of(self.run_dir, 0)) == attempts and proc.poll() is None:
+            assert time.monotonic() < deadline, f"{self}: no restart after a worker's kill (a hang?)"
+            time.sleep(0.01)
+        self.seen = max(self.seen, last_step(self.run_dir))
 
     def _term_in_save(self, proc: subprocess.Popen, command: Command, step: int) -> bool:
         gate, marker = self.run_dir / "hold-save", self.run_dir / "saving"
