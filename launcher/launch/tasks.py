@@ -79,18 +79,20 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
                 args = [str(job), t.type, str(t.index), str(t.attempt)]
                 procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
             fatal = _wait(procs, spec)
-        except emulate._Stopped as stopped:
-            emulate._stop(list(procs.values()), spec.launch.shutdown_grace_s + 5, stopped.signum)
-            log.warning("stopped by signal %d; every task was shut down", stopped.signum)
-            return 128 + stopped.signum, []
-    causes = _causes(run_dir, tasks)
+            stopped = _stop_the_rest(procs) if fatal else set()
+        except emulate._Stopped as signalled:
+            emulate._stop(list(procs.values()), spec.launch.shutdown_grace_s + 5, signalled.signum)
+            log.warning("stopped by signal %d; every task was shut down", signalled.signum)
+            return 128 + signalled.signum, []
+    # A task dlaunch stopped ended as told (a ps that waits for the chief's save is killed): not a cause
+    causes = [c for c in _causes(run_dir, tasks) if c.task not in {t.name for t in stopped}]
     if not fatal:
         for cause in causes:
             log.warning("%s had failed (%s%s); the job went on without it, as parameter-server training does",
                         cause.who, cause.exit, f": {cause.exception}" if cause.exception else "")
         return 0, []
     for t, proc in procs.items():
-        if t.type == "ps" and proc.returncode not in (0, None) and not stopped_by_us(proc.returncode):
+        if t.type == "ps" and t not in stopped and proc.returncode not in (0, None):
             ended = next((c.exit for c in causes if c.task == t.name), _exit_text(proc.returncode))
             log.error("parameter server %s unavailable: its process ended (%s); its variables are gone until the job "
                       "restarts from a checkpoint", t.name, ended)
@@ -113,17 +115,21 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
             if t.type == "worker" and not sync and t not in reported:
                 reported.add(t)
                 log.warning("%s stopped (%s); the chief and the other workers go on", t.name, _exit_text(codes[t]))
-        if fatal:  # the others cannot go on without the chief or a ps: a moment to fail on their own, then stop
-            emulate._wait(list(procs.values()), STOP_OTHERS_AFTER_S)
+        if fatal:
             return fatal
         if all(code is not None for code in codes.values()):
             return []
         time.sleep(0.05)
 
 
-def stopped_by_us(code: int) -> bool:
-    """The exit of a task agent that dlaunch stopped after another task failed (SIGTERM)."""
-    return code in (-15, 128 + 15)
+def _stop_the_rest(procs: dict[PSTask, subprocess.Popen]) -> set[PSTask]:
+    """The others cannot go on without the chief or a ps: a moment to end on their own, then stopped; returns those stopped."""
+    deadline = time.monotonic() + STOP_OTHERS_AFTER_S
+    while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = {t for t, p in procs.items() if p.poll() is None}
+    emulate._stop([procs[t] for t in running], STOP_OTHERS_AFTER_S)
+    return running
 
 
 def _exit_text(code: int | None) -> str:
