@@ -27,6 +27,7 @@ from launcher.config.errors import ConfigError, Problem
 
 SINFO_TIMEOUT_S = 20
 REFUSED_EXIT = 2  # nothing was submitted: like a config error, the command as given cannot run
+NOT_A_SUBMIT_HOST = "this machine is not a SLURM submit host"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +200,7 @@ def request_rows(params: dict[str, Any], why_device: str, processes_per_node: in
 
 # What an sbatch message is about -> the override to change (first match wins).
 _FIXES: tuple[tuple[tuple[str, ...], Callable[[dict[str, Any]], str]], ...] = (
+    ((NOT_A_SUBMIT_HOST.lower(),), lambda p: "run it on a SLURM submit host (sbatch and srun on PATH), or hydra/launcher=submitit_local"),
     (("partition",), lambda p: "hydra.launcher.partition"),
     (("gres", "generic resource", "gpu"), lambda p: (
         "cluster.device=cpu, or hydra.launcher.partition=<a partition whose nodes have GPUs>"
@@ -222,10 +224,12 @@ def fix_for(said: str, params: dict[str, Any]) -> str:
 def render_refusal(params: dict[str, Any], said: str, console: Console) -> None:
     """sbatch's refusal on one screen: what was asked, what SLURM said, which override to change."""
     lines = [line.strip() for line in said.strip().splitlines() if line.strip()][-6:] or ["(no message)"]
-    console.print("[bold red]dlaunch: SLURM refused the job[/] (nothing was submitted)")
+    no_client = NOT_A_SUBMIT_HOST in said  # dlaunch's words, not SLURM's
+    what, label = ("cannot submit from this machine", "why:") if no_client else ("SLURM refused the job", "SLURM said:")
+    console.print(f"[bold red]dlaunch: {what}[/] (nothing was submitted)")
     console.print(f"  asked:       {escape(asked(params))}")
     for i, line in enumerate(lines):
-        console.print(f"  {'SLURM said:' if i == 0 else '':<12} {escape(line)}")
+        console.print(f"  {label if i == 0 else '':<12} {escape(line)}")
     console.print(f"  change:      {escape(fix_for(said, params))}")
     console.print("See docs/OPERATIONS.md (SLURM); `dlaunch ... launch.dry_run=true` shows the request without submitting.")
 
@@ -267,7 +271,11 @@ def submit_with_one_screen_refusals() -> None:
         except FileNotFoundError as exc:
             if exc.filename != "sbatch":
                 raise
-            said = f"cannot run sbatch: {exc.strerror} (this machine is not a SLURM submit host)"
+            said = f"cannot run sbatch: {exc.strerror} ({NOT_A_SUBMIT_HOST})"
+        except RuntimeError as exc:  # submitit's SLURM executor looks for srun before it submits anything
+            if "srun" not in str(exc):
+                raise
+            said = f"cannot find srun on PATH ({NOT_A_SUBMIT_HOST})"
         from launcher.cli import output
 
         render_refusal(self.params, said, output.messages())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -113,10 +114,13 @@ def test_auto_jobs_that_land_on_cpu_nodes_are_checked_again_for_the_cpu():
 
 
 def _stand_ins(tmp_path, sinfo: str, sbatch: str) -> dict:
-    """PATH with a stand-in sinfo and sbatch (shell scripts): the whole submit path runs without SLURM."""
+    """PATH with a stand-in sinfo, sbatch and srun (shell scripts): the whole submit path runs without SLURM.
+
+    submitit's SLURM executor looks for srun on PATH before it submits; nothing runs it here.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("sinfo", sinfo), ("sbatch", sbatch)):
+    for name, body in (("sinfo", sinfo), ("sbatch", sbatch), ("srun", "exit 1")):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -136,3 +140,18 @@ def test_without_slurm_a_refusal_and_a_dry_run_go_the_whole_way(tmp_path):
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "gres         none: cluster.device=auto and partition debug has no GPU gres" in dry.stdout
     assert "launch.dry_run=true: nothing was submitted (1 job(s) would be)" in dry.stdout
+
+
+def test_a_machine_without_the_slurm_client_is_told_so_on_one_screen(tmp_path):
+    """No srun or sbatch on PATH (submitit asks for srun first): exit 2, what to do instead, no traceback."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(shutil.which("sh"), bin_dir / "sh")
+    env = {"PATH": str(bin_dir)}  # not even the stand-ins; cluster.device=cpu needs no sinfo
+    proc = dlaunch("hydra/launcher=submitit_slurm", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, env=env, device=None)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "cannot find srun on PATH (this machine is not a SLURM submit host)" in text
+    assert "hydra/launcher=submitit_local" in text
