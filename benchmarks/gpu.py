@@ -2,6 +2,7 @@
 
     make bench-gpu                               # 3 rounds x 150 steps of every variant
     python benchmarks/gpu.py --rounds 1 --steps 60   # is everything wired?
+    python benchmarks/gpu.py --rounds 6 --modes bf16+compile   # one mode, more rounds
 
 The workload is charlm at 19.3M parameters (d_model 512, 8 heads, 6 layers,
 context 256, global batch 64 windows = 16,384 tokens per step) on one GPU, in
@@ -83,18 +84,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated subset of %(default)s (fewer modes: more rounds in the same time)")
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
     facts, runs = device_facts(), []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for r in range(args.rounds):
-            for mode, (dl_args, loop_args) in MODES.items():
+            for mode in modes:
+                dl_args, loop_args = MODES[mode]
                 runs.append({"round": r, "mode": mode, "who": "dlaunch", **dlaunch(dl_args, args.steps, work)})
                 runs.append({"round": r, "mode": mode, "who": "hand", **hand(loop_args, args.steps, work)})
                 print(f"round {r + 1}/{args.rounds} {mode}: dlaunch {runs[-2]['steady_ms_per_step']:.2f} ms/step, "
                       f"hand {runs[-1]['steady_ms_per_step']:.2f}", flush=True)
-            runs.append({"round": r, "mode": "bf16+compile, prefetch 0", "who": "dlaunch",
-                         **dlaunch((*MODES["bf16+compile"][0], "input.prefetch=0"), args.steps, work)})
+            if "bf16+compile" in modes:
+                runs.append({"round": r, "mode": "bf16+compile, prefetch 0", "who": "dlaunch",
+                             **dlaunch((*MODES["bf16+compile"][0], "input.prefetch=0"), args.steps, work)})
     facts["params"] = next(run["params"] for run in runs if "params" in run)
     c.publish(f"{c.timestamp()}-gpu", {"machine": c.machine(), "device": facts, "shape": SHAPE, "batch": BATCH, "runs": runs},
               report(facts, runs, args))

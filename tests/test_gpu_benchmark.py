@@ -1,0 +1,42 @@
+"""benchmarks/gpu.py's arithmetic, without a GPU: ratios per round then their median, tokens/s, MFU, a subset of modes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_gpu_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu.py imports its neighbour common.py
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_report_takes_ratios_per_round_and_handles_one_mode():
+    gpu = load_gpu_benchmark()
+    facts = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0", "bf16_peak_flops": 989.4e12, "params": 19_300_000}
+    runs = [{"round": r, "mode": mode, "who": who, "steady_ms_per_step": ms}
+            for r, (mine, hand, ahead) in enumerate([(10.0, 9.0, 11.0), (12.0, 12.0, 12.0), (8.0, 10.0, 8.0)])
+            for mode, who, ms in (("bf16+compile", "dlaunch", mine), ("bf16+compile", "hand", hand),
+                                  ("bf16+compile, prefetch 0", "dlaunch", ahead))]
+    text = gpu.report(facts, runs, argparse.Namespace(rounds=3, steps=150))
+    rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in text.splitlines() if line.startswith("|")}
+    # per round hand/dlaunch: 0.9, 1.0, 1.25 -> median 1.0 (the median of times, 10 vs 10, would say the same here)
+    assert rows[("bf16+compile", "dlaunch")].rstrip("| ").endswith("1.000x")
+    tokens_per_s = 64 * 256 / 0.010  # median 10 ms for 16,384 tokens
+    assert f"{tokens_per_s:,.0f}" in rows[("bf16+compile", "dlaunch")]
+    mfu = gpu.flops_per_token(19_300_000) * tokens_per_s / 989.4e12
+    assert f"{mfu:.1%}" in rows[("bf16+compile", "dlaunch")]
+    assert ("fp32", "dlaunch") not in rows
+    assert "vs dlaunch fp32: **-x**" in text  # fp32 was not run: no speedup is claimed
+    # prefetch 0 over the default, per round: 1.1, 1.0, 1.0 -> 1.000
+    assert "prefetch 0 takes 1.000x the time" in text
