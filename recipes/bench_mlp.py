@@ -1,4 +1,4 @@
-"""The performance benchmark's workload: an MLP 784-1024-1024-10 on synthetic data (issue 8).
+"""The performance benchmark's workload: an MLP 784-1024-1024-10 on synthetic data.
 
 Run it:
 
