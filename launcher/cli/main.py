@@ -159,6 +159,9 @@ def _job(cfg: Any) -> Any:
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from launcher.checkpoint import lock
+    from launcher.cli import resume
+
+    resume.keep_replayable(run_dir)  # before anything can stop the job: `dlaunch resume` reads this file
 
     try:
         _checkpoint_dir_writable(spec, run_dir)

@@ -44,6 +44,21 @@ def _config_dirs(hydra_dir: Path) -> list[str]:
     return [str(s.path) for s in sources if s.provider == "command-line" and s.schema == "file"]
 
 
+def keep_replayable(run_dir: Path) -> None:
+    """Hydra wrote the job's overrides as it got them: a user recipe's stored option becomes what the user typed."""
+    from omegaconf import OmegaConf
+
+    from launcher.config import user_recipes
+
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not user_recipes.TYPED or not path.exists():
+        return
+    own = [str(o) for o in OmegaConf.load(path)]
+    typed = user_recipes.as_typed(own)
+    if typed != own:
+        OmegaConf.save(OmegaConf.create(typed), path)
+
+
 def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     """The arguments that run ``run_dir``'s job again there; ValueError naming what is missing."""
     from omegaconf import OmegaConf

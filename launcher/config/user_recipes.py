@@ -26,6 +26,7 @@ from launcher.config.errors import ConfigError, Problem
 GROUP = "user"  # the options live at recipe/user/NAME: no file a user writes is found first
 SUFFIXES = (".py", ".yaml", ".yml")
 OPTIONS: dict[str, Path] = {}  # option (user/NAME) -> the file it was read from
+TYPED: dict[str, str] = {}  # option -> what a later command types to choose it: the --config-dir name, or the absolute path
 
 
 def is_path(value: str) -> bool:
@@ -128,7 +129,7 @@ def rewrite(overrides: list[str], config_dirs: Iterable[str], shipped: dict[str,
         options = [_option(v, config_dirs, shipped) for v in values]
         out.append(f"recipe={','.join(options)}")
     if not chosen and default in config_dir_recipes(config_dirs):
-        out.append(f"recipe={option_for(config_dir_recipes(config_dirs)[default], shipped)}")
+        out.append(f"recipe={_option(default, config_dirs, shipped)}")
     return out
 
 
@@ -136,4 +137,21 @@ def _option(value: str, config_dirs: list[str], shipped: dict[str, Path]) -> str
     path = find(value, config_dirs)
     if path is None:
         return value  # a shipped name, or unknown: check_group_choices says which
-    return path.stem if path in shipped.values() else option_for(path, shipped)
+    if path in shipped.values():
+        return path.stem
+    option = option_for(path, shipped)
+    TYPED[option] = str(path) if is_path(value) else value  # a path from any directory; a name with its --config-dir
+    return option
+
+
+def as_typed(overrides: Iterable[str]) -> list[str]:
+    """``overrides`` with each stored option (``recipe=user/NAME``) as the user would type it again.
+
+    Hydra records a job's overrides as it got them (``.hydra/overrides.yaml``); ``dlaunch resume`` and
+    the sweep table read that file, in another process, where ``user/NAME`` means nothing.
+    """
+    out = []
+    for text in overrides:
+        key, eq, value = text.partition("=")
+        out.append(f"{key}={TYPED[value]}" if eq and key == "recipe" and value in TYPED else text)
+    return out

@@ -30,3 +30,23 @@ def test_resume_names_a_directory_that_is_not_a_run(tmp_path):
     proc = dlaunch("resume", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2
     assert f"{tmp_path} is not a dlaunch run directory" in proc.stderr
+
+
+@pytest.mark.parametrize("form", ["config-dir name", "path"])
+def test_resume_runs_a_users_own_recipe_again(tmp_path, form):
+    """Hydra records the stored option (recipe=user/NAME); the run directory keeps what the user typed instead."""
+    assert dlaunch("recipes", "cp", "linear", str(tmp_path / "proj"), cwd=tmp_path).returncode == 0
+    (tmp_path / "proj" / "recipe" / "linear.yaml").rename(tmp_path / "proj" / "recipe" / "mine.yaml")
+    chosen = (("--config-dir", str(tmp_path / "proj"), "recipe=mine") if form == "config-dir name"
+              else ("recipe=proj/recipe/mine.yaml",))
+    run_dir = tmp_path / "run"
+    first = dlaunch(*chosen, "trainer.steps=4", "trainer.log_every=1", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    recorded = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "user/" not in recorded, recorded
+    elsewhere = tmp_path / "elsewhere"  # a relative path was made absolute: resume works from any directory
+    elsewhere.mkdir()
+    again = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=elsewhere)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "from step 4" in again.stdout
+    assert logged_steps(run_dir) == list(range(1, 7))
