@@ -94,8 +94,29 @@ def _shipped_recipe(name: str, path: str, mtime_ns: int) -> DictConfig:
 
 
 def choose_user_recipes(overrides: list[str]) -> list[str]:
-    """``overrides`` with ``recipe=NAME`` of a ``--config-dir`` and ``recipe=PATH`` chosen as stored options (user_recipes)."""
-    return user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
+    """``overrides`` with ``recipe=NAME`` of a ``--config-dir`` and ``recipe=PATH`` chosen as stored options (user_recipes),
+    and ``recipe.KEY=V`` for a KEY the recipe's YAML leaves out as ``+recipe.KEY=V``.
+
+    A recipe's ``Config`` can have fields its YAML does not list (their defaults stand); Hydra knows only
+    the YAML's keys. The ``Config`` still judges the key when the spec is validated: an unknown one is
+    named there, with the ``Config``'s fields as what is allowed.
+    """
+    overrides = user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
+    keyed = [o for o in overrides if _key_of(o).startswith("recipe.") and o[:1] not in "+~"]
+    if not keyed:
+        return overrides
+    try:
+        recipe = compose([o for o in overrides if _key_of(o) == "recipe"]).recipe
+    except ConfigError:
+        return overrides  # the choice's own problem is reported where it always was
+    absent = object()
+
+    def added(override: str) -> bool:  # a key the YAML lacks, under one it has (a typo further up stays Hydra's to name)
+        parent, _, _ = _key_of(override).removeprefix("recipe.").rpartition(".")
+        return (OmegaConf.select(recipe, _key_of(override).removeprefix("recipe."), default=absent) is absent
+                and (not parent or isinstance(OmegaConf.select(recipe, parent, default=absent), DictConfig)))
+
+    return [f"+{o}" if o in keyed and added(o) else o for o in overrides]
 
 
 def recipe_option(path: Path) -> str:

@@ -122,3 +122,25 @@ def test_three_independent_mistakes_are_reported_together():
 def test_a_rule_about_a_key_at_fault_judges_no_default():
     text = problems_of(["input.global_batch_size=abc", "strategy=mirrored", "cluster=1x3"])
     assert "input.global_batch_size = abc" in text and "divisible" not in text, text
+
+
+def test_a_config_field_the_yaml_leaves_out_is_set_like_any_other(tmp_path, capsys, config_dirs):
+    """recipe.noise is a field of linear's Config; the copy's YAML no longer lists it (its default stands)."""
+    assert recipes.main(["cp", "linear", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    yaml_path = tmp_path / "p" / "recipe" / "linear.yaml"
+    yaml_path.write_text("".join(line for line in yaml_path.read_text().splitlines(True) if not line.startswith("  noise:")))
+    config_dirs[:] = [str(tmp_path / "p")]
+    chosen = composer.choose_user_recipes(["recipe=linear", "recipe.noise=0.25", "recipe.optimizer.lr=0.5", "trainer.steps=2"])
+    assert "+recipe.noise=0.25" in chosen and "recipe.optimizer.lr=0.5" in chosen  # the YAML lists optimizer.lr
+    spec = composer.compose_and_validate(chosen, 0)
+    assert spec.recipe.noise == 0.25 and spec.recipe.optimizer["lr"] == 0.5
+
+    typo = dlaunch("--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.nois=0.25", cwd=tmp_path)
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    text = " ".join(typo.stderr.split())
+    assert "recipe.nois = 0.25" in text and "did you mean recipe.noise?" in text and "noise, optimizer" in text
+    swept = dlaunch("-m", "--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.noise=0.1,0.2", "trainer.steps=2",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert [OmegaConf.load(tmp_path / "sweep" / str(i) / "config.yaml").recipe.noise for i in (0, 1)] == [0.1, 0.2]
