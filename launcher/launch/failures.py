@@ -61,8 +61,9 @@ def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dic
     Path(path).write_text(json.dumps(data))
 
 
-def from_exception(exc: BaseException, rank: int = 0) -> RootCause:
-    return RootCause(rank, socket.gethostname(), os.getpid(), "exception", f"{type(exc).__name__}: {exc}", _format(exc), time.time())
+def from_exception(exc: BaseException, rank: int = 0, last_step: int | None = None) -> RootCause:
+    return RootCause(rank, socket.gethostname(), os.getpid(), "exception", f"{type(exc).__name__}: {exc}", _format(exc),
+                     time.time(), last_step)
 
 
 def from_process_failure(rank: int, failure: Any) -> RootCause:

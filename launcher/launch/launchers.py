@@ -34,6 +34,7 @@ class InProcess(Launcher):
 
     def launch(self, spec: Any, plan: Any, run_dir: Path, console: Any) -> int:
         from launcher.launch import failures, report
+        from launcher.runtime import heartbeat
         from launcher.runtime.loop import train
         from launcher.runtime.preemption import Preempted
 
@@ -47,7 +48,7 @@ class InProcess(Launcher):
             log.warning("interrupted")
             return 130
         except Exception as exc:  # noqa: BLE001 - shown as the root cause below
-            root = failures.from_exception(exc)
+            root = failures.from_exception(exc, last_step=heartbeat.progress_of(exc).get("last_step"))  # as a worker's says
             failures.render(root, [], report.last_logged_step(run_dir), console)
             report.record_failure(spec, run_dir, root)
             return 1

@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from launcher.config.compose import compose_and_validate
 from launcher.launch import failures, report
 from launcher.runtime import outputs
-from tests.conftest import dlaunch
+from tests.conftest import PROBE, dlaunch
 
 SPEC = compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
 
@@ -131,3 +131,14 @@ def test_a_killed_rank_is_the_root_cause_not_the_peer_that_lost_it(tmp_path):
     peer = process_failure(tmp_path, 0, 1, RuntimeError("[gloo/pair.cc:537] Read error: Connection reset by peer"), when=0.0)
     root = failures.first([failures.from_process_failure(0, peer), failures.from_process_failure(1, killed)])
     assert root.rank == 1 and root.exit == "signal SIGKILL"
+
+
+def test_one_device_in_process_tells_the_last_completed_step_as_workers_do(tmp_path):
+    """The same failure at step 5: the panel and summary.json say step 4 on one device (no worker process) too."""
+    for strategy, cluster in (("one_device", "1x1"), ("mirrored", "1x2")):
+        run_dir = tmp_path / strategy
+        proc = dlaunch(f"strategy={strategy}", f"cluster={cluster}", f"recipe.entry={PROBE}", "trainer.steps=10",
+                       "+recipe.fail_replica=0", "+recipe.fail_step=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "last completed step 4" in " ".join((proc.stdout + proc.stderr).split()), (strategy, proc.stderr[-3000:])
+        assert json.loads((run_dir / "summary.json").read_text())["last_completed_step"] == 4, strategy
