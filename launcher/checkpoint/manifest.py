@@ -38,6 +38,7 @@ def build(spec: RunSpec, step: int, position: Position) -> dict[str, Any]:
         "input": _input_layout(spec),
         "recipe": spec.recipe.model_dump(mode="json"),
         "trainer_seed": spec.trainer.seed,
+        "lr_decay": _lr_decay(spec),
         "torch": torch.__version__,
         "time": time.time(),
     }
@@ -77,7 +78,21 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
                    f"(epoch {manifest['data_position']['epoch']}, batch {manifest['data_position']['offset']}) now counts other batches")
     out += _data_changes(manifest["input"], _input_layout(spec))
     out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _diff(manifest.get("recipe", {}), spec.recipe.model_dump(mode="json"))]
+    old_decay, new_decay = manifest.get("lr_decay"), _lr_decay(spec)  # checkpoints before this record none
+    if old_decay and new_decay and old_decay != new_decay:
+        out.append(f"lr schedule: {old_decay['decay']} decay over {old_decay['steps']} -> {new_decay['decay']} over "
+                   f"{new_decay['steps']} steps after the warm-up: from step {manifest['step']} the lr is the new "
+                   f"schedule's (trainer.lr_schedule.decay_steps={old_decay['steps']} keeps the saved length; the steps "
+                   "after it run at min_lr_ratio x lr)")
     return out
+
+
+def _lr_decay(spec: RunSpec) -> dict[str, Any] | None:
+    """The schedule's decay and its length in steps (None: no decay); a longer ``trainer.steps`` stretches it."""
+    schedule = spec.trainer.lr_schedule
+    if schedule.decay == "constant":
+        return None
+    return {"decay": schedule.decay, "steps": schedule.decay_length(spec.trainer.steps)}
 
 
 def _data_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -51,6 +51,10 @@ class ScheduleSpec(Strict):
     def constant(self) -> bool:
         return self.decay == "constant" and self.warmup_steps == 0
 
+    def decay_length(self, total_steps: int) -> int:
+        """The decay's steps in a run of ``total_steps``: ``decay_steps``, else the rest after the warm-up."""
+        return self.decay_steps or max(total_steps - self.warmup_steps, 1)
+
 
 class CompileSpec(Strict):
     """``trainer.compile``: ``torch.compile`` the model, after the strategy has wrapped it."""

@@ -202,7 +202,7 @@ class ScheduleFactor:
 
     def __init__(self, spec: ScheduleSpec, total_steps: int):
         self.decay, self.warmup, self.start = spec.decay, spec.warmup_steps, spec.warmup_start
-        self.decay_steps = spec.decay_steps or max(total_steps - spec.warmup_steps, 1)
+        self.decay_steps = spec.decay_length(total_steps)
         self.floor = spec.min_lr_ratio
 
     def __call__(self, step: int) -> float:

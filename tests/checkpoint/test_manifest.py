@@ -1,0 +1,30 @@
+"""What a checkpoint's manifest records, and what a resume is told changed since (``manifest.changes``)."""
+
+from __future__ import annotations
+
+from launcher.checkpoint import manifest
+from launcher.config.compose import compose_and_validate
+from launcher.input.position import Position
+
+COSINE = ("trainer.lr_schedule.decay=cosine", "trainer.lr_schedule.warmup_steps=10", "cluster.device=cpu")
+
+
+def saved(*overrides: str) -> dict:
+    return manifest.build(compose_and_validate([*COSINE, *overrides], 0), 40, Position(0, 40))
+
+
+def test_a_longer_run_says_its_lr_schedule_stretched_and_how_to_keep_it():
+    longer = compose_and_validate([*COSINE, "trainer.steps=80"], 0)
+    (change,) = [c for c in manifest.changes(saved("trainer.steps=40"), longer) if c.startswith("lr schedule")]
+    assert change.startswith("lr schedule: cosine decay over 30 -> cosine over 70 steps after the warm-up: from step 40")
+    assert "trainer.lr_schedule.decay_steps=30 keeps the saved length" in change
+    kept = compose_and_validate([*COSINE, "trainer.steps=80", "trainer.lr_schedule.decay_steps=30"], 0)
+    assert not [c for c in manifest.changes(saved("trainer.steps=40"), kept) if c.startswith("lr schedule")]
+
+
+def test_a_constant_lr_or_a_checkpoint_from_before_has_nothing_to_say():
+    constant = compose_and_validate(["cluster.device=cpu", "trainer.steps=80"], 0)
+    old = manifest.build(compose_and_validate(["cluster.device=cpu", "trainer.steps=40"], 0), 40, Position(0, 40))
+    assert manifest.changes(old, constant) == []
+    older = {k: v for k, v in saved("trainer.steps=40").items() if k != "lr_decay"}  # written before lr_decay was recorded
+    assert manifest.changes(older, compose_and_validate([*COSINE, "trainer.steps=80"], 0)) == []
