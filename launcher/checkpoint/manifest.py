@@ -80,10 +80,11 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
     out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _diff(manifest.get("recipe", {}), spec.recipe.model_dump(mode="json"))]
     old_decay, new_decay = manifest.get("lr_decay"), _lr_decay(spec)  # checkpoints before this record none
     if old_decay and new_decay and old_decay != new_decay:
+        fits = spec.trainer.lr_schedule.warmup_steps + old_decay["steps"] <= spec.trainer.steps
+        keep = (f" (trainer.lr_schedule.decay_steps={old_decay['steps']} keeps the saved length; the steps after it run "
+                "at min_lr_ratio x lr)") if fits else ""
         out.append(f"lr schedule: {old_decay['decay']} decay over {old_decay['steps']} -> {new_decay['decay']} over "
-                   f"{new_decay['steps']} steps after the warm-up: from step {manifest['step']} the lr is the new "
-                   f"schedule's (trainer.lr_schedule.decay_steps={old_decay['steps']} keeps the saved length; the steps "
-                   "after it run at min_lr_ratio x lr)")
+                   f"{new_decay['steps']} steps after the warm-up: from step {manifest['step']} the lr is the new schedule's{keep}")
     return out
 
 

@@ -143,6 +143,9 @@ def _job(cfg: Any) -> Any:
     """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None on a config error)."""
     from hydra.core.hydra_config import HydraConfig
 
+    from launcher.cli import resume
+
+    resume.keep_replayable(Path(HydraConfig.get().runtime.output_dir))  # first: `dlaunch resume` and the sweep table read it
     console = output.messages()
     cuda = cuda_devices()
     key = _job_key(list(HydraConfig.get().overrides.task))
@@ -159,9 +162,6 @@ def _job(cfg: Any) -> Any:
         return None
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from launcher.checkpoint import lock
-    from launcher.cli import resume
-
-    resume.keep_replayable(run_dir)  # before anything can stop the job: `dlaunch resume` reads this file
 
     try:
         _checkpoint_dir_writable(spec, run_dir)

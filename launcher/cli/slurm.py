@@ -273,7 +273,7 @@ def submit_with_one_screen_refusals() -> None:
                 raise
             said = f"cannot run sbatch: {exc.strerror} ({NOT_A_SUBMIT_HOST})"
         except RuntimeError as exc:  # submitit's SLURM executor looks for srun before it submits anything
-            if "srun" not in str(exc):
+            if 'Could not detect "srun"' not in str(exc):  # a job's own failure can mention srun: its report stands
                 raise
             said = f"cannot find srun on PATH ({NOT_A_SUBMIT_HOST})"
         from launcher.cli import output

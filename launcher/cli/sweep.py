@@ -47,7 +47,11 @@ def failed_jobs() -> int:
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job directory (numbered subdirectories holding a ``.hydra`` folder), in job order."""
+    from launcher.cli import resume
+
     jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+    for job in jobs:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
+        resume.keep_replayable(job)
     return [_row(d) for d in jobs if (d / ".hydra").is_dir()]
 
 

@@ -105,8 +105,11 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
     keyed = [o for o in overrides if _key_of(o).startswith("recipe.") and o[:1] not in "+~"]
     if not keyed:
         return overrides
+    choice = [o for o in overrides if _key_of(o) == "recipe"]
     try:
-        recipe = compose([o for o in overrides if _key_of(o) == "recipe"]).recipe
+        if any(ov.is_sweep_override() for ov in parse_overrides(choice)):  # each job's recipe differs: set or add
+            return [f"++{o}" if o in keyed else o for o in overrides]
+        recipe = compose(choice).recipe
     except ConfigError:
         return overrides  # the choice's own problem is reported where it always was
     absent = object()

@@ -14,6 +14,7 @@ is rewritten to choose it. So the user's recipe *replaces* the default recipe (n
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -140,8 +141,15 @@ def _option(value: str, config_dirs: list[str], shipped: dict[str, Path]) -> str
     if path in shipped.values():
         return path.stem
     option = option_for(path, shipped)
-    TYPED[option] = str(path) if is_path(value) else value  # a path from any directory; a name with its --config-dir
+    TYPED[option] = _quoted(str(path)) if is_path(value) else value  # a path from any directory; a name with its --config-dir
     return option
+
+
+def _quoted(value: str) -> str:
+    """``value`` as one Hydra override value: quoted where it holds more than a plain path's characters."""
+    if re.fullmatch(r"[\w./~+-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def as_typed(overrides: Iterable[str]) -> list[str]:

@@ -28,3 +28,9 @@ def test_a_constant_lr_or_a_checkpoint_from_before_has_nothing_to_say():
     assert manifest.changes(old, constant) == []
     older = {k: v for k, v in saved("trainer.steps=40").items() if k != "lr_decay"}  # written before lr_decay was recorded
     assert manifest.changes(older, compose_and_validate([*COSINE, "trainer.steps=80"], 0)) == []
+
+
+def test_a_shorter_run_is_told_too_without_a_length_it_could_not_keep():
+    shorter = compose_and_validate([*COSINE, "trainer.steps=30"], 0)  # 10 + 30 > 30: decay_steps=30 would be refused
+    (change,) = [c for c in manifest.changes(saved("trainer.steps=40"), shorter) if c.startswith("lr schedule")]
+    assert "cosine decay over 30 -> cosine over 20 steps" in change and "decay_steps" not in change

@@ -32,13 +32,16 @@ def test_resume_names_a_directory_that_is_not_a_run(tmp_path):
     assert f"{tmp_path} is not a dlaunch run directory" in proc.stderr
 
 
-@pytest.mark.parametrize("form", ["config-dir name", "path"])
+@pytest.mark.parametrize("form", ["config-dir name", "path", "path, quoted"])
 def test_resume_runs_a_users_own_recipe_again(tmp_path, form):
     """Hydra records the stored option (recipe=user/NAME); the run directory keeps what the user typed instead."""
     assert dlaunch("recipes", "cp", "linear", str(tmp_path / "proj"), cwd=tmp_path).returncode == 0
     (tmp_path / "proj" / "recipe" / "linear.yaml").rename(tmp_path / "proj" / "recipe" / "mine.yaml")
-    chosen = (("--config-dir", str(tmp_path / "proj"), "recipe=mine") if form == "config-dir name"
-              else ("recipe=proj/recipe/mine.yaml",))
+    if form == "path, quoted":  # a directory name Hydra's grammar would misread unquoted
+        (tmp_path / "proj").rename(tmp_path / "my proj (1)")
+    chosen = {"config-dir name": ("--config-dir", str(tmp_path / "proj"), "recipe=mine"),
+              "path": ("recipe=proj/recipe/mine.yaml",),
+              "path, quoted": ("recipe='my proj (1)/recipe/mine.yaml'",)}[form]
     run_dir = tmp_path / "run"
     first = dlaunch(*chosen, "trainer.steps=4", "trainer.log_every=1", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -144,3 +144,8 @@ def test_a_config_field_the_yaml_leaves_out_is_set_like_any_other(tmp_path, caps
                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert [OmegaConf.load(tmp_path / "sweep" / str(i) / "config.yaml").recipe.noise for i in (0, 1)] == [0.1, 0.2]
+
+
+def test_with_a_swept_recipe_choice_a_recipe_key_is_set_or_added_per_job(config_dirs):
+    chosen = composer.choose_user_recipes(["recipe=linear,digits", "recipe.optimizer.lr=0.5", "+recipe.x=1", "trainer.steps=2"])
+    assert chosen == ["recipe=linear,digits", "++recipe.optimizer.lr=0.5", "+recipe.x=1", "trainer.steps=2"]
