@@ -109,6 +109,11 @@ class Zygote:
         """``dlaunch ARGS`` forked from the zygote; None where it cannot (busy, or not on Linux)."""
         if sys.platform != "linux" or not self._busy.acquire(blocking=False):
             return None
+        if threading.current_thread() is not threading.main_thread() and (self._proc is None or self._proc.poll() is not None):
+            # The zygote dies with the thread that started it (PR_SET_PDEATHSIG follows the thread, not the process):
+            # one started from a test's worker thread was SIGKILLed when that thread ended, under the next command
+            self._busy.release()
+            return None
         try:
             return self._run(args, cwd, env, timeout)
         finally:
