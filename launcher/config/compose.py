@@ -112,14 +112,14 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
         recipe = compose(choice).recipe
     except ConfigError:
         return overrides  # the choice's own problem is reported where it always was
-    absent = object()
+    absent = object()  # not None: a key the YAML sets to null is there
 
-    def added(override: str) -> bool:  # a key the YAML lacks, under one it has (a typo further up stays Hydra's to name)
-        parent, _, _ = _key_of(override).removeprefix("recipe.").rpartition(".")
-        return (OmegaConf.select(recipe, _key_of(override).removeprefix("recipe."), default=absent) is absent
+    def added(key: str) -> bool:  # a key the YAML lacks, under one it has (a typo further up stays Hydra's to name)
+        parent = key.rpartition(".")[0]
+        return (OmegaConf.select(recipe, key, default=absent) is absent
                 and (not parent or isinstance(OmegaConf.select(recipe, parent, default=absent), DictConfig)))
 
-    return [f"+{o}" if o in keyed and added(o) else o for o in overrides]
+    return [f"+{o}" if o in keyed and added(_key_of(o).removeprefix("recipe.")) else o for o in overrides]
 
 
 def recipe_option(path: Path) -> str:
