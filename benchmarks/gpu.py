@@ -3,6 +3,7 @@
     make bench-gpu                               # 3 rounds x 150 steps of every variant
     python benchmarks/gpu.py --rounds 1 --steps 60   # is everything wired?
     python benchmarks/gpu.py --rounds 6 --modes bf16+compile   # one mode, more rounds
+    python benchmarks/gpu.py --profile bf16+compile   # where does each one's step time go?
 
 The workload is charlm at 19.3M parameters (d_model 512, 8 heads, 6 layers,
 context 256, global batch 64 windows = 16,384 tokens per step) on one GPU, in
@@ -19,6 +20,11 @@ batch copied when it is needed, not a step ahead from pinned memory with
 ``non_blocking``): if it is no slower, the input copies were not on the critical path.
 
 Writes ``benchmarks/results/TIMESTAMP-gpu.json`` and ``.md``.
+
+``--profile MODE`` runs no rounds: it profiles steps 33-37 of one dlaunch run (``trainer.profile``) and of
+one hand-loop run in that mode, and writes both op tables (with the host time per step of the data and
+step regions) to ``benchmarks/results/TIMESTAMP-gpu-profile.md``: the next thing to read when a ratio
+falls short.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ MODES = {
 }
 
 
-def dlaunch(extra: tuple[str, ...], steps: int, work: Path) -> dict[str, Any]:
+def dlaunch(extra: tuple[str, ...], steps: int, work: Path, keep_dir: bool = False) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=work))
     args = ["recipe=charlm", "strategy=one_device", "cluster.device=cuda", *(f"recipe.{k}={v}" for k, v in SHAPE.items()),
             f"input.global_batch_size={BATCH}", f"trainer.steps={steps}", "trainer.log_every=50", "recipe.sample_chars=0",
@@ -55,7 +61,8 @@ def dlaunch(extra: tuple[str, ...], steps: int, work: Path) -> dict[str, Any]:
     if proc.returncode:
         raise SystemExit(f"dlaunch {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"steady_ms_per_step": summary["steady_ms_per_step"], "final_loss": summary["final_loss"]}
+    found = {"steady_ms_per_step": summary["steady_ms_per_step"], "final_loss": summary["final_loss"]}
+    return {**found, "run_dir": str(run_dir)} if keep_dir else found
 
 
 def hand(extra: tuple[str, ...], steps: int, work: Path) -> dict[str, Any]:
@@ -86,7 +93,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated subset of %(default)s (fewer modes: more rounds in the same time)")
+    parser.add_argument("--profile", metavar="MODE", choices=list(MODES), help="profile one run of each in MODE instead")
     args = parser.parse_args()
+    if args.profile:
+        return profile(args.profile, max(args.steps, 40))
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
@@ -106,6 +116,24 @@ def main() -> None:
     facts["params"] = next(run["params"] for run in runs if "params" in run)
     c.publish(f"{c.timestamp()}-gpu", {"machine": c.machine(), "device": facts, "shape": SHAPE, "batch": BATCH, "runs": runs},
               report(facts, runs, args))
+
+
+def profile(mode: str, steps: int) -> None:
+    """One dlaunch run and one hand-loop run in ``mode``, each profiled over steps 33-37; both op tables, side by side."""
+    dl_args, loop_args = MODES[mode]
+    window = ("trainer.profile.enabled=true", "trainer.profile.wait=30", "trainer.profile.warmup=2", "trainer.profile.active=5")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        mine = dlaunch((*dl_args, *window), steps, work, keep_dir=True)
+        theirs = hand((*loop_args, f"--profile={work}"), steps, work)
+        tables = {"dlaunch": Path(mine["run_dir"]) / "profile" / "rank0-ops.txt", "hand": work / "profile" / "hand-ops.txt"}
+        text = "\n".join([
+            f"# GPU profile: scaled charlm, {mode}, on {device_facts()['gpu']}", "",
+            f"dlaunch {mine['steady_ms_per_step']:.2f} ms/step, hand loop {theirs['steady_ms_per_step']:.2f} ms/step "
+            f"({steps} steps each). Each table: steps 33-37; the regions' host time per step first.", "",
+            *(part for who, path in tables.items() for part in (f"## {who}", "", "```", path.read_text(), "```", "")),
+        ])
+    c.publish(f"{c.timestamp()}-gpu-profile", {"mode": mode, "dlaunch": mine, "hand": theirs}, text)
 
 
 def report(facts: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Namespace) -> str:

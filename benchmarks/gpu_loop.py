@@ -7,6 +7,11 @@ with pinned memory and ``non_blocking`` copies, optional bf16 autocast and
 ``torch.compile``. Losses are read (``.item()``) only at the steps dlaunch logs,
 and step times are taken the same way as dlaunch's ``steady_ms_per_step``
 (median wall time per step from step 20 on), so the two are measured alike.
+
+``--profile DIR`` runs ``torch.profiler`` over steps 33-37 the way ``trainer.profile`` does
+(``DIR/profile/hand.trace.json`` and ``hand-ops.txt``), with the same region names as dlaunch's
+(``dlaunch.data``, ``dlaunch.step``), so the two op tables compare line for line.
+``--device cpu`` runs it on the CPU (the test of this file's wiring).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from launcher.config.trainer import ProfileSpec  # noqa: E402  (--profile: the same window and tables as dlaunch's)
+from launcher.runtime.profiling import StepProfiler  # noqa: E402
 from recipes import charlm  # noqa: E402  (the repository's recipe: the same model and data as dlaunch's)
 
 
@@ -38,32 +45,40 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--profile", metavar="DIR", help="profile steps 33-37 (torch.profiler) into DIR/profile")
+    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    device = torch.device(args.device)
 
     torch.manual_seed(0)
-    model = charlm.CharTransformer(args.context, args.d_model, args.heads, args.layers, 0.0).cuda()
+    model = charlm.CharTransformer(args.context, args.d_model, args.heads, args.layers, 0.0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.003)
     cfg = charlm.Config(name="charlm", entry="charlm", context=args.context, d_model=args.d_model, heads=args.heads, layers=args.layers)
     train, _ = charlm.make_data(cfg)
-    loader = DataLoader(train, batch_size=args.batch, shuffle=True, drop_last=True, pin_memory=True,
+    loader = DataLoader(train, batch_size=args.batch, shuffle=True, drop_last=True, pin_memory=device.type == "cuda",
                         generator=torch.Generator().manual_seed(0))
     forward = torch.compile(model) if args.compile else model
     dtype = torch.bfloat16 if args.precision == "bf16" else None
 
     batches = iter(loader)
     step_seconds, losses = [], {}
-    for step in range(1, args.steps + 1):
-        tick = time.perf_counter()
-        inputs, targets = (t.cuda(non_blocking=True) for t in next(batches))
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            logits = forward(inputs)
-            loss = nn.functional.cross_entropy(logits.reshape(-1, charlm.VOCAB), targets.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step == 1 or step % args.log_every == 0 or step == args.steps:
-            losses[step] = loss.item()
-        step_seconds.append(time.perf_counter() - tick)
+    window = ProfileSpec(enabled=args.profile is not None, wait=30, warmup=2, active=5)
+    with StepProfiler(window, Path(args.profile) if args.profile else None, "hand", device.type) as prof:
+        for step in range(1, args.steps + 1):
+            tick = time.perf_counter()
+            with prof.region("dlaunch.data"):
+                inputs, targets = (t.to(device, non_blocking=True) for t in next(batches))
+            with prof.region("dlaunch.step"):
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    logits = forward(inputs)
+                    loss = nn.functional.cross_entropy(logits.reshape(-1, charlm.VOCAB), targets.reshape(-1))
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            if step == 1 or step % args.log_every == 0 or step == args.steps:
+                losses[step] = loss.item()
+            prof.step()
+            step_seconds.append(time.perf_counter() - tick)
     Path(args.out).write_text(json.dumps({
         "steady_ms_per_step": statistics.median(step_seconds[19:]) * 1000,
         "losses": losses,

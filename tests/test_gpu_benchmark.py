@@ -40,3 +40,19 @@ def test_the_report_takes_ratios_per_round_and_handles_one_mode():
     assert "vs dlaunch fp32: **-x**" in text  # fp32 was not run: no speedup is claimed
     # prefetch 0 over the default, per round: 1.1, 1.0, 1.0 -> 1.000
     assert "prefetch 0 takes 1.000x the time" in text
+
+
+def test_the_hand_loop_profiles_the_same_window_and_regions_as_dlaunch(tmp_path):
+    """gpu_loop.py --profile on the CPU (tiny shape): the table ``gpu.py --profile`` sets beside dlaunch's."""
+    import json
+    import subprocess
+
+    out = tmp_path / "hand.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_loop.py"), "--device=cpu", "--d-model=16", "--heads=2",
+                           "--layers=1", "--context=16", "--batch=4", "--steps=40", f"--out={out}", f"--profile={tmp_path}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "profile" / "hand-ops.txt").read_text()
+    assert table.startswith("trainer.profile: steps 33-37 of this command, hand")
+    assert "dlaunch.data" in table and "dlaunch.step" in table
+    assert json.loads(out.read_text())["steady_ms_per_step"] > 0

@@ -111,6 +111,9 @@ def _training(spec: RunSpec, device: str) -> str:
         parts.append(f"lr: {warm}{s.decay} decay" + (f" to {s.min_lr_ratio:g} x lr" if s.decay != "constant" else ""))
     if t.eval_every:
         parts.append(f"evaluate every {t.eval_every} steps")
+    if t.profile.enabled:
+        first = t.profile.wait + t.profile.warmup + 1
+        parts.append(f"profile steps {first}-{first + t.profile.active - 1} of this command to RUN_DIR/profile")
     return "; ".join(parts)
 
 

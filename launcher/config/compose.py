@@ -114,10 +114,15 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
         return overrides  # the choice's own problem is reported where it always was
     absent = object()  # not None: a key the YAML sets to null is there
 
-    def added(key: str) -> bool:  # a key the YAML lacks, under one it has (a typo further up stays Hydra's to name)
+    def added(key: str) -> bool:
+        """A key the YAML lacks (``optimizer.lr`` where it has no ``optimizer`` section), under no value that is
+        not a section; the recipe's Config then judges it, naming its own fields where it is a typo."""
+        if OmegaConf.select(recipe, key, default=absent) is not absent:
+            return False
         parent = key.rpartition(".")[0]
-        return (OmegaConf.select(recipe, key, default=absent) is absent
-                and (not parent or isinstance(OmegaConf.select(recipe, parent, default=absent), DictConfig)))
+        while parent and OmegaConf.select(recipe, parent, default=absent) is absent:
+            parent = parent.rpartition(".")[0]
+        return not parent or isinstance(OmegaConf.select(recipe, parent), DictConfig)
 
     return [f"+{o}" if o in keyed and added(_key_of(o).removeprefix("recipe.")) else o for o in overrides]
 

@@ -66,6 +66,22 @@ class CompileSpec(Strict):
     dynamic: bool | None = Field(None, description="null: torch decides; false: one graph per shape")
 
 
+class ProfileSpec(Strict):
+    """``trainer.profile``: ``torch.profiler`` over a few steps; a trace and an op table per rank in RUN_DIR/profile."""
+
+    enabled: bool = Field(False, description="profile a window of steps (CPU, and CUDA where the run is on a GPU)")
+    wait: Annotated[int, Field(ge=0)] = Field(10, description="steps of this command to run before the window (compile, warm-up)")
+    warmup: Annotated[int, Field(ge=0)] = Field(2, description="steps profiled and thrown away, before the recorded ones")
+    active: PositiveInt = Field(3, description="steps recorded")
+    record_shapes: bool = Field(False, description="record each op's input shapes")
+    memory: bool = Field(False, description="record tensor allocations (torch.profiler's profile_memory)")
+    with_stack: bool = Field(False, description="record the Python stack of each op (larger traces)")
+
+    @property
+    def window(self) -> int:
+        return self.wait + self.warmup + self.active
+
+
 class TrainerSpec(Strict):
     """``trainer``: the training loop: how long, from which seed, how each step trains, checkpoints and resume."""
 
@@ -86,9 +102,10 @@ class TrainerSpec(Strict):
     clip_grad_norm: Annotated[float, Field(gt=0)] | None = Field(None, description="clip the averaged gradients' total norm to this")
     lr_schedule: ScheduleSpec = ScheduleSpec()
     eval_every: Annotated[int, Field(ge=0)] = Field(0, description="evaluate every N steps (the recipe's evaluate); 0: at the end only")
+    profile: ProfileSpec = ProfileSpec()
 
     @model_validator(mode="after")
-    def _schedule_fits(self) -> "TrainerSpec":
+    def _fits_in_steps(self) -> "TrainerSpec":
         s = self.lr_schedule
         if s.warmup_steps > self.steps:
             raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
@@ -99,6 +116,11 @@ class TrainerSpec(Strict):
                             f"is longer than trainer.steps={self.steps}; use at most {self.steps - s.warmup_steps} or null")
         if s.decay_steps is not None and s.decay == "constant":
             raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps, "decay_steps needs decay=cosine or decay=linear")
+        p = self.profile
+        if p.enabled and p.window > self.steps:
+            raise PlanError("trainer.profile.active", p.active,
+                            f"the profile window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {p.window} steps) is "
+                            f"longer than trainer.steps={self.steps}; lower trainer.profile.wait or raise trainer.steps")
         return self
 
     @field_validator("loggers", mode="after")

@@ -38,6 +38,7 @@ from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
+from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import ProgressReporter, log
 from launcher.runtime.step import ReplicaStep, compile_model, current_lr, loop_state, make_schedule, restore_loop_state
 
@@ -139,11 +140,11 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
     own = strategy.extended.own_loop()
     if own is not None:
-        return own(spec, strategy, step, stream)
+        return own(spec, strategy, step, stream, run_dir)
     evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
-                 make_schedule(spec.trainer, optimizer), evaluator)
+                 make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", runtime.device_type))
     attempt = env.restart_count if env else (task.attempt if task else 0)  # workers restarted by the launcher
     resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=attempt > 0))
     if rank == 0:
@@ -250,6 +251,7 @@ class _Loop:
     step: ReplicaStep
     schedule: Any  # torch LR scheduler, or None for a constant lr
     evaluate: _Evaluator
+    profiler: StepProfiler
     curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
     loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
     step_seconds: list[float] = dataclasses.field(default_factory=list)  # wall time of each step this process ran
@@ -282,39 +284,32 @@ class _Loop:
         if self.ckpt.enabled:
             with watch.operation("checkpoint clean-up barrier"):
                 self.ckpt.start(start)
-        steps, every, eval_every = self.spec.trainer.steps, self.spec.trainer.log_every, self.spec.trainer.eval_every
+        steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
         meter = _Meter(self.spec.input.global_batch_size, steps, start)
         losses: list[float] = []
         try:
-            with StopRequests(distributed, force_on_repeat=not distributed) as stop:
+            with StopRequests(distributed, force_on_repeat=not distributed) as stop, self.profiler as prof:
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
                     logged = step == 1 or step % every == 0 or step == steps
                     with watch.step(step):
-                        per_replica = self.strategy.run(self.step, args=(next(self.stream), logged))
+                        with prof.region("dlaunch.data"):
+                            batch = next(self.stream)
+                        with prof.region("dlaunch.step"):
+                            per_replica = self.strategy.run(self.step, args=(batch, logged))
                     lr = current_lr(self.optimizer)  # the lr this step used; the schedule moves on after it
                     if self.schedule is not None:
                         self.schedule.step()
                     if logged:
-                        with watch.operation(f"loss reduce at step {step}"):
+                        with watch.operation(f"loss reduce at step {step}"), prof.region("dlaunch.log"):
                             losses.append(self._log(step, per_replica, lr, meter, progress, metrics_log))
                     else:
                         progress.advance(step)
-                    if eval_every and step % eval_every == 0 and step < steps:
-                        with watch.operation(f"evaluation at step {step}"):
-                            self._write({"step": step, **self.evaluate()}, metrics_log)
-                    if self.ckpt.due(step):
-                        with watch.operation(f"checkpoint save at step {step}"):
-                            self._save(step)
-                    with watch.operation(f"stop-signal agreement after step {step}"):
-                        signum = stop.agreed()
-                    if signum and step < steps:  # a signal during the last step: the run is complete
-                        with watch.operation(f"checkpoint save on a stop signal after step {step}"):
-                            saved = self._save(step) if self.ckpt.enabled else None
-                        raise Preempted(signum, step, saved)
+                    self._after(step, watch, stop, metrics_log)
+                    prof.step()
                     self.step_seconds.append(time.perf_counter() - tick)
         finally:
             progress.close()
@@ -324,6 +319,22 @@ class _Loop:
                 self.curve = [r["loss"] for r in metrics_log.kept if "loss" in r] + losses
                 metrics_log.close()
         return losses
+
+    def _after(self, step: int, watch: heartbeat.Heartbeat, stop: StopRequests, metrics_log: Any) -> None:
+        """After step ``step``: evaluate, checkpoint, and stop (after a save) on an agreed signal."""
+        steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
+        if eval_every and step % eval_every == 0 and step < steps:
+            with watch.operation(f"evaluation at step {step}"), prof.region("dlaunch.eval"):
+                self._write({"step": step, **self.evaluate()}, metrics_log)
+        if self.ckpt.due(step):
+            with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
+                self._save(step)
+        with watch.operation(f"stop-signal agreement after step {step}"):
+            signum = stop.agreed()
+        if signum and step < steps:  # a signal during the last step: the run is complete
+            with watch.operation(f"checkpoint save on a stop signal after step {step}"):
+                saved = self._save(step) if self.ckpt.enabled else None
+            raise Preempted(signum, step, saved)
 
     def _log(self, step: int, per_replica: Any, lr: float | None, meter: "_Meter", progress: ProgressReporter,
              metrics_log: Any) -> float:

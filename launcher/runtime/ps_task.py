@@ -25,6 +25,7 @@ from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.preemption import Preempted, StopRequests, handling_stop_signals
+from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import log
 from launcher.strategies.impl.ps_module import contents_for
 from launcher.strategies.parameter_server import cluster_def
@@ -98,7 +99,7 @@ def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:
                             timeout=datetime.timedelta(seconds=spec.launch.collective_timeout_s))
 
 
-def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, name: str) -> dict[str, Any]:
+def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, run_dir: Path, name: str) -> dict[str, Any]:
     """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
     from launcher.runtime import loop  # the plan imports this module (build_variables) without the loop
 
@@ -106,9 +107,14 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, n
     if start:
         stream.seek(loop.position_at(stream, start))
     local = 0
-    with StopRequests(distributed=False) as stop:
+    profiler = StepProfiler(spec.trainer.profile, run_dir, name.replace(":", ""), replica_step.device_type)  # worker0.*
+    with StopRequests(distributed=False) as stop, profiler as prof:
         while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
-            strategy.run(replica_step, args=(next(stream), False))
+            with prof.region("dlaunch.data"):
+                batch = next(stream)
+            with prof.region("dlaunch.step"):
+                strategy.run(replica_step, args=(batch, False))
+            prof.step()
             local += 1
     strategy.extended.leave()
     if stop.signum:

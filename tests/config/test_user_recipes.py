@@ -140,10 +140,29 @@ def test_a_config_field_the_yaml_leaves_out_is_set_like_any_other(tmp_path, caps
     assert typo.returncode == 2 and "Traceback" not in typo.stderr
     text = " ".join(typo.stderr.split())
     assert "recipe.nois = 0.25" in text and "did you mean recipe.noise?" in text and "noise, optimizer" in text
+    section = dlaunch("--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.features.x=1", cwd=tmp_path)
+    assert section.returncode == 2 and "recipe.features.x = 1" in section.stderr  # features is a number, not a section
     swept = dlaunch("-m", "--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.noise=0.1,0.2", "trainer.steps=2",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert [OmegaConf.load(tmp_path / "sweep" / str(i) / "config.yaml").recipe.noise for i in (0, 1)] == [0.1, 0.2]
+
+
+def test_a_whole_section_the_yaml_leaves_out_is_set_like_any_other(tmp_path, capsys, config_dirs):
+    """The copy's YAML has no optimizer section at all: recipe.optimizer.lr still sets the Config's optimizer."""
+    assert recipes.main(["cp", "linear", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    yaml_path = tmp_path / "p" / "recipe" / "linear.yaml"
+    text = yaml_path.read_text()
+    yaml_path.write_text(text[:text.index("  optimizer:")] + text[text.index("input:"):])
+    config_dirs[:] = [str(tmp_path / "p")]
+    chosen = composer.choose_user_recipes(["recipe=linear", "recipe.optimizer.lr=0.5", "recipe.optimizer.name=adam"])
+    assert chosen[1:] == ["+recipe.optimizer.lr=0.5", "+recipe.optimizer.name=adam"]
+    spec = composer.compose_and_validate(chosen, 0)
+    assert spec.recipe.optimizer == {"lr": 0.5, "name": "adam"}
+    typo = dlaunch("--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.optimzer.lr=0.5", cwd=tmp_path)
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    assert "did you mean recipe.optimizer?" in typo.stderr
 
 
 def test_with_a_swept_recipe_choice_a_recipe_key_is_set_or_added_per_job(config_dirs):
