@@ -20,8 +20,30 @@ def problems(exc: ValidationError, root: type[BaseModel], data: Any, prefix: tup
             out += [Problem(key=e.key, value=e.value, message=e.message) for e in several.errors]
             continue
         path, parent_model, parent_data = _walk(root, data, err["loc"])
-        out.append(_problem(err, (*prefix, *path), parent_model, parent_data))
+        problem = _problem(err, (*prefix, *path), parent_model, parent_data)
+        out += _leaves(problem) if err["type"] == "extra_forbidden" else [problem]
     return out
+
+
+def _leaves(problem: Problem) -> list[Problem]:
+    """An unknown section (``recipe.optimizr.lr=0.1`` gives ``optimizr: {lr: 0.1}``) as one problem per key typed,
+    each with its full key and the suggestion continued: ``did you mean recipe.optimizer.lr``."""
+    if not isinstance(problem.value, dict) or not problem.value:
+        return [problem]
+    out = []
+    for suffix, value in _flat(problem.value):
+        guess = f"{problem.suggestion}.{suffix}" if problem.suggestion else None
+        out.append(Problem(key=f"{problem.key}.{suffix}", value=value, message=problem.message, allowed=problem.allowed,
+                           suggestion=guess))
+    return out
+
+
+def _flat(section: dict, head: str = "") -> list[tuple[str, Any]]:
+    pairs: list[tuple[str, Any]] = []
+    for k, v in section.items():
+        key = f"{head}{k}"
+        pairs += _flat(v, f"{key}.") if isinstance(v, dict) and v else [(key, v)]
+    return pairs
 
 
 def plan_problems(exc: ValidationError) -> list[Problem]:

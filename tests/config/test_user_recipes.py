@@ -162,7 +162,7 @@ def test_a_whole_section_the_yaml_leaves_out_is_set_like_any_other(tmp_path, cap
     assert spec.recipe.optimizer == {"lr": 0.5, "name": "adam"}
     typo = dlaunch("--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.optimzer.lr=0.5", cwd=tmp_path)
     assert typo.returncode == 2 and "Traceback" not in typo.stderr
-    assert "did you mean recipe.optimizer?" in typo.stderr
+    assert "recipe.optimzer.lr = 0.5" in typo.stderr and "did you mean recipe.optimizer.lr?" in typo.stderr
 
 
 def test_with_a_swept_recipe_choice_a_recipe_key_is_set_or_added_per_job(config_dirs):
