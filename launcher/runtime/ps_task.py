@@ -86,7 +86,10 @@ def _serving_through_stop_signals(task: PSTask) -> Iterator[None]:
     The chief ends the job after its save; if it is gone instead, the agent's shutdown grace ends this task.
     """
     def note(signum: int, frame: object) -> None:
-        log.warning("%s: %s received; serving until the chief has saved and ends the job", task.name, signal.Signals(signum).name)
+        # Also what a ps sees when dlaunch stops the job after the chief or another ps failed: then no save comes,
+        # and the stop's grace ends this task. The message holds in both cases.
+        log.warning("%s: %s received; serving on, so that a chief that is saving can read the variables held here "
+                    "(this task ends with the job)", task.name, signal.Signals(signum).name)
 
     with handling_stop_signals(note):
         yield
