@@ -133,6 +133,7 @@ def profile(mode: str, steps: int) -> None:
             f"({steps} steps each). Each table: steps 33-37; the regions' host time per step first.", "",
             *(part for who, path in tables.items() for part in (f"## {who}", "", "```", path.read_text(), "```", "")),
         ])
+    mine.pop("run_dir")  # gone with the temporary directory
     c.publish(f"{c.timestamp()}-gpu-profile", {"mode": mode, "dlaunch": mine, "hand": theirs}, text)
 
 

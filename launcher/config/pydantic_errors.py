@@ -21,18 +21,21 @@ def problems(exc: ValidationError, root: type[BaseModel], data: Any, prefix: tup
             continue
         path, parent_model, parent_data = _walk(root, data, err["loc"])
         problem = _problem(err, (*prefix, *path), parent_model, parent_data)
-        out += _leaves(problem) if err["type"] == "extra_forbidden" else [problem]
+        out += _leaves(problem, parent_model) if err["type"] == "extra_forbidden" else [problem]
     return out
 
 
-def _leaves(problem: Problem) -> list[Problem]:
+def _leaves(problem: Problem, parent: type[BaseModel] | None) -> list[Problem]:
     """An unknown section (``recipe.optimizr.lr=0.1`` gives ``optimizr: {lr: 0.1}``) as one problem per key typed,
-    each with its full key and the suggestion continued: ``did you mean recipe.optimizer.lr``."""
+    each with its full key; where the suggested field is a section too, the suggestion goes on to the same key:
+    ``did you mean recipe.optimizer.lr``."""
     if not isinstance(problem.value, dict) or not problem.value:
         return [problem]
+    guessed = parent.model_fields.get(problem.suggestion.rpartition(".")[2]) if parent and problem.suggestion else None
+    section = guessed is not None and bool(_models(guessed.annotation))
     out = []
     for suffix, value in _flat(problem.value):
-        guess = f"{problem.suggestion}.{suffix}" if problem.suggestion else None
+        guess = f"{problem.suggestion}.{suffix}" if section else problem.suggestion
         out.append(Problem(key=f"{problem.key}.{suffix}", value=value, message=problem.message, allowed=problem.allowed,
                            suggestion=guess))
     return out

@@ -74,7 +74,12 @@ def apply(data: dict[str, Any]) -> None:
 
 
 def script_fits(spec: Any, cuda: int) -> None:
-    """A strategy that builds the model in ps tasks needs a recipe's ``build``: a script cannot give it one."""
+    """A strategy that builds the model in ps tasks needs a recipe's ``build``: a script cannot give it one.
+    ``trainer.profile`` profiles dlaunch's loop, which a script does not run."""
+    if spec.script is not None and spec.trainer.profile.enabled:
+        raise PlanError("trainer.profile.enabled", True,
+                        "trainer.profile profiles dlaunch's training loop, and a script runs its own; profile it there "
+                        "with torch.profiler (docs/TRAINING.md, trainer.profile, shows what dlaunch records)")
     if spec.script is not None and not spec.strategy.runs_scripts:
         raise PlanError("strategy", spec.strategy.name,
                         f"strategy {spec.strategy.name} builds the model on its ps tasks from a recipe's build(); "

@@ -10,7 +10,10 @@ steps are recorded. Each rank then writes, under ``RUN_DIR/profile/``:
 - ``rank{R}-ops.txt``: torch's table of the ops with the most self time (on the GPU where one was
   profiled, else on the CPU), and the host time per step of each dlaunch region.
 
-Outside the window, and when profiling is off, a region costs one attribute test.
+The profiler stops once the window is recorded: later steps, and every step when profiling is off, pay
+one attribute test per region. A window cut short (a resumed command with fewer steps left, a
+parameter-server worker whose chief finished, an error or a stop signal inside it) writes nothing: a
+trace of fewer steps than it says would mislead.
 """
 
 from __future__ import annotations
@@ -74,26 +77,39 @@ class StepProfiler:
         return tp.record_function(name)
 
     def step(self) -> None:
-        if self._prof is not None:
-            self._steps += 1
-            self._prof.step()
+        if self._prof is None:
+            return
+        self._steps += 1
+        self._prof.step()  # at the window's last step torch calls _write
+        if self._steps >= self.spec.window:
+            self._stop()
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         if self._prof is None:
             return False
+        self._stop()
+        if kind is None:
+            log.warning("profile: %s ran %d step(s) in this command, fewer than the %d the window needs "
+                        "(trainer.profile.wait + warmup + active); no trace was written", self.who, self._steps, self.spec.window)
+        return False
+
+    def _stop(self) -> None:
         prof, self._prof = self._prof, None
         try:
             prof.__exit__(None, None, None)
         except Exception as problem:  # noqa: BLE001 - a profiler that cannot stop must not hide the run's own outcome
             log.warning("profile: torch.profiler did not stop cleanly: %s", problem)
-        if kind is None and self.written is None:
-            needed = self.spec.wait + self.spec.warmup + self.spec.active
-            log.warning("profile: %s ran %d step(s) in this command, fewer than the %d the window needs "
-                        "(trainer.profile.wait + warmup + active); no trace was written", self.who, self._steps, needed)
-        return False
 
     def _write(self, prof: Any) -> None:
-        """torch's ``on_trace_ready``: the window is recorded."""
+        """torch's ``on_trace_ready``: called when the window ends, and when the profiler stops inside it (skipped)."""
+        if self._steps < self.spec.window:
+            return
+        try:
+            self._export(prof)
+        except Exception as problem:  # noqa: BLE001 - a trace that cannot be written must not end the training
+            log.warning("profile: %s's trace could not be written to %s: %s", self.who, self.dir, problem)
+
+    def _export(self, prof: Any) -> None:
         assert self.dir is not None and self.trace is not None and self.table is not None
         self.dir.mkdir(parents=True, exist_ok=True)
         partial = self.trace.with_name(self.trace.name + ".partial")  # a process stopped mid-export leaves no half trace

@@ -228,12 +228,28 @@ def load(recipe: dict[str, Any]) -> LoadedRecipe:
     cls = config_class(module, entry)
     manual = _is_manual(module.train_step, entry)
     try:
-        config = cls.model_validate(recipe)
+        config = cls.model_validate(with_section_defaults(cls, recipe))
     except (ValidationError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - a validator of the recipe's Config failed by itself
         raise RecipeError("recipe", entry, f"the recipe's Config raised {_one_line(exc)}{_where(exc)}") from None
     return LoadedRecipe(module=module, config=config, manual=manual)
+
+
+def with_section_defaults(cls: type[BaseModel], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with each section (a field whose default is a model: ``optimizer``) laid over that default's
+    values, not the section class's: ``optimizer: {lr: 0.1}`` keeps the recipe's ``momentum=0.9``, as a YAML
+    listing the whole section would."""
+    out = dict(given)
+    for name, field in cls.model_fields.items():
+        if isinstance(field.default, BaseModel) and isinstance(given.get(name), dict):
+            out[name] = _merged(field.default.model_dump(), given[name])
+    return out
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    return {**base, **{k: _merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                       for k, v in over.items()}}
 
 
 def _is_manual(step: Any, entry: str) -> bool:

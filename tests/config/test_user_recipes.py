@@ -160,6 +160,10 @@ def test_a_whole_section_the_yaml_leaves_out_is_set_like_any_other(tmp_path, cap
     assert chosen[1:] == ["+recipe.optimizer.lr=0.5", "+recipe.optimizer.name=adam"]
     spec = composer.compose_and_validate(chosen, 0)
     assert spec.recipe.optimizer == {"lr": 0.5, "name": "adam"}
+    from launcher.runtime.recipe import load
+
+    optimizer = load(spec.recipe.model_dump()).config.optimizer  # the rest of the section: the recipe's defaults
+    assert (optimizer.name, optimizer.lr, optimizer.momentum) == ("adam", 0.5, 0.9)
     typo = dlaunch("--config-dir", str(tmp_path / "p"), "recipe=linear", "recipe.optimzer.lr=0.5", cwd=tmp_path)
     assert typo.returncode == 2 and "Traceback" not in typo.stderr
     assert "recipe.optimzer.lr = 0.5" in typo.stderr and "did you mean recipe.optimizer.lr?" in typo.stderr

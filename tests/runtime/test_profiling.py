@@ -15,6 +15,7 @@ import torch
 
 from launcher.config.trainer import ProfileSpec
 from launcher.runtime.profiling import REGIONS, StepProfiler
+from tests.conftest import summary
 
 
 def events(trace) -> list[dict]:
@@ -42,6 +43,43 @@ def test_the_window_records_active_steps_with_dlaunchs_regions(tmp_path):
     table = (tmp_path / "profile" / "rank0-ops.txt").read_text()
     assert table.startswith("trainer.profile: steps 4-6 of this command, rank0, sorted by self_cpu_time_total")
     assert "dlaunch.step" in table and "(1 per step)" in table and "aten::mm" in table
+
+
+def steps(prof, n: int, fail_at: int | None = None) -> None:
+    a = torch.randn(32, 32)
+    for i in range(n):
+        with prof.region("dlaunch.step"):
+            (a @ a).sum()
+        if i == fail_at:
+            raise RuntimeError("the recipe failed")
+        prof.step()
+
+
+def test_the_profiler_stops_when_the_window_is_recorded(tmp_path):
+    with StepProfiler(ProfileSpec(enabled=True, wait=1, warmup=1, active=1), tmp_path, "rank0", "cpu") as prof:
+        steps(prof, 3)
+        assert prof.written is not None
+        assert prof.region("dlaunch.step") is prof.region("dlaunch.data")  # later steps pay nothing
+        steps(prof, 2)
+    assert len(named(prof.written, "dlaunch.step")) == 1
+
+
+def test_an_error_inside_the_window_writes_no_partial_trace(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="dlaunch"), pytest.raises(RuntimeError, match="the recipe failed"):
+        with StepProfiler(ProfileSpec(enabled=True, wait=1, warmup=1, active=3), tmp_path, "rank0", "cpu") as prof:
+            steps(prof, 10, fail_at=3)  # the second recorded step
+    assert prof.written is None and not (tmp_path / "profile").exists()
+    assert "profile" not in caplog.text  # the run's own error is the story
+
+
+def test_a_trace_that_cannot_be_written_is_a_warning_and_training_goes_on(tmp_path, caplog):
+    (tmp_path / "profile").write_text("a file where the folder should be")
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        with StepProfiler(ProfileSpec(enabled=True, wait=0, warmup=1, active=1), tmp_path, "rank3", "cpu") as prof:
+            steps(prof, 4)
+    assert prof.written is None
+    assert f"profile: rank3's trace could not be written to {tmp_path / 'profile'}" in caplog.text
+    assert "fewer than" not in caplog.text
 
 
 def test_a_command_shorter_than_the_window_says_so_and_writes_nothing(tmp_path, caplog):
@@ -77,6 +115,17 @@ def test_every_rank_writes_its_trace_and_rank_0_says_where(run_dlaunch, args):
         assert "dlaunch regions, host (CPU) time per step:" in (run_dir / "profile" / f"rank{rank}-ops.txt").read_text()
     said = proc.stdout + proc.stderr
     assert said.count("INFO profile: ") == 1 and str(run_dir / "profile" / "rank0.trace.json") in said
+
+
+@pytest.mark.slow
+def test_a_resumed_command_with_fewer_steps_left_than_the_window_warns_and_writes_nothing(run_dlaunch):
+    first, run_dir = run_dlaunch("recipe=linear", "trainer.steps=6", "trainer.checkpoint.every_steps=6")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again, _ = run_dlaunch("recipe=linear", "trainer.steps=20", "trainer.checkpoint.every_steps=6", "trainer.profile.enabled=true")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 6
+    assert "rank0 ran 14 step(s) in this command, fewer than the 15 the window needs" in again.stderr
+    assert not (run_dir / "profile").exists()
 
 
 @pytest.mark.slow

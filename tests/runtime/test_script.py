@@ -88,6 +88,13 @@ def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
     assert "a script runs only in the training processes" in proc.stdout + proc.stderr
 
 
+def test_profiling_a_script_is_refused_naming_the_key(run_dlaunch, tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc, _ = run_dlaunch("script=custom_loop.py", "trainer.profile.enabled=true")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "trainer.profile.enabled = True" in proc.stderr and "a script runs its own" in proc.stderr
+
+
 def test_the_plan_shows_the_script_and_not_the_loop(tmp_path):
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
     # 3 replicas and the default global batch 64 would not divide: a script batches its own data.
