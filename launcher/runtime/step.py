@@ -127,10 +127,34 @@ def where(fn: Any) -> str:
 
 
 def compile_model(model: Any, spec: Any) -> None:
-    """``torch.compile`` the prepared model in place (``nn.Module.compile``): after DDP wraps it, so DDP's
-    graph-break optimizer places the buckets, and after DTensor splits it; its state_dict keys stay the same."""
-    if spec.enabled:
-        model.compile(mode=None if spec.mode == "default" else spec.mode, fullgraph=spec.fullgraph, dynamic=spec.dynamic)
+    """``torch.compile`` the prepared model in place: after DDP wraps it, so DDP's graph-break optimizer places
+    the buckets, and after DTensor splits it; its state_dict keys stay the same.
+
+    ``nn.Module.compile`` hands dynamo the module's ``_call_impl``, a torch frame that dynamo skips, and dynamo
+    then traces the first frame outside torch: a user's ``forward``. A model made of torch's own modules
+    (``nn.Sequential``, ``nn.Linear``) has no such frame, and nothing would be compiled. Such a model (or
+    the one DDP wraps) is entered through a function of dlaunch's instead, which dynamo traces, inlining torch's
+    modules (what ``torch.compile(module)`` does for them).
+    """
+    if not spec.enabled:
+        return
+    options = {"mode": None if spec.mode == "default" else spec.mode, "fullgraph": spec.fullgraph, "dynamic": spec.dynamic}
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+    target = inner if inner is not None and _torchs_own(inner) else model
+    if not _torchs_own(target):
+        model.compile(**options)
+        return
+    call = target._call_impl
+
+    def module_call(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    target._compiled_call_impl = torch.compile(module_call, **options)  # what nn.Module.compile sets
+
+
+def _torchs_own(module: Any) -> bool:
+    """The module's ``forward`` is torch's (dynamo skips its frames), not a user's."""
+    return getattr(type(module).forward, "__module__", "").startswith("torch.")
 
 
 def _compile_error(exc: BaseException, model: Any) -> CompileError | None:
