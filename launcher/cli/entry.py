@@ -48,11 +48,26 @@ def leave(code: int) -> None:
     # The interpreter's own first exit step: the thread-exit hooks (concurrent.futures' and joblib's executors
     # shut down there), then a wait for every non-daemon thread. Joining those threads without the hooks
     # would wait forever on an executor's manager thread (a joblib sweep's).
+    _stop_log_tailers()
     shutdown()
     exit_funcs()  # logging, multiprocessing's children, temporary files: as at a normal exit
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
+
+
+def _stop_log_tailers() -> None:
+    """torch elastic's log tailers that an interrupted agent shutdown left running (a second Ctrl-C, or timeout(1)
+    passing one on, while the agent stops its workers): their threads end only when told to, and the
+    interpreter's exit would wait for them forever. Every worker has ended by now; ``TailLog.stop`` tells them."""
+    tail_log = sys.modules.get("torch.distributed.elastic.multiprocessing.tail_log")
+    if tail_log is None:
+        return
+    import gc
+
+    for tailer in [o for o in gc.get_objects() if isinstance(o, tail_log.TailLog)]:
+        if not tailer.stopped():
+            tailer.stop()
 
 
 if __name__ == "__main__":

@@ -58,6 +58,23 @@ def test_an_open_tcpstore_with_a_live_client_thread_does_not_abort_the_exit():
     assert proc.returncode == 129 and "terminate called" not in proc.stderr, proc.stderr
 
 
+def test_a_log_tailer_left_running_by_an_interrupted_agent_shutdown_does_not_hang_the_exit(tmp_path):
+    """A second signal during torch elastic's stop of its workers can leave its TailLog running (a new user's
+    double Ctrl-C under timeout(1): dlaunch never exited). Its threads end only when told; ``leave`` tells them."""
+    log = tmp_path / "rank0.log"
+    log.write_text("a worker's last line\n")
+    proc = run(f"""
+        import sys, time
+        from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+        from launcher.cli.entry import leave
+        tailer = TailLog("demo", {{0: {str(log)!r}}}, sys.stdout).start()  # held (as the agent holds it), never stopped
+        time.sleep(0.5)
+        leave(130)
+    """)
+    assert proc.returncode == 130, proc.stderr
+    assert "a worker's last line" in proc.stdout
+
+
 def test_a_python_without_the_private_exit_steps_exits_the_ordinary_way():
     """``threading._shutdown`` and ``atexit._run_exitfuncs`` are CPython's own: where they are missing,
     ``leave`` is ``sys.exit`` (the code, the handlers and the flush still hold)."""
