@@ -65,7 +65,7 @@ def _stop_log_tailers() -> None:
         return
     import gc
 
-    for tailer in [o for o in gc.get_objects() if isinstance(o, tail_log.TailLog)]:
+    for tailer in [o for o in gc.get_objects() if issubclass(type(o), tail_log.TailLog)]:  # not isinstance: no __class__ reads
         if not tailer.stopped():
             tailer.stop()
 

@@ -118,7 +118,8 @@ class TrainerSpec(Strict):
             raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps, "decay_steps needs decay=cosine or decay=linear")
         p = self.profile
         if p.enabled and p.window > self.steps:
-            raise PlanError("trainer.profile.active", p.active,
+            key, value = ("trainer.profile.wait", p.wait) if p.warmup + p.active <= self.steps else ("trainer.profile.active", p.active)
+            raise PlanError(key, value,
                             f"the profile window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {p.window} steps) is "
                             f"longer than trainer.steps={self.steps}; lower trainer.profile.wait or raise trainer.steps")
         return self

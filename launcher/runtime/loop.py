@@ -40,7 +40,8 @@ from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import ProgressReporter, log
-from launcher.runtime.step import ReplicaStep, compile_model, current_lr, loop_state, make_schedule, restore_loop_state
+from launcher.runtime.step import (LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule,
+                                   restore_loop_state, where)
 
 
 def seed_everything(seed: int) -> None:
@@ -131,7 +132,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
         run_dir=run_dir, is_chief=rank == 0, input_files=file_dataset(spec),
     )
     with strategy.scope():
-        parts = loaded.module.build(loaded.config, ctx)
+        parts = recipe_lib.checked_parts(loaded.module.build(loaded.config, ctx), loaded.module.build)
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
     compile_model(model, spec.trainer.compile)
@@ -230,9 +231,26 @@ class _Evaluator:
         module.eval()
         try:
             with torch.no_grad(), self.step.autocast():
-                return {k: float(v) for k, v in self.evaluate(module, self.parts).items()}
+                found = self.evaluate(module, self.parts)
         finally:
             module.train(was_training)
+        return _metric_values(found, self.evaluate)
+
+
+def _metric_values(found: Any, evaluate: Any) -> dict[str, float]:
+    """What ``evaluate`` returned, as names to floats; anything else named, with the function's file."""
+    head = f"the recipe's evaluate() ({where(evaluate)}) returned"
+    if not isinstance(found, dict):
+        raise recipe_lib.RecipeContractError(f"{head} {recipe_lib.described(found)}; it must return a dict of names to numbers, "
+                                  'e.g. {"eval_loss": loss.item()}')
+    out = {}
+    for key, value in found.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise recipe_lib.RecipeContractError(f"{head} {recipe_lib.described(value)} for {key!r}; each value must be a number "
+                                      "(a float, or a tensor of one element)") from None
+    return out
 
 
 @dataclasses.dataclass
@@ -340,7 +358,7 @@ class _Loop:
              metrics_log: Any) -> float:
         loss, norm, skipped = (float(v) for v in self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist())
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
-            raise FloatingPointError(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
+            raise LossNotFinite(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
         rate, eta = meter.window(step)
         progress.logged(step, loss, rate, eta)
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,

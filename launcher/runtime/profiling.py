@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,18 @@ class StepProfiler:
         activities = [tp.ProfilerActivity.CPU]
         if self.device_type == "cuda" and tp.ProfilerActivity.CUDA in tp.supported_activities():
             activities.append(tp.ProfilerActivity.CUDA)
+        with warnings.catch_warnings():  # warmup=0 was asked for: torch's "won't be using warmup" says nothing new
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            self._prof = self._profile(tp, activities)
+        self._prof.__enter__()
+        return self
+
+    def _profile(self, tp: Any, activities: list[Any]) -> Any:
         s = self.spec
-        self._prof = tp.profile(
+        return tp.profile(
             activities=activities, schedule=tp.schedule(wait=s.wait, warmup=s.warmup, active=s.active, repeat=1),
             on_trace_ready=self._write, record_shapes=s.record_shapes, profile_memory=s.memory, with_stack=s.with_stack,
         )
-        self._prof.__enter__()
-        return self
 
     def region(self, name: str) -> contextlib.AbstractContextManager:
         """``torch.profiler.record_function(name)`` while the profiler runs; nothing otherwise."""

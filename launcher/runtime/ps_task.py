@@ -42,7 +42,7 @@ def build_variables(spec: RunSpec, run_dir: Path) -> tuple[object, object]:
         per_replica_batch_size=spec.per_replica_batch_size, num_replicas_in_sync=spec.num_replicas,
         run_dir=run_dir, is_chief=False, input_files=file_dataset(spec),
     )
-    parts = loaded.module.build(loaded.config, ctx)
+    parts = recipe_lib.checked_parts(loaded.module.build(loaded.config, ctx), loaded.module.build)
     return parts.model, parts.optimizer
 
 

@@ -81,6 +81,26 @@ class Parts:
     eval_data: Any = None
 
 
+class RecipeContractError(TypeError):
+    """The recipe's ``build`` or ``evaluate`` returned something dlaunch cannot use."""
+
+    explained = True  # the message names the function, its file and what it must return
+
+
+def checked_parts(parts: Any, build: Any) -> Parts:
+    """What ``build`` returned, if it is ``Parts``."""
+    if isinstance(parts, Parts):
+        return parts
+    from launcher.runtime.step import where
+
+    raise RecipeContractError(f"the recipe's build() ({where(build)}) returned {described(parts)}; it must return "
+                              "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)")
+
+
+def described(value: Any) -> str:
+    return "None (did it forget `return`?)" if value is None else f"a {type(value).__name__}"
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildContext:
     """What ``build`` may want to know about the run.

@@ -35,6 +35,12 @@ class StepError(TypeError):
     explained = True  # the message names the function and what it must return: dlaunch's frames add nothing
 
 
+class LossNotFinite(FloatingPointError):
+    """The loss became inf or NaN (without fp16's GradScaler, which skips such steps)."""
+
+    explained = True  # the step, the value and what to try: dlaunch's frames add nothing
+
+
 class CompileError(RuntimeError):
     """``torch.compile`` could not compile the model (``trainer.compile.enabled=true``)."""
 

@@ -147,9 +147,11 @@ def test_parameter_server_workers_write_their_own_trace(run_dlaunch):
 def test_a_window_longer_than_the_run_exits_2_naming_the_key(run_dlaunch):
     proc, _ = run_dlaunch("trainer.steps=8", "trainer.profile.enabled=true")
     assert proc.returncode == 2
-    assert "trainer.profile.active = 3" in proc.stderr
+    assert "trainer.profile.wait = 10" in proc.stderr  # the default wait alone is what does not fit
     assert "(wait 10 + warmup 2 + active 3 = 15 steps) is longer than trainer.steps=8" in proc.stderr
     assert "Traceback" not in proc.stderr
+    proc, _ = run_dlaunch("trainer.steps=8", "trainer.profile.enabled=true", "trainer.profile.wait=0", "trainer.profile.active=9")
+    assert proc.returncode == 2 and "trainer.profile.active = 9" in proc.stderr
 
 
 def test_every_region_the_loop_labels_is_known():

@@ -110,3 +110,37 @@ def test_compiled_training_runs_on_the_cpu(run_dlaunch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.compile (mode default)" in proc.stdout + proc.stderr
     assert summary(run_dir)["final_loss"] < summary(run_dir)["first_loss"]
+
+
+BROKEN = {
+    # what the recipe gets wrong: (the text replaced in linear.py, its replacement, what dlaunch says)
+    "build returns a tuple": (
+        "    return Parts(model=model, optimizer=cfg.optimizer.build(model.parameters()), train_data=train_data, eval_data=eval_data)",
+        "    return model, cfg.optimizer.build(model.parameters()), train_data",
+        "RecipeContractError: the recipe's build() ({path}:53) returned a tuple; it must return "
+        "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)"),
+    "evaluate returns a float": (
+        '    return {"eval_loss": torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()}',
+        "    return torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()",
+        "RecipeContractError: the recipe's evaluate() ({path}:68) returned a float; it must return a dict of names to numbers"),
+    "the loss is NaN": (
+        "    return torch.nn.functional.mse_loss(model(x), y)",
+        "    return torch.nn.functional.mse_loss(model(x), y) * float('nan')",
+        "LossNotFinite: loss is nan at step 1; lower recipe.optimizer.lr or check the data"),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN))
+def test_a_recipe_that_breaks_its_contract_gets_one_paragraph_naming_its_file(run_dlaunch, tmp_path, broken):
+    old, new, said = BROKEN[broken]
+    source = (FIXTURES.parent.parent / "recipes" / "linear.py").read_text()
+    assert old in source
+    path = tmp_path / "mine.py"
+    path.write_text(source.replace(old, new))
+    proc, run_dir = run_dlaunch(f"recipe={path}", "trainer.steps=3")
+    assert proc.returncode == 1
+    text = " ".join(proc.stderr.replace("│", " ").split())
+    said = said.format(path=path)
+    assert said in text, proc.stderr[-3000:]
+    assert text.count(said.split(": ", 1)[1][:60]) == 1 and "Traceback" not in text, proc.stderr[-3000:]
+    assert summary(run_dir)["status"] == "failed"
