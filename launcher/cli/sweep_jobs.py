@@ -40,6 +40,7 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> 
         try:
             cfg = composer.compose(job)
         except ConfigError as exc:
+            exc = composer.with_the_rest(exc, job, cuda)
             _add(checked.up_front, exc.problems)
             checked.note(exc)
             continue

@@ -370,18 +370,24 @@ def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
     try:
         cfg = compose(overrides)
     except ConfigError as exc:
-        unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
-        rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in unknown]
-        if not unknown or len(unknown) < len({p.key for p in exc.problems}) or rest == overrides:
-            raise
-        try:
-            validate(compose(rest), cuda_devices)  # the other overrides, judged without the unknown keys
-        except UserCodeError:
-            raise exc from None
-        except ConfigError as more:
-            raise ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)]) from None
-        raise
+        raise with_the_rest(exc, overrides, cuda_devices) from None
     return validate(cfg, cuda_devices)
+
+
+def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> ConfigError:
+    """``exc``, a composition that failed on unknown keys only, with the problems of the other overrides added
+    (judged without the unknown keys): one screen names every mistake, not the first kind found."""
+    unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
+    rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in unknown]
+    if not unknown or len(unknown) < len({p.key for p in exc.problems}) or rest == overrides:
+        return exc
+    try:
+        validate(compose(rest), cuda_devices)
+    except UserCodeError:
+        return exc
+    except ConfigError as more:
+        return ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)])
+    return exc
 
 
 def primary_config_usable(config_path: str | None, config_name: str | None) -> None:

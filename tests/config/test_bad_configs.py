@@ -120,6 +120,17 @@ def test_a_sweep_is_checked_job_by_job(capsys):
     assert "did you mean mirrored" in capsys.readouterr().err
 
 
+def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path):
+    """The command line's pre-check names every mistake at once: an unknown key, a bad value, a recipe's unknown
+    field and a rule, not only the unknown key that stopped Hydra's composition."""
+    proc = dlaunch("recipe=linear", "trainer.stpes=5", "recipe.hiden=3", "recipe.optimizer.lr=abc",
+                   "trainer.profile.wait=-2", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "invalid configuration (4 problems)" in proc.stderr
+    for key in ("trainer.stpes = 5", "recipe.hiden = 3", "recipe.optimizer.lr = abc", "trainer.profile.wait = -2"):
+        assert key in proc.stderr, proc.stderr
+
+
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     proc = dlaunch("strategy=mirrored", "cluster=1x3", "trainer.stpes=3", cwd=tmp_path)
     assert proc.returncode == 2
