@@ -375,18 +375,14 @@ def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
 
 
 def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> ConfigError:
-    """``exc``, a composition that failed on unknown keys only, with the problems of the other overrides added
-    (judged without the unknown keys): one screen names every mistake, not the first kind found."""
+    """``exc`` (a composition that failed on unknown keys only) plus what the other overrides get wrong."""
     unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
     rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in unknown]
-    if not unknown or len(unknown) < len({p.key for p in exc.problems}) or rest == overrides:
-        return exc
     try:
-        validate(compose(rest), cuda_devices)
-    except UserCodeError:
-        return exc
-    except ConfigError as more:
-        return ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)])
+        if unknown and len(unknown) == len({p.key for p in exc.problems}) and rest != overrides:
+            validate(compose(rest), cuda_devices)
+    except ConfigError as more:  # not where the recipe's own code failed (UserCodeError): the unknown keys first
+        return exc if isinstance(more, UserCodeError) else ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)])
     return exc
 
 
