@@ -66,8 +66,11 @@ def _stop_log_tailers() -> None:
     import gc
 
     for tailer in [o for o in gc.get_objects() if issubclass(type(o), tail_log.TailLog)]:  # not isinstance: no __class__ reads
-        if not tailer.stopped():
-            tailer.stop()
+        try:
+            if not tailer.stopped():
+                tailer.stop()
+        except Exception:  # noqa: BLE001 - nothing may keep dlaunch from exiting with its code
+            pass
 
 
 if __name__ == "__main__":

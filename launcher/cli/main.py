@@ -201,9 +201,9 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     try:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
-    except ConfigError as exc:  # a dry run reads the input files whole to count them
+    except ConfigError as exc:  # a dry run reads the input files whole; a ps plan runs the recipe's build()
         render(exc, console)
-        _Status.codes.append(2)
+        _Status.codes.append(exc.exit_code)
         return None
     if spec.launch.dry_run:
         _Status.codes.append(0)

@@ -40,7 +40,7 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> 
         try:
             cfg = composer.compose(job)
         except ConfigError as exc:
-            exc = composer.with_the_rest(exc, job, cuda)
+            exc = exc if multirun else composer.with_the_rest(exc, job, cuda)  # a sweep's jobs differ in the rest
             _add(checked.up_front, exc.problems)
             checked.note(exc)
             continue

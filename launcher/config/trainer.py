@@ -121,7 +121,7 @@ class TrainerSpec(Strict):
             key, value = ("trainer.profile.wait", p.wait) if p.warmup + p.active <= self.steps else ("trainer.profile.active", p.active)
             raise PlanError(key, value,
                             f"the profile window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {p.window} steps) is "
-                            f"longer than trainer.steps={self.steps}; lower trainer.profile.wait or raise trainer.steps")
+                            f"longer than trainer.steps={self.steps}; lower {key} or raise trainer.steps")
         return self
 
     @field_validator("loggers", mode="after")

@@ -248,7 +248,7 @@ def _metric_values(found: Any, evaluate: Any) -> dict[str, float]:
         try:
             out[str(key)] = float(value)
         except (TypeError, ValueError, RuntimeError):
-            raise recipe_lib.RecipeContractError(f"{head} {recipe_lib.described(value)} for {key!r}; each value must be a number "
+            raise recipe_lib.RecipeContractError(f"{head} {recipe_lib.described(value, returned=False)} for {key!r}; each value must be a number "
                                       "(a float, or a tensor of one element)") from None
     return out
 

@@ -97,8 +97,12 @@ def checked_parts(parts: Any, build: Any) -> Parts:
                               "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)")
 
 
-def described(value: Any) -> str:
-    return "None (did it forget `return`?)" if value is None else f"a {type(value).__name__}"
+def described(value: Any, returned: bool = True) -> str:
+    """``a tuple``, ``an int``; ``None`` (with a hint where a function returned it)."""
+    if value is None:
+        return "None (did it forget `return`?)" if returned else "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,8 +133,9 @@ def where(fn: Any) -> str:
 
 
 def compile_model(model: Any, spec: Any) -> None:
-    """``torch.compile`` the prepared model in place: after DDP wraps it, so DDP's graph-break optimizer places
-    the buckets, and after DTensor splits it; its state_dict keys stay the same.
+    """``torch.compile`` the prepared model in place, after DTensor split it and after DDP wrapped it: the
+    model inside DDP is compiled and runs in DDP's eager forward, so DDP's graph-break optimizer places the
+    buckets (and ``fullgraph`` never meets DDP's own frames). Its state_dict keys stay the same.
 
     ``nn.Module.compile`` hands dynamo the module's ``_call_impl``, a torch frame that dynamo skips, and dynamo
     then traces the first frame outside torch: a user's ``forward``. A model made of torch's own modules
@@ -145,10 +146,10 @@ def compile_model(model: Any, spec: Any) -> None:
     if not spec.enabled:
         return
     options = {"mode": None if spec.mode == "default" else spec.mode, "fullgraph": spec.fullgraph, "dynamic": spec.dynamic}
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
-    target = inner if inner is not None and _torchs_own(inner) else model
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    target = model.module if ddp else model  # DDP's forward stays eager; the model it wraps is compiled inside it
     if not _torchs_own(target):
-        model.compile(**options)
+        target.compile(**options)
         return
     call = target._call_impl
 

@@ -129,10 +129,15 @@ class ParameterServerSpec(StrategyUnit):
 
         from launcher.distribute.partitioners import place_module
         from launcher.runtime.ps_task import build_variables
+        from launcher.config.errors import Problem, UserCodeError
         from launcher.distribute.meta_scope import variables_scope
+        from launcher.runtime.recipe import RecipeContractError
 
-        with variables_scope():
-            model, _ = build_variables(spec, run_dir)
+        try:
+            with variables_scope():
+                model, _ = build_variables(spec, run_dir)
+        except RecipeContractError as exc:  # the recipe's build(), run here for the plan: exit 1, no traceback
+            raise UserCodeError([Problem(key="recipe", value=spec.recipe.name, message=str(exc))]) from None
         placement = place_module(model, spec.cluster.ps, self.partitioner.build(spec.cluster.ps))
         per_ps = ", ".join(f"ps:{k} {b / 2**20:.1f} MiB" for k, b in enumerate(placement.bytes_per_ps()))
         table = Table(title=f"variable placement ({self.partitioner.describe()}; {per_ps})", title_justify="left",

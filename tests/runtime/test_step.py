@@ -141,7 +141,8 @@ def test_compile_model_compiles_torchs_own_modules_too(make, wrap, monkeypatch):
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         model = torch.nn.parallel.DistributedDataParallel(model)
     try:
-        compile_model(model, types.SimpleNamespace(enabled=True, mode="default", fullgraph=False, dynamic=None))
+        # fullgraph: dynamo must never be handed DDP's own forward (its C++ reducer would break the graph)
+        compile_model(model, types.SimpleNamespace(enabled=True, mode="default", fullgraph=True, dynamic=None))
         model(torch.randn(4, 8)).sum().backward()
         assert counters["stats"]["unique_graphs"] >= 1
         assert [k.removeprefix("module.") for k in model.state_dict()] == keys  # checkpoints keep their names

@@ -144,3 +144,17 @@ def test_a_recipe_that_breaks_its_contract_gets_one_paragraph_naming_its_file(ru
     assert said in text, proc.stderr[-3000:]
     assert text.count(said.split(": ", 1)[1][:60]) == 1 and "Traceback" not in text, proc.stderr[-3000:]
     assert summary(run_dir)["status"] == "failed"
+
+
+def test_a_parameter_server_plan_names_a_build_that_returns_no_parts(run_dlaunch, tmp_path):
+    """Under parameter_server the launcher runs build() for the plan's variable table: the same paragraph, exit 1."""
+    root = FIXTURES.parent.parent / "recipes"
+    old = "    return Parts(model=model, optimizer=cfg.optimizer.build(model.parameters()), train_data=train_data, eval_data=eval_data)"
+    source = (root / "wide_deep.py").read_text()
+    assert old in source
+    (tmp_path / "wd.py").write_text(source.replace(old, "    return model, train_data"))
+    (tmp_path / "wd.yaml").write_text((root / "wide_deep.yaml").read_text())
+    proc, _ = run_dlaunch(f"recipe={tmp_path / 'wd.py'}", "strategy=parameter_server", "cluster.workers=1", "cluster.ps=1",
+                          "trainer.steps=3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"the recipe's build() ({tmp_path / 'wd.py'}:" in proc.stderr and "returned a tuple" in proc.stderr
