@@ -40,8 +40,8 @@ from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import ProgressReporter, log
-from launcher.runtime.step import (LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule,
-                                   restore_loop_state, where)
+from launcher.runtime.recipe import where
+from launcher.runtime.step import LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule, restore_loop_state
 
 
 def seed_everything(seed: int) -> None:

@@ -91,10 +91,14 @@ def checked_parts(parts: Any, build: Any) -> Parts:
     """What ``build`` returned, if it is ``Parts``."""
     if isinstance(parts, Parts):
         return parts
-    from launcher.runtime.step import where
-
     raise RecipeContractError(f"the recipe's build() ({where(build)}) returned {described(parts)}; it must return "
                               "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)")
+
+
+def where(fn: Any) -> str:
+    """``path/to/recipe.py:12``: where a function of the user's is defined (its name, where the source is unknown)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else getattr(fn, "__qualname__", repr(fn))
 
 
 def described(value: Any, returned: bool = True) -> str:

@@ -17,7 +17,6 @@ counts the updates fp16's GradScaler skipped for inf/NaN gradients so far.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from typing import Any, Callable
 
@@ -25,6 +24,7 @@ import torch
 
 from launcher.checkpoint.state import primary
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
+from launcher.runtime.recipe import where
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -124,12 +124,6 @@ class ReplicaStep:
             f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
         )
-
-
-def where(fn: Any) -> str:
-    """``path/to/recipe.py:12``: where a function of the user's is defined (its name, where the source is unknown)."""
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else getattr(fn, "__qualname__", repr(fn))
 
 
 def compile_model(model: Any, spec: Any) -> None:
