@@ -40,6 +40,11 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
+def step_of(path: Path) -> int:
+    """The step a checkpoint directory (``step-N``) was saved after."""
+    return int(_STEP.match(path.name).group(1))
+
+
 def partial_dir(root: Path, step: int) -> Path:
     return root / f".step-{step:08d}.partial"
 

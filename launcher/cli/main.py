@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class _Status:
     codes: list[int] = []
     validated: dict[tuple[str, ...], Any] = {}  # a job's own overrides -> its RunSpec, from the pre-check
     invalid: dict[tuple[str, ...], list[Problem]] = {}  # a sweep job's own overrides -> why it cannot run
+    stopped: str = ""  # "job 0 was stopped by SIGINT": a sweep's later jobs do not start
 
 
 def _job_key(overrides: list[str]) -> tuple[str, ...]:
@@ -140,8 +142,12 @@ def task(cfg: Any) -> Any:
 
 
 def _job(cfg: Any) -> Any:
-    """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None on a config error)."""
+    """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None on a config error).
+
+    A sweep job stopped by a signal stops the sweep: the jobs after it are not started.
+    """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from launcher.cli import resume
 
@@ -151,6 +157,9 @@ def _job(cfg: Any) -> Any:
     key = _job_key(list(HydraConfig.get().overrides.task))
     if key in _Status.invalid:
         _Status.codes.append(sweep_jobs.skip(Path(HydraConfig.get().runtime.output_dir), _Status.invalid[key], console))
+        return None
+    if _Status.stopped:
+        sweep_jobs.not_started(Path(HydraConfig.get().runtime.output_dir), _Status.stopped, console)
         return None
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
@@ -166,7 +175,10 @@ def _job(cfg: Any) -> Any:
     try:
         _checkpoint_dir_writable(spec, run_dir)
         with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
-            return _locked_job(spec, run_dir, cuda, console)
+            summary = _locked_job(spec, run_dir, cuda, console)
+        if _Status.codes and _Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
+            _Status.stopped = f"job {run_dir.name} was stopped by {signal.Signals(_Status.codes[-1] - 128).name}"
+        return summary
     except lock.Busy as exc:
         render(ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))]), console)
     except ConfigError as exc:
@@ -185,7 +197,7 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     from launcher.cli import resume
     from launcher.cli.plan import show_summary
     from launcher.config.plan import Plan
-    from launcher.launch import launchers
+    from launcher.launch import launchers, report
     from launcher.runtime import outputs
 
     try:
@@ -213,7 +225,10 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     _Status.codes.append(code)
     if code >= 128:  # stopped by a signal, after its checkpoint
-        console.print(resume.after_signal(spec, run_dir, code))
+        checkpoint = resume.saved(spec, run_dir)
+        if not spec.cluster.node_rank:
+            report.record_stop(spec, run_dir, code, checkpoint)
+        console.print(resume.after_signal(spec, run_dir, code, checkpoint))
     if code and scheduler_tasks():
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "

@@ -22,16 +22,20 @@ def command(run_dir: Path) -> str:
     return f"dlaunch resume {shlex.quote(str(run_dir))}"
 
 
-def after_signal(spec: Any, run_dir: Path, code: int) -> str:
-    """The lines shown when a run stopped on a signal: what was saved, and how to go on."""
+def saved(spec: Any, run_dir: Path) -> Path | None:
+    """The checkpoint a stopped run resumes from (None: checkpoints are off, or none is complete)."""
     from launcher.checkpoint import layout
 
-    saved = layout.latest(spec.trainer.checkpoint.root(run_dir)) if spec.trainer.checkpoint.every_steps else None
-    if saved is None:
+    return layout.latest(spec.trainer.checkpoint.root(run_dir)) if spec.trainer.checkpoint.every_steps else None
+
+
+def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -> str:
+    """The lines shown when a run stopped on a signal: what was saved (``checkpoint``), and how to go on."""
+    if checkpoint is None:
         why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"
         return (f"stopped (exit {code}); no checkpoint to resume from: {why}; "
                 f"{command(run_dir)} starts again at step 0")
-    return f"stopped (exit {code}); checkpoint {saved}\nresume with: {command(run_dir)}"
+    return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
 
 
 def _config_dirs(hydra_dir: Path) -> list[str]:

@@ -104,17 +104,22 @@ def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:
     return [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
 
 
+_CUT_SHORT = ("stopped", "not started")  # a signal stopped the sweep: shown by name, in yellow, not as failures
+
+
 def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
     failed = sum(r["status"] != "completed" for r in rows)
     shared = shared_overrides(rows)
-    title = f"sweep summary: {len(rows)} job{'s' if len(rows) != 1 else ''}" + (f", {failed} failed" if failed else "")
+    counts = [(sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows), "failed"),
+              *((sum(r["status"] == status for r in rows), status) for status in _CUT_SHORT)]
+    title = f"sweep summary: {len(rows)} job{'s' if len(rows) != 1 else ''}" + "".join(f", {n} {what}" for n, what in counts if n)
     table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
     columns = ("job", "overrides", "status", "final loss", "metric", "examples/s", "wall s") + (("reason",) if failed else ())
     for column in columns:
         table.add_column(column, justify="right" if column in ("job", "final loss", "examples/s", "wall s") else "left",
                          overflow="fold")
     for r in rows:
-        status = r["status"] if r["status"] == "completed" else f"[red]{r['status']}[/]"
+        status = r["status"] if r["status"] == "completed" else f"[{'yellow' if r['status'] in _CUT_SHORT else 'red'}]{r['status']}[/]"
         metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
         own = " ".join(o for o in r["overrides"].split() if o not in shared)
         why = [escape(r.get("error") or "")] if failed else []

@@ -79,6 +79,14 @@ def skip(run_dir: Path, error: ConfigError, console: Console) -> int:
     return error.exit_code
 
 
+def not_started(run_dir: Path, why: str, console: Console) -> None:
+    """A job after one that a signal stopped: the sweep ends there, and this job's ``summary.json`` says why."""
+    console.print(f"[bold yellow]job {run_dir.name}: not started[/] ({why}, which stops the sweep)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"status": "not started", "error": {"exception": f"{why}, which stopped the sweep"}}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
 _first_plan: dict[str, str] = {}
 
 

@@ -37,6 +37,7 @@ class RootCause:
     time: float
     last_step: int | None = None  # the rank's last completed step, when it said or its heartbeat did
     task: str = ""  # a parameter-server job's task (chief:0, worker:1, ps:0); empty otherwise
+    stopped_by: str = ""  # "SIGTERM": the rank stopped on that signal, after its save (dlaunch's Preempted)
 
     @property
     def who(self) -> str:
@@ -80,6 +81,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
         traceback=message.get("extraInfo", {}).get("py_callstack", ""),
         time=float(extra.get("time", failure.timestamp)),
         last_step=extra.get("last_step"),
+        stopped_by=str(extra.get("stopped_by", "")),
     )
 
 

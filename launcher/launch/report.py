@@ -1,14 +1,16 @@
-"""What the launcher tells the user when a run fails: the root cause once, and summary.json."""
+"""What the launcher tells the user when a run fails or is stopped: the root cause once, and summary.json."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from launcher.checkpoint import layout
 from launcher.config.schema import RunSpec
 from launcher.launch import failures
 from launcher.runtime import outputs
@@ -31,12 +33,20 @@ def with_last_step(cause: failures.RootCause, run_dir: Path) -> failures.RootCau
 
 
 def report_failures(real: list[failures.RootCause], finished: list[failures.RootCause], spec: RunSpec, run_dir: Path) -> int:
-    """Show the root cause once; a rank that died after completing does not fail the run."""
+    """Show the root cause once; a rank that died after completing does not fail the run.
+
+    Ranks that were all stopped by a signal sent to them (not to dlaunch) stopped as dlaunch stops on one,
+    after their save: that is a stop (exit 128 + signal), not a failure.
+    """
     if not real:
         if finished:
             ranks = ", ".join(f"rank {c.rank} ({c.exit})" for c in sorted(finished, key=lambda c: c.rank))
             log.warning("%s ended abnormally during teardown after completing; the run completed", ranks)
         return 0
+    if all(c.stopped_by for c in real):
+        name = real[0].stopped_by
+        log.warning("the workers were sent %s (dlaunch was not): they stopped together after their save", name)
+        return 128 + int(signal.Signals[name])
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
     failures.render(root, others, last_logged_step(run_dir))
@@ -64,11 +74,25 @@ def last_logged_step(run_dir: Path) -> int | None:
 def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, others: Sequence[failures.RootCause] = ()) -> None:
     """A failed run's summary.json (the same keys as a completed one, plus the root cause) and error.txt (the
     root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
-    records = logged(run_dir)
     text = failures.as_text(root, list(others), last_logged_step(run_dir))
     (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
-    summary = {
-        "status": "failed",
+    summary = {**_partial_summary(spec, run_dir, "failed"), "last_completed_step": root.last_step, "error": root.as_dict()}
+    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+
+
+def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
+    """A run stopped by a signal (exit ``code``, 128 + the signal): its summary.json says so, and where it saved."""
+    step = layout.step_of(checkpoint) if checkpoint is not None else None
+    summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
+               "exit_code": code, "checkpoint": str(checkpoint) if checkpoint else None, "checkpoint_step": step}
+    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+
+
+def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
+    """The keys of a completed run's summary.json that a run which ended early can fill from what it logged."""
+    records = [r for r in logged(run_dir) if "loss" in r]
+    return {
+        "status": status,
         "strategy": spec.strategy.name,
         "recipe": spec.recipe.name,
         "cluster": spec.cluster.shape,
@@ -78,13 +102,10 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
         "steps": spec.trainer.steps,
         "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None,
-        "examples_per_sec": records[-1]["examples_per_sec"] if records else None,
+        "examples_per_sec": records[-1].get("examples_per_sec") if records else None,
         "wall_seconds": None,
         "param_norm": None,
         "metrics": {},
         "last_logged_step": last_logged_step(run_dir),
-        "last_completed_step": root.last_step,
         "history": outputs.history(run_dir),
-        "error": root.as_dict(),
     }
-    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

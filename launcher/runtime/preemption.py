@@ -42,11 +42,15 @@ class Preempted(Exception):
     def __init__(self, signum: int, step: int, checkpoint: Any = None):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         saved = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint (trainer.checkpoint.every_steps is 0)"
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}{saved}")
+        super().__init__(f"stopped by {self.signal_name} after step {step}{saved}")
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 class StopRequests:

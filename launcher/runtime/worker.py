@@ -87,7 +87,7 @@ def run(job_path: Path) -> int:
         return 0
     except Preempted as exc:  # the launcher was signalled too, or only the workers were (then this is the cause)
         log.warning("%s", exc)
-        write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step})
+        write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step, "stopped_by": exc.signal_name})
         leave()
         return exc.exit_code
     except KeyboardInterrupt as exc:

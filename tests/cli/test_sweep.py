@@ -92,3 +92,38 @@ def test_a_job_whose_recipe_raises_at_import_is_a_failed_job_not_a_config_error(
     jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed", "failed"]  # the user's code failed (exit 1), not the config
     assert "broken.py:2" in jobs[1]["error"] and "the user broke it" in jobs[1]["error"]
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_path):
+    """Ctrl-C in a sweep ends the sweep, not only the job it reached: that job saves and stops, the later jobs are
+    not started, and the summary, the table and ``dlaunch report`` say so."""
+    import signal
+    import subprocess
+
+    from tests.conftest import PROBE, command
+    from tests.launch.test_restarts import finish, logged_steps, wait_for
+
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(command("-m", f"recipe.entry={PROBE}", "+recipe.step_sleep=0.05", "trainer.steps=100000",
+                                    "trainer.log_every=1", "trainer.checkpoint.every_steps=100000", "trainer.seed=1,2,3",
+                                    f"hydra.sweep.dir={sweep}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: max(logged_steps(sweep / "0"), default=0) >= 3, 120, "job 0 to train")
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 130, out[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["stopped", "not started", "not started"], out[-3000:]
+    assert jobs[1]["error"] == "job 0 was stopped by SIGINT, which stopped the sweep"
+    text = " ".join(out.split())
+    assert "sweep summary: 3 jobs, 1 stopped, 2 not started" in text
+    assert f"resume with: dlaunch resume {sweep / '0'}" in text
+    assert logged_steps(sweep / "1") == [] and not (sweep / "1" / "checkpoints").exists()
+    report = dlaunch("report", str(sweep), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr  # the stopped job's partial curve is worth a page
+    page = (sweep / "report.html").read_text()
+    assert "Jobs a signal stopped (3)" in page and "stopped by SIGINT; checkpoint at step" in page
+    assert "Failed jobs" not in page

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
 
@@ -38,6 +40,29 @@ def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
     saved = layout.latest(run_dir / "checkpoints")
     assert saved is not None, out[-3000:]
     assert layout.read_manifest(saved)["step"] >= 3
+    summary = json.loads((run_dir / "summary.json").read_text())  # `dlaunch report` marks the run stopped, not failed
+    assert (summary["status"], summary["stopped_by"], summary["exit_code"]) == ("stopped", signal.Signals(signum).name, 128 + signum)
+    assert (summary["checkpoint"], summary["checkpoint_step"]) == (str(saved), layout.step_of(saved))
+
+
+def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path):
+    """A scheduler or a user may signal the workers and not dlaunch: they save and stop together, and dlaunch
+    says the run stopped (128 + N, summary status "stopped"), with no root-cause panel."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *LONG)
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and len(worker_pids(run_dir)) == 2, 120, "training")
+        for pid in worker_pids(run_dir).values():
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 143, out[-3000:]
+    assert "root cause" not in out and "the workers were sent SIGTERM (dlaunch was not)" in out, out[-3000:]
+    assert f"resume with: dlaunch resume {run_dir}" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["stopped_by"]) == ("stopped", "SIGTERM")
+    assert summary["checkpoint_step"] == layout.step_of(layout.latest(run_dir / "checkpoints")) >= 3
 
 
 def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_path):
@@ -52,6 +77,7 @@ def test_one_device_in_process_saves_on_sigterm_and_resumes(tmp_path):
     code, gone, out = stop_with(run_dir, signal.SIGTERM, "strategy=one_device", "cluster=1x1", in_process=True)
     assert code == 143, out[-3000:]
     step = layout.read_manifest(layout.latest(run_dir / "checkpoints"))["step"]
+    assert json.loads((run_dir / "summary.json").read_text())["checkpoint_step"] == step
     out = finish(start(run_dir, "strategy=one_device", "cluster=1x1", f"trainer.steps={step + 3}"))
     assert f"from step {step}" in out
     assert logged_steps(run_dir) == list(range(1, step + 4))

@@ -116,8 +116,8 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
 
     label(jobs)
     done = [j for j in jobs if j.completed]
-    if not done:
-        raise ReportError(f"{directory} has no metrics: none of its {len(jobs)} job(s) completed "
+    if not done and not any(j.has_loss and j.stopped for j in jobs):  # a stopped sweep's curves: worth a page
+        raise ReportError(f"{directory} has no metrics: none of its {len(jobs)} job(s) completed or was stopped "
                           f"({', '.join(f'{j.name}: {j.status}' for j in jobs[:5])}{', ...' if len(jobs) > 5 else ''})")
     metric = next((k for j in done for k in j.metrics), None) or "final_loss"
     bars = [(j, final_value(j, metric)) for j in done]
@@ -127,7 +127,7 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
         raise ReportError(f"{directory} has no metrics: its completed jobs logged no loss and no {metric}")
 
     charts = _Charts(directory)
-    charts.put(LOSS_PNG, "loss vs step, every job (failed ones dashed)",
+    charts.put(LOSS_PNG, "loss vs step, every job (failed and stopped ones dashed)",
                plots.sweep_loss(curves, directory.name) if curves else None)
     charts.put(METRICS_PNG, "logged metrics vs step, every job", plots.sweep_metrics(curves, directory.name))
     spec = fixed_format([v for _, v in bars])

@@ -40,6 +40,11 @@ class Job:
         return self.summary is not None and self.summary.get("status") == "completed"
 
     @property
+    def stopped(self) -> bool:
+        """Stopped by a signal after its save (``dlaunch resume`` goes on), or a sweep's job not started after that."""
+        return self.summary is not None and self.summary.get("status") in ("stopped", "not started")
+
+    @property
     def metrics(self) -> dict[str, Any]:
         found = (self.summary or {}).get("metrics")
         return found if isinstance(found, dict) else {}

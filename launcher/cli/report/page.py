@@ -13,7 +13,8 @@ from launcher.cli.report.jobs import Job, extra_keys
 REPORT = "report.html"
 MAX_TABLE_ROWS = 1000  # the run page's per-step table; the charts always show every record
 RUN_KEYS = ("recipe", "strategy", "cluster", "device", "steps", "global_batch_size", "first_loss", "final_loss",
-            "examples_per_sec", "wall_seconds", "restarts", "resumed_from_step", "last_completed_step")
+            "examples_per_sec", "wall_seconds", "restarts", "resumed_from_step", "last_completed_step",
+            "checkpoint")
 
 
 class Raw(str):
@@ -74,23 +75,40 @@ def sweep_table(jobs: list[Job], metric: str, best: list[Job]) -> str:
     return f"<p>Charted metric: <b>{e(metric)}</b>{stars}.</p>" + table(header, rows)
 
 
-def failed_jobs(failed: list[Job]) -> str:
-    """Each failed job with its overrides and root cause; their partial curves are in the loss chart, dashed."""
-    if not failed:
-        return ""
-    items = "".join(f"<li><b>job {e(j.name)}</b>: {e(j.status)}"
-                    f"{' &mdash; ' + e(' '.join(j.overrides)) if j.overrides else ''}{root_cause(j)}</li>"
-                    for j in failed)
-    return (f"<h2 class='failed'>Failed jobs ({len(failed)}): dashed in the loss chart, "
-            f"no bar in the metric chart</h2><ul>{items}</ul>")
+def failed_jobs(unfinished: list[Job]) -> str:
+    """Each failed job with its overrides and root cause, then each stopped one; their partial curves are in the
+    loss chart, dashed."""
+    failed = [j for j in unfinished if not j.stopped]
+    stopped = [j for j in unfinished if j.stopped]
+    parts = []
+    if failed:
+        items = "".join(f"<li><b>job {e(j.name)}</b>: {e(j.status)}"
+                        f"{' &mdash; ' + e(' '.join(j.overrides)) if j.overrides else ''}{root_cause(j)}</li>"
+                        for j in failed)
+        parts.append(f"<h2 class='failed'>Failed jobs ({len(failed)}): dashed in the loss chart, "
+                     f"no bar in the metric chart</h2><ul>{items}</ul>")
+    if stopped:
+        items = "".join(f"<li><b>job {e(j.name)}</b>: {status_html(j)}"
+                        f"{' &mdash; ' + e(' '.join(j.overrides)) if j.overrides else ''}</li>" for j in stopped)
+        parts.append(f"<h2 class='stopped'>Jobs a signal stopped ({len(stopped)}): dashed in the loss chart; "
+                     f"<code>dlaunch resume JOB_DIR</code> goes on from a stopped job's checkpoint</h2><ul>{items}</ul>")
+    return "".join(parts)
 
 
 def status_html(job: Job) -> str:
-    cls = "ok" if job.completed else "failed"
-    text = job.status if job.completed or job.status == "failed" else f"failed ({job.status})"
-    if not job.completed and job.exception:
+    if job.completed:
+        return f"<span class='ok'>{e(job.status)}</span>"
+    if job.stopped and job.status == "not started":
+        return f"<span class='stopped'>{e(f'not started: {job.exception}')}</span>"
+    if job.stopped:
+        s = job.summary or {}
+        saved = f"checkpoint at step {s['checkpoint_step']}" if s.get("checkpoint_step") is not None else "no checkpoint"
+        text = f"stopped by {s.get('stopped_by') or 'a signal'}; {saved}"
+        return f"<span class='stopped'>{e(text)}</span>"
+    text = job.status if job.status == "failed" else f"failed ({job.status})"
+    if job.exception:
         text += f": {job.exception}"
-    return f"<span class='{cls}'>{e(text)}</span>"
+    return f"<span class='failed'>{e(text)}</span>"
 
 
 def cell(value: Any) -> str:
@@ -120,7 +138,7 @@ td { font-variant-numeric: tabular-nums; }
 figure { display: inline-block; margin: 0 1em 1em 0; }
 img { max-width: 100%; border: 1px solid #ddd; }
 pre.cause { background: #fff5f5; border: 1px solid #e0b4b4; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
-.ok { color: #1a7f37; } .failed { color: #c62828; }
+.ok { color: #1a7f37; } .failed { color: #c62828; } .stopped { color: #9a6700; }
 """
 
 
