@@ -93,8 +93,11 @@ _CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socke
 def is_consequence(cause: RootCause) -> bool:
     """A rank stopped by dlaunch, or one whose collective broke because a peer had gone.
 
-    A collective that timed out is a cause: its message names the rank that never came.
+    A collective that timed out is a cause: its message names the rank that never came. A rank that stopped on a
+    signal (after its save) is not the cause of another's failure.
     """
+    if cause.stopped_by:
+        return True
     if not cause.exception:
         return cause.exit == "signal SIGTERM"
     if cause.exception.startswith(f"{CollectiveTimeout.__name__}:"):

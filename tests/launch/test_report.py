@@ -1,0 +1,62 @@
+"""launcher/launch/report.py: what a failed or stopped run's summary.json says, and which of the two a run was."""
+
+from __future__ import annotations
+
+import json
+
+from launcher.config.compose import compose_and_validate
+from launcher.launch import report
+from launcher.launch.failures import RootCause
+from launcher.runtime import outputs
+
+
+def spec():
+    return compose_and_validate(["strategy=mirrored", "cluster=1x2", "cluster.device=cpu", "trainer.steps=50"], 0)
+
+
+def cause(rank: int, stopped_by: str = "", exception: str = "ValueError: boom") -> RootCause:
+    return RootCause(rank, "host", 100 + rank, "exit code 1", exception, "", 1.0 + rank, last_step=12, stopped_by=stopped_by)
+
+
+def write_records(run_dir, *records):
+    (run_dir / outputs.METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def read_summary(run_dir):
+    return json.loads((run_dir / outputs.SUMMARY).read_text())
+
+
+def test_a_failed_runs_summary_takes_its_losses_from_loss_records_when_an_evaluation_was_logged_last(tmp_path):
+    write_records(tmp_path, {"step": 1, "loss": 2.5, "examples_per_sec": 10.0}, {"step": 10, "loss": 1.5, "examples_per_sec": 12.0},
+                  {"step": 10, "eval_loss": 1.7})
+    report.record_failure(spec(), tmp_path, cause(0))
+    summary = read_summary(tmp_path)
+    assert (summary["status"], summary["first_loss"], summary["final_loss"], summary["examples_per_sec"]) == ("failed", 2.5, 1.5, 12.0)
+    assert summary["last_logged_step"] == 10 and summary["last_completed_step"] == 12
+    assert summary["error"]["exception"] == "ValueError: boom"
+    assert "ValueError: boom" in (tmp_path / outputs.ERROR).read_text()
+
+
+def test_ranks_that_all_stopped_on_a_signal_are_a_stop_with_its_exit_code_and_no_failure_summary(tmp_path, caplog):
+    stopped = [cause(r, "SIGTERM", "Preempted: stopped by SIGTERM after step 12") for r in (0, 1)]
+    assert report.report_failures(stopped, [], spec(), tmp_path) == 143
+    assert not (tmp_path / outputs.SUMMARY).exists() and not (tmp_path / outputs.ERROR).exists()
+    assert "the workers were sent SIGTERM (dlaunch was not)" in caplog.text
+
+
+def test_a_real_failure_beside_a_stopped_rank_is_a_failure(tmp_path):
+    mixed = [cause(0, "SIGTERM", "Preempted: stopped by SIGTERM after step 12"), cause(1)]
+    assert report.report_failures(mixed, [], spec(), tmp_path) == 1
+    assert read_summary(tmp_path)["error"]["exception"] == "ValueError: boom"
+
+
+def test_a_stopped_runs_summary_names_the_signal_and_the_checkpoint(tmp_path):
+    write_records(tmp_path, {"step": 1, "loss": 2.5, "examples_per_sec": 10.0})
+    saved = tmp_path / "checkpoints" / "step-00000040"
+    report.record_stop(spec(), tmp_path, 130, saved)
+    summary = read_summary(tmp_path)
+    assert {k: summary[k] for k in ("status", "stopped_by", "exit_code", "checkpoint", "checkpoint_step", "final_loss")} == {
+        "status": "stopped", "stopped_by": "SIGINT", "exit_code": 130, "checkpoint": str(saved), "checkpoint_step": 40,
+        "final_loss": 2.5}
+    report.record_stop(spec(), tmp_path, 143, None)  # checkpoints off, or none complete
+    assert (read_summary(tmp_path)["checkpoint"], read_summary(tmp_path)["checkpoint_step"]) == (None, None)
