@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
-from launcher.config import pydantic_errors, user_recipes
+from launcher.config import pydantic_errors, recipe_rules, user_recipes
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
@@ -302,8 +302,8 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
     if problems:
         raise ConfigError(problems)
-    if loaded is not None and loaded.manual:
-        _manual_step_fits(spec)
+    if loaded is not None:
+        recipe_rules.check(spec, loaded)
     return spec
 
 
@@ -349,20 +349,6 @@ def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.Loaded
         config_cls = recipe_lib.config_class(recipe_lib.import_entry(recipe["entry"]), recipe["entry"])
         problems += [p for p in pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",)) if p not in problems]
     return None
-
-
-def _manual_step_fits(spec: RunSpec) -> None:
-    """A recipe whose train_step updates by itself (manual mode) owns backward and the update: dlaunch cannot add to them."""
-    t = spec.trainer
-    owned = [("trainer.precision", t.precision, t.precision == "fp16-mixed", "GradScaler must scale the loss before backward"),
-             ("trainer.grad_accum_steps", t.grad_accum_steps, t.grad_accum_steps > 1, "micro-batches need dlaunch to call backward"),
-             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update")]
-    problems = [Problem(key=key, value=value, message=f"recipe {spec.recipe.name}'s train_step(model, batch, optimizer) does its "
-                        f"own backward and update, so dlaunch cannot apply this ({why}); do it in the step, or drop the "
-                        "optimizer argument so that dlaunch does backward and the update")
-                for key, value, on, why in owned if on]
-    if problems:
-        raise ConfigError(problems)
 
 
 def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:

@@ -1,0 +1,42 @@
+"""Rules that need the recipe itself: the run asks only for what its module has.
+
+The validation imports the recipe once (to check its ``Config``); these rules read that module:
+a ``train_step`` that does its own backward and update (manual mode) leaves dlaunch nothing to add to
+them, and ``trainer.eval_every`` needs an ``evaluate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.config.errors import ConfigError, Problem
+
+
+def check(spec: Any, loaded: Any) -> None:
+    """Every problem of ``spec`` with the recipe ``loaded`` (a ``LoadedRecipe``), in one ``ConfigError``."""
+    problems = [*_manual_step(spec, loaded), *_evaluation(spec, loaded)]
+    if problems:
+        raise ConfigError(problems)
+
+
+def _manual_step(spec: Any, loaded: Any) -> list[Problem]:
+    """A recipe whose train_step updates by itself (manual mode) owns backward and the update: dlaunch cannot add to them."""
+    if not loaded.manual:
+        return []
+    t = spec.trainer
+    owned = [("trainer.precision", t.precision, t.precision == "fp16-mixed", "GradScaler must scale the loss before backward"),
+             ("trainer.grad_accum_steps", t.grad_accum_steps, t.grad_accum_steps > 1, "micro-batches need dlaunch to call backward"),
+             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update")]
+    return [Problem(key=key, value=value, message=f"recipe {spec.recipe.name}'s train_step(model, batch, optimizer) does its "
+                    f"own backward and update, so dlaunch cannot apply this ({why}); do it in the step, or drop the "
+                    "optimizer argument so that dlaunch does backward and the update")
+            for key, value, on, why in owned if on]
+
+
+def _evaluation(spec: Any, loaded: Any) -> list[Problem]:
+    """``trainer.eval_every`` with a recipe that has no ``evaluate``: nothing would run, and the plan would say it does."""
+    if not spec.trainer.eval_every or loaded.evaluate() is not None:
+        return []
+    return [Problem(key="trainer.eval_every", value=spec.trainer.eval_every,
+                    message=f"recipe {spec.recipe.name} has no evaluate(model, parts), so there is nothing to run every "
+                    f"{spec.trainer.eval_every} steps; set 0, or add evaluate to the recipe (docs/RECIPES.md)")]
