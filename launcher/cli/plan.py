@@ -310,4 +310,5 @@ def show_summary(summary: dict, run_dir: Path, console: Console) -> None:
     for key, value in (summary.get("metrics") or {}).items():
         table.add_row(key, f"{value:.6g}")
     console.print(table)
-    console.print(f"results: [bold]{run_dir}[/] (config.yaml, metrics.jsonl, summary.json)")
+    files = [name for name in ("config.yaml", "metrics.jsonl", "summary.json") if (run_dir / name).exists()]
+    console.print(f"results: [bold]{run_dir}[/] ({', '.join(files)})")

@@ -43,6 +43,7 @@ def test_the_documented_loop_runs_under_each_strategy(name, tmp_path):
     done = summary(run_dir)
     assert (done["status"], done["strategy"], done["num_replicas_in_sync"]) == ("completed", name, replicas)
     assert done["script"] == "custom_loop.py --epochs 2"
+    assert f"results: {run_dir} (config.yaml, summary.json)" in " ".join(proc.stdout.split())  # a script writes no metrics.jsonl
 
 
 def test_the_docs_show_the_loop_that_the_test_runs():
