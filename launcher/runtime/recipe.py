@@ -18,6 +18,7 @@ the plain module).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -27,7 +28,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -175,11 +176,27 @@ def _import_file(entry: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        _guarded(entry, spec.loader.exec_module, module)
+        with _folder_importable(path):
+            _guarded(entry, spec.loader.exec_module, module)
     except BaseException:
         sys.modules.pop(name, None)
         raise
     return module
+
+
+@contextlib.contextmanager
+def _folder_importable(path: Path) -> Iterator[None]:
+    """The recipe's own folder first on ``sys.path`` while it imports, as ``python mine.py`` puts it (its sibling
+    modules import); then last, so that a function importing a sibling later still finds it, and a sibling
+    whose name is an installed package's (``yaml.py``) cannot replace that package for dlaunch."""
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+        if folder not in sys.path:
+            sys.path.append(folder)
 
 
 def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:

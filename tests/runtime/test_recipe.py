@@ -40,3 +40,36 @@ def test_signatures_are_checked_before_the_config(tmp_path):
     with pytest.raises(RecipeError) as info:
         load({"name": "r", "entry": entry, "not_a_field": 1})
     assert "build must take (cfg, ctx); it is build(cfg)" in info.value.message
+
+
+def test_a_recipe_file_imports_its_sibling_modules_as_python_would(tmp_path, monkeypatch):
+    """``from model_parts import make_net`` beside mine.py works as under ``python mine.py``; afterwards the folder
+    is last on sys.path, so a later import of a sibling still works and no sibling shadows an installed package."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "sibling_parts_abc.py").write_text("WIDTH = 7\n")
+    entry = recipe_file(tmp_path, "from sibling_parts_abc import WIDTH\n"
+                                  "def later():\n    import sibling_later_abc\n    return sibling_later_abc.NAME\n")
+    (tmp_path / "sibling_later_abc.py").write_text("NAME = 'later'\n")
+    try:
+        module = import_entry(entry)
+        assert module.WIDTH == 7 and module.later() == "later"
+        assert sys.path[-1] == str(tmp_path) and sys.path.count(str(tmp_path)) == 1
+    finally:
+        for name in ("sibling_parts_abc", "sibling_later_abc", "dlaunch_recipe_my_recipe"):
+            sys.modules.pop(name, None)
+
+
+@pytest.mark.slow
+def test_worker_processes_import_a_recipes_sibling_too(tmp_path):
+    from pathlib import Path
+
+    from tests.conftest import dlaunch, summary
+
+    linear = (Path(__file__).resolve().parents[2] / "recipes" / "linear.py").read_text()
+    (tmp_path / "net_parts.py").write_text("import torch\n\ndef make_net(features):\n    return torch.nn.Linear(features, 1)\n")
+    mine = linear.replace("torch.nn.Linear(cfg.features, 1)", "make_net(cfg.features)")
+    (tmp_path / "mine.py").write_text(mine.replace("\nimport torch\n", "\nimport torch\nfrom net_parts import make_net\n", 1))
+    proc = dlaunch("recipe=mine.py", "strategy=multi_worker_mirrored", "cluster=1x2", "trainer.steps=5",
+                   "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(tmp_path / "run")["num_replicas_in_sync"] == 2
