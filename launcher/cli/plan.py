@@ -109,8 +109,9 @@ def _training(spec: RunSpec, device: str) -> str:
     if not s.constant:
         warm = f"{s.warmup_steps} warm-up step(s), then " if s.warmup_steps else ""
         parts.append(f"lr: {warm}{s.decay} decay" + (f" to {s.min_lr_ratio:g} x lr" if s.decay != "constant" else ""))
-    if t.eval_every:
-        parts.append(f"evaluate every {t.eval_every} steps")
+    if t.eval_every:  # longer than the run (a short trial of a long recipe): said, not refused
+        late = f" (none before the end: trainer.steps={t.steps})" if t.eval_every >= t.steps else ""
+        parts.append(f"evaluate every {t.eval_every} steps{late}")
     if t.profile.enabled:
         first = t.profile.wait + t.profile.warmup + 1
         parts.append(f"profile steps {first}-{first + t.profile.active - 1} of this command to RUN_DIR/profile")

@@ -116,10 +116,6 @@ class TrainerSpec(Strict):
                             f"is longer than trainer.steps={self.steps}; use at most {self.steps - s.warmup_steps} or null")
         if s.decay_steps is not None and s.decay == "constant":
             raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps, "decay_steps needs decay=cosine or decay=linear")
-        if self.eval_every > self.steps:
-            raise PlanError("trainer.eval_every", self.eval_every,
-                            f"evaluating every {self.eval_every} steps is longer than trainer.steps={self.steps}: only the "
-                            f"evaluation at the end would run; use at most {self.steps}, or 0 for the end only")
         p = self.profile
         if p.enabled and p.window > self.steps:
             key, value = ("trainer.profile.wait", p.wait) if p.warmup + p.active <= self.steps else ("trainer.profile.active", p.active)

@@ -1,0 +1,23 @@
+"""The plan's rows (launcher/cli/plan.py): what a run will do, said before it starts."""
+
+from __future__ import annotations
+
+from launcher.cli import plan
+from launcher.config.compose import compose_and_validate
+
+
+def training_row(*overrides: str) -> str:
+    return plan._training(compose_and_validate(["cluster.device=cpu", *overrides], 0), "cpu")
+
+
+def test_the_training_row_names_precision_compile_clipping_schedule_and_evaluation():
+    row = training_row("trainer.steps=100", "trainer.precision=bf16-mixed", "trainer.clip_grad_norm=1.0",
+                       "trainer.lr_schedule.decay=cosine", "trainer.lr_schedule.warmup_steps=10", "trainer.eval_every=25")
+    assert row == ("bf16 autocast on cpu, fp32 weights; clip grad norm 1; lr: 10 warm-up step(s), then cosine decay to 0 x lr; "
+                   "evaluate every 25 steps")
+
+
+def test_an_evaluation_interval_past_the_last_step_is_said_not_refused():
+    """A short trial (trainer.steps=30) of a recipe that evaluates every 500 steps runs; the plan says what happens."""
+    assert training_row("trainer.steps=30", "trainer.eval_every=500").endswith(
+        "evaluate every 500 steps (none before the end: trainer.steps=30)")
