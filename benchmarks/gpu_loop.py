@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_loop.py --precision bf16 --compile --steps 150 --out hand.json
 
-What a careful user writes by hand: the recipe's model and data, AdamW, a DataLoader
+What a careful user writes by hand: the recipe's model and data, AdamW (fused on CUDA), a DataLoader
 with pinned memory and ``non_blocking`` copies, optional bf16 autocast and
 ``torch.compile``. Losses are read (``.item()``) only at the steps dlaunch logs,
 and step times are taken the same way as dlaunch's ``steady_ms_per_step``
@@ -52,7 +52,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = charlm.CharTransformer(args.context, args.d_model, args.heads, args.layers, 0.0).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.003)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, fused=device.type == "cuda" or None)
     cfg = charlm.Config(name="charlm", entry="charlm", context=args.context, d_model=args.d_model, heads=args.heads, layers=args.layers)
     train, _ = charlm.make_data(cfg)
     loader = DataLoader(train, batch_size=args.batch, shuffle=True, drop_last=True, pin_memory=device.type == "cuda",

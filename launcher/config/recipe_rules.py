@@ -2,7 +2,7 @@
 
 The validation imports the recipe once (to check its ``Config``); these rules read that module:
 a ``train_step`` that does its own backward and update (manual mode) leaves dlaunch nothing to add to
-them, and ``trainer.eval_every`` needs an ``evaluate``.
+them, ``trainer.eval_every`` needs an ``evaluate``, and fused SGD or Adagrad kernels need plain tensors.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from launcher.config.errors import ConfigError, Problem
 
 def check(spec: Any, loaded: Any) -> None:
     """Every problem of ``spec`` with the recipe ``loaded`` (a ``LoadedRecipe``), in one ``ConfigError``."""
-    problems = [*_manual_step(spec, loaded), *_evaluation(spec, loaded)]
+    problems = [*_manual_step(spec, loaded), *_evaluation(spec, loaded), *_fused_kernels(spec, loaded)]
     if problems:
         raise ConfigError(problems)
 
@@ -40,3 +40,14 @@ def _evaluation(spec: Any, loaded: Any) -> list[Problem]:
     return [Problem(key="trainer.eval_every", value=spec.trainer.eval_every,
                     message=f"recipe {spec.recipe.name} has no evaluate(model, parts), so there is nothing to run every "
                     f"{spec.trainer.eval_every} steps; set 0, or add evaluate to the recipe (docs/RECIPES.md)")]
+
+
+def _fused_kernels(spec: Any, loaded: Any) -> list[Problem]:
+    """``recipe.optimizer.implementation=fused`` for an optimizer torch has no DTensor kernel of, under a strategy
+    that splits parameters into DTensors (it says so in its ``refuses``)."""
+    optimizer = getattr(loaded.config, "optimizer", None)
+    why = spec.strategy.refuses.get("fused-sgd")
+    if why is None or getattr(optimizer, "implementation", None) != "fused" or optimizer.name not in ("sgd", "adagrad"):
+        return []
+    return [Problem(key="recipe.optimizer.implementation", value="fused",
+                    message=f"fused {optimizer.name} cannot run under strategy {spec.strategy.name}: {why}")]

@@ -83,6 +83,12 @@ def settle(module: torch.nn.Module) -> None:
             move(sub, stack[-1].device)
 
 
+def target() -> torch.device | None:
+    """Where the innermost placement open on this thread moves parameters (None outside every scope)."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1].device if stack else None
+
+
 def move(module: torch.nn.Module, device: torch.device) -> None:
     """``module``'s own parameters and buffers (not its children's) onto ``device``, in place.
 

@@ -55,16 +55,33 @@ class OptimizerConfig(BaseModel):
     lr: float = Field(0.01, gt=0, description="learning rate (trainer.lr_schedule scales it per step)")
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd only: momentum")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty (decoupled for adamw)")
+    implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
+        "auto", description="torch.optim's kernels; auto: fused for adam/adamw where the parameters train on CUDA, "
+        "torch's own choice elsewhere")
 
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         import torch
 
+        params = list(params)
+        kernels = self.kernels(params)
         if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, **kernels)
         if self.name == "adagrad":
-            return torch.optim.Adagrad(params, lr=self.lr, weight_decay=self.weight_decay)
+            return torch.optim.Adagrad(params, lr=self.lr, weight_decay=self.weight_decay, **kernels)
         cls = torch.optim.Adam if self.name == "adam" else torch.optim.AdamW
-        return cls(params, lr=self.lr, weight_decay=self.weight_decay)
+        return cls(params, lr=self.lr, weight_decay=self.weight_decay, **kernels)
+
+    def kernels(self, params: list[Any]) -> dict[str, bool]:
+        """torch.optim's ``foreach``/``fused`` arguments. ``auto`` picks fused Adam(W) where the parameters will
+        train on CUDA (in ``scope()`` they are built on the CPU and moved when it closes: the scope's device
+        decides): one kernel per step for all of them, where foreach launches several per parameter group."""
+        if self.implementation != "auto":
+            return {"fused": True} if self.implementation == "fused" else {"foreach": self.implementation == "foreach"}
+        from launcher.distribute import placement
+
+        first = next((p for p in params if not isinstance(p, dict)), None)
+        device = placement.target() or (first.device if first is not None else None)
+        return {"fused": True} if device is not None and device.type == "cuda" and self.name in ("adam", "adamw") else {}
 
 
 @dataclasses.dataclass

@@ -73,3 +73,41 @@ def test_worker_processes_import_a_recipes_sibling_too(tmp_path):
                    "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary(tmp_path / "run")["num_replicas_in_sync"] == 2
+
+
+def test_auto_kernels_are_fused_adam_where_the_parameters_will_train_on_cuda():
+    """In ``scope()`` parameters are built on the CPU and moved when it closes: the scope's device decides."""
+    import torch
+
+    from launcher.distribute.placement import Placement
+    from launcher.runtime.recipe import OptimizerConfig
+
+    params = list(torch.nn.Linear(3, 1).parameters())  # made outside: nothing is moved when the placement closes
+    with Placement(torch.device("cuda", 0)):
+        assert OptimizerConfig(name="adamw").kernels(params) == {"fused": True}
+        assert OptimizerConfig(name="adam").kernels(params) == {"fused": True}
+        assert OptimizerConfig(name="sgd").kernels(params) == {}  # torch's DTensor has no fused SGD: left to torch
+        assert OptimizerConfig(name="adamw", implementation="foreach").kernels(params) == {"foreach": True}
+    assert OptimizerConfig(name="adamw").kernels(params) == {}  # on the CPU: torch's own choice
+    assert OptimizerConfig(name="adamw", implementation="for_loop").kernels(params) == {"foreach": False}
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_fused_kernels_build_and_step_as_the_for_loop_does(name):
+    import torch
+
+    from launcher.runtime.recipe import OptimizerConfig
+
+    def trained(implementation: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        optimizer = OptimizerConfig(name=name, lr=0.01, momentum=0.9 if name == "sgd" else 0.0,
+                                    implementation=implementation).build(model.parameters())
+        for _ in range(5):
+            model(torch.ones(4, 8)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert optimizer.defaults.get("fused") is (True if implementation == "fused" else None)
+        return model.weight.detach()
+
+    torch.testing.assert_close(trained("fused"), trained("for_loop"))

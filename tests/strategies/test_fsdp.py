@@ -96,10 +96,11 @@ def test_fsdp_on_2_and_4_processes_trains_like_one_device_and_checkpoints_reshar
 
 @pytest.mark.slow
 def test_wrapped_layers_train_in_bf16_with_clipping(run_dlaunch):
-    """digits: each Linear its own unit, MixedPrecisionPolicy(bf16, fp32 reduce), clip_grad_norm on DTensor gradients."""
+    """digits: each Linear its own unit, MixedPrecisionPolicy(bf16, fp32 reduce), clip_grad_norm on DTensor gradients,
+    and fused Adam on the DTensor parameters (what ``recipe.optimizer.implementation=auto`` picks on CUDA)."""
     proc, run_dir = run_dlaunch("recipe=digits", "strategy=fsdp", "cluster=1x2", "strategy.wrap=[Linear]",
                                 "strategy.reshard_after_forward=false", "trainer.precision=bf16-mixed",
-                                "trainer.clip_grad_norm=1.0", "trainer.steps=30")
+                                "trainer.clip_grad_norm=1.0", "trainer.steps=30", "recipe.optimizer.implementation=fused")
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = summary(run_dir)
     assert s["final_loss"] < 0.7 * s["first_loss"]
