@@ -119,10 +119,13 @@ def where(fn: Any) -> str:
     return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else getattr(fn, "__qualname__", repr(fn))
 
 
-def described(value: Any, returned: bool = True) -> str:
-    """``a tuple``, ``an int``; ``None`` (with a hint where a function returned it)."""
+def described(value: Any, returned: bool = True, forgot: str = "return") -> str:
+    """``a tuple``, ``an int``, ``a tensor of shape (3,)``; ``None`` (with a hint where a function returned it:
+    did it forget ``forgot``?)."""
     if value is None:
-        return "None (did it forget `return`?)" if returned else "None"
+        return f"None (did it forget `{forgot}`?)" if returned else "None"
+    if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
+        return f"a tensor of shape {tuple(value.shape)}"
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
 

@@ -24,7 +24,7 @@ import torch
 
 from launcher.checkpoint.state import primary
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
-from launcher.runtime.recipe import where
+from launcher.runtime.recipe import described, where
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -118,8 +118,7 @@ class ReplicaStep:
     def _checked(self, loss: Any) -> torch.Tensor:
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
             return loss.float() if loss.dtype != torch.float32 else loss
-        got = "None (did it forget `return loss`?)" if loss is None else (
-            f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+        got = described(loss, forgot="return loss")
         raise StepError(
             f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
