@@ -206,9 +206,6 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         render(exc, console)
         _Status.codes.append(2)
         return None
-    if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
-        outputs.start_run(run_dir, resuming=resume_from is not None)
-        (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
     plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
     try:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -217,10 +214,14 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         render(exc, console)
         _Status.codes.append(exc.exit_code)
         return None
-    if spec.launch.dry_run:
+    if spec.launch.dry_run:  # the plan, and the config it would run where no run has written one: a run's files stay
+        if not spec.cluster.node_rank and not (run_dir / outputs.CONFIG).exists():
+            (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
         _Status.codes.append(0)
         return None
-    if not spec.cluster.node_rank:
+    if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
+        outputs.start_run(run_dir, resuming=resume_from is not None)
+        (run_dir / outputs.CONFIG).write_text(OmegaConf.to_yaml(spec.model_dump(mode="json")))
         outputs.record_command(run_dir)
     code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     _Status.codes.append(code)

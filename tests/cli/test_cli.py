@@ -28,6 +28,16 @@ def test_dry_run_prints_the_plan_and_starts_nothing(run_dlaunch):
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "summary.json").exists()
 
 
+def test_a_dry_run_in_a_finished_runs_directory_leaves_its_files_alone(run_dlaunch):
+    """`dlaunch resume RUN launch.dry_run=true` (or hydra.run.dir=RUN) previews; it used to delete the run's results."""
+    proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=10", "trainer.log_every=5")
+    assert proc.returncode == 0, proc.stderr
+    before = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "metrics.jsonl", "summary.json")}
+    proc, _ = run_dlaunch("recipe=linear", "trainer.steps=20", "launch.dry_run=true")
+    assert proc.returncode == 0 and "dry run" in proc.stdout, proc.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
 def test_one_device_run_writes_the_output_contract(run_dlaunch):
     proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=30", "trainer.log_every=10")
     assert proc.returncode == 0, proc.stderr
