@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    _Status.codes = []
+    _Status.codes, _Status.stopped = [], ""
     launcher = scheduled.launcher_of(args.overrides)
     if launcher and not informational:
         if not args.multirun:  # Hydra runs a job through its launcher plugin only in multirun mode
