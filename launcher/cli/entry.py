@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 
 def entry() -> None:
@@ -25,8 +26,20 @@ def entry() -> None:
     try:
         code = main()
     finally:
-        warm.shutdown()  # every worker has ended by now: the server follows, and is reaped
+        _quietly(warm.shutdown)  # every worker has ended by now: the server follows, and is reaped
     leave(code)
+
+
+def _quietly(stop: Callable[[], None]) -> None:
+    """``stop()``, through one more Ctrl-C (or the signal torch elastic turns into ``SignalException``): the run
+    already stopped and said so, and its exit code stands; a second press only cuts the tidying short."""
+    try:
+        stop()
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # noqa: BLE001 - torch elastic's SignalException, by name: no torch import here
+        if type(exc).__name__ != "SignalException":
+            raise
 
 
 def leave(code: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -88,3 +89,22 @@ def test_a_python_without_the_private_exit_steps_exits_the_ordinary_way():
     """)
     assert proc.returncode == 5, proc.stderr
     assert proc.stdout == "unflushed exit handler\n"
+
+
+def test_one_more_ctrl_c_while_the_warm_server_is_reaped_keeps_the_exit_code_and_shows_no_traceback():
+    """A second Ctrl-C lands after the run stopped, while entry() waits for the forkserver: torch elastic's
+    handler raises SignalException there (a KeyboardInterrupt without it). The stop stands; other errors do not hide."""
+    import pytest
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from launcher.cli.entry import _quietly
+
+    def raising(exc):
+        def stop():
+            raise exc
+        return stop
+
+    _quietly(raising(KeyboardInterrupt()))
+    _quietly(raising(SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)))
+    with pytest.raises(OSError):
+        _quietly(raising(OSError("a real problem")))
