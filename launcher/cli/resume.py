@@ -2,7 +2,7 @@
 
 The default run directory has a timestamp in its name, so "the same command
 again" would start afresh elsewhere. This reads the run's own overrides
-(``RUN_DIR/.hydra/overrides.yaml``) and ``--config-dir``, and runs them with
+(``RUN_DIR/.hydra/overrides.yaml``), ``--config-dir`` and ``--config-name``, and runs them with
 ``hydra.run.dir=RUN_DIR trainer.resume=auto``; further overrides are added last.
 
     dlaunch resume outputs/2026-01-02/10-11-12
@@ -38,14 +38,18 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -
     return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
 
 
-def _config_dirs(hydra_dir: Path) -> list[str]:
+def _config_args(hydra_dir: Path) -> list[str]:
+    """``--config-dir DIR`` for each directory the run was given, and ``--config-name NAME`` where it named its own."""
     from omegaconf import OmegaConf
 
     hydra_yaml = hydra_dir / "hydra.yaml"
     if not hydra_yaml.exists():
         return []
-    sources = OmegaConf.load(hydra_yaml).hydra.runtime.get("config_sources", [])
-    return [str(s.path) for s in sources if s.provider == "command-line" and s.schema == "file"]
+    hydra = OmegaConf.load(hydra_yaml).hydra
+    sources = hydra.runtime.get("config_sources", [])
+    dirs = [arg for s in sources if s.provider == "command-line" and s.schema == "file" for arg in ("--config-dir", str(s.path))]
+    name = hydra.job.get("config_name")
+    return [*dirs, *(["--config-name", str(name)] if name and name != "config" else [])]
 
 
 def keep_replayable(run_dir: Path) -> None:
@@ -73,9 +77,8 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     own = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
     mine = {o.split("=", 1)[0].lstrip("+~") for o in extra}
     kept = [o for o in own if o.split("=", 1)[0].lstrip("+~") not in mine | {"trainer.resume"}]
-    config_dirs = [arg for d in _config_dirs(hydra_dir) for arg in ("--config-dir", d)]
     resume = [] if "trainer.resume" in mine else ["trainer.resume=auto"]
-    return [*config_dirs, *kept, *extra, *resume, f"hydra.run.dir={run_dir}"]
+    return [*_config_args(hydra_dir), *kept, *extra, *resume, f"hydra.run.dir={run_dir}"]
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from launcher.checkpoint import layout
-from tests.conftest import dlaunch
+from tests.conftest import dlaunch, summary
 from tests.launch.test_restarts import logged_steps
 from tests.launch.test_signals import stop_with
 
@@ -53,3 +53,19 @@ def test_resume_runs_a_users_own_recipe_again(tmp_path, form):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "from step 4" in again.stdout
     assert logged_steps(run_dir) == list(range(1, 7))
+
+
+def test_resume_composes_the_runs_own_primary_config_again(tmp_path):
+    """A run composed from --config-dir cfg --config-name myrun resumes from that config, not dlaunch's default
+    (which picks recipe=linear: the resume used to retrain another recipe in the run's directory)."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "myrun.yaml").write_text("defaults:\n  - config\n  - override recipe: digits\n  - _self_\n"
+                                    "trainer:\n  steps: 4\n  log_every: 1\n  checkpoint:\n    every_steps: 2\n")
+    run_dir = tmp_path / "run"
+    first = dlaunch("--config-dir", str(cfg), "--config-name", "myrun", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "--config-name myrun" in again.stderr and "from step 4" in again.stdout
+    assert summary(run_dir)["recipe"] == "digits" and logged_steps(run_dir) == list(range(1, 7))
