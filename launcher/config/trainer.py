@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from launcher.config.base import PlanError, PositiveInt, Strict
+from launcher.config.base import PlanError, PlanErrors, PositiveInt, Strict
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunSpec
@@ -176,9 +176,12 @@ def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
         "lr_schedule": ("trainer.lr_schedule.decay", not t.lr_schedule.constant, t.lr_schedule.decay),
         "clip_grad_norm": ("trainer.clip_grad_norm", t.clip_grad_norm is not None, t.clip_grad_norm),
     }
-    for feature, (key, on, value) in used.items():
-        if on and feature in refuses:
-            raise PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {refuses[feature]}")
+    errors = [PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {refuses[feature]}")
+              for feature, (key, on, value) in used.items() if on and feature in refuses]
+    if len(errors) > 1:
+        raise PlanErrors(errors)  # every feature it refuses, in one screen
+    if errors:
+        raise errors[0]
 
 
 def precision_runs_here(spec: "RunSpec", cuda: int) -> None:

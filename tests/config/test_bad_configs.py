@@ -135,6 +135,17 @@ def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path
         assert key in proc.stderr, proc.stderr
 
 
+def test_every_trainer_feature_a_strategy_refuses_is_named_at_once(capsys, monkeypatch):
+    monkeypatch.setattr(cli_main, "cuda_devices", lambda: 0)
+    assert main(["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "trainer.precision=fp16-mixed",
+                 "trainer.compile.enabled=true", "trainer.clip_grad_norm=1.0", "trainer.lr_schedule.decay=cosine"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (4 problems)" in err and err.count("strategy parameter_server cannot do this") == 4
+    for key in ("trainer.precision = fp16-mixed", "trainer.compile.enabled = True", "trainer.clip_grad_norm = 1.0",
+                "trainer.lr_schedule.decay = cosine"):
+        assert key in err, err
+
+
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     proc = dlaunch("strategy=mirrored", "cluster=1x3", "trainer.stpes=3", cwd=tmp_path)
     assert proc.returncode == 2
