@@ -113,7 +113,10 @@ def first(causes: list[RootCause]) -> RootCause:
 
 def render(root: RootCause, others: list[RootCause], last_logged: int | None, console: Console | None = None) -> None:
     """The root cause in one panel (its last completed step, else the last logged one), then a line per other rank."""
-    console = console or Console(stderr=True, highlight=False)
+    if console is None:
+        from launcher.cli import output  # where dlaunch's messages go: off a terminal, plain and unwrapped
+
+        console = output.messages()
     lines = [
         f"[bold]{'task' if root.task else 'rank'}[/] {root.task or root.rank}   [bold]host[/] {escape(root.host)}   [bold]pid[/] {root.pid}   {root.exit}",
     ]

@@ -14,7 +14,8 @@ from tests.conftest import PROBE  # noqa: E402
 
 def test_a_failed_run_keeps_its_root_cause_and_the_report_shows_it(run_dlaunch):
     proc, run_dir = run_dlaunch(f"recipe.entry={PROBE}", "strategy=mirrored", "cluster=1x2", "trainer.steps=8",
-                                "trainer.log_every=1", "+recipe.fail_replica=1", "+recipe.fail_step=4")
+                                "trainer.log_every=1", "+recipe.fail_replica=1", "+recipe.fail_step=4",
+                                env={"COLUMNS": "80"})  # rich's width off a terminal, unless dlaunch says otherwise
     assert proc.returncode == 1, proc.stderr
 
     kept = (run_dir / "error.txt").read_text()
@@ -25,6 +26,10 @@ def test_a_failed_run_keeps_its_root_cause_and_the_report_shows_it(run_dlaunch):
         assert line in kept, (line, kept)
         assert line in proc.stdout + proc.stderr, line  # the same block as the terminal's
     assert "\x1b[" not in kept  # no colour codes in a file
+    lines = proc.stderr.splitlines()  # stderr is a pipe here, as in CI: plain lines, not wrapped at 80 columns
+    other = next(line for line in lines if line.startswith("  rank 0: "))
+    assert other.endswith("has exited (this is rank 0)"), other
+    assert all(line == line.rstrip() for line in lines), "trailing spaces off a terminal"
 
     assert report.main([str(run_dir)]) == 0
     page = (run_dir / "report.html").read_text()
