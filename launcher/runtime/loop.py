@@ -187,7 +187,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "restarts": env.restart_count if env else 0,
         "first_loss": curve[0] if curve else None,
         "final_loss": curve[-1] if curve else None,
-        "examples_per_sec": (spec.trainer.steps - resumed_at) * spec.input.global_batch_size / max(loop_seconds, 1e-9),
+        "examples_per_sec": _examples_per_sec(spec, resumed_at, loop_seconds, loop.run_dir),
         "wall_seconds": time.perf_counter() - started,
         "steady_ms_per_step": loop.steady_ms_per_step(),
         "param_norm": param_norm(model),
@@ -195,6 +195,15 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "precision": spec.trainer.precision,
         "skipped_steps": loop.skipped_steps,
     }
+
+
+def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, run_dir: Path) -> float | None:
+    """This command's throughput; a resume with no step left to train keeps the last one logged (not 0)."""
+    ran = spec.trainer.steps - resumed_at
+    if ran > 0:
+        return ran * spec.input.global_batch_size / max(loop_seconds, 1e-9)
+    rates = [r["examples_per_sec"] for r in outputs.read_records(run_dir / outputs.METRICS) if "examples_per_sec" in r]
+    return rates[-1] if rates else None
 
 
 @contextlib.contextmanager

@@ -69,3 +69,6 @@ def test_resume_composes_the_runs_own_primary_config_again(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "--config-name myrun" in again.stderr and "from step 4" in again.stdout
     assert summary(run_dir)["recipe"] == "digits" and logged_steps(run_dir) == list(range(1, 7))
+    done = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)  # nothing left to train
+    assert done.returncode == 0 and "from step 6" in done.stdout, done.stderr[-3000:]
+    assert summary(run_dir)["examples_per_sec"] > 0  # the last logged rate, not this command's 0 steps
