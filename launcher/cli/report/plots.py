@@ -16,7 +16,7 @@ from launcher.cli.report.jobs import Job, extra_keys, lower_is_better
 
 MAX_LEGEND = 20  # a sweep's charts label this many jobs at most
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
-FAILED_STYLE = "--"  # a failed job's partial curve
+FAILED_STYLE = "--"  # a failed or stopped job's partial curve
 BEST_COLOR = "tab:orange"
 OTHER_COLOR = "tab:blue"
 
@@ -66,8 +66,8 @@ def sweep_loss(jobs: list[Job], sweep: str) -> Figure:
         losses += values
         _draw(ax, job, i, len(jobs), steps, values)
     _step_axis(ax, losses)
-    failed = sum(not j.completed for j in jobs)
-    count = f"{_plural(len(jobs), 'job')}{f', {failed} failed' if failed else ''}"
+    failed, stopped = sum(not j.completed and not j.stopped for j in jobs), sum(j.stopped for j in jobs)
+    count = f"{_plural(len(jobs), 'job')}{f', {failed} failed' if failed else ''}{f', {stopped} stopped' if stopped else ''}"
     shared = {j.describe() for j in jobs}
     what = f"{shared.pop()}, " if len(shared) == 1 and "" not in shared else ""
     ax.set(ylabel="loss", title=f"loss: sweep {sweep} ({what}{count})")

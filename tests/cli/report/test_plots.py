@@ -95,6 +95,15 @@ def test_identical_curves_stay_visible_and_a_failed_one_is_dashed(four_jobs):
                       "3: strategy=multi_worker_mirrored (failed)"]
 
 
+def test_a_stopped_job_is_counted_as_stopped_not_failed(tmp_path):
+    write_run(tmp_path / "0", lr=0.05)
+    write_run(tmp_path / "1", lr=0.05, steps=60, status="stopped")
+    write_run(tmp_path / "2", lr=0.05, steps=40, status="failed", error="ValueError: boom")
+    fig = plots.sweep_loss(loaded(*(tmp_path / n for n in "012")), "s")
+    assert fig.axes[0].get_title().endswith("3 jobs, 1 failed, 1 stopped)")
+    assert [line.get_linestyle() for line in fig.axes[0].lines] == ["-", "--", "--"]
+
+
 def test_one_job_is_counted_as_one(four_jobs):
     title = plots.sweep_loss(four_jobs[:1], "s").axes[0].get_title()
     assert title.endswith("(linear · mirrored · 1x2, 1 job)")
