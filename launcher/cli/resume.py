@@ -7,6 +7,10 @@ again" would start afresh elsewhere. This reads the run's own overrides
 
     dlaunch resume outputs/2026-01-02/10-11-12
     dlaunch resume outputs/2026-01-02/10-11-12 trainer.steps=500
+    dlaunch resume multirun/2026-01-02/10-11-12     # a sweep: every job, each from its own checkpoint
+
+A sweep directory runs the sweep's overrides again (``-m``, ``hydra.sweep.dir=SWEEP_DIR``): a stopped job
+resumes, the jobs not started start, and a completed job has nothing left to train.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
+
+
+SWEEP_FILE = "multirun.yaml"  # what Hydra writes at the top of a sweep's directory
 
 
 def command(run_dir: Path) -> str:
@@ -38,11 +45,10 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -
     return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
 
 
-def _config_args(hydra_dir: Path) -> list[str]:
+def _config_args(hydra_yaml: Path) -> list[str]:
     """``--config-dir DIR`` for each directory the run was given, and ``--config-name NAME`` where it named its own."""
     from omegaconf import OmegaConf
 
-    hydra_yaml = hydra_dir / "hydra.yaml"
     if not hydra_yaml.exists():
         return []
     hydra = OmegaConf.load(hydra_yaml).hydra
@@ -68,22 +74,32 @@ def keep_replayable(run_dir: Path) -> None:
 
 
 def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
-    """The arguments that run ``run_dir``'s job again there; ValueError naming what is missing."""
+    """The arguments that run ``run_dir``'s job (or sweep) again there; ValueError naming what is missing."""
     from omegaconf import OmegaConf
 
+    from launcher.config import user_recipes
+
     hydra_dir = run_dir / ".hydra"
+    if (run_dir / SWEEP_FILE).exists() and not hydra_dir.exists():  # a sweep: every job again, each from its checkpoint
+        own = user_recipes.as_typed([str(o) for o in OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides.task])
+        return [*_config_args(run_dir / SWEEP_FILE), "-m", *_rerun(own, extra), f"hydra.sweep.dir={run_dir}"]
     if not (hydra_dir / "overrides.yaml").exists():
-        raise ValueError(f"{run_dir} is not a dlaunch run directory: {hydra_dir / 'overrides.yaml'} does not exist")
+        raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
+                         f"nor {run_dir / SWEEP_FILE} exists")
     own = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
+    return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra), f"hydra.run.dir={run_dir}"]
+
+
+def _rerun(own: list[str], extra: list[str]) -> list[str]:
+    """The run's own overrides, those ``extra`` sets replaced by it, resuming from the newest checkpoint."""
     mine = {o.split("=", 1)[0].lstrip("+~") for o in extra}
     kept = [o for o in own if o.split("=", 1)[0].lstrip("+~") not in mine | {"trainer.resume"}]
-    resume = [] if "trainer.resume" in mine else ["trainer.resume=auto"]
-    return [*_config_args(hydra_dir), *kept, *extra, *resume, f"hydra.run.dir={run_dir}"]
+    return [*kept, *extra, *([] if "trainer.resume" in mine else ["trainer.resume=auto"])]
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_DIR [KEY=VALUE ...]")
+        print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...]")
         return 0 if argv else 2
     run_dir = Path(argv[0]).expanduser().resolve()
     try:

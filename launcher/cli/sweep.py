@@ -38,6 +38,11 @@ class SweepSummary(Callback):
 
         show(rows, sweep_dir, output.results())
         _outcome["failed"] = sum(r["status"] != "completed" for r in rows)
+        if any(r["status"] in _CUT_SHORT for r in rows):
+            from launcher.cli import resume
+
+            output.messages().print(f"the sweep was stopped; go on with: {resume.command(sweep_dir)} "
+                                    "(the stopped job resumes from its checkpoint, the jobs not started start)")
 
 
 def failed_jobs() -> int:

@@ -29,7 +29,7 @@ def test_sigterm_prints_the_resume_command_and_resume_continues(tmp_path):
 def test_resume_names_a_directory_that_is_not_a_run(tmp_path):
     proc = dlaunch("resume", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2
-    assert f"{tmp_path} is not a dlaunch run directory" in proc.stderr
+    assert f"{tmp_path} is not a dlaunch run or sweep directory" in proc.stderr
 
 
 @pytest.mark.parametrize("form", ["config-dir name", "path", "path, quoted"])

@@ -127,3 +127,9 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
     page = (sweep / "report.html").read_text()
     assert "Jobs a signal stopped (3)" in page and "stopped by SIGINT; checkpoint at step" in page
     assert "Failed jobs" not in page
+    assert f"the sweep was stopped; go on with: dlaunch resume {sweep}" in text
+    again = dlaunch("resume", str(sweep), "trainer.steps=40", cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed"] * 3
+    assert "resumed from" in again.stderr and logged_steps(sweep / "2") == list(range(1, 41))
