@@ -157,7 +157,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
 
     metrics = evaluator()
     if metrics:
-        log.info("eval: %s", ", ".join(f"{k}={v:.6g}" for k, v in metrics.items()))
+        log.info("eval: %s", _said(metrics))
     summary = _summary(spec, plan, env, strategy, loop, losses, model, metrics, resumed_at, (started, loop_seconds))
     summary["history"] = outputs.history(run_dir)  # over every command since the run began afresh
     strategy.extended.finish()  # a parameter-server chief: the ps tasks stop the workers, then end
@@ -244,6 +244,10 @@ class _Evaluator:
         finally:
             module.train(was_training)
         return _metric_values(found, self.evaluate)
+
+
+def _said(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.6g}" for k, v in metrics.items())
 
 
 def _metric_values(found: Any, evaluate: Any) -> dict[str, float]:
@@ -352,7 +356,10 @@ class _Loop:
         steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
         if eval_every and step % eval_every == 0 and step < steps:
             with watch.operation(f"evaluation at step {step}"), prof.region("dlaunch.eval"):
-                self._write({"step": step, **self.evaluate()}, metrics_log)
+                found = self.evaluate()
+                if found and self.chief:
+                    log.info("eval at step %d: %s", step, _said(found))
+                self._write({"step": step, **found}, metrics_log)
         if self.ckpt.due(step):
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
                 self._save(step)

@@ -82,6 +82,8 @@ def test_periodic_evaluation_is_logged(run_dlaunch):
     assert [r["step"] for r in evals] == [10, 20]  # and at the end, in summary.json
     assert evals[1]["eval_loss"] < evals[0]["eval_loss"]
     assert "eval_loss" in summary(run_dir)["metrics"]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("INFO eval at step")]  # on the terminal too
+    assert said == [f"INFO eval at step {r['step']}: eval_loss={r['eval_loss']:.6g}" for r in evals]
 
 
 def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
