@@ -42,6 +42,8 @@ def check_rules(rules: Any, *args: Any) -> None:
             rule(*args)
         except PlanError as exc:
             errors.append(exc)
+        except PlanErrors as exc:  # a rule that names several problems at once
+            errors.extend(exc.errors)
         except Exception:
             if not errors:
                 raise

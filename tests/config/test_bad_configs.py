@@ -144,6 +144,10 @@ def test_every_trainer_feature_a_strategy_refuses_is_named_at_once(capsys, monke
     for key in ("trainer.precision = fp16-mixed", "trainer.compile.enabled = True", "trainer.clip_grad_norm = 1.0",
                 "trainer.lr_schedule.decay = cosine"):
         assert key in err, err
+    assert main(["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "trainer.precision=fp16-mixed",
+                 "trainer.clip_grad_norm=1.0", "cluster=1x2"]) == 2
+    err = capsys.readouterr().err  # beside another rule's problem, too
+    assert "invalid configuration (3 problems)" in err and "trainer.clip_grad_norm = 1.0" in err, err
 
 
 def test_real_process_exit_code_and_no_traceback(tmp_path):
