@@ -206,6 +206,11 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         render(exc, console)
         _Status.codes.append(2)
         return None
+    done = resume.already_completed(spec, run_dir) if resume_from is None else None
+    if done is not None:
+        console.print(f"{run_dir}: completed already (summary.json), with no checkpoint to go on from: nothing to resume")
+        _Status.codes.append(0)
+        return done
     plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
     try:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -336,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             precheck(args.overrides, args.multirun)
             if not args.multirun:
                 _warm_workers(args.overrides)
+            if _Status.validated and all(s.launch.dry_run for s in _Status.validated.values()):
+                argv.append("hydra.output_subdir=null")  # a preview: Hydra's record of an existing run stays as it was
     except ConfigError as exc:
         if full_errors():
             raise

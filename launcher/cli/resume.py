@@ -59,18 +59,25 @@ def _config_args(hydra_yaml: Path) -> list[str]:
 
 
 def keep_replayable(run_dir: Path) -> None:
-    """Hydra wrote the job's overrides as it got them: a user recipe's stored option becomes what the user typed."""
+    """Hydra wrote the job's (or sweep's) overrides as it got them: a user recipe's stored option becomes what the
+    user typed, while this process still knows it."""
     from omegaconf import OmegaConf
 
     from launcher.config import user_recipes
 
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not user_recipes.TYPED or not path.exists():
+    job, sweep = run_dir / ".hydra" / "overrides.yaml", run_dir / SWEEP_FILE
+    if not user_recipes.TYPED:
         return
-    own = [str(o) for o in OmegaConf.load(path)]
-    typed = user_recipes.as_typed(own)
-    if typed != own:
-        OmegaConf.save(OmegaConf.create(typed), path)
+    if job.exists():
+        own = [str(o) for o in OmegaConf.load(job)]
+        if user_recipes.as_typed(own) != own:
+            OmegaConf.save(OmegaConf.create(user_recipes.as_typed(own)), job)
+    if sweep.exists():
+        record = OmegaConf.load(sweep)
+        own = [str(o) for o in record.hydra.overrides.task]
+        if user_recipes.as_typed(own) != own:
+            record.hydra.overrides.task = user_recipes.as_typed(own)
+            OmegaConf.save(record, sweep)
 
 
 def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
@@ -81,8 +88,10 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
 
     hydra_dir = run_dir / ".hydra"
     if (run_dir / SWEEP_FILE).exists() and not hydra_dir.exists():  # a sweep: every job again, each from its checkpoint
-        own = user_recipes.as_typed([str(o) for o in OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides.task])
-        return [*_config_args(run_dir / SWEEP_FILE), "-m", *_rerun(own, extra), f"hydra.sweep.dir={run_dir}"]
+        recorded = OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides
+        own = user_recipes.as_typed([str(o) for o in recorded.task])
+        hydra_own = [str(o) for o in recorded.hydra if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode")]
+        return [*_config_args(run_dir / SWEEP_FILE), "-m", *hydra_own, *_rerun(own, extra), f"hydra.sweep.dir={run_dir}"]
     if not (hydra_dir / "overrides.yaml").exists():
         raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
                          f"nor {run_dir / SWEEP_FILE} exists")
@@ -91,10 +100,34 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
 
 
 def _rerun(own: list[str], extra: list[str]) -> list[str]:
-    """The run's own overrides, those ``extra`` sets replaced by it, resuming from the newest checkpoint."""
-    mine = {o.split("=", 1)[0].lstrip("+~") for o in extra}
-    kept = [o for o in own if o.split("=", 1)[0].lstrip("+~") not in mine | {"trainer.resume"}]
-    return [*kept, *extra, *([] if "trainer.resume" in mine else ["trainer.resume=auto"])]
+    """The run's own overrides, each that ``extra`` sets replaced where it stood (a sweep numbers its jobs in that
+    order), resuming from the newest checkpoint; never a dry run (``dlaunch resume RUN launch.dry_run=true`` previews
+    one resume, not the ones after it)."""
+    given = {_key(o): o for o in extra}
+    kept = []
+    for o in own:
+        if _key(o) in given:
+            kept.append(given.pop(_key(o)))
+        elif _key(o) not in ("trainer.resume", "launch.dry_run"):
+            kept.append(o)
+    return [*kept, *given.values(), *([] if "trainer.resume" in {_key(o) for o in extra} else ["trainer.resume=auto"])]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+RESUMING: list[bool] = []  # set by `dlaunch resume`: a completed run with nothing to resume from is kept, not retrained
+
+
+def already_completed(spec: Any, run_dir: Path) -> dict | None:
+    """Under ``dlaunch resume``: the run's completed summary when it has no checkpoint to go on from (checkpoints
+    were off) and ran its ``trainer.steps``; training it again from step 0 would replace its results."""
+    from launcher.runtime import outputs
+
+    summary = outputs.read_summary(run_dir) if RESUMING else None
+    done = summary is not None and summary.get("status") == "completed" and summary.get("steps") == spec.trainer.steps
+    return summary if done else None
 
 
 def main(argv: list[str]) -> int:
@@ -108,6 +141,7 @@ def main(argv: list[str]) -> int:
         print(f"dlaunch resume: {exc}", file=sys.stderr)
         return 2
     print("dlaunch " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
+    RESUMING.append(True)
     from launcher.cli.main import main as run
 
     return run(args)

@@ -41,8 +41,8 @@ class SweepSummary(Callback):
         if any(r["status"] in _CUT_SHORT for r in rows):
             from launcher.cli import resume
 
-            output.messages().print(f"the sweep was stopped; go on with: {resume.command(sweep_dir)} "
-                                    "(the stopped job resumes from its checkpoint, the jobs not started start)")
+            output.messages().print(f"the sweep was stopped; go on with: {resume.command(sweep_dir)} (completed jobs are "
+                                    "kept, a stopped job resumes from its checkpoint where it saved one, the others start)")
 
 
 def failed_jobs() -> int:
@@ -55,7 +55,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     from launcher.cli import resume
 
     jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
-    for job in jobs:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
+    for job in [sweep_dir, *jobs]:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
         resume.keep_replayable(job)
     return [_row(d) for d in jobs if (d / ".hydra").is_dir()]
 

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from launcher.config import compose as composer
 from launcher.config.errors import ConfigError, Problem, render
+from launcher.runtime import outputs
 
 
 @dataclasses.dataclass
@@ -83,6 +84,8 @@ def not_started(run_dir: Path, why: str, console: Console) -> None:
     """A job after one that a signal stopped: the sweep ends there, and this job's ``summary.json`` says why."""
     console.print(f"[bold yellow]job {run_dir.name}: not started[/] ({why}, which stops the sweep)")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if (outputs.read_summary(run_dir) or {}).get("status") == "completed":  # a sweep run again: its results stand
+        return
     summary = {"status": "not started", "error": {"exception": f"{why}, which stopped the sweep"}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 

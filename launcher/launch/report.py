@@ -82,6 +82,8 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
 
 def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
     """A run stopped by a signal (exit ``code``, 128 + the signal): its summary.json says so, and where it saved."""
+    if (outputs.read_summary(run_dir) or {}).get("status") == "completed":  # the signal came after the run had completed
+        return
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
                "exit_code": code, "checkpoint": str(checkpoint) if checkpoint else None, "checkpoint_step": step}

@@ -211,10 +211,13 @@ def _folder_importable(path: Path) -> Iterator[None]:
     whose name is an installed package's (``yaml.py``) cannot replace that package for dlaunch."""
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
+    entry = sys.path[0]
     try:
         yield
     finally:
-        sys.path.remove(folder)
+        at = next((i for i, p in enumerate(sys.path) if p is entry), None)  # ours, not one the recipe put there itself
+        if at is not None:
+            del sys.path[at]
         if folder not in sys.path:
             sys.path.append(folder)
 

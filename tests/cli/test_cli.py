@@ -32,7 +32,7 @@ def test_a_dry_run_in_a_finished_runs_directory_leaves_its_files_alone(run_dlaun
     """`dlaunch resume RUN launch.dry_run=true` (or hydra.run.dir=RUN) previews; it used to delete the run's results."""
     proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=10", "trainer.log_every=5")
     assert proc.returncode == 0, proc.stderr
-    before = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "metrics.jsonl", "summary.json")}
+    before = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "metrics.jsonl", "summary.json", ".hydra/overrides.yaml")}
     proc, _ = run_dlaunch("recipe=linear", "trainer.steps=20", "launch.dry_run=true")
     assert proc.returncode == 0 and "dry run" in proc.stdout, proc.stderr
     assert {name: (run_dir / name).read_bytes() for name in before} == before

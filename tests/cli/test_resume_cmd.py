@@ -72,3 +72,52 @@ def test_resume_composes_the_runs_own_primary_config_again(tmp_path):
     done = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)  # nothing left to train
     assert done.returncode == 0 and "from step 6" in done.stdout, done.stderr[-3000:]
     assert summary(run_dir)["examples_per_sec"] > 0  # the last logged rate, not this command's 0 steps
+
+
+def test_rerun_keeps_the_order_drops_a_dry_run_and_carries_a_sweeps_hydra_overrides(tmp_path):
+    from omegaconf import OmegaConf
+
+    from launcher.cli.resume import rerun_args
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(["trainer.seed=1", "launch.dry_run=true", "trainer.steps=9", "trainer.resume=never"]),
+                   run / ".hydra" / "overrides.yaml")
+    assert rerun_args(run, ["trainer.steps=20"]) == [
+        "trainer.seed=1", "trainer.steps=20", "trainer.resume=auto", f"hydra.run.dir={run}"]  # in place, dry run gone
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    OmegaConf.save(OmegaConf.create({"hydra": {
+        "overrides": {"hydra": [f"hydra.sweep.dir={sweep}", "hydra.mode=MULTIRUN", "hydra/launcher=submitit_local"],
+                      "task": ["trainer.seed=1,2", "trainer.steps=9"]},
+        "job": {"config_name": "config"}, "runtime": {"config_sources": []}}}), sweep / "multirun.yaml")
+    assert rerun_args(sweep, ["trainer.steps=20"]) == [
+        "-m", "hydra/launcher=submitit_local", "trainer.seed=1,2", "trainer.steps=20", "trainer.resume=auto",
+        f"hydra.sweep.dir={sweep}"]
+
+
+def test_a_sweep_of_a_users_recipe_without_checkpoints_resumes_keeping_its_completed_jobs(tmp_path):
+    """The sweep records what the user typed (recipe=mine.py, not dlaunch's stored option), and a completed job with
+    no checkpoint is kept as it is, not trained again from step 0 over its results."""
+    assert dlaunch("recipes", "cp", "linear", str(tmp_path), cwd=tmp_path).returncode == 0
+    sweep = tmp_path / "sweep"
+    first = dlaunch("-m", "recipe=linear.py", "trainer.seed=1,2", "trainer.steps=3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = [(sweep / n / "metrics.jsonl").read_bytes() for n in "01"]
+    again = dlaunch("resume", str(sweep), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("completed already (summary.json)") + again.stderr.count("completed already (summary.json)") == 2
+    assert [(sweep / n / "metrics.jsonl").read_bytes() for n in "01"] == before
+    assert [summary(sweep / n)["status"] for n in "01"] == ["completed", "completed"]
+
+
+def test_a_job_not_started_after_a_stop_keeps_its_earlier_completed_results(tmp_path):
+    import json
+
+    from rich.console import Console
+
+    from launcher.cli.sweep_jobs import not_started
+
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "final_loss": 0.5}))
+    not_started(tmp_path, "job 0 was stopped by SIGINT", Console(file=open(tmp_path / "out.txt", "w")))
+    assert summary(tmp_path) == {"status": "completed", "final_loss": 0.5}
