@@ -45,7 +45,7 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
         return 0
     if all(c.stopped_by for c in real):
         name = real[0].stopped_by
-        log.warning("the workers were sent %s (dlaunch was not): they stopped together after their save", name)
+        log.warning("the workers were sent %s (dlaunch was not): they stopped as dlaunch stops them, not by failing", name)
         return 128 + int(signal.Signals[name])
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
