@@ -133,3 +133,11 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed"] * 3
     assert "resumed from" in again.stderr and logged_steps(sweep / "2") == list(range(1, 41))
+
+
+def test_a_dry_run_sweep_shows_each_plan_and_no_failed_jobs(tmp_path):
+    """A preview runs no job: no sweep table of jobs 'failed' for want of a summary, exit 0, no Hydra record."""
+    proc = dlaunch("-m", "trainer.seed=1,2", "launch.dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "job 1 in" in proc.stdout and "failed" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "sweep" / "0" / ".hydra").exists()
