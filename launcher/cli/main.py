@@ -195,9 +195,8 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
     from hydra.types import RunMode
 
     from launcher.cli import resume
-    from launcher.cli.plan import show_summary
     from launcher.config.plan import Plan
-    from launcher.launch import launchers, report
+    from launcher.launch import launchers
     from launcher.runtime import outputs
 
     try:
@@ -230,6 +229,16 @@ def _locked_job(spec: Any, run_dir: Path, cuda: int, console: Console) -> Any:
         outputs.record_command(run_dir)
     code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     _Status.codes.append(code)
+    return _ended(spec, run_dir, code, console)
+
+
+def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
+    """After the launch returned ``code``: a stop's summary and resume hint, a failure for the scheduler, the results."""
+    from launcher.cli import resume
+    from launcher.cli.plan import show_summary
+    from launcher.launch import report
+    from launcher.runtime import outputs
+
     if code >= 128:  # stopped by a signal, after its checkpoint
         checkpoint = resume.saved(spec, run_dir)
         if not spec.cluster.node_rank:

@@ -104,13 +104,14 @@ def _rerun(own: list[str], extra: list[str]) -> list[str]:
     order), resuming from the newest checkpoint; never a dry run (``dlaunch resume RUN launch.dry_run=true`` previews
     one resume, not the ones after it)."""
     given = {_key(o): o for o in extra}
+    mine = set(given)
     kept = []
-    for o in own:
+    for o in own:  # a key given twice (the later one won): extra's value takes the first place, the rest go
         if _key(o) in given:
             kept.append(given.pop(_key(o)))
-        elif _key(o) not in ("trainer.resume", "launch.dry_run"):
+        elif _key(o) not in (*mine, "trainer.resume", "launch.dry_run"):
             kept.append(o)
-    return [*kept, *given.values(), *([] if "trainer.resume" in {_key(o) for o in extra} else ["trainer.resume=auto"])]
+    return [*kept, *given.values(), *([] if "trainer.resume" in mine else ["trainer.resume=auto"])]
 
 
 def _key(override: str) -> str:

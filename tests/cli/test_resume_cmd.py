@@ -81,8 +81,8 @@ def test_rerun_keeps_the_order_drops_a_dry_run_and_carries_a_sweeps_hydra_overri
 
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create(["trainer.seed=1", "launch.dry_run=true", "trainer.steps=9", "trainer.resume=never"]),
-                   run / ".hydra" / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create(["trainer.seed=1", "launch.dry_run=true", "trainer.steps=9", "trainer.resume=never",
+                                     "trainer.steps=90"]), run / ".hydra" / "overrides.yaml")
     assert rerun_args(run, ["trainer.steps=20"]) == [
         "trainer.seed=1", "trainer.steps=20", "trainer.resume=auto", f"hydra.run.dir={run}"]  # in place, dry run gone
     sweep = tmp_path / "sweep"
