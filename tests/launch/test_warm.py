@@ -146,3 +146,26 @@ def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_pat
 def _alive(pid: int) -> bool:
     stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
     return bool(stat) and not stat.startswith("Z")
+
+
+def test_a_ctrl_c_while_the_server_imports_ends_it_quietly_and_its_workers_keep_pythons_default():
+    """The guard's SIGINT handler: the server (still importing torch) exits 130 without a traceback; a process it
+    forks gets KeyboardInterrupt, as from Python's own handler."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time\n"
+            "import launcher.launch.forkserver_guard\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), signal.SIGINT); time.sleep(1)\n"
+            "    except KeyboardInterrupt:\n"
+            "        os._exit(7)\n"
+            "    os._exit(0)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('child', os.waitstatus_to_exitcode(status), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+            "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "child 7\n", "")
