@@ -70,13 +70,13 @@ def keep_replayable(run_dir: Path) -> None:
         return
     if job.exists():
         own = [str(o) for o in OmegaConf.load(job)]
-        if user_recipes.as_typed(own) != own:
-            OmegaConf.save(OmegaConf.create(user_recipes.as_typed(own)), job)
+        if (typed := user_recipes.as_typed(own)) != own:
+            OmegaConf.save(OmegaConf.create(typed), job)
     if sweep.exists():
         record = OmegaConf.load(sweep)
         own = [str(o) for o in record.hydra.overrides.task]
-        if user_recipes.as_typed(own) != own:
-            record.hydra.overrides.task = user_recipes.as_typed(own)
+        if (typed := user_recipes.as_typed(own)) != own:
+            record.hydra.overrides.task = typed
             OmegaConf.save(record, sweep)
 
 
@@ -126,9 +126,8 @@ def already_completed(spec: Any, run_dir: Path) -> dict | None:
     were off) and ran its ``trainer.steps``; training it again from step 0 would replace its results."""
     from launcher.runtime import outputs
 
-    summary = outputs.read_summary(run_dir) if RESUMING else None
-    done = summary is not None and summary.get("status") == "completed" and summary.get("steps") == spec.trainer.steps
-    return summary if done else None
+    summary = outputs.read_summary(run_dir) if RESUMING and outputs.completed(run_dir) else None
+    return summary if summary is not None and summary.get("steps") == spec.trainer.steps else None
 
 
 def main(argv: list[str]) -> int:

@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launcher.runtime import outputs
+
 COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds")
 _outcome: dict[str, Any] = {"failed": 0}
 
@@ -109,7 +111,7 @@ def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:
     return [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
 
 
-_CUT_SHORT = ("stopped", "not started")  # a signal stopped the sweep: shown by name, in yellow, not as failures
+_CUT_SHORT = outputs.CUT_SHORT  # a signal stopped the sweep: shown by name, in yellow, not as failures
 
 
 def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:

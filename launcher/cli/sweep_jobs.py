@@ -84,7 +84,7 @@ def not_started(run_dir: Path, why: str, console: Console) -> None:
     """A job after one that a signal stopped: the sweep ends there, and this job's ``summary.json`` says why."""
     console.print(f"[bold yellow]job {run_dir.name}: not started[/] ({why}, which stops the sweep)")
     run_dir.mkdir(parents=True, exist_ok=True)
-    if (outputs.read_summary(run_dir) or {}).get("status") == "completed":  # a sweep run again: its results stand
+    if outputs.completed(run_dir):  # a sweep run again: its results stand
         return
     summary = {"status": "not started", "error": {"exception": f"{why}, which stopped the sweep"}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -82,7 +82,7 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
 
 def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
     """A run stopped by a signal (exit ``code``, 128 + the signal): its summary.json says so, and where it saved."""
-    if (outputs.read_summary(run_dir) or {}).get("status") == "completed":  # the signal came after the run had completed
+    if outputs.completed(run_dir):  # the signal came after the run had completed
         return
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
@@ -92,7 +92,8 @@ def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None
 
 def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
     """The keys of a completed run's summary.json that a run which ended early can fill from what it logged."""
-    records = [r for r in logged(run_dir) if "loss" in r]
+    every = logged(run_dir)  # read once: the losses and the last logged step come from the same records
+    records = [r for r in every if "loss" in r]
     return {
         "status": status,
         "strategy": spec.strategy.name,
@@ -108,6 +109,6 @@ def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
         "wall_seconds": None,
         "param_norm": None,
         "metrics": {},
-        "last_logged_step": last_logged_step(run_dir),
+        "last_logged_step": int(every[-1]["step"]) if every else None,
         "history": outputs.history(run_dir),
     }

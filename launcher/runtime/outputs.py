@@ -71,6 +71,14 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+CUT_SHORT = ("stopped", "not started")  # statuses of a run a signal stopped, and of a sweep's jobs after it
+
+
+def completed(run_dir: Path) -> bool:
+    """The run in ``run_dir`` completed (its summary.json says so)."""
+    return (read_summary(run_dir) or {}).get("status") == "completed"
+
+
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / SUMMARY
     try:

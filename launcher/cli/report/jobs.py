@@ -42,7 +42,7 @@ class Job:
     @property
     def stopped(self) -> bool:
         """Stopped by a signal after its save (``dlaunch resume`` goes on), or a sweep's job not started after that."""
-        return self.summary is not None and self.summary.get("status") in ("stopped", "not started")
+        return self.summary is not None and self.summary.get("status") in outputs.CUT_SHORT
 
     @property
     def metrics(self) -> dict[str, Any]:
