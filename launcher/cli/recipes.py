@@ -30,7 +30,7 @@ from rich.markup import escape
 
 from launcher import strategies
 from launcher.cluster import gpus
-from launcher.config.errors import ConfigError, Problem, did_you_mean, render
+from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean, render
 
 # The cluster shape each strategy is checked with: its unit's example (several replicas where it has them).
 STRATEGY_SHAPES: dict[str, tuple[str, ...]] = {name: unit.example for name, unit in strategies.units().items()}
@@ -283,7 +283,7 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
         if _key(o) == "recipe":
             raise Refused(f"validate checks the recipe in {args.path}; leave out {o!r}")
     cuda = gpus.count() if args.cuda_devices is None else args.cuda_devices
-    problems: list[Problem] = []
+    found: dict[type[ConfigError], list[Problem]] = {ConfigError: [], UserCodeError: []}
     for path in find_recipe_yamls(Path(args.path).expanduser()):
         try:
             option = composer.recipe_option(path)
@@ -291,7 +291,7 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
         except ConfigError as exc:
             out.print(f"[bold]{escape(str(path))}[/]", soft_wrap=True)
             out.print(f"  [red]FAIL[/]  {escape(_summary(exc.problems))}", soft_wrap=True)
-            problems += [p for p in exc.problems if p not in problems]
+            _collect(found, exc)
             continue
         out.print(f"[bold]{escape(str(path))}[/]: recipe {escape(str(recipe.name))}, runs {escape(str(recipe.entry))}", soft_wrap=True)
         declared = recipe.get("strategies")
@@ -301,13 +301,25 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
                 composer.compose_and_validate([f"recipe={option}", *overrides], cuda)
             except ConfigError as exc:
                 out.print(f"  [red]FAIL[/]  {escape(label)}: {escape(_summary(exc.problems))}", soft_wrap=True)
-                problems += [p for p in exc.problems if p not in problems]
+                _collect(found, exc)
                 continue
             out.print(f"  [green]ok[/]    {escape(label)}", soft_wrap=True)
-    if problems:
-        render(ConfigError(problems))
-        return 2
-    return 0
+    return _verdict(found)
+
+
+def _collect(found: dict[type[ConfigError], list[Problem]], exc: ConfigError) -> None:
+    """Each problem once, with its kind: the recipe's own code failing, or the config."""
+    kind = UserCodeError if isinstance(exc, UserCodeError) else ConfigError
+    found[kind] += [p for p in exc.problems if p not in found[kind]]
+
+
+def _verdict(found: dict[type[ConfigError], list[Problem]]) -> int:
+    """The problems as a run would show them, under the same titles; a run's exit code: 2 for the config, else 1
+    where only the recipe's code failed (an import error), else 0."""
+    for kind, problems in found.items():
+        if problems:
+            render(kind(problems))
+    return 2 if found[ConfigError] else 1 if found[UserCodeError] else 0
 
 
 # ----- command line -----

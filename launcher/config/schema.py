@@ -22,6 +22,7 @@ from launcher import strategies
 
 # Every strategy's model, from its own file in launcher/strategies/ (the registry finds them).
 StrategySpec = strategies.spec_union()
+StrategyName = Literal[tuple(strategies.available())]  # type: ignore[valid-type]
 
 
 def __getattr__(name: str) -> Any:
@@ -203,7 +204,7 @@ class RecipeSpec(BaseModel):
 
     name: str = Field(min_length=1)
     entry: str = Field(min_length=1, description="module name, or path to the recipe's .py file")
-    strategies: list[str] = Field(default_factory=list, description="strategies the recipe declares it supports")
+    strategies: list[StrategyName] = Field(default_factory=list, description="strategies the recipe declares it supports")
 
 
 class SweepSpec(Strict):

@@ -1,8 +1,8 @@
 """A user's own recipe, by name or by path: ``recipe=mine``, ``recipe=path/to/mine.py``, ``recipe=path/to/mine.yaml``.
 
 ``recipe=mine`` finds ``DIR/recipe/mine.yaml`` under a ``--config-dir DIR``; a value that ends in ``.py``,
-``.yaml`` or ``.yml``, or holds a ``/``, is a file (relative to the current directory). Each is read here,
-once, and stored in Hydra's ConfigStore as the option ``user/NAME`` in the ``recipe`` group, and the override
+``.yaml`` or ``.yml``, or holds a ``/``, is a file (relative to the current directory). Each is read here
+(once per command), and stored in Hydra's ConfigStore as the option ``user/NAME`` in the ``recipe`` group, and the override
 is rewritten to choose it. So the user's recipe *replaces* the default recipe (no keys merged in from
 ``recipe=linear``), its ``entry`` is relative to the YAML that names it, and its YAML needs no
 ``# @package _global_`` header: its first line can be the command that runs it.
@@ -94,17 +94,22 @@ def _entry(path: Path, entry: Any, shipped: dict[str, Path]) -> str:
 
 
 def option_for(path: Path, shipped: dict[str, Path]) -> str:
-    """Store the recipe at ``path`` under an option of its own (``user/STEM``, numbered if that stem is taken)."""
-    for known, source in OPTIONS.items():
-        if source == path:
-            return known
-    option, n = f"{GROUP}/{path.stem}", 1
-    while option in OPTIONS:
-        n += 1
-        option = f"{GROUP}/{path.stem}_{n}"
+    """Store the recipe at ``path`` under an option of its own (``user/STEM``, numbered if that stem is taken).
+
+    The file is read again at each call (once per command), so a second command in the same process sees an edit.
+    """
+    option = next((known for known, source in OPTIONS.items() if source == path), None) or _free_option(path.stem)
     ConfigStore.instance().store(group=f"recipe/{GROUP}", name=option.split("/", 1)[1], node=node(path, shipped),
                                  package="_global_", provider="dlaunch user recipe")
     OPTIONS[option] = path
+    return option
+
+
+def _free_option(stem: str) -> str:
+    option, n = f"{GROUP}/{stem}", 1
+    while option in OPTIONS:
+        n += 1
+        option = f"{GROUP}/{stem}_{n}"
     return option
 
 

@@ -261,3 +261,34 @@ def test_validate_refuses_what_is_no_recipe(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 2
     out, err = capsys.readouterr()
     assert "cannot read this YAML" in err and "line 2" in err and "Traceback" not in out + err
+
+
+def test_validate_reports_an_import_error_as_a_run_does(tmp_path, capsys):
+    """The recipe's own code failing at import: exit 1 and the run's title, in validate as in a run."""
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    py = dest / "linear.py"
+    py.write_text(py.read_text() + "import no_such_module_here\n")
+    capsys.readouterr()
+    assert main(["validate", str(dest), "--cuda-devices", "0"]) == 1
+    out, err = capsys.readouterr()
+    assert "the recipe's code failed (1 problem)" in err and "invalid configuration" not in err
+    assert "no_such_module_here" in err and "Traceback" not in out + err
+    config = dest / "recipe" / "linear.yaml"
+    config.write_text(config.read_text().replace("    lr: 0.05\n", "    lr: -1\n"))
+    py.write_text(py.read_text().replace("import no_such_module_here\n", ""))
+    assert main(["validate", str(dest), "--cuda-devices", "0"]) == 2  # a config problem decides the exit code
+    assert "invalid configuration" in capsys.readouterr().err
+
+
+def test_a_run_names_a_mistyped_strategy_in_the_recipes_list(tmp_path, capsys):
+    """A typo in the YAML's ``recipe.strategies`` is an error of the run too, not only of validate."""
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    config = dest / "recipe" / "linear.yaml"
+    text = config.read_text()
+    config.write_text(text.replace("strategies: [one_device, mirrored,", "strategies: [one_device, mirored,", 1))
+    assert config.read_text() != text
+    proc = dlaunch("--config-dir", str(dest), "recipe=linear", "launch.dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "recipe.strategies.1 = mirored" in proc.stderr and "did you mean mirrored?" in proc.stderr
