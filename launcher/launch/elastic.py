@@ -30,7 +30,7 @@ from launcher.cluster.interface import node_route
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch import rendezvous, report, warm
-from launcher.runtime import outputs
+from launcher.runtime import outputs, progress
 
 log = logging.getLogger("dlaunch")
 WORKER_MODULE = "launcher.runtime.worker"
@@ -52,7 +52,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
                 stale.unlink()
     path = state / ("job.json" if node is None else f"job-node{node}.json")
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
-                                "run_dir": str(run_dir.resolve())}))
+                                "run_dir": str(run_dir.resolve()), "log_file": progress.launcher_log()}))
     return path
 
 

@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from launcher.checkpoint import layout
 from launcher.config.schema import RunSpec
 from launcher.launch import failures
-from launcher.runtime import outputs
+from launcher.runtime import outputs, progress
 
 log = logging.getLogger("dlaunch")
 
@@ -76,6 +76,7 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
     root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
     text = failures.as_text(root, list(others), last_logged_step(run_dir))
     (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
+    progress.file_only(logging.ERROR, text)
     summary = {**_partial_summary(spec, run_dir, "failed"), "last_completed_step": root.last_step, "error": root.as_dict()}
     outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
 

@@ -25,6 +25,36 @@ def setup_logging(rank: int, console: Console, who: str | None = None) -> None:
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
+FILE_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - {tag}%(message)s"  # conf/hydra/job_logging/dlaunch.yaml's
+
+
+def launcher_log() -> str | None:
+    """The file the launcher logs to (Hydra's ``RUN_DIR/dlaunch.log``), for its workers to append to; None: no file."""
+    handler = next((h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
+    return handler.baseFilename if handler else None
+
+
+def log_to_file(path: str | None, rank: int) -> None:
+    """Append this worker's lines to the launcher's log file too, in its format (``[rankN]`` for all but rank 0):
+    the run directory keeps rank 0's progress and every rank's warnings, not only the terminal."""
+    if not path:
+        return
+    try:
+        handler = logging.FileHandler(path, mode="a", delay=True)
+    except OSError:  # the terminal and logs/ still have the lines
+        return
+    handler.setFormatter(logging.Formatter(FILE_FORMAT.format(tag=f"[rank{rank}] " if rank else "")))
+    logging.getLogger().addHandler(handler)
+
+
+def file_only(level: int, text: str) -> None:
+    """``text`` into the launcher's log file alone: what the terminal already showed in a panel (a root cause)."""
+    record = logging.LogRecord(log.name, level, __file__, 0, "%s", (text,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def console_handler(console: Console, tag: str = "") -> logging.Handler:
     """Rich on a terminal; off one (a file, a pipe) plain ``LEVEL message`` lines, unpadded and unwrapped."""
     if console.is_terminal:

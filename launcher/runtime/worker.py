@@ -24,7 +24,7 @@ from launcher.launch.parent_death import die_with_parent
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
 from launcher.runtime.preemption import Preempted
-from launcher.runtime.progress import log, setup_logging
+from launcher.runtime.progress import log, log_to_file, setup_logging
 
 
 def die_with_launcher() -> None:
@@ -68,6 +68,7 @@ def run(job_path: Path) -> int:
     rank = task.rank if task is not None else (env.rank if env else 0)
     console = Console(stderr=True)
     setup_logging(rank, console)
+    log_to_file(job.get("log_file"), rank)
     if task is None and already_completed(run_dir, env):
         log.warning("restart %d: every rank had already completed this run; nothing to redo", env.restart_count)
         return 0

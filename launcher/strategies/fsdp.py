@@ -41,7 +41,7 @@ class FSDPSpec(StrategyUnit, FSDPOptions):
     refuses: ClassVar[dict[str, str]] = {
         "fp16-mixed": "GradScaler checks only this rank's gradient shard for inf/NaN, so ranks could disagree on "
                       "skipping a step; use trainer.precision=bf16-mixed (FSDP's MixedPrecisionPolicy, no scaler)",
-        "fused-sgd": "its parameters are DTensors, and torch's DTensor has fused kernels for Adam and AdamW only; "
+        "fused-non-adam": "its parameters are DTensors, and torch's DTensor has fused kernels for Adam and AdamW only; "
                      "use recipe.optimizer.implementation=foreach",
     }
 

@@ -42,7 +42,7 @@ class MeshSpec(StrategyUnit):
     example: ClassVar[tuple[str, ...]] = ("cluster=1x4",)
     refuses: ClassVar[dict[str, str]] = {
         "fp16-mixed": "GradScaler does not unscale the split layers' DTensor gradients; use trainer.precision=bf16-mixed",
-        "fused-sgd": "the split layers' parameters are DTensors, and torch's DTensor has fused kernels for Adam and "
+        "fused-non-adam": "the split layers' parameters are DTensors, and torch's DTensor has fused kernels for Adam and "
                      "AdamW only; use recipe.optimizer.implementation=foreach",
     }
 

@@ -142,3 +142,8 @@ def test_one_device_in_process_tells_the_last_completed_step_as_workers_do(tmp_p
         assert proc.returncode == 1, proc.stderr[-3000:]
         assert "last completed step 4" in " ".join((proc.stdout + proc.stderr).split()), (strategy, proc.stderr[-3000:])
         assert json.loads((run_dir / "summary.json").read_text())["last_completed_step"] == 4, strategy
+        # RUN_DIR/dlaunch.log keeps what the terminal showed: rank 0's progress (a worker's, under mirrored)
+        # and the root cause, once
+        text = (run_dir / "dlaunch.log").read_text()
+        assert "][dlaunch][INFO] - step 1/10" in text and text.count("root cause") == 1, (strategy, text)
+        assert "last completed step 4" in text, (strategy, text)
