@@ -145,9 +145,13 @@ def _legend(ax: Axes, n: int) -> None:
 
 
 def _step_axis(ax: Axes, values: list[float]) -> None:
-    """Integer steps on x; a log y-axis for a curve that falls by more than 20x, as losses do."""
+    """Integer steps on x (one logged step gets its neighbours, not ticks at 4.68, 4.74, ...); a log y-axis for a
+    curve that falls by more than 20x, as losses do."""
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    low, high = ax.get_xlim()
+    if high - low < 2:
+        ax.set_xlim((low + high) / 2 - 1, (low + high) / 2 + 1)
     finite = [v for v in values if math.isfinite(v)]
     if finite and min(finite) > 0 and max(finite) / min(finite) > 20:
         ax.set_yscale("log")

@@ -38,6 +38,15 @@ def test_a_runs_loss_names_its_recipe_strategy_and_cluster(tmp_path):
     assert_real_png(plots.save(fig, tmp_path / "loss.png"))
 
 
+def test_a_run_that_logged_one_step_gets_whole_steps_on_x(tmp_path):
+    write_run(tmp_path / "run", lr=0.05, steps=1, extra=True)
+    (job,) = loaded(tmp_path / "run")
+    for fig in (plots.run_loss(job), plots.run_metrics(job)):
+        for ax in fig.axes:
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert ticks and all(t == int(t) for t in ticks) and 1 in ticks, ticks
+
+
 def test_a_killed_run_is_named_from_its_config_and_drawn_dashed(tmp_path):
     write_run(tmp_path / "run", lr=0.05, status=None, where=("linear", "one_device", "1x1"))
     write_run(tmp_path / "failed", lr=0.05, status="failed", where=("linear", "mirrored", "1x2"))
