@@ -35,6 +35,10 @@ from launcher.input.position import Position
 
 __all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors"]
 log = logging.getLogger("dlaunch")
+# What to do about the storage, by the error it gave (any other: "Mend the storage").
+_REMEDY = {errno.ENOSPC: "Free space there", errno.EDQUOT: "Free space there (or raise the quota)",
+           errno.EACCES: "Make it writable for this user", errno.EPERM: "Make it writable for this user",
+           errno.EROFS: "Save to a writable file system (trainer.checkpoint.dir)"}
 
 
 def root_of(spec: RunSpec, run_dir: Path) -> Path:
@@ -186,8 +190,9 @@ class Checkpointer:
             if self.rank == 0:
                 log.warning("%s; training continues (trainer.checkpoint.on_error=warn)", message)
             return None
-        raise CheckpointError(f"{message}. Free space there and run the same command again (trainer.resume=auto "
-                              "continues from it), or set trainer.checkpoint.on_error=warn to train on without this save")
+        raise CheckpointError(f"{message}. {_REMEDY.get(cause.errno, 'Mend the storage')} and run the same command "
+                              "again (trainer.resume=auto continues from it), or set trainer.checkpoint.on_error=warn to "
+                              "train on without this save")
 
     def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any,
                    loop: dict[str, torch.Tensor]) -> None:

@@ -12,15 +12,16 @@ written, renames the directory to ``step-N`` (one atomic rename) and only then
 rewrites ``latest`` (write + ``os.replace``). So a process killed at any moment
 leaves ``latest`` naming a complete checkpoint.
 
-Resuming takes the checkpoint ``latest`` names, else the newest ``step-N``; one
-that fails its check (``choose``) is passed over for the next newest, and the
-caller is told which and why.
+Resuming takes the newest ``step-N`` (the one ``latest`` names, unless writing the
+marker itself failed after the commit); one that fails its check (``choose``) is
+passed over for the next newest, and the caller is told which and why.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from typing import Any
 from launcher.checkpoint import integrity
 from launcher.checkpoint.errors import CheckpointError
 
+log = logging.getLogger("dlaunch")
 LATEST = "latest"
 MANIFEST = "manifest.json"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -62,10 +64,8 @@ def complete_steps(root: Path) -> list[Path]:
 
 
 def latest(root: Path) -> Path | None:
-    """The checkpoint ``latest`` names (a ``step-N`` beside it, nothing else); without one, the newest complete."""
-    name = _latest_name(root)
-    if name and is_complete(root / name):
-        return root / name
+    """The newest complete checkpoint: the one ``latest`` names, unless writing that marker failed after the step's
+    commit (``choose`` takes the same one, intact)."""
     steps = complete_steps(root)
     return steps[-1] if steps else None
 
@@ -94,13 +94,18 @@ def check(path: Path, full: bool = True) -> str | None:
 
 
 def choose(root: Path, full: bool = True) -> Choice:
-    """The checkpoint ``latest`` names if intact, else the newest intact ``step-N`` under ``root``."""
+    """The newest intact ``step-N`` under ``root``.
+
+    ``latest`` names it unless the marker's own write failed after the step's commit (a disk that filled up just
+    then): the committed step still wins. A ``latest`` naming a step that is gone is reported as skipped.
+    """
     if not root.is_dir():
         return Choice(None)
     named = _latest_name(root)
-    candidates = [root / named] if named else []
     found = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()), reverse=True)
-    candidates += [p for _, p in found if p.name != named]
+    candidates = [p for _, p in found]
+    if named and root / named not in candidates:
+        candidates.insert(0, root / named)
     skipped = []
     for path in candidates:
         why = check(path, full)
@@ -122,7 +127,7 @@ def newer_steps(path: Path) -> list[Path]:
 def _latest_name(root: Path) -> str | None:
     try:
         name = (root / LATEST).read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):  # unreadable, or garbled (a flipped bit): the step directories decide
         return None
     return name if _STEP.match(name) else None
 
@@ -183,7 +188,12 @@ def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
         shutil.rmtree(replaced, ignore_errors=True)
         os.replace(final, replaced)
     os.replace(partial, final)
-    _point_latest(final)
+    try:
+        _point_latest(final)
+    except OSError as exc:  # the step is saved; resuming takes the newest intact step, named by the marker or not
+        (final.parent / (LATEST + ".tmp")).unlink(missing_ok=True)
+        log.warning("checkpoint %s is saved, but the %s marker could not follow it (%s): a resume takes the newest "
+                    "intact step all the same", final.name, LATEST, exc.strerror or exc)
     shutil.rmtree(replaced, ignore_errors=True)
     prune(partial.parent, keep, protect=final)
     return final

@@ -13,21 +13,26 @@ from typing import Callable
 
 
 def entry() -> None:
-    from launcher.cli import usage
+    from launcher.cli import interrupts, usage
+
+    interrupts.note_early()  # a Ctrl-C while torch imports would be lost inside it: noted, acted on at a safe point
 
     answered = usage.early_exit(sys.argv[1:])  # --help, --version, torchrun flags: answered before torch is imported
     if answered is not None:
         sys.exit(answered)
     from launcher.launch import warm
 
-    warm.start_early(sys.argv[1:])
-    from launcher.cli.main import main
-
     try:
+        warm.start_early(sys.argv[1:])
+        from launcher.cli.main import main
+
         code = main()
+    except KeyboardInterrupt:  # a Ctrl-C before the run's own handling took over: nothing started worth a traceback
+        print("dlaunch: stopped by Ctrl-C before training started", file=sys.stderr, flush=True)
+        code = 130
     finally:
         _quietly(warm.shutdown)  # every worker has ended by now: the server follows, and is reaped
-    leave(code)
+    leave(130 if interrupts.requested() and code == 0 else code)  # noted where nothing acted on it (--cfg job)
 
 
 def _quietly(stop: Callable[[], None]) -> None:

@@ -335,14 +335,20 @@ def parser() -> argparse.ArgumentParser:
     cp.add_argument("dest", metavar="DEST", help="directory to copy into (created if missing)")
     cp.add_argument("--force", action="store_true", help="overwrite files already in DEST")
     va = sub.add_parser("validate", help="compose and validate a recipe config under every strategy it declares",
+                        usage="dlaunch recipes validate [-h] [--cuda-devices N] PATH [OVERRIDE ...]",
                         description="Compose PATH (a recipe YAML, or a directory holding recipe YAMLs, e.g. one made by "
                                     "dlaunch recipes cp) with dlaunch's defaults and each strategy it declares, and "
-                                    "validate it as a run would. Exit 0 when all pass, 2 otherwise.")
-    va.add_argument("path", metavar="PATH", help="a recipe YAML, or a directory holding one")
+                                    "validate it as a run would. Exit 0 when all pass, 2 for a config problem, 1 "
+                                    "where only the recipe's own code failed (as a run exits).")
+    va.add_argument("path", nargs="?", metavar="PATH", help="a recipe YAML, or a directory holding one")
     va.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides, as for dlaunch (strategy=X checks X alone)")
     va.add_argument("--cuda-devices", type=int, default=None, metavar="N",
                     help="CUDA devices per node to validate for (default: this machine's)")
+    COMMAND_PARSERS["validate"] = va
     return p
+
+
+COMMAND_PARSERS: dict[str, argparse.ArgumentParser] = {}
 
 
 COMMANDS = {"ls": cmd_ls, "cp": cmd_cp, "validate": cmd_validate}
@@ -357,6 +363,8 @@ def main(argv: list[str]) -> int:
             args.overrides = [*args.overrides, *extra]  # overrides given after an option
         elif extra:
             p.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command == "validate" and args.path is None:  # argparse would name OVERRIDE as required too
+            COMMAND_PARSERS["validate"].error("the following argument is required: PATH")
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return exc.code if isinstance(exc.code, int) else 2
     out = Console(highlight=False)

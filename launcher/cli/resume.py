@@ -38,6 +38,9 @@ def saved(spec: Any, run_dir: Path) -> Path | None:
 
 def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -> str:
     """The lines shown when a run stopped on a signal: what was saved (``checkpoint``), and how to go on."""
+    if spec.script is not None:
+        return (f"stopped (exit {code}); the script saves its own checkpoints (ScriptStopped reached it); "
+                f"{command(run_dir)} runs it again with the same arguments")
     if checkpoint is None:
         why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"
         return (f"stopped (exit {code}); no checkpoint to resume from: {why}; "
@@ -90,7 +93,8 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     if (run_dir / SWEEP_FILE).exists() and not hydra_dir.exists():  # a sweep: every job again, each from its checkpoint
         recorded = OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides
         own = user_recipes.as_typed([str(o) for o in recorded.task])
-        hydra_own = [str(o) for o in recorded.hydra if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode")]
+        hydra_own = [str(o) for o in recorded.hydra
+                     if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir")]
         return [*_config_args(run_dir / SWEEP_FILE), "-m", *hydra_own, *_rerun(own, extra), f"hydra.sweep.dir={run_dir}"]
     if not (hydra_dir / "overrides.yaml").exists():
         raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
@@ -122,8 +126,9 @@ RESUMING: list[bool] = []  # set by `dlaunch resume`: a completed run with nothi
 
 
 def already_completed(spec: Any, run_dir: Path) -> dict | None:
-    """Under ``dlaunch resume``: the run's completed summary when it has no checkpoint to go on from (checkpoints
-    were off) and ran its ``trainer.steps``; training it again from step 0 would replace its results."""
+    """Under ``dlaunch resume``: the run's completed summary when it ran its ``trainer.steps``. With no checkpoint
+    (checkpoints were off) training it again from step 0 would replace its results; from its last checkpoint
+    there is nothing left to train, and its summary's throughput and wall time stand."""
     from launcher.runtime import outputs
 
     summary = outputs.read_summary(run_dir) if RESUMING and outputs.completed(run_dir) else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,33 @@ COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value",
 _outcome: dict[str, Any] = {"failed": 0}
 
 
+class _ThisSweep:
+    """When this sweep started, and its directory's earlier ``multirun.yaml`` (Hydra replaces it before any job
+    can refuse)."""
+
+    started: float = 0.0
+    earlier_record: str | None = None
+
+
+REFUSED = "refused-{job}.json"  # SWEEP_DIR/.dlaunch/: a refused job's row, from whichever process ran the job
+
+
 class SweepSummary(Callback):
     """``on_multirun_end``: the sweep's table on the terminal, ``sweep_summary.json`` and ``.csv`` beside the jobs."""
 
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from launcher.cli import resume
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        for stale in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # an earlier command's
+            stale.unlink()
+        record = sweep_dir / resume.SWEEP_FILE
+        _ThisSweep.started = time.time()
+        _ThisSweep.earlier_record = record.read_text() if record.is_file() else None
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        _keep_earlier_record(sweep_dir)
         rows = collect(sweep_dir)
         if not rows:
             return
@@ -47,6 +70,36 @@ class SweepSummary(Callback):
                                     "kept, a stopped job resumes from its checkpoint where it saved one, the others start)")
 
 
+def refused(run_dir: Path, status: str, reason: str) -> None:
+    """A job of a sweep that did not go ahead (``status``: config error, failed, not started), its directory
+    untouched where it held an earlier run: the table shows this job's overrides and why, not what is on disk.
+    Kept beside the sweep, since joblib's and SLURM's jobs run in other processes."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from launcher.config import user_recipes
+
+    if HydraConfig.get().mode != RunMode.MULTIRUN or not run_dir.name.isdigit():
+        return
+    own = [o for o in user_recipes.as_typed([str(o) for o in HydraConfig.get().overrides.task]) if not o.startswith("hydra")]
+    row = {"job": int(run_dir.name), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
+           "error": reason, "dir": str(run_dir)}
+    (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
+    outputs.write_json_atomic(run_dir.parent / outputs.STATE_DIR / REFUSED.format(job=run_dir.name), row)
+
+
+def _keep_earlier_record(sweep_dir: Path) -> None:
+    """A sweep run again in its directory of which no job went ahead (each refused, or a dry run: none wrote its
+    ``.hydra`` record since the sweep started) leaves the earlier record there, so that ``dlaunch resume
+    SWEEP_DIR`` replays the sweep that ran, not the one refused."""
+    from launcher.cli import resume
+
+    records = [d / ".hydra" / "overrides.yaml" for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()]
+    went_ahead = any(r.is_file() and r.stat().st_mtime >= _ThisSweep.started for r in records)
+    if not went_ahead and _ThisSweep.earlier_record is not None:
+        (sweep_dir / resume.SWEEP_FILE).write_text(_ThisSweep.earlier_record)
+
+
 def failed_jobs() -> int:
     """Jobs of the last sweep in this process that did not complete (for the exit code)."""
     return _outcome["failed"]
@@ -59,7 +112,12 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
     for job in [sweep_dir, *jobs]:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
         resume.keep_replayable(job)
-    return [_row(d) for d in jobs if (d / ".hydra").is_dir()]
+    rows = {int(d.name): _row(d) for d in jobs if (d / ".hydra").is_dir()}
+    for path in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # this command's refusals
+        row = _read_json(path)
+        if row:
+            rows[int(row["job"])] = row
+    return [rows[job] for job in sorted(rows)]
 
 
 def _row(job: Path) -> dict[str, Any]:

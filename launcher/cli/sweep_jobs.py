@@ -12,7 +12,6 @@ job's config cannot even be composed (a typo in a key: every job has it).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -66,28 +65,43 @@ def reason(problems: list[Problem]) -> str:
     return "; ".join(f"{p.key}" + (f"={p.value}" if p.has_value else "") + f": {p.message}" for p in problems)
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds an earlier run's record (Hydra's, or a summary), which a job that does not run keeps."""
+    return (run_dir / ".hydra").exists() or (run_dir / outputs.SUMMARY).exists()
+
+
+def status_of(error: ConfigError) -> str:
+    """A refused job's status: its config (exit 2), or the recipe's own code raising while it was read (exit 1)."""
+    return "config error" if error.exit_code == 2 else "failed"
+
+
+def record_not_run(run_dir: Path, status: str, why: str) -> bool:
+    """A job that did not run says so in its ``summary.json``, where its directory holds no earlier run's record
+    (that one stays as it was); whether it did."""
+    if holds_a_run(run_dir):
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    outputs.write_json_atomic(run_dir / outputs.SUMMARY, {"status": status, "error": {"exception": why}})
+    return True
+
+
 def skip(run_dir: Path, error: ConfigError, console: Console) -> int:
-    """An invalid combination's job: its problems on the terminal and in its ``summary.json``; nothing runs.
+    """An invalid combination's job: its problems on the terminal and, where its directory holds no earlier run,
+    in its ``summary.json``; nothing runs.
 
     Returns its exit code: 2 for a config error, 1 when the recipe's own code raised (a failed job).
     """
     console.print(f"[bold red]job {run_dir.name}: not started[/] (the other jobs of the sweep run)")
     render(error, console)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    status = "config error" if error.exit_code == 2 else "failed"
-    summary = {"status": status, "error": {"exception": f"{type(error).__name__}: {reason(error.problems)}"}}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    record_not_run(run_dir, status_of(error), f"{type(error).__name__}: {reason(error.problems)}")
     return error.exit_code
 
 
 def not_started(run_dir: Path, why: str, console: Console) -> None:
-    """A job after one that a signal stopped: the sweep ends there, and this job's ``summary.json`` says why."""
+    """A job after one that a signal stopped: the sweep ends there, and where its directory holds no earlier run
+    (a sweep run again keeps its results) this job's ``summary.json`` says why."""
     console.print(f"[bold yellow]job {run_dir.name}: not started[/] ({why}, which stops the sweep)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if outputs.completed(run_dir):  # a sweep run again: its results stand
-        return
-    summary = {"status": "not started", "error": {"exception": f"{why}, which stopped the sweep"}}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    record_not_run(run_dir, "not started", f"{why}, which stopped the sweep")
 
 
 _first_plan: dict[str, str] = {}

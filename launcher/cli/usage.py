@@ -119,12 +119,15 @@ def flag_message(argv: list[str]) -> str | None:
     if not flags:
         return None
     lines = ["dlaunch takes KEY=VALUE overrides, not launcher flags:"]
+    script = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("script=")), None)
+    unknown = f"unknown option; a script's own arguments go after --: dlaunch script={script} -- ARGS" if script else \
+        "unknown option; dlaunch --help lists the options and settings"
     for name, value in flags:
         given = f"--{name}" + (f"={value}" if value is not None else "")
         if name in _SAME_AS:
             lines.append(f"  {given:<28} use {_SAME_AS[name].format(v=value if value is not None else 'N')}")
         else:
-            lines.append(f"  {given:<28} unknown option; dlaunch --help lists the options and settings")
+            lines.append(f"  {given:<28} {unknown}")
     scripts = [a for a in argv if a.endswith(".py") and "=" not in a]
     if scripts:
         lines.append(f"  {scripts[0]:<28} a script runs as script={scripts[0]} (docs/SCRIPTS.md)")

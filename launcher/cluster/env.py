@@ -133,6 +133,13 @@ def scheduler_tasks(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+def torchrun_single_process(port: int) -> dict[str, str]:
+    """What ``torchrun --nproc_per_node=1`` gives its worker, for a script run in dlaunch's own process: a script
+    that reads ``LOCAL_RANK`` or calls ``init_process_group()`` runs as it does under torchrun."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def error_file() -> str | None:
     """Where the elastic agent wants this worker's root-cause error (JSON)."""
     return os.environ.get("TORCHELASTIC_ERROR_FILE")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.resources
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -24,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
-from launcher.config import pydantic_errors, recipe_rules, user_recipes
+from launcher.config import pydantic_errors, recipe_rules, shapes, user_recipes
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
@@ -32,7 +31,7 @@ from launcher.runtime import recipe as recipe_lib
 
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
-SHAPE = re.compile(r"^(\d+)x(\d+)$")
+SHAPE = shapes.SHAPE
 GENERATED_GROUPS = ("cluster", "recipe")
 CONFIG_DIRS: list[str] = []  # `dlaunch --config-dir DIR`: searched first, as Hydra searches it for the run itself
 CONFIG_NAME = "config"  # `dlaunch --config-name NAME`: the primary config (in a --config-dir, or dlaunch's own)
@@ -63,7 +62,7 @@ def register_configs(overrides: Iterable[str] = ()) -> None:
     """
     for name, path in recipe_files().items():
         _store("recipe", name, (str(path), path.stat().st_mtime_ns), package="_global_")
-    for shape in {"1x1"} | _shapes_in(overrides):
+    for shape in shapes.named(overrides, CONFIG_DIRS, CONFIG_NAME):
         _store("cluster", shape, shape)
 
 
@@ -78,8 +77,7 @@ def _store(group: str, name: str, source: Any, package: str | None = None) -> No
     if group == "recipe":
         node = _shipped_recipe(name, *source)
     else:
-        nodes, devices = (int(v) for v in SHAPE.match(name).groups())
-        node = {**ClusterSpec().model_dump(), "nodes": nodes, "devices_per_node": devices}
+        node = shapes.node(name, ClusterSpec().model_dump())
     store.store(group=group, name=name, node=node, package=package, provider="dlaunch")
     _STORED[(group, name)] = source
 
@@ -95,13 +93,15 @@ def _shipped_recipe(name: str, path: str, mtime_ns: int) -> DictConfig:
 
 def choose_user_recipes(overrides: list[str]) -> list[str]:
     """``overrides`` with ``recipe=NAME`` of a ``--config-dir`` and ``recipe=PATH`` chosen as stored options (user_recipes),
-    and ``recipe.KEY=V`` for a KEY the recipe's YAML leaves out as ``+recipe.KEY=V``.
+    ``recipe.KEY=V`` for a KEY the recipe's YAML leaves out as ``+recipe.KEY=V``, and ``script.KEY=V`` as ``++script.KEY=V``.
 
     A recipe's ``Config`` can have fields its YAML does not list (their defaults stand); Hydra knows only
     the YAML's keys. The ``Config`` still judges the key when the spec is validated: an unknown one is
     named there, with the ``Config``'s fields as what is allowed.
     """
     overrides = user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
+    # script.path=X, script.args=[...]: set or add, under the default `script: null` or a YAML's section alike
+    overrides = [f"++{o}" if _key_of(o).startswith("script.") and o[:1] not in "+~" else o for o in overrides]
     keyed = [o for o in overrides if _key_of(o).startswith("recipe.") and o[:1] not in "+~"]
     if not keyed:
         return overrides
@@ -133,21 +133,14 @@ def recipe_option(path: Path) -> str:
     return path.stem if path in shipped.values() else user_recipes.option_for(path, shipped)
 
 
-def _shapes_in(overrides: Iterable[str]) -> set[str]:
-    shapes = set()
-    for text in overrides:
-        key, _, value = text.partition("=")
-        if key.lstrip("+~") == "cluster":
-            shapes |= {v for v in re.split(r"[,\s\[\]()]+", value) if SHAPE.match(v)}
-    return shapes
-
-
 def parse_overrides(overrides: list[str]) -> list[Override]:
     try:
         return OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as exc:
         first = exc.message.strip().splitlines()[0]
-        raise ConfigError([Problem(key=exc.override, message=f"cannot parse this override: {first}", has_value=False)]) from None
+        script = f"script={exc.override}" if exc.override and exc.override.endswith(".py") and "=" not in exc.override else None
+        raise ConfigError([Problem(key=exc.override, message=f"cannot parse this override: {first}", has_value=False,
+                                   suggestion=script)]) from None
 
 
 def check_group_choices(parsed: list[Override]) -> None:

@@ -68,7 +68,10 @@ def apply(data: dict[str, Any]) -> None:
         return
     if isinstance(script, str):
         script = {"path": script}
-    data["script"] = {**script, "args": [*script.get("args", []), *ARGS]}
+    given = script.get("args") or []
+    if isinstance(given, list):  # `script.args=[--epochs,3]`: Hydra reads 3 as a number, and sys.argv holds strings
+        given = [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in given]
+    data["script"] = {**script, "args": [*given, *ARGS] if isinstance(given, list) else given}
     path = str(script.get("path") or "")
     data["recipe"] = {"name": Path(path).stem or "script", "entry": path or "script"}
 

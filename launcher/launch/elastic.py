@@ -29,7 +29,7 @@ from launcher.cluster.env import worker_env_set, worker_environment
 from launcher.cluster.interface import node_route
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
-from launcher.launch import rendezvous, report, warm
+from launcher.launch import failures, rendezvous, report, warm
 from launcher.runtime import outputs, progress
 
 log = logging.getLogger("dlaunch")
@@ -125,8 +125,9 @@ _HAS_SHUTDOWN_TIMEOUT = "shutdown_timeout" in {f.name for f in dataclasses.field
 
 
 def _quiet_agent() -> None:
-    """The agent logs each failure itself; dlaunch reports the root cause once instead."""
-    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher")
+    """The agent logs each failure itself, and stopping the other workers (warm ones: torch.multiprocessing's
+    "Terminating process N via signal SIGTERM"); dlaunch reports the root cause once instead."""
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing.spawn")
     names = [n for n in logging.Logger.manager.loggerDict if n.startswith(prefixes)]
     for name in (*prefixes, *names):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -220,6 +221,22 @@ class _Agent(LocalElasticAgent):
     """
 
     grace_s: float = 30.0  # set per launch by _graceful_agent
+    _last: Any = None  # the last RunResult seen: what a restart follows
+
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        self._last = super()._monitor_workers(worker_group)
+        return self._last
+
+    def _restart_workers(self, worker_group: Any) -> None:
+        """torch restarts the workers silently (its agent's log is quiet): say which rank failed and why, once."""
+        failed = getattr(self._last, "failures", None) or {}
+        if failed:
+            root = failures.first([failures.from_process_failure(rank, f) for rank, f in failed.items()])
+            limit = worker_group.spec.max_restarts
+            log.warning("%s failed (%s%s); restart %d of %d (launch.max_restarts): the workers start again, from the "
+                        "newest checkpoint where there is one", root.who, root.exit,
+                        f": {root.exception}" if root.exception else "", limit - self._remaining_restarts, limit)
+        super()._restart_workers(worker_group)
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         started = super()._start_workers(worker_group)

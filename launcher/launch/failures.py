@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
 import runpy
 import signal
 import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
+from launcher.runtime import outputs
 from launcher.runtime.heartbeat import CollectiveTimeout
 
 
@@ -59,7 +60,11 @@ def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dic
         },
         "dlaunch": {**(extra or {}), "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()},
     }
-    Path(path).write_text(json.dumps(data))
+    try:
+        outputs.write_json_atomic(Path(path), data)  # the agent parses it: never an empty or half-written file
+    except OSError as err:  # a full or read-only disk: the cause still reaches the terminal, from this rank
+        print(f"dlaunch: rank {rank} could not record its error in {path} ({err}); it was:", file=sys.stderr, flush=True)
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
 
 
 def from_exception(exc: BaseException, rank: int = 0, last_step: int | None = None) -> RootCause:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -75,10 +76,22 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
     """A failed run's summary.json (the same keys as a completed one, plus the root cause) and error.txt (the
     root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
     text = failures.as_text(root, list(others), last_logged_step(run_dir))
-    (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
-    progress.file_only(logging.ERROR, text)
     summary = {**_partial_summary(spec, run_dir, "failed"), "last_completed_step": root.last_step, "error": root.as_dict()}
-    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+    with _unless_unwritable(run_dir / outputs.ERROR):
+        (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
+    progress.file_only(logging.ERROR, text)
+    with _unless_unwritable(run_dir / outputs.SUMMARY):
+        outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+
+
+@contextlib.contextmanager
+def _unless_unwritable(path: Path) -> Iterator[None]:
+    """Writing a run's end into its directory, where that may fail (a full disk, a directory made read-only): the
+    terminal has already shown what the file would hold, so one line says what is missing, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        log.warning("could not write %s (%s): it may be missing, or older than this run", path, exc.strerror or exc)
 
 
 def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
@@ -88,11 +101,25 @@ def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
                "exit_code": code, "checkpoint": str(checkpoint) if checkpoint else None, "checkpoint_step": step}
-    outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+    with _unless_unwritable(run_dir / outputs.SUMMARY):
+        outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+
+
+# What a script's run has no use for: it runs its own loop, not dlaunch's.
+_LOOP_KEYS = ("global_batch_size", "steps", "first_loss", "final_loss", "examples_per_sec", "param_norm", "metrics",
+              "last_logged_step")
 
 
 def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
-    """The keys of a completed run's summary.json that a run which ended early can fill from what it logged."""
+    """The keys of a completed run's summary.json that a run which ended early can fill from what it logged; a
+    script's run names its script and says nothing of steps or losses, as a completed script's summary."""
+    summary = _loop_summary(spec, run_dir, status)
+    if spec.script is None:
+        return summary
+    return {k: v for k, v in summary.items() if k not in _LOOP_KEYS} | {"script": spec.script.command()}
+
+
+def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
     every = logged(run_dir)  # read once: the losses and the last logged step come from the same records
     records = [r for r in every if "loss" in r]
     return {

@@ -66,9 +66,14 @@ def _append_history(run_dir: Path, event: dict[str, Any]) -> None:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """All or nothing: a reader never sees half a file, and a failed write (a full disk) leaves no ``.tmp``."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 CUT_SHORT = ("stopped", "not started")  # statuses of a run a signal stopped, and of a sweep's jobs after it

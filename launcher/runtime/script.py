@@ -63,7 +63,8 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
              ", ".join(strategy.extended.worker_devices), spec.script.command())
     experimental_set_strategy(strategy)
     try:
-        with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise():
+        with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
+                _as_torchrun(env):
             runpy.run_path(spec.script.path, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
@@ -106,6 +107,52 @@ def _as_main(path: str, args: list[str], quiet_argparse: bool) -> Iterator[None]
         argparse.ArgumentParser._print_message = printer  # type: ignore[method-assign]
         sys.argv = saved_argv
         sys.path[:] = saved_path
+
+
+@contextlib.contextmanager
+def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
+    """A torchrun script runs unmodified: its own ``init_process_group(...)`` joins the group dlaunch has already
+    set up (the call returns it, once said in the log), and its ``destroy_process_group()`` leaves that group to
+    dlaunch, which ends it with the other ranks after the script (destroying it here, with dlaunch's own
+    groups' work in flight, deadlocked now and then inside gloo). In one process (no worker environment) the
+    variables torchrun would set (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) are
+    there, and the group the script makes is its own to end."""
+    import torch.distributed as dist
+
+    from launcher.cluster import env as env_lib
+
+    original, destroy, ours = dist.init_process_group, dist.destroy_process_group, dist.is_initialized()
+    said: list[bool] = []
+
+    def left_to_dlaunch(group: Any = None) -> None:
+        if ours and group is None:
+            return None
+        return destroy(group)
+
+    def joined(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            return original(*args, **kwargs)
+        if not said:
+            said.append(True)
+            log.info("the script's init_process_group(): dlaunch has set up the process group already (%s, %d "
+                     "processes); the script uses it", dist.get_backend(), dist.get_world_size())
+        return None
+
+    extra = {} if env is not None else env_lib.torchrun_single_process(_free_port())
+    with env_lib.worker_env_set(extra):
+        dist.init_process_group, dist.destroy_process_group = joined, left_to_dlaunch
+        try:
+            yield
+        finally:
+            dist.init_process_group, dist.destroy_process_group = original, destroy
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -46,6 +46,21 @@ def test_a_lost_latest_marker_falls_back_to_the_newest_complete(tmp_path):
     assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 10)
 
 
+def test_a_garbled_latest_marker_falls_back_to_the_newest_complete(tmp_path):
+    fake_save(tmp_path, 5)
+    fake_save(tmp_path, 10)
+    (tmp_path / "latest").write_bytes(b"\x00\xffjunk")  # not even text
+    assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 10)
+
+
+def test_a_step_committed_when_latest_could_not_follow_is_resumed_from(tmp_path):
+    """The disk filled up between a step's commit and the write of ``latest``: the committed step wins."""
+    fake_save(tmp_path, 5)
+    fake_save(tmp_path, 10)
+    (tmp_path / "latest").write_text("step-00000005\n")
+    assert layout.choose(tmp_path).path == layout.step_dir(tmp_path, 10) and not layout.choose(tmp_path).skipped
+
+
 def test_resume_choices(tmp_path):
     assert layout.resolve("never", tmp_path).path is None
     assert layout.resolve("auto", tmp_path).path is None  # nothing saved yet: start afresh
@@ -92,3 +107,16 @@ def test_a_manifest_without_the_keys_resuming_reads_is_refused(tmp_path):
     (path / "manifest.json").write_text('{"step": 5, "recipe": "linear"}')
     with pytest.raises(CheckpointError, match="missing or mistyped: format, data_position"):
         layout.read_manifest(path)
+
+
+def test_a_latest_marker_that_cannot_be_written_leaves_the_saved_step_saved(tmp_path, monkeypatch, caplog):
+    fake_save(tmp_path, 5)
+
+    def full(step):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(layout, "_point_latest", full)
+    fake_save(tmp_path, 10)  # committed; only the marker failed
+    assert "step-00000010 is saved, but the latest marker could not follow it" in caplog.text
+    assert (tmp_path / "latest").read_text().strip() == "step-00000005"
+    assert layout.latest(tmp_path) == layout.choose(tmp_path).path == layout.step_dir(tmp_path, 10)

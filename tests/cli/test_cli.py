@@ -43,6 +43,8 @@ def test_one_device_run_writes_the_output_contract(run_dlaunch):
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["trainer"]["steps"] == 30 and config["strategy"]["name"] == "one_device"
+    # the recipe section as the recipe's Config read it: a default its YAML leaves out is recorded too
+    assert config["recipe"]["optimizer"]["implementation"] == "auto" and config["recipe"]["noise"] == 0.1
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 10, 20, 30]
     assert all({"step", "loss", "examples_per_sec"} <= r.keys() for r in records)

@@ -292,3 +292,9 @@ def test_a_run_names_a_mistyped_strategy_in_the_recipes_list(tmp_path, capsys):
     proc = dlaunch("--config-dir", str(dest), "recipe=linear", "launch.dry_run=true", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "recipe.strategies.1 = mirored" in proc.stderr and "did you mean mirrored?" in proc.stderr
+
+
+def test_validate_without_a_path_asks_for_the_path_alone(capsys):
+    assert main(["validate"]) == 2
+    err = capsys.readouterr().err
+    assert "the following argument is required: PATH" in err and "OVERRIDE" not in err.splitlines()[-1]

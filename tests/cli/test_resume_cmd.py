@@ -69,9 +69,10 @@ def test_resume_composes_the_runs_own_primary_config_again(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "--config-name myrun" in again.stderr and "from step 4" in again.stdout
     assert summary(run_dir)["recipe"] == "digits" and logged_steps(run_dir) == list(range(1, 7))
+    before = summary(run_dir)
     done = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)  # nothing left to train
-    assert done.returncode == 0 and "from step 6" in done.stdout, done.stderr[-3000:]
-    assert summary(run_dir)["examples_per_sec"] > 0  # the last logged rate, not this command's 0 steps
+    assert done.returncode == 0 and "completed already (summary.json, 6 steps)" in done.stdout + done.stderr, done.stderr[-3000:]
+    assert summary(run_dir) == before  # its throughput and wall time stand, not this command's 0 steps
 
 
 def test_rerun_keeps_the_order_drops_a_dry_run_and_carries_a_sweeps_hydra_overrides(tmp_path):
@@ -106,7 +107,7 @@ def test_a_sweep_of_a_users_recipe_without_checkpoints_resumes_keeping_its_compl
     before = [(sweep / n / "metrics.jsonl").read_bytes() for n in "01"]
     again = dlaunch("resume", str(sweep), cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("completed already (summary.json)") + again.stderr.count("completed already (summary.json)") == 2
+    assert (again.stdout + again.stderr).count("completed already (summary.json") == 2
     assert [(sweep / n / "metrics.jsonl").read_bytes() for n in "01"] == before
     assert [summary(sweep / n)["status"] for n in "01"] == ["completed", "completed"]
 
@@ -121,3 +122,43 @@ def test_a_job_not_started_after_a_stop_keeps_its_earlier_completed_results(tmp_
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "final_loss": 0.5}))
     not_started(tmp_path, "job 0 was stopped by SIGINT", Console(file=open(tmp_path / "out.txt", "w")))
     assert summary(tmp_path) == {"status": "completed", "final_loss": 0.5}
+
+
+def records(run_dir) -> dict:
+    """What a refused command must leave as it was: Hydra's record of the run, its summary and config."""
+    files = [*sorted((run_dir / ".hydra").iterdir()), run_dir / "summary.json", run_dir / "config.yaml"]
+    return {p.name: p.read_bytes() for p in files if p.exists()}
+
+
+def test_a_refused_command_leaves_the_run_it_would_replace_as_it_was(tmp_path):
+    """A command refused in a run's directory (here: its checkpoint is past the new trainer.steps) writes nothing
+    there, so `dlaunch resume` still replays the run's own command."""
+    run_dir = tmp_path / "run"
+    own = ("trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}")
+    assert dlaunch(*own, cwd=tmp_path).returncode == 0
+    before = records(run_dir)
+    refused = dlaunch("trainer.steps=2", "recipe.optimizer.lr=0.9", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert refused.returncode == 2 and "past trainer.steps" in " ".join(refused.stderr.split()), refused.stderr[-3000:]
+    assert records(run_dir) == before
+    again = dlaunch("resume", str(run_dir), cwd=tmp_path)
+    assert again.returncode == 0 and "recipe.optimizer.lr=0.9" not in again.stderr, again.stderr[-3000:]
+
+
+def test_a_sweep_refused_in_an_earlier_sweeps_directory_reports_its_own_jobs_and_keeps_the_earlier(tmp_path):
+    import json
+
+    sweep = tmp_path / "sweep"
+    first = dlaunch("-m", "trainer.steps=4", "trainer.checkpoint.every_steps=2", "recipe.optimizer.lr=0.05,0.02",
+                    f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {n: records(sweep / n) for n in "01"}
+    recorded = (sweep / "multirun.yaml").read_bytes()
+    again = dlaunch("-m", "trainer.steps=2", "trainer.checkpoint.every_steps=2", "recipe.optimizer.lr=0.5,0.3",
+                    "hydra.sweep.dir=sweep", cwd=tmp_path)  # relative, as the default sweep directory is
+    assert again.returncode != 0 and again.stderr.count("past trainer.steps") == 2, again.stderr[-3000:]
+    rows = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(r["overrides"].split()[2], r["status"], r["final_loss"]) for r in rows] == [
+        ("recipe.optimizer.lr=0.5", "config error", None), ("recipe.optimizer.lr=0.3", "config error", None)], rows
+    assert all("past trainer.steps" in r["error"] for r in rows)
+    assert "completed" not in again.stdout.split("sweep summary", 1)[1], again.stdout
+    assert {n: records(sweep / n) for n in "01"} == before and (sweep / "multirun.yaml").read_bytes() == recorded

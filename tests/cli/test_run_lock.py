@@ -25,10 +25,13 @@ def test_a_live_run_keeps_its_directories_to_itself(run_dlaunch, tmp_path):
     try:
         wait_for(lambda: (run_dir / "metrics.jsonl").exists(), timeout_s=120)
         holder = f"pid {first.pid} on host {socket.gethostname()}, started "
+        record = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
 
         proc, _ = run_dlaunch("recipe=linear", "trainer.steps=5", name="first", env=WIDE)
         assert proc.returncode == 2 and "hydra.run.dir" in proc.stdout + proc.stderr and holder in proc.stdout + proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stdout + proc.stderr
+        # the refused command left the live run's record alone: `dlaunch resume` replays the live run's command
+        assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == record
 
         args = ("recipe=linear", "trainer.steps=5", "trainer.checkpoint.every_steps=5", f"trainer.checkpoint.dir={ckpt}")
         proc, second = run_dlaunch(*args, name="second", env=WIDE)

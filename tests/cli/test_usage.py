@@ -45,6 +45,14 @@ def test_torchrun_flags_are_mapped_to_overrides(tmp_path):
         assert expected in proc.stderr, expected
 
 
+def test_torchrun_habits_with_a_script_get_its_dlaunch_form(tmp_path):
+    bare = dlaunch("train.py", cwd=tmp_path)  # torchrun train.py
+    assert bare.returncode == 2 and "did you mean script=train.py?" in bare.stderr, bare.stderr
+    flags = dlaunch("script=train.py", "--epochs", "3", cwd=tmp_path)  # the script's arguments without --
+    assert flags.returncode == 2, flags.stderr
+    assert "a script's own arguments go after --: dlaunch script=train.py -- ARGS" in flags.stderr
+
+
 def test_a_config_error_answers_without_importing_torch(tmp_path):
     code = ("import sys; from launcher.cli.main import main; "
             "sys.argv = ['dlaunch', 'trainer.steps=-1', 'cluster=1x3', 'cluster.device=cpu']; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import main as cli_main
+from launcher.cli import job as cli_job
 from launcher.cli.main import main
 from tests.conftest import FIXTURES, dlaunch
 
@@ -109,7 +109,7 @@ CASES = [
 
 @pytest.mark.parametrize("overrides,key,text", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_config_exits_2_naming_the_key(overrides, key, text, capsys, monkeypatch):
-    monkeypatch.setattr(cli_main, "cuda_devices", lambda: 0)  # the cases mean a machine without a GPU
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)  # the cases mean a machine without a GPU
     assert main(overrides) == 2
     err = capsys.readouterr().err
     assert "invalid configuration" in err
@@ -136,7 +136,7 @@ def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path
 
 
 def test_every_trainer_feature_a_strategy_refuses_is_named_at_once(capsys, monkeypatch):
-    monkeypatch.setattr(cli_main, "cuda_devices", lambda: 0)
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
     assert main(["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "trainer.precision=fp16-mixed",
                  "trainer.compile.enabled=true", "trainer.clip_grad_norm=1.0", "trainer.lr_schedule.decay=cosine"]) == 2
     err = capsys.readouterr().err

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from launcher.cli import job as cli_job
 from launcher.cli import main as cli
 from tests.conftest import dlaunch
 from tests.config import hostile
@@ -77,7 +78,7 @@ def filled(overrides: tuple[str, ...], places: dict[str, str]) -> list[str]:
 def nothing_starts(monkeypatch, tmp_path):
     """An empty working directory, no CUDA, and a Hydra that fails the test if it is ever asked to run a job."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "cuda_devices", lambda: 0)
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
 
     def started(argv):
         raise AssertionError(f"a job was started: {argv}")
@@ -111,7 +112,7 @@ def test_a_hostile_config_is_refused_before_anything_starts(case, places, nothin
 @pytest.mark.parametrize("overrides", VALID, ids=[" ".join(case)[:120] for case in VALID])
 def test_a_valid_config_is_accepted(overrides, places, monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "cuda_devices", lambda: 0)
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
     run_dir = tmp_path / "run"
     code = cli.main([*filled(overrides, places), "launch.dry_run=true", f"hydra.run.dir={run_dir}"])
     assert code == 0, capsys.readouterr().err

@@ -60,3 +60,30 @@ def test_a_stopped_runs_summary_names_the_signal_and_the_checkpoint(tmp_path):
         "final_loss": 2.5}
     report.record_stop(spec(), tmp_path, 143, None)  # checkpoints off, or none complete
     assert (read_summary(tmp_path)["checkpoint"], read_summary(tmp_path)["checkpoint_step"]) == (None, None)
+
+
+def test_a_run_directory_that_cannot_be_written_any_more_loses_its_end_files_with_one_line(tmp_path, monkeypatch, caplog):
+    """A full disk, or a directory made read-only mid-run: the terminal showed the root cause already; writing it
+    into the directory fails with one warning, no traceback, and leaves no half-written summary behind."""
+    write_records(tmp_path, {"step": 1, "loss": 2.5, "examples_per_sec": 10.0})
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(tmp_path), "write_text", full)
+    report.record_failure(spec(), tmp_path, cause(0))
+    report.record_stop(spec(), tmp_path, 143, None)
+    assert caplog.text.count("could not write ") == 3 and "No space left on device" in caplog.text  # error.txt, summary x2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [outputs.METRICS]
+
+
+def test_a_worker_whose_error_file_cannot_be_written_says_its_error_on_stderr(tmp_path, capsys):
+    from launcher.launch import failures
+
+    try:
+        raise ValueError("the real cause")
+    except ValueError as exc:
+        failures.write_error_file(str(tmp_path / "no-such-dir" / "error.json"), exc, 1)
+    err = capsys.readouterr().err
+    assert "rank 1 could not record its error" in err and "ValueError: the real cause" in err
+    assert not (tmp_path / "no-such-dir").exists()

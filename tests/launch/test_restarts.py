@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from tests.conftest import PROBE, command, summary
+from tests.conftest import PROBE, command, summary, with_overrides
 
 pytestmark = pytest.mark.slow
 COMMON = (f"recipe.entry={PROBE}", "recipe.examples=640", "trainer.steps=30", "trainer.log_every=1",
@@ -35,7 +35,7 @@ def start(run_dir: Path, *args: str) -> subprocess.Popen:
     """dlaunch with COMMON and ``args`` (mirrored 1x2 unless ``args`` name a strategy)."""
     shape = () if any(a.startswith("strategy=") for a in args) else MIRRORED
     return subprocess.Popen(
-        command(*COMMON, *shape, *args, f"hydra.run.dir={run_dir}", warm=False),
+        command(*with_overrides((*COMMON, *shape, *args), f"hydra.run.dir={run_dir}"), warm=False),  # before a `--`
         cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"},
     )
@@ -154,6 +154,11 @@ def test_a_worker_that_always_fails_is_tried_n_plus_one_times(tmp_path):
     assert len((run_dir / "attempts-rank1.txt").read_text().split()) == 3, out[-4000:]
     assert "restarts exhausted" in out and "launch.max_restarts=2" in out, out[-4000:]
     assert out.count("root cause") == 1, out[-4000:]
+    # each restart says which rank failed and why, on the terminal and in dlaunch.log
+    for n in (1, 2):
+        line = f"rank 1 failed (exit code 1: RuntimeError: "
+        assert f"restart {n} of 2 (launch.max_restarts)" in out and out.count(line) >= 2, out[-4000:]
+        assert f"restart {n} of 2" in (run_dir / "dlaunch.log").read_text()
     assert summary(run_dir)["status"] == "failed"
 
 

@@ -64,6 +64,13 @@ def test_arguments_after_the_separator_need_a_script(tmp_path):
     assert "no script was given" in proc.stdout + proc.stderr and "--epochs 2" in proc.stdout + proc.stderr
 
 
+def test_the_script_section_set_key_by_key_as_config_md_lists_it(tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc, _ = _run(tmp_path, "script.path=custom_loop.py", "script.args=[--epochs,2]", "launch.dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "custom_loop.py --epochs 2 (as __main__" in proc.stdout
+
+
 def test_a_script_that_raises_shows_its_own_frame_once(run_dlaunch, tmp_path):
     (tmp_path / "broken.py").write_text("import torch\n\n\ndef build():\n    raise ValueError('bad shape 3x4')\n\n\nbuild()\n")
     proc, run_dir = run_dlaunch("script=broken.py", "strategy=mirrored", "cluster=1x2")
@@ -71,7 +78,8 @@ def test_a_script_that_raises_shows_its_own_frame_once(run_dlaunch, tmp_path):
     assert proc.stderr.count("Traceback") == 1  # rank 1 failed alike: one line for it under the panel
     assert proc.stderr.count('broken.py", line 5, in build') == 1
     assert "runpy" not in proc.stdout + proc.stderr and "launcher/runtime" not in proc.stdout + proc.stderr
-    assert not (run_dir / "summary.json").exists() or summary(run_dir)["status"] != "completed"
+    failed = summary(run_dir)  # a script's, as a completed script's: no dlaunch loop, so no steps or losses
+    assert (failed["status"], failed["script"]) == ("failed", "broken.py") and not {"steps", "final_loss"} & failed.keys()
 
 
 def test_an_argument_the_script_rejects_is_reported_once(tmp_path):
@@ -129,3 +137,24 @@ def test_sigterm_stops_every_script_process(tmp_path):
         out = finish(proc, timeout=30)
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM; a script saves its own checkpoints" in out
+    assert "runs it again with the same arguments" in " ".join(out.split()) and "trainer.checkpoint.every_steps" not in out
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_torchrun_script_runs_unmodified_and_trains_as_under_torchrun(processes, tmp_path):
+    """Its own init_process_group() joins dlaunch's group (2 processes) or makes a group of one from the variables
+    torchrun would set (1 process); the losses are torchrun's own."""
+    import subprocess
+    import sys
+
+    shutil.copy(FIXTURES / "torchrun_script.py", tmp_path / "train.py")
+    shape = ("strategy=mirrored", "cluster=1x2") if processes == 2 else ()
+    for _ in range(3 if processes == 2 else 1):  # its destroy_process_group() hung 1 run in 3 when it ended dlaunch's group
+        proc, _ = _run(tmp_path, "script=train.py", *shape)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+                               "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    lines = [line for line in torchrun.stdout.splitlines() if line.startswith("epoch")]
+    assert len(lines) == 2 and f"(world {processes}, local rank 0)" in lines[0]
+    assert [line for line in proc.stdout.splitlines() if line.startswith("epoch")] == lines

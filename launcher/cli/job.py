@@ -1,0 +1,278 @@
+"""One job of ``dlaunch``: Hydra's task function, from its run directory to its summary.
+
+The job locks its directories, chooses what to resume from, shows the plan and launches. Until it goes
+ahead it writes nothing into a directory that holds another run: Hydra's own record of the job
+(``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``, which ``dlaunch resume`` and the sweep table
+read) is written here once the job starts (``hydra.output_subdir`` is null for Hydra). A refused job
+(a directory in use, a checkpoint it cannot go on from, an invalid sweep combination) leaves the
+directory as it was, and a sweep's table shows it refused under its own overrides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launcher.cli import output, scheduled, sweep, sweep_jobs
+from launcher.cluster import admission
+from launcher.cluster.env import scheduler_tasks
+from launcher.config import compose as composer
+from launcher.config.errors import ConfigError, Problem, render
+
+log = logging.getLogger("dlaunch")
+
+
+class Status:
+    """Exit codes of the jobs Hydra ran in this process (one, or one per sweep job)."""
+
+    codes: list[int] = []
+    validated: dict[tuple[str, ...], Any] = {}  # a job's own overrides -> its RunSpec, from the pre-check
+    invalid: dict[tuple[str, ...], ConfigError] = {}  # a sweep job's own overrides -> why it cannot run
+    stopped: str = ""  # "job 0 was stopped by SIGINT": a sweep's later jobs do not start
+
+
+def job_key(overrides: list[str]) -> tuple[str, ...]:
+    """The overrides that shape a job's config (Hydra's own settings do not)."""
+    return tuple(sorted(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))))
+
+
+def cuda_devices() -> int:
+    from launcher.cluster import gpus
+
+    return gpus.count()  # without importing torch: a config error answers at once
+
+
+def task(cfg: Any) -> Any:
+    """Hydra's task function: one job, in Hydra's run directory; its summary, or for Optuna the objective."""
+    summary = _job(cfg)
+    if _optimizing_sweeper():
+        return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")))
+    return summary
+
+
+def _job(cfg: Any) -> Any:
+    """One job: validate (already done by the pre-check), lock its directories, plan, run; its summary (None when
+    refused). A sweep job stopped by a signal stops the sweep: the jobs after it are not started."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from launcher.checkpoint import lock
+
+    console, cuda = output.messages(), cuda_devices()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    key = job_key(list(HydraConfig.get().overrides.task))
+    if key in Status.invalid or Status.stopped:  # an invalid sweep combination, or a job after a stop
+        return _not_run(run_dir, cfg, key, console)
+    try:
+        # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
+        spec = Status.validated.get(key) or composer.validate(cfg, cuda)
+        spec = admission.with_token(scheduled.placed(spec), scheduled=bool(scheduler_tasks()))
+        _checkpoint_dir_writable(spec, run_dir)
+        with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
+            summary = _locked_job(spec, cfg, run_dir, cuda, console)
+    except lock.Busy as exc:
+        busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])
+        return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
+    except ConfigError as exc:
+        return _refused(run_dir, cfg, exc, console)
+    if Status.codes and Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
+        Status.stopped = f"job {run_dir.name} was stopped by {signal.Signals(Status.codes[-1] - 128).name}"
+    return summary
+
+
+def _not_run(run_dir: Path, cfg: Any, key: tuple[str, ...], console: Console) -> None:
+    """A sweep job that does not start: an invalid combination (its reason), or one after a job a signal stopped.
+
+    Its directory gets the job's record and summary only where it holds no earlier run's."""
+    fresh = not sweep_jobs.holds_a_run(run_dir)
+    if key in Status.invalid:
+        error = Status.invalid[key]
+        Status.codes.append(sweep_jobs.skip(run_dir, error, console))
+        sweep.refused(run_dir, sweep_jobs.status_of(error), sweep_jobs.reason(error.problems))
+    else:
+        sweep_jobs.not_started(run_dir, Status.stopped, console)
+        sweep.refused(run_dir, "not started", f"{Status.stopped}, which stopped the sweep")
+    if fresh:
+        record_hydra(run_dir, cfg)
+    return None
+
+
+def _refused(run_dir: Path, cfg: Any, exc: ConfigError, console: Console, write: bool = True) -> None:
+    """A job that cannot go ahead here: its problems on the terminal, its exit code, and its row in a sweep's table.
+    A directory that holds another run stays as it was; a new one records the job and why it did not run."""
+    render(exc, console)
+    Status.codes.append(exc.exit_code)
+    status, why = sweep_jobs.status_of(exc), sweep_jobs.reason(exc.problems)
+    sweep.refused(run_dir, status, why)
+    if write and sweep_jobs.record_not_run(run_dir, status, f"{type(exc).__name__}: {why}"):
+        record_hydra(run_dir, cfg)
+    return None
+
+
+HYDRA_DIR = ".hydra"
+
+
+def record_hydra(run_dir: Path, cfg: Any) -> None:
+    """Hydra's record of this job (``cfg``), as Hydra writes it (config, hydra and overrides YAML), with a user
+    recipe's option as the user typed it: ``dlaunch resume`` and the sweep table read it."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from launcher.config import user_recipes
+
+    hydra = HydraConfig.instance().cfg  # {"hydra": ...}
+    record = run_dir / HYDRA_DIR
+    record.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, record / "config.yaml")
+    OmegaConf.save(hydra, record / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(user_recipes.as_typed([str(o) for o in hydra.hydra.overrides.task])),
+                   record / "overrides.yaml")
+
+
+def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console) -> Any:
+    """The job, once it holds its directories: resume choice, plan, run; the run's summary (None for a dry run).
+    ConfigError: it cannot go ahead, and nothing was written."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from launcher.cli import resume
+    from launcher.config.plan import Plan
+    from launcher.launch import launchers
+    from launcher.runtime import outputs
+
+    resume_from = _checkpoints_usable(spec, run_dir)
+    done = resume.already_completed(spec, run_dir)
+    if done is not None:
+        console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): nothing to resume")
+        Status.codes.append(0)
+        return done
+    plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    # A dry run reads the input files whole, and a ps plan runs the recipe's build(): either may refuse here.
+    sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
+    if spec.launch.dry_run:  # the plan, and the config it would run where no run has written one: a run's files stay
+        if not spec.cluster.node_rank and not (run_dir / outputs.CONFIG).exists():
+            (run_dir / outputs.CONFIG).write_text(as_run(spec))
+        Status.codes.append(0)
+        return None
+    record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
+    if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
+        outputs.start_run(run_dir, resuming=resume_from is not None)
+        (run_dir / outputs.CONFIG).write_text(as_run(spec))
+        outputs.record_command(run_dir)
+    code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
+    Status.codes.append(code)
+    return _ended(spec, run_dir, code, console)
+
+
+def as_run(spec: Any) -> str:
+    """``config.yaml``: the validated config, its recipe section as the recipe's ``Config`` read it (the defaults
+    its YAML leaves out too), so that the file says what ran even after the recipe's code changes."""
+    from omegaconf import OmegaConf
+
+    from launcher.runtime import recipe as recipe_lib
+
+    data = spec.model_dump(mode="json")
+    if spec.script is None:
+        try:
+            config = recipe_lib.load(spec.recipe.model_dump()).config  # imported already, by the validation
+            data["recipe"] = {**data["recipe"], **config.model_dump(mode="json")}
+        except Exception:  # noqa: BLE001 - validated already; the composed section is still a faithful record
+            pass
+    return OmegaConf.to_yaml(data)
+
+
+def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
+    """After the launch returned ``code``: a stop's summary and resume hint, a failure for the scheduler, the results."""
+    from launcher.cli import resume
+    from launcher.cli.plan import show_summary
+    from launcher.launch import report
+    from launcher.runtime import outputs
+
+    if code >= 128:  # stopped by a signal, after its checkpoint
+        checkpoint = resume.saved(spec, run_dir)
+        if not spec.cluster.node_rank:
+            report.record_stop(spec, run_dir, code, checkpoint)
+        console.print(resume.after_signal(spec, run_dir, code, checkpoint))
+    if code and scheduler_tasks():
+        raise scheduled.JobFailed(
+            f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "
+            f"(summary.json) and in the task logs under .submitit/")
+    summary = outputs.read_summary(run_dir)
+    if code == 0 and summary:
+        show_summary(summary, run_dir, output.results())
+    elif code == 0 and spec.cluster.task is not None and spec.cluster.task.type != "chief":
+        console.print(f"{spec.cluster.task.type}:{spec.cluster.task.index} done; the chief ({spec.cluster.master_addr}) "
+                      f"wrote the results; this task's logs: {run_dir / 'logs'}")
+    elif code == 0 and spec.cluster.node_rank:
+        console.print(f"node {spec.cluster.node_rank} of {spec.cluster.nodes} done; rank 0 wrote the results on node 0 "
+                      f"({spec.cluster.master_addr}); this node's worker logs: {run_dir / 'logs'}")
+    return summary
+
+
+def _optimizing_sweeper() -> bool:
+    """Optuna's sweeper wants a number back from each job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
+
+
+def _checkpoint_dir_writable(spec: Any, run_dir: Path) -> None:
+    root = spec.trainer.checkpoint.root(run_dir)
+    why = unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
+    if why:
+        raise ConfigError([Problem(key="trainer.checkpoint.dir", value=str(root), message=why)])
+
+
+def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from (None: none), verified; else ConfigError.
+
+    Each damaged checkpoint passed over gets one warning line; when every one found is damaged, nothing starts.
+    """
+    root = spec.trainer.checkpoint.root(run_dir)
+    if spec.trainer.resume == "never" or (spec.trainer.resume == "auto" and not root.exists()):
+        return None  # nothing to read: no need for torch.distributed.checkpoint in this process
+    from launcher import checkpoint
+    from launcher.checkpoint.errors import START_AFRESH
+
+    try:
+        choice = checkpoint.select(spec, run_dir)
+    except checkpoint.NoIntactCheckpoint as exc:
+        where = root if spec.trainer.resume == "auto" else spec.trainer.resume
+        raise ConfigError([
+            Problem(key="trainer.resume", value=spec.trainer.resume,
+                    message=f"every checkpoint found in {where} is damaged ({len(exc.skipped)}, below); {START_AFRESH}"),
+            *(Problem(key=str(path), has_value=False, message=why) for path, why in exc.skipped),
+        ]) from None
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError([Problem(key="trainer.resume", value=spec.trainer.resume, message=str(exc))]) from None
+    for path, why in choice.skipped:
+        log.warning("%s", checkpoint.skipped_line(path, why))
+    return choice.path
+
+
+def _resuming_from(spec: Any, path: Path | None) -> Any:
+    """The spec the workers get: ``trainer.resume`` names the checkpoint verified here, so they choose nothing again."""
+    if path is None:
+        return spec
+    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"resume": str(path)})})
+
+
+def unusable_dir(value: str) -> str | None:
+    """Why a run directory cannot be made at ``value`` (up to its first interpolation); None if it can."""
+    fixed = value.split("${")[0]
+    path = Path(fixed or ".").expanduser()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if existing.is_dir():
+        if os.access(existing, os.W_OK | os.X_OK):
+            return None
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        return f"cannot write under {existing} ({'read-only file system' if read_only else 'permission denied'})"
+    if existing == path and fixed == value:
+        return f"{path} exists and is not a directory"
+    return f"{existing} is not a directory, so nothing can be made under it"

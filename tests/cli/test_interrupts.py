@@ -1,0 +1,59 @@
+"""A Ctrl-C before the run's own handling: noted, then a clean stop (exit 130, one line, nothing trained)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from launcher.cli import interrupts
+from tests.conftest import command
+
+
+@pytest.fixture
+def noted(monkeypatch):
+    monkeypatch.setattr(interrupts, "_noted", [])
+    monkeypatch.setattr(interrupts, "_before", [])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_the_first_ctrl_c_is_noted_the_second_interrupts_and_hand_over_restores(noted):
+    interrupts.note_early()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs at the next bytecode: no KeyboardInterrupt from it
+    assert interrupts.requested()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    assert interrupts.hand_over() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_where_ctrl_c_is_ignored_it_stays_ignored(noted):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupts.note_early()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and not interrupts.hand_over()
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 0.8])
+def test_a_ctrl_c_in_the_first_second_stops_the_run_cleanly(delay_s, tmp_path):
+    """Sent while dlaunch imports torch (whose import of NumPy swallowed the KeyboardInterrupt: the run trained
+    on to its end) or reads the config (a traceback from inside a library)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(command("strategy=mirrored", "cluster=1x2", "trainer.steps=100000", f"hydra.run.dir={run_dir}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert not (run_dir / "summary.json").exists() or "completed" not in (run_dir / "summary.json").read_text()

@@ -1,0 +1,20 @@
+"""launcher/config/shapes.py: the ``cluster=NxM`` options a command can choose."""
+
+from __future__ import annotations
+
+from launcher.config import shapes
+
+
+def test_shapes_come_from_the_overrides_and_from_a_primary_configs_defaults(tmp_path):
+    (tmp_path / "myrun.yaml").write_text("defaults:\n  - config\n  - override cluster: 2x4\n  - override /strategy: mirrored\n"
+                                         "  - _self_\n")
+    (tmp_path / "other.yaml").write_text("defaults:\n  - override cluster: 8x8\n")
+    found = shapes.named(["cluster=1x2,4x1", "trainer.steps=3"], [str(tmp_path)], "myrun")
+    assert found == {"1x1", "1x2", "4x1", "2x4"}  # other.yaml is not the primary config
+    (tmp_path / "myrun.yaml").write_text("defaults: [oops\n")  # Hydra reports the file; the shapes skip it
+    assert shapes.named([], [str(tmp_path)], "myrun") == {"1x1"}
+
+
+def test_a_shape_is_the_cluster_section_with_its_nodes_and_devices():
+    assert shapes.node("2x8", {"nodes": 1, "devices_per_node": 1, "device": "auto"}) == {
+        "nodes": 2, "devices_per_node": 8, "device": "auto"}
