@@ -35,7 +35,7 @@ def _in_defaults(config_dirs: Iterable[str], config_name: str) -> set[str]:
     primary config; a file that cannot be read is Hydra's to report."""
     shapes = set()
     for directory in config_dirs:
-        path = Path(directory) / f"{config_name}.yaml"
+        path = Path(directory) / f"{config_name.removesuffix('.yaml')}.yaml"  # --config-name exp or exp.yaml
         try:
             data = yaml.safe_load(path.read_text()) if path.is_file() else None
         except (OSError, yaml.YAMLError):

@@ -186,12 +186,20 @@ def import_entry(entry: str) -> ModuleType:
     return _guarded(entry, importlib.import_module, entry)
 
 
+_FILES: dict[Path, tuple[int, ModuleType]] = {}  # a recipe file -> (its mtime, the module), as sys.modules for names
+
+
 def _import_file(entry: str) -> ModuleType:
+    """The recipe at path ``entry``, executed once per version of the file in this process (validation, the plan and
+    a run in this process share it, as they share a module imported by name)."""
     path = Path(entry)
     if not path.is_file():
         missing = "is not a file" if path.exists() else "does not exist"
         raise RecipeError("recipe.entry", entry, f"recipe file {entry} {missing}")
     name = f"dlaunch_recipe_{path.stem}"
+    mtime, (seen, loaded) = path.stat().st_mtime_ns, _FILES.get(path.resolve(), (None, None))
+    if seen == mtime and sys.modules.get(name) is loaded:
+        return loaded
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -201,6 +209,7 @@ def _import_file(entry: str) -> ModuleType:
     except BaseException:
         sys.modules.pop(name, None)
         raise
+    _FILES[path.resolve()] = (mtime, module)
     return module
 
 

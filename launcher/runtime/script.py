@@ -145,6 +145,8 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
             yield
         finally:
             dist.init_process_group, dist.destroy_process_group = original, destroy
+            if not ours and dist.is_initialized():  # the script's own group of one, which it left open
+                destroy()
 
 
 def _free_port() -> int:

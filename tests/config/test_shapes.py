@@ -11,6 +11,7 @@ def test_shapes_come_from_the_overrides_and_from_a_primary_configs_defaults(tmp_
     (tmp_path / "other.yaml").write_text("defaults:\n  - override cluster: 8x8\n")
     found = shapes.named(["cluster=1x2,4x1", "trainer.steps=3"], [str(tmp_path)], "myrun")
     assert found == {"1x1", "1x2", "4x1", "2x4"}  # other.yaml is not the primary config
+    assert shapes.named([], [str(tmp_path)], "myrun.yaml") == {"1x1", "2x4"}  # --config-name myrun.yaml
     (tmp_path / "myrun.yaml").write_text("defaults: [oops\n")  # Hydra reports the file; the shapes skip it
     assert shapes.named([], [str(tmp_path)], "myrun") == {"1x1"}
 

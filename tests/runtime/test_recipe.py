@@ -111,3 +111,19 @@ def test_fused_kernels_build_and_step_as_the_for_loop_does(name):
         return model.weight.detach()
 
     torch.testing.assert_close(trained("fused"), trained("for_loop"))
+
+
+def test_a_recipe_file_runs_once_per_version_in_a_process(tmp_path):
+    """Validation, the plan, config.yaml and a run in this process share one import of an unchanged file."""
+    import os
+
+    counter = tmp_path / "imports.txt"
+    entry = recipe_file(tmp_path, f"open({str(counter)!r}, 'a').write('x')\n")
+    try:
+        first = import_entry(entry)
+        assert import_entry(entry) is first and counter.read_text() == "x"
+        stat = os.stat(entry)
+        os.utime(entry, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # an edit: imported again
+        assert import_entry(entry) is not first and counter.read_text() == "xx"
+    finally:
+        sys.modules.pop("dlaunch_recipe_my_recipe", None)
