@@ -129,7 +129,7 @@ def _record_failures(real: list, finished: list, spec: RunSpec, run_dir: Path, n
 def node_main(argv: list[str]) -> int:
     from rich.console import Console
 
-    from launcher.runtime.progress import setup_logging
+    from launcher.runtime.progress import log_to_file, setup_logging
     from launcher.runtime.worker import die_with_launcher
 
     die_with_launcher()
@@ -137,6 +137,7 @@ def node_main(argv: list[str]) -> int:
     node_rank = int(node)
     setup_logging(node_rank, Console(stderr=True), who="node")
     job = json.loads(Path(job_path).read_text())
+    log_to_file(job.get("log_file"), node_rank, who="node")  # its restarts and warnings, beside the workers' lines
     spec, plan = read_job(job)
     spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"master_port": int(port)})})
     run_dir = Path(job["run_dir"])

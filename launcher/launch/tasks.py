@@ -154,7 +154,7 @@ def _forget_failures(run_dir: Path, tasks: list[PSTask]) -> None:
 def task_main(argv: list[str]) -> int:
     from rich.console import Console
 
-    from launcher.runtime.progress import setup_logging
+    from launcher.runtime.progress import log_to_file, setup_logging
     from launcher.runtime.worker import die_with_launcher
 
     die_with_launcher()
@@ -163,6 +163,7 @@ def task_main(argv: list[str]) -> int:
     spec, _ = read_job(job)
     task = next(t for t in all_tasks(spec, int(attempt)) if (t.type, t.index) == (kind, int(index)))
     setup_logging(task.rank, Console(stderr=True), who="node")
+    log_to_file(job.get("log_file"), task.rank, who="node")
     run_dir = Path(job["run_dir"])
     config = elastic.local_config(
         1, run_dir / "logs" / f"{task.type}{task.index}", max_restarts=0, join_timeout_s=spec.launch.rdzv_timeout_s,

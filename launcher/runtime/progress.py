@@ -34,16 +34,17 @@ def launcher_log() -> str | None:
     return handler.baseFilename if handler else None
 
 
-def log_to_file(path: str | None, rank: int) -> None:
-    """Append this worker's lines to the launcher's log file too, in its format (``[rankN]`` for all but rank 0):
-    the run directory keeps rank 0's progress and every rank's warnings, not only the terminal."""
+def log_to_file(path: str | None, rank: int, who: str = "rank") -> None:
+    """Append this process's lines to the launcher's log file too, in its format (``[rankN]`` for all but rank 0; an
+    emulated node's or a task's agent: ``[nodeN]``): the run directory keeps rank 0's progress and every rank's
+    warnings, not only the terminal."""
     if not path:
         return
     try:
         handler = logging.FileHandler(path, mode="a", delay=True)
     except OSError:  # the terminal and logs/ still have the lines
         return
-    handler.setFormatter(logging.Formatter(FILE_FORMAT.format(tag=f"[rank{rank}] " if rank else "")))
+    handler.setFormatter(logging.Formatter(FILE_FORMAT.format(tag=f"[{who}{rank}] " if rank or who != "rank" else "")))
     logging.getLogger().addHandler(handler)
 
 
