@@ -28,7 +28,7 @@ def entry() -> None:
 
         code = main()
     except KeyboardInterrupt:  # a Ctrl-C before the run's own handling took over: nothing started worth a traceback
-        print("dlaunch: stopped by Ctrl-C before training started", file=sys.stderr, flush=True)
+        print("dlaunch: stopped by Ctrl-C", file=sys.stderr, flush=True)
         code = 130
     finally:
         _quietly(warm.shutdown)  # every worker has ended by now: the server follows, and is reaped

@@ -6,9 +6,9 @@ that import raises (it goes on without NumPy support): a Ctrl-C there was lost, 
 its end. Elsewhere in those imports it printed a traceback from deep inside a library.
 
 So the console script notes the first Ctrl-C instead (one line on stderr), and dlaunch stops where
-nothing is half done: after the config is read and checked, and again just before the workers start,
-where the run's own handling takes over (Python's, until the launcher installs torch elastic's or the
-training loop's). A second Ctrl-C interrupts at once.
+nothing is half done: once the config is read and checked and torch is imported, just before Hydra runs
+the job (``main._interrupted_before_start``; a subcommand, at once). From there Ctrl-C is Python's, and
+then the run's own (torch elastic's, or the training loop's). A second Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
