@@ -23,6 +23,7 @@ from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
 from launcher.config.errors import ConfigError, Problem, render
+from launcher.runtime import outputs
 
 log = logging.getLogger("dlaunch")
 
@@ -114,9 +115,6 @@ def _refused(run_dir: Path, cfg: Any, exc: ConfigError, console: Console, write:
     return None
 
 
-HYDRA_DIR = ".hydra"
-
-
 def record_hydra(run_dir: Path, cfg: Any) -> None:
     """Hydra's record of this job (``cfg``), as Hydra writes it (config, hydra and overrides YAML), with a user
     recipe's option as the user typed it: ``dlaunch resume`` and the sweep table read it."""
@@ -126,7 +124,7 @@ def record_hydra(run_dir: Path, cfg: Any) -> None:
     from launcher.config import user_recipes
 
     hydra = HydraConfig.instance().cfg  # {"hydra": ...}
-    record = run_dir / HYDRA_DIR
+    record = run_dir / outputs.HYDRA_RECORD
     record.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, record / "config.yaml")
     OmegaConf.save(hydra, record / "hydra.yaml")
@@ -143,7 +141,6 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     from launcher.cli import resume
     from launcher.config.plan import Plan
     from launcher.launch import launchers
-    from launcher.runtime import outputs
 
     resume_from = _checkpoints_usable(spec, run_dir)
     done = resume.already_completed(spec, run_dir)
@@ -192,7 +189,6 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
     from launcher.cli import resume
     from launcher.cli.plan import show_summary
     from launcher.launch import report
-    from launcher.runtime import outputs
 
     if code >= 128:  # stopped by a signal, after its checkpoint
         checkpoint = resume.saved(spec, run_dir)

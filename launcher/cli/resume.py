@@ -68,7 +68,9 @@ def keep_replayable(run_dir: Path) -> None:
 
     from launcher.config import user_recipes
 
-    job, sweep = run_dir / ".hydra" / "overrides.yaml", run_dir / SWEEP_FILE
+    from launcher.runtime import outputs
+
+    job, sweep = run_dir / outputs.HYDRA_RECORD / "overrides.yaml", run_dir / SWEEP_FILE
     if not user_recipes.TYPED:
         return
     if job.exists():
@@ -89,7 +91,9 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
 
     from launcher.config import user_recipes
 
-    hydra_dir = run_dir / ".hydra"
+    from launcher.runtime import outputs
+
+    hydra_dir = run_dir / outputs.HYDRA_RECORD
     if (run_dir / SWEEP_FILE).exists() and not hydra_dir.exists():  # a sweep: every job again, each from its checkpoint
         recorded = OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides
         own = user_recipes.as_typed([str(o) for o in recorded.task])

@@ -94,7 +94,7 @@ def _keep_earlier_record(sweep_dir: Path) -> None:
     SWEEP_DIR`` replays the sweep that ran, not the one refused."""
     from launcher.cli import resume
 
-    records = [d / ".hydra" / "overrides.yaml" for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()]
+    records = [d / outputs.HYDRA_RECORD / "overrides.yaml" for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()]
     went_ahead = any(r.is_file() and r.stat().st_mtime >= _ThisSweep.started for r in records)
     if not went_ahead and _ThisSweep.earlier_record is not None:
         (sweep_dir / resume.SWEEP_FILE).write_text(_ThisSweep.earlier_record)
@@ -112,7 +112,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
     for job in [sweep_dir, *jobs]:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
         resume.keep_replayable(job)
-    rows = {int(d.name): _row(d) for d in jobs if (d / ".hydra").is_dir()}
+    rows = {int(d.name): _row(d) for d in jobs if (d / outputs.HYDRA_RECORD).is_dir()}
     for path in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # this command's refusals
         row = _read_json(path)
         if row:
@@ -140,7 +140,7 @@ def _row(job: Path) -> dict[str, Any]:
 
 
 def _overrides(job: Path) -> list[str]:
-    path = job / ".hydra" / "overrides.yaml"
+    path = job / outputs.HYDRA_RECORD / "overrides.yaml"
     if not path.exists():
         return []
     from omegaconf import OmegaConf

@@ -67,7 +67,7 @@ def reason(problems: list[Problem]) -> str:
 
 def holds_a_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run's record (Hydra's, or a summary), which a job that does not run keeps."""
-    return (run_dir / ".hydra").exists() or (run_dir / outputs.SUMMARY).exists()
+    return (run_dir / outputs.HYDRA_RECORD).exists() or (run_dir / outputs.SUMMARY).exists()
 
 
 def status_of(error: ConfigError) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG = "config.yaml"
+HYDRA_RECORD = ".hydra"  # the job's command as Hydra records it (config, hydra, overrides YAML): resume and sweeps read it
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it

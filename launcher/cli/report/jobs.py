@@ -98,7 +98,7 @@ def sweep_jobs(directory: Path) -> list[Path]:
         return numbered
     if not (directory / "multirun.yaml").exists():
         return []
-    return sorted(d for d in subdirs if any((d / n).exists() for n in (outputs.METRICS, outputs.SUMMARY, ".hydra")))
+    return sorted(d for d in subdirs if any((d / n).exists() for n in (outputs.METRICS, outputs.SUMMARY, outputs.HYDRA_RECORD)))
 
 
 def is_run(directory: Path) -> bool:
@@ -154,7 +154,7 @@ def _yaml(path: Path) -> Any:
 
 
 def _overrides(path: Path) -> list[str]:
-    found = _yaml(path / ".hydra" / "overrides.yaml")
+    found = _yaml(path / outputs.HYDRA_RECORD / "overrides.yaml")
     return [str(o) for o in found] if isinstance(found, list) else []
 
 
