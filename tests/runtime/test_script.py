@@ -154,7 +154,11 @@ def test_a_torchrun_script_runs_unmodified_and_trains_as_under_torchrun(processe
         assert proc.returncode == 0, proc.stderr[-3000:]
     torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                                "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    # torchrun itself ends 1 run in 6 with SIGABRT in gloo's teardown (torch 2.13 on CPU), after the script printed all
+    # it prints, with or without a barrier first: the reference's losses stand. dlaunch survives that abort
+    # (launch/report.py: a rank that aborts after completing does not fail the run), as the loop above checks.
+    torch_teardown_abort = "terminate called without an active exception" in torchrun.stderr
+    assert torchrun.returncode == 0 or torch_teardown_abort, torchrun.stderr[-3000:]
     lines = [line for line in torchrun.stdout.splitlines() if line.startswith("epoch")]
     assert len(lines) == 2 and f"(world {processes}, local rank 0)" in lines[0]
     assert [line for line in proc.stdout.splitlines() if line.startswith("epoch")] == lines
