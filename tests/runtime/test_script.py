@@ -44,6 +44,11 @@ def test_the_documented_loop_runs_under_each_strategy(name, tmp_path):
     assert (done["status"], done["strategy"], done["num_replicas_in_sync"]) == ("completed", name, replicas)
     assert done["script"] == "custom_loop.py --epochs 2"
     assert f"results: {run_dir} (config.yaml, summary.json)" in " ".join(proc.stdout.split())  # a script writes no metrics.jsonl
+    if name == "mirrored":  # dlaunch report: the summary, and why there is no loss chart
+        shown = dlaunch("report", str(run_dir), cwd=tmp_path, device=None)
+        assert shown.returncode == 0 and shown.stdout.split() == [str(run_dir / "report.html")], shown.stderr
+        page = (run_dir / "report.html").read_text()
+        assert "custom_loop.py --epochs 2" in page and "a script reports its own" in page
 
 
 def test_the_docs_show_the_loop_that_the_test_runs():

@@ -96,7 +96,7 @@ class _Charts:
 def report_run(directory: Path, job: Job) -> list[Path]:
     from launcher.cli.report import plots
 
-    if not job.has_loss and not job.exception:
+    if not job.has_loss and not job.exception and not job.script:
         status = f" (status: {job.status})" if job.summary is not None else ""
         raise ReportError(f"{directory} has no metrics: {outputs.METRICS} is missing or holds no loss records{status}")
     charts = _Charts(directory)
@@ -123,7 +123,7 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
     bars = [(j, final_value(j, metric)) for j in done]
     bars = [(j, v) for j, v in bars if v is not None and math.isfinite(v)]
     curves = [j for j in jobs if j.has_loss]
-    if not curves and not bars:
+    if not curves and not bars and not any(j.script for j in done):
         raise ReportError(f"{directory} has no metrics: its completed jobs logged no loss and no {metric}")
 
     charts = _Charts(directory)

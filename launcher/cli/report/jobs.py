@@ -58,6 +58,11 @@ class Job:
         return str(error.get("exception") or error.get("exit") or "")
 
     @property
+    def script(self) -> str:
+        """The command of a ``script=`` run (it logs its own metrics; dlaunch records none), else ""."""
+        return str((self.summary or {}).get("script") or "")
+
+    @property
     def has_loss(self) -> bool:
         return any(_number(r.get("loss")) is not None and _number(r.get("step")) is not None for r in self.records)
 

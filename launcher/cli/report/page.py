@@ -12,9 +12,10 @@ from launcher.cli.report.jobs import Job, extra_keys
 
 REPORT = "report.html"
 MAX_TABLE_ROWS = 1000  # the run page's per-step table; the charts always show every record
-RUN_KEYS = ("recipe", "strategy", "cluster", "device", "steps", "global_batch_size", "first_loss", "final_loss",
+RUN_KEYS = ("script", "recipe", "strategy", "cluster", "device", "steps", "global_batch_size", "first_loss", "final_loss",
             "examples_per_sec", "wall_seconds", "restarts", "resumed_from_step", "last_completed_step",
             "checkpoint")
+SCRIPT_METRICS = "none recorded: a script reports its own"
 
 
 class Raw(str):
@@ -47,7 +48,8 @@ def run_table(job: Job) -> str:
     rows += [(key, s[key]) for key in RUN_KEYS if key in s]
     rows += [(f"metrics.{k}", v) for k, v in job.metrics.items()]
     if not job.metrics:
-        rows.append(("metrics", "none recorded" if job.summary is not None else "no summary.json"))
+        rows.append(("metrics", SCRIPT_METRICS if job.script else
+                     "none recorded" if job.summary is not None else "no summary.json"))
     return table(["", "value"], [[k, v] for k, v in rows])
 
 
