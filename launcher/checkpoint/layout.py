@@ -90,6 +90,8 @@ def check(path: Path, full: bool = True) -> str | None:
         return str(exc).replace(f"{path / MANIFEST}", MANIFEST)
     if "files" not in saved:  # saved before dlaunch recorded checksums: the DCP metadata at least must be there
         return None if (path / ".metadata").is_file() else ".metadata is missing"
+    if ".metadata" not in saved["files"]:  # every save lists DCP's metadata: this list was edited or cut short
+        return f"{MANIFEST} lists no .metadata among its files (a save always does)"
     return integrity.damage(path, saved["files"], full)
 
 

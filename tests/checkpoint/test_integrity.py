@@ -53,12 +53,18 @@ def test_the_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
     assert layout.check(path) is None
 
 
+def _edit_manifest(path, **changes):
+    saved = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**saved, **changes}))
+
+
 @pytest.mark.parametrize("damage,reason", [
     (truncate, r"__0_0\.distcp is \d+ bytes, the manifest says \d+ \(truncated\)"),
     (flip_a_bit, r"__0_0\.distcp does not match its sha256"),
     (lambda p: data_file(p).unlink(), r"__0_0\.distcp is missing"),
     (lambda p: (p / "manifest.json").unlink(), r"manifest\.json is missing"),
     (lambda p: (p / "manifest.json").write_text("{"), r"cannot read manifest\.json"),
+    (lambda p: _edit_manifest(p, files={}), r"manifest\.json lists no \.metadata among its files"),
 ])
 def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_intact_one(tmp_path, damage, reason):
     _, thirty, forty = save_steps(tmp_path, 20, 30, 40)
