@@ -7,7 +7,8 @@ seconds on a busy machine, during which its workers, which die only with the
 server, went on training (and saving checkpoints) with no launcher and no lock.
 
 Without the second, a Ctrl-C in the first seconds of a run (the server shares dlaunch's
-process group) printed a KeyboardInterrupt traceback from deep inside ``import torch``:
+process group) printed a KeyboardInterrupt traceback from deep inside ``import torch`` (or, earlier still, a
+``Fatal Python error`` from the interpreter's start-up: dlaunch starts the server with SIGINT blocked until here):
 multiprocessing ignores SIGINT in the server only once its imports are done. dlaunch
 itself reports the stop. The workers the server forks get this handler back as theirs
 (multiprocessing restores what the server had before), and in them it raises
@@ -30,3 +31,5 @@ def _interrupted(signum: int, frame: object) -> None:
 
 die_with_parent()
 signal.signal(signal.SIGINT, _interrupted)
+# blocked since the server was started (warm._sigint_blocked): a Ctrl-C held back meanwhile ends it now
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -28,6 +28,7 @@ fresh interpreter instead (``python -m launcher.runtime.worker``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import multiprocessing
 import os
@@ -35,8 +36,8 @@ import re
 import signal
 import sys
 import time
-from multiprocessing import forkserver
-from typing import Any
+from multiprocessing import forkserver, resource_tracker
+from typing import Any, Iterator
 
 from launcher.cluster.env import worker_environment, worker_env_set
 
@@ -166,9 +167,26 @@ def _launch() -> None:
     global _started
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    with worker_env_set(worker_environment(single_node=True)):
+    with worker_env_set(worker_environment(single_node=True)), _sigint_blocked():
         forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back in this thread while it starts the server, which inherits the block through ``exec``.
+
+    A Ctrl-C reaches the server too (it shares dlaunch's process group). In the interpreter's own start-up, before
+    ``forkserver_guard`` handles SIGINT, it printed ``Fatal Python error: init_import_site`` on the terminal. Held
+    back, it waits until the guard's handler takes it and ends the server quietly. Here it is delivered when the
+    block is lifted, so dlaunch still sees every Ctrl-C.
+    """
+    resource_tracker.ensure_running()  # first: starting it lifts this same block (CPython's bpo-33613 guard)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def started() -> bool:

@@ -169,3 +169,19 @@ def test_a_ctrl_c_while_the_server_imports_ends_it_quietly_and_its_workers_keep_
             "print('not reached')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "child 7\n", "")
+
+
+@linux_only
+def test_a_ctrl_c_as_the_server_starts_waits_for_the_guard_and_ends_it_quietly():
+    """SIGINT sent the moment the server's interpreter exists (a Ctrl-C in dlaunch's first second on a busy
+    machine): held back until the guard handles it, not a ``Fatal Python error`` from the start-up, nor a kill."""
+    code = ("import os, signal\n"
+            "from multiprocessing import forkserver\n"
+            "from launcher.launch import warm\n"
+            "warm._launch()\n"
+            "pid = forkserver._forkserver._forkserver_pid\n"
+            "os.kill(pid, signal.SIGINT)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('server', os.waitstatus_to_exitcode(status), signal.pthread_sigmask(signal.SIG_BLOCK, []), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "server 130 set()\n", ""), proc.stderr[-3000:]
