@@ -83,7 +83,7 @@ def pinned(args: tuple[str, ...], device: str | None = "cpu") -> tuple[str, ...]
 def command(*args: str, device: str | None = "cpu", warm: bool = True) -> list[str]:
     """The argv of a fresh ``dlaunch`` process, for tests that need a ``subprocess.Popen`` of their own
     (signals, kills, several nodes at once). ``warm``: the console script's path, whose workers fork from a
-    warm forkserver; ``warm=False`` starts each worker as ``python -m launcher.runtime.worker``, so a test
+    warm forkserver; ``warm=False`` starts each worker as ``python -m launcher.runtime.worker_entry``, so a test
     can find a rank's process by its command line."""
     return [sys.executable, "-m", "launcher.cli.entry" if warm else "launcher.cli.main", *pinned(args, device)]
 

@@ -33,7 +33,7 @@ from launcher.launch import failures, rendezvous, report, warm
 from launcher.runtime import outputs, progress
 
 log = logging.getLogger("dlaunch")
-WORKER_MODULE = "launcher.runtime.worker"
+WORKER_MODULE = "launcher.runtime.worker_entry"  # launcher.runtime.worker, quiet on a Ctrl-C while it imports
 
 
 def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:

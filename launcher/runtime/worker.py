@@ -1,4 +1,4 @@
-"""A worker process: ``python -m launcher.runtime.worker RUN_DIR/.dlaunch/job.json``.
+"""A worker process: ``python -m launcher.runtime.worker_entry RUN_DIR/.dlaunch/job.json`` runs ``main``.
 
 Started by the elastic agent, one per device. It reads the validated spec (no
 Hydra here), trains, marks its rank complete, tears the process group down

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
+from launcher.launch import elastic
 from tests.conftest import PROBE, command, summary, with_overrides
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,7 @@ def worker_pids(run_dir: Path) -> dict[int, int]:
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"launcher.runtime.worker" not in cmdline or str(run_dir).encode() not in b" ".join(cmdline):
+            if elastic.WORKER_MODULE.encode() not in cmdline or str(run_dir).encode() not in b" ".join(cmdline):
                 continue
             env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
             found[int(env[b"RANK"])] = int(proc.name)

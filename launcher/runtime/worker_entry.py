@@ -1,0 +1,26 @@
+"""A fresh worker interpreter: ``python -m launcher.runtime.worker_entry RUN_DIR/.dlaunch/job.json``.
+
+The workers share dlaunch's process group, so a Ctrl-C reaches them too. While a
+fresh interpreter imports torch and dlaunch (seconds), Python's own handler turned
+it into a ``KeyboardInterrupt`` traceback from deep inside ``import torch``, once
+per rank; dlaunch itself reports the stop. Here a Ctrl-C during those imports ends
+the worker quietly (exit 130); once they are done, Python's handler is back and
+the run's own stop handling (``launcher/runtime/preemption.py``) takes over.
+Workers forked from the warm server have the same guard there
+(``launcher/launch/forkserver_guard.py``).
+"""
+
+import os
+import signal
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    os._exit(128 + signum)  # still importing: nothing to tidy, and dlaunch says why it stopped
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _interrupted)
+    from launcher.runtime import worker
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    worker.main()
