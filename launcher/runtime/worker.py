@@ -125,10 +125,23 @@ def run_job(job_path: str) -> int:
     ``os._exit`` itself); a failure leaves at once with its exit code, as ``main``.
     """
     release_forkserver()
+    fresh_start_method()
     code = _run_flushed(Path(job_path))
     if code:
         os._exit(code)
     return 0
+
+
+def fresh_start_method() -> None:
+    """multiprocessing's default start method, as a fresh interpreter has it (``fork`` on Linux before Python 3.14).
+
+    A child of the forkserver inherits ``forkserver`` as its default: a recipe's ``DataLoader(num_workers>0)`` then
+    pickled its collate function (``Can't pickle local object``), and a script's died in multiprocessing's
+    bootstrapping check. They run as they do under torchrun.
+    """
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
 
 
 def release_forkserver() -> None:

@@ -83,7 +83,9 @@ def test_workers_fork_from_the_warm_server_and_train_as_fresh_interpreters_do(tm
     runs = {}
     for warm_workers in ("true", "false"):
         out = tmp_path / warm_workers
-        done = dlaunch("recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=6",
+        # DataLoader workers too: a forked worker's default start method was the server's (forkserver), and its
+        # loader failed to pickle the collate function.
+        done = dlaunch("recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=6", "input.num_workers=2",
                        f"launch.warm_workers={warm_workers}", f"hydra.run.dir={out}", cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         assert ("forked from the warm server" in done.stdout + done.stderr) == (warm_workers == "true")
