@@ -52,10 +52,11 @@ class FSDPSpec(StrategyUnit, FSDPOptions):
         return f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {self.describe_units()})"
 
     def own_rows(self, spec: Any, run_dir: Any) -> list[tuple[str, str]]:
-        """The memory row: this recipe's parameter, gradient and optimizer bytes per rank, against DDP's."""
+        """The memory row: this recipe's parameter, gradient and optimizer bytes per rank, against DDP's. None for a
+        script: it builds its own model, and only its workers run it."""
         from launcher.strategies.impl.fsdp import memory_row  # builds the model on the meta device: torch
 
-        return [("memory", memory_row(spec, run_dir))]
+        return [] if spec.script is not None else [("memory", memory_row(spec, run_dir))]
 
 
 __getattr__ = forward(__name__, FSDPSpec.impl)

@@ -80,10 +80,10 @@ class MeshSpec(StrategyUnit):
         dp, tp = spec.num_replicas, self.device_assignment.logical_devices
         how = (f"; FSDP {dp} x TP {tp}, approximate: a parameter the tensor-parallel plan leaves whole, "
                f"like RowwiseParallel's bias, is split {dp} ways only") if dp * tp > 1 else ""
-        return [
-            ("mesh", f"dp {dp} (replica dim: FSDP, sharded) x tp {tp} (logical dim: tensor parallel) = {dp * tp} devices"),
-            ("memory", memory_row(spec, run_dir, ways=dp * tp, how=how)),
-        ]
+        mesh = ("mesh", f"dp {dp} (replica dim: FSDP, sharded) x tp {tp} (logical dim: tensor parallel) = {dp * tp} devices")
+        if spec.script is not None:  # it builds its own model, and only its workers run it
+            return [mesh]
+        return [mesh, ("memory", memory_row(spec, run_dir, ways=dp * tp, how=how))]
 
 
 def mesh_fits(spec: Any, cuda: int) -> None:

@@ -120,6 +120,26 @@ def test_the_plan_shows_the_script_and_not_the_loop(tmp_path):
     assert not re.search(r"^\s*(batch|steps|checkpoints)\s", plan, re.M)
 
 
+COUNTER = """import os, pathlib
+with open(pathlib.Path(__file__).with_name("ran.txt"), "a") as f:
+    f.write(os.environ.get("RANK", "parent") + "\\n")
+"""
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "mesh"])
+def test_only_the_workers_run_the_script_the_plan_does_not(strategy, tmp_path):
+    """fsdp's plan sizes a recipe's model on the meta device: it imported a script as if it were a recipe, in the
+    parent, dry run included (its argparse then read dlaunch's own command line)."""
+    (tmp_path / "count.py").write_text(COUNTER)
+    extra = ("strategy.data_parallel=fsdp",) if strategy == "mesh" else ()
+    dry, _ = _run(tmp_path, "script=count.py", f"strategy={strategy}", *extra, "cluster=1x2", "launch.dry_run=true")
+    assert dry.returncode == 0 and not (tmp_path / "ran.txt").exists(), dry.stderr[-3000:]
+    if strategy == "fsdp":
+        proc, _ = _run(tmp_path, "script=count.py", "strategy=fsdp", "cluster=1x2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert sorted((tmp_path / "ran.txt").read_text().split()) == ["0", "1"]
+
+
 SLEEPER = """import os, pathlib, sys, time
 pathlib.Path(sys.argv[1], f"rank{os.environ.get('RANK', '0')}").touch()
 while True:
