@@ -22,6 +22,7 @@ from launcher.cli import output, scheduled, sweep, sweep_jobs
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
+from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
 from launcher.runtime import outputs
 
@@ -130,6 +131,10 @@ def record_hydra(run_dir: Path, cfg: Any) -> None:
     OmegaConf.save(hydra, record / "hydra.yaml")
     OmegaConf.save(OmegaConf.create(user_recipes.as_typed([str(o) for o in hydra.hydra.overrides.task])),
                    record / "overrides.yaml")
+    if script_config.ARGS:  # `-- ARGS`: no override, so Hydra's record has no place for them
+        OmegaConf.save(OmegaConf.create(list(script_config.ARGS)), record / outputs.SCRIPT_ARGS)
+    else:
+        (record / outputs.SCRIPT_ARGS).unlink(missing_ok=True)
 
 
 def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console) -> Any:

@@ -3,10 +3,12 @@
 The default run directory has a timestamp in its name, so "the same command
 again" would start afresh elsewhere. This reads the run's own overrides
 (``RUN_DIR/.hydra/overrides.yaml``), ``--config-dir`` and ``--config-name``, and runs them with
-``hydra.run.dir=RUN_DIR trainer.resume=auto``; further overrides are added last.
+``hydra.run.dir=RUN_DIR trainer.resume=auto``; further overrides are added last, from the directory the run was started in. A script's run gets its arguments
+(after ``--``) again, unless new ones are given.
 
     dlaunch resume outputs/2026-01-02/10-11-12
     dlaunch resume outputs/2026-01-02/10-11-12 trainer.steps=500
+    dlaunch resume outputs/2026-01-02/10-11-12 -- --epochs 5   # a script's run, with new arguments
     dlaunch resume multirun/2026-01-02/10-11-12     # a sweep: every job, each from its own checkpoint
 
 A sweep directory runs the sweep's overrides again (``-m``, ``hydra.sweep.dir=SWEEP_DIR``): a stopped job
@@ -89,22 +91,41 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     """The arguments that run ``run_dir``'s job (or sweep) again there; ValueError naming what is missing."""
     from omegaconf import OmegaConf
 
+    from launcher.config import script as script_config
     from launcher.config import user_recipes
-
     from launcher.runtime import outputs
 
+    given = script_config.SEPARATOR in extra  # `dlaunch resume RUN -- ARGS`: a script's new arguments
+    extra, args = script_config.split_argv(extra)
     hydra_dir = run_dir / outputs.HYDRA_RECORD
     if (run_dir / SWEEP_FILE).exists() and not hydra_dir.exists():  # a sweep: every job again, each from its checkpoint
         recorded = OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides
         own = user_recipes.as_typed([str(o) for o in recorded.task])
         hydra_own = [str(o) for o in recorded.hydra
                      if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir")]
-        return [*_config_args(run_dir / SWEEP_FILE), "-m", *hydra_own, *_rerun(own, extra), f"hydra.sweep.dir={run_dir}"]
+        jobs = sorted(run_dir.glob(f"*/{outputs.HYDRA_RECORD}/{outputs.SCRIPT_ARGS}"))  # the same in every job
+        return [*_config_args(run_dir / SWEEP_FILE), "-m", *hydra_own, *_rerun(own, extra), f"hydra.sweep.dir={run_dir}",
+                *_script_tail(args if given else _recorded(jobs))]
     if not (hydra_dir / "overrides.yaml").exists():
         raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
                          f"nor {run_dir / SWEEP_FILE} exists")
     own = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
-    return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra), f"hydra.run.dir={run_dir}"]
+    return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra), f"hydra.run.dir={run_dir}",
+            *_script_tail(args if given else _recorded([hydra_dir / outputs.SCRIPT_ARGS]))]
+
+
+def _recorded(records: list[Path]) -> list[str]:
+    """The arguments (after ``--``) a script's run was given, from the first of ``records`` that exists."""
+    from omegaconf import OmegaConf
+
+    found = [r for r in records if r.exists()]
+    return [str(a) for a in OmegaConf.load(found[0])] if found else []
+
+
+def _script_tail(args: list[str]) -> list[str]:
+    from launcher.config import script as script_config
+
+    return [script_config.SEPARATOR, *args] if args else []
 
 
 def _rerun(own: list[str], extra: list[str]) -> list[str]:
@@ -139,6 +160,27 @@ def already_completed(spec: Any, run_dir: Path) -> dict | None:
     return summary if summary is not None and summary.get("steps") == spec.trainer.steps else None
 
 
+def _go_to_first_cwd(run_dir: Path) -> str:
+    """Into the directory the run was first started from (Hydra records it), so that relative paths in its command
+    (``script=train.py``, ``input.files=data/*.jsonl``) mean what they meant then; ``cd DIR && `` when that moved."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from launcher.runtime import outputs
+
+    records = [r for r in (run_dir / outputs.HYDRA_RECORD / "hydra.yaml", run_dir / SWEEP_FILE) if r.exists()]
+    first = OmegaConf.select(OmegaConf.load(records[0]), "hydra.runtime.cwd") if records else None
+    if not first or Path(first) == Path.cwd():
+        return ""
+    if not Path(first).is_dir():
+        print(f"dlaunch resume: {first}, where the run was started, is gone: relative paths in its command are read "
+              f"from {Path.cwd()}", file=sys.stderr)
+        return ""
+    os.chdir(first)
+    return f"cd {shlex.quote(first)} && "
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...]")
@@ -149,7 +191,8 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"dlaunch resume: {exc}", file=sys.stderr)
         return 2
-    print("dlaunch " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
+    where = _go_to_first_cwd(run_dir)
+    print(where + "dlaunch " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
     RESUMING.append(True)
     from launcher.cli.main import main as run
 

@@ -162,3 +162,32 @@ def test_a_sweep_refused_in_an_earlier_sweeps_directory_reports_its_own_jobs_and
     assert all("past trainer.steps" in r["error"] for r in rows)
     assert "completed" not in again.stdout.split("sweep summary", 1)[1], again.stdout
     assert {n: records(sweep / n) for n in "01"} == before and (sweep / "multirun.yaml").read_bytes() == recorded
+
+
+ARGV_SCRIPT = """import json, os, pathlib, sys
+if os.environ.get("RANK", "0") == "0":
+    with open(pathlib.Path(__file__).with_name("argv.jsonl"), "a") as f:
+        f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def test_resume_runs_a_script_again_with_its_arguments_unless_given_new_ones(tmp_path):
+    """The stop message promises "the same arguments": they follow ``--``, outside Hydra's overrides. And from any
+    directory: the command runs where it was first typed."""
+    import json
+
+    (tmp_path / "argv.py").write_text(ARGV_SCRIPT)
+    run_dir = tmp_path / "run"
+    first = dlaunch("script=argv.py", "strategy=mirrored", "cluster=1x2", f"hydra.run.dir={run_dir}", "--", "--epochs", "5",
+                    "--name", "a b", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    elsewhere = tmp_path / "elsewhere"  # script=argv.py is relative: resumed from where the run was started
+    elsewhere.mkdir()
+    again = dlaunch("resume", str(run_dir), cwd=elsewhere, device=None)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"cd {tmp_path} && dlaunch script=argv.py" in again.stderr  # the command it runs, as typed
+    assert "-- --epochs 5 --name 'a b'" in again.stderr
+    new = dlaunch("resume", str(run_dir), "--", "--epochs", "7", cwd=tmp_path, device=None)
+    assert new.returncode == 0, new.stderr[-3000:]
+    seen = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    assert seen == [["--epochs", "5", "--name", "a b"]] * 2 + [["--epochs", "7"]]
