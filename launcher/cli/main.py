@@ -31,9 +31,19 @@ REMOTE_CUDA = 1 << 16  # validating for another machine: assume it has the devic
 
 
 def _hydra_args(argv: list[str]) -> Any:
+    """Hydra's flags and overrides, in any order (``dlaunch trainer.steps=5 --cfg job``): Hydra's own parser reads
+    overrides only after the last flag."""
     from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
 
-    return get_args_parser().parse_args(argv)
+    return get_args_parser().parse_intermixed_args(argv)
+
+
+def _flags_first(argv: list[str], overrides: list[str]) -> list[str]:
+    """``argv`` as Hydra's parser reads it: the flags (with their values), then every override."""
+    flags = list(argv)
+    for override in overrides:
+        flags.remove(override)
+    return [*flags, *overrides]
 
 
 def _job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -126,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     argv, script_config.ARGS[:] = script_config.split_argv(argv)  # `-- ARGS`: the script's, not Hydra's
     args = _hydra_args(argv)
+    argv = _flags_first(argv, args.overrides)
     composer.CONFIG_DIRS[:] = [os.path.abspath(args.config_dir)] if args.config_dir else []
     composer.CONFIG_NAME = args.config_name or "config"
     informational = args.help or args.hydra_help or args.info or args.shell_completion

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from tests.conftest import summary
 
 
-def test_cfg_job_prints_the_composed_config(run_dlaunch):
-    proc, run_dir = run_dlaunch("--cfg", "job", "strategy=mirrored", "cluster=1x2")
+@pytest.mark.parametrize("args", [("--cfg", "job", "strategy=mirrored", "cluster=1x2"),
+                                  ("strategy=mirrored", "--cfg", "job", "cluster=1x2")], ids=["flags-first", "mixed"])
+def test_cfg_job_prints_the_composed_config(run_dlaunch, args):
+    """Flags anywhere among the overrides (Hydra's own parser reads overrides only after its last flag)."""
+    proc, run_dir = run_dlaunch(*args)
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
     assert printed["strategy"]["name"] == "mirrored"
