@@ -41,7 +41,8 @@ from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import ProgressReporter, log
 from launcher.runtime.recipe import where
-from launcher.runtime.step import LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule, restore_loop_state
+from launcher.runtime.step import (LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule,
+                                   restore_loop_state, warn_if_all_skipped)
 
 
 def seed_everything(seed: int) -> None:
@@ -154,7 +155,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy):
         losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
     loop_seconds = time.perf_counter() - loop_started
-
+    warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps)
     metrics = evaluator()
     if metrics:
         log.info("eval: %s", _said(metrics))

@@ -24,6 +24,7 @@ import torch
 
 from launcher.checkpoint.state import primary
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
+from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
@@ -276,3 +277,11 @@ def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: Repl
             "scale": float(state["scaler_scale"]), "_growth_tracker": int(state["scaler_growth_tracker"]),
         })
         step.skipped = state["skipped_steps"].clone()
+
+
+def warn_if_all_skipped(skipped: int, steps: int) -> None:
+    """fp16-mixed: GradScaler skips a step whose gradients are not finite, and a few early ones are usual. When it
+    skipped every step of the run, the model never changed (a NaN loss skips them all): said once, at the end."""
+    if steps > 0 and skipped >= steps:
+        log.warning("fp16-mixed skipped all %d steps of the run (inf/NaN gradients): the model did not train; "
+                    "check that the loss is finite under trainer.precision=fp32, or try bf16-mixed", steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 
@@ -151,3 +152,14 @@ def test_compile_model_compiles_torchs_own_modules_too(make, wrap, monkeypatch):
         if wrap == "ddp":
             dist.destroy_process_group()
         torch._dynamo.reset()
+
+
+def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
+    """A NaN loss makes GradScaler skip every update: the run completes with the model unchanged, and says so."""
+    from launcher.runtime.step import warn_if_all_skipped
+
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        warn_if_all_skipped(3, 200)  # a few early skips while the scale settles: usual, nothing said
+        warn_if_all_skipped(200, 200)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("fp16-mixed skipped all 200 steps of the run (inf/NaN gradients): the model did not train")
