@@ -266,13 +266,14 @@ def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | 
     return None
 
 
-def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = None) -> RunSpec:
+def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = None, found: bool = False) -> RunSpec:
     """The composed config as a ``RunSpec``, or a ``ConfigError`` listing every problem.
 
     The schema's field errors, the cross-field rules and the recipe's own ``Config`` are checked together
     wherever they are independent, so that one run shows every mistake. Checking the recipe's keys means
     importing it (and so torch: seconds): when the rest already has problems and the command line
-    (``overrides``) touches no ``recipe`` key, those problems are reported at once without it.
+    (``overrides``) touches no ``recipe`` key, those problems are reported at once without it. ``found``: the
+    caller has problems to report already (unknown keys), so the rest counts as having some.
     """
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -291,7 +292,7 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     recipe = data.get("recipe")
     # a script is not imported here: it runs (once per worker) as __main__
     is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
-    quick = bool(problems) and overrides is not None and not any(_key_of(o).startswith("recipe") for o in overrides)
+    quick = (bool(problems) or found) and overrides is not None and not any(_key_of(o).startswith("recipe") for o in overrides)
     loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
     if problems:
         raise ConfigError(problems)
@@ -359,7 +360,7 @@ def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> 
     rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in unknown]
     try:
         if unknown and len(unknown) == len({p.key for p in exc.problems}) and rest != overrides:
-            validate(compose(rest), cuda_devices)
+            validate(compose(rest), cuda_devices, rest, found=True)
     except ConfigError as more:  # not where the recipe's own code failed (UserCodeError): the unknown keys first
         return exc if isinstance(more, UserCodeError) else ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)])
     return exc

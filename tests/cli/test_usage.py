@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from launcher.cli import helpgen, help_data
 from tests.conftest import dlaunch
 
@@ -53,10 +55,11 @@ def test_torchrun_habits_with_a_script_get_its_dlaunch_form(tmp_path):
     assert "a script's own arguments go after --: dlaunch script=train.py -- ARGS" in flags.stderr
 
 
-def test_a_config_error_answers_without_importing_torch(tmp_path):
+@pytest.mark.parametrize("bad", ["trainer.steps=-1", "trainer.stpes=5"], ids=["bad-value", "unknown-key"])
+def test_a_config_error_answers_without_importing_torch(tmp_path, bad):
     code = ("import sys; from launcher.cli.main import main; "
-            "sys.argv = ['dlaunch', 'trainer.steps=-1', 'cluster=1x3', 'cluster.device=cpu']; "
+            f"sys.argv = ['dlaunch', '{bad}', 'cluster=1x3', 'cluster.device=cpu']; "
             "c = main(); print(c, 'torch' in sys.modules or 'numpy' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split()[-2:] == ["2", "False"], done.stdout + done.stderr
-    assert "trainer.steps" in done.stderr and "cluster" in done.stderr
+    assert bad.split("=")[0] in done.stderr and "cluster" in done.stderr  # the other problem too
