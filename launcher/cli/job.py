@@ -52,8 +52,9 @@ def cuda_devices() -> int:
 def task(cfg: Any) -> Any:
     """Hydra's task function: one job, in Hydra's run directory; its summary, or for Optuna the objective."""
     summary = _job(cfg)
-    if _optimizing_sweeper():
-        return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")))
+    direction = _optimizing_sweeper()
+    if direction:
+        return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")), direction)
     return summary
 
 
@@ -216,11 +217,17 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
     return summary
 
 
-def _optimizing_sweeper() -> bool:
-    """Optuna's sweeper wants a number back from each job."""
+def _optimizing_sweeper() -> str:
+    """Optuna's sweeper wants a number back from each job: its study's direction ("minimize", "maximize"), else ""."""
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
 
-    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
+    sweeper = HydraConfig.get().sweeper
+    if "optuna" not in str(sweeper.get("_target_", "")).lower():
+        return ""
+    direction = sweeper.get("direction", "minimize")  # a Direction enum, its name, or a list of them (multi-objective)
+    direction = direction[0] if OmegaConf.is_list(direction) else direction
+    return str(getattr(direction, "name", direction)).lower()
 
 
 def _checkpoint_dir_writable(spec: Any, run_dir: Path) -> None:

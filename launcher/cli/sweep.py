@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from launcher.runtime import outputs
+from launcher.runtime.progress import log
 
 COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds")
 _outcome: dict[str, Any] = {"failed": 0}
@@ -202,9 +203,20 @@ def _num(value: Any, fmt: str = ".6g") -> str:
     return format(value, fmt)
 
 
-def objective(summary: dict[str, Any] | None, name: str) -> float:
-    """The number an optimizing sweeper (Optuna) gets for a job: ``final_loss`` or a metric; NaN for a failed job."""
+def objective(summary: dict[str, Any] | None, name: str, direction: str = "minimize") -> float:
+    """The number an optimizing sweeper (Optuna) gets for a job: ``final_loss`` or a metric the recipe reports.
+
+    A failed job, or one without that number, gets the worst value for the study's ``direction``, so Optuna ranks
+    its trial last and goes on: a NaN made hydra-optuna-sweeper stop the whole study with a traceback.
+    """
+    worst = -math.inf if direction == "maximize" else math.inf
     if not summary or summary.get("status") != "completed":
-        return math.nan
-    value = summary.get("final_loss") if name == "final_loss" else (summary.get("metrics") or {}).get(name)
-    return math.nan if value is None else float(value)
+        return worst
+    metrics = summary.get("metrics") or {}
+    value = summary.get("final_loss") if name == "final_loss" else metrics.get(name)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        if name != "final_loss":
+            log.error("sweep.objective=%s: the job reported no such metric (it has %s); its trial counts as the worst",
+                      name, ", ".join(["final_loss", *metrics]))
+        return worst
+    return float(value)

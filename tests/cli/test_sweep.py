@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 
 import pytest
@@ -13,13 +14,28 @@ from launcher.cli.sweep import objective
 from tests.conftest import dlaunch
 
 
-def test_the_objective_is_the_final_loss_or_a_named_metric_and_nan_for_a_failed_job():
+def test_the_objective_is_the_final_loss_or_a_named_metric_and_the_worst_for_a_failed_job(caplog):
     done = {"status": "completed", "final_loss": 0.5, "metrics": {"eval_accuracy": 0.97}}
     assert objective(done, "final_loss") == 0.5
-    assert objective(done, "eval_accuracy") == 0.97
-    assert math.isnan(objective({"status": "failed", "final_loss": 3.0}, "final_loss"))
-    assert math.isnan(objective(None, "final_loss"))
-    assert math.isnan(objective(done, "eval_auc"))  # a metric the recipe does not report
+    assert objective(done, "eval_accuracy", "maximize") == 0.97
+    assert objective({"status": "failed", "final_loss": 3.0}, "final_loss") == math.inf
+    assert objective(None, "eval_accuracy", "maximize") == -math.inf
+    with caplog.at_level(logging.ERROR, logger="dlaunch"):
+        assert objective(done, "eval_acuracy", "maximize") == -math.inf  # a metric the recipe does not report
+    assert "sweep.objective=eval_acuracy: the job reported no such metric (it has final_loss, eval_accuracy)" in caplog.text
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_that_fails_ranks_last_and_the_study_goes_on(tmp_path):
+    """hydra-optuna-sweeper stopped the whole study with a traceback when a job's objective was NaN."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper is not installed")
+    sweep = tmp_path / "study"
+    proc = dlaunch("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "recipe.optimizer.lr=choice(1e6,0.05)",
+                   "trainer.steps=10", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]  # a job failed; the study ended
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert sorted(j["status"] for j in jobs) == ["completed", "failed"]
+    assert OmegaConf.load(sweep / "optimization_results.yaml").best_params["recipe.optimizer.lr"] == 0.05
 
 
 @pytest.mark.slow
