@@ -38,7 +38,7 @@ class TaskSpec(Strict):
     """``cluster.task``: this machine's entry in ``cluster.tasks`` (TF_CONFIG's ``task``)."""
 
     type: Literal["chief", "worker", "ps"]
-    index: Annotated[int, Field(ge=0)] = 0
+    index: Annotated[int, Field(ge=0, description="this task's position among the tasks of its type")] = 0
 
 
 class ClusterSpec(Strict):
@@ -50,11 +50,11 @@ class ClusterSpec(Strict):
     task's address, and ``node_rank`` is the task's position.
     """
 
-    nodes: PositiveInt = 1
-    devices_per_node: PositiveInt = 1
+    nodes: PositiveInt = Field(1, description="machines (N of cluster=NxM)")
+    devices_per_node: PositiveInt = Field(1, description="devices, and so worker processes, per machine (M of cluster=NxM)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    master_addr: str = Field("127.0.0.1", min_length=1)
+    master_addr: str = Field("127.0.0.1", min_length=1, description="node 0's address, where the rendezvous listens")
     master_port: Port = Field(0, description="0 picks a free port (one machine only)")
     node_rank: Annotated[int, Field(ge=0)] | None = Field(
         None, description="this machine's node; unset with nodes > 1: every node is emulated on this machine",
@@ -124,10 +124,10 @@ class ClusterSpec(Strict):
 
 
 class InputSpec(Strict):
-    global_batch_size: PositiveInt = 32
-    shuffle: bool = True
+    global_batch_size: PositiveInt = Field(32, description="examples per step over every replica (each gets an equal share)")
+    shuffle: bool = Field(True, description="a new order of the training data each epoch (seed: input.seed, else trainer.seed)")
     drop_remainder: bool = Field(True, description="drop a last partial global batch in training")
-    num_workers: Annotated[int, Field(ge=0)] = 0
+    num_workers: Annotated[int, Field(ge=0, description="DataLoader worker processes per training process; 0 loads in it")] = 0
     files: list[str] = Field(
         default_factory=list,
         description="globs, relative to the directory dlaunch starts in; validation resolves them to absolute paths",
@@ -187,13 +187,13 @@ class InputSpec(Strict):
 
 
 class LaunchSpec(Strict):
-    dry_run: bool = False
-    max_restarts: Annotated[int, Field(ge=0)] = 0
+    dry_run: bool = Field(False, description="print the plan and start nothing")
+    max_restarts: Annotated[int, Field(ge=0, description="times every worker is started again after one fails")] = 0
     rdzv_timeout_s: PositiveInt = Field(120, description="how long nodes wait for each other at the rendezvous")
     preflight_timeout_s: PositiveInt = Field(60, description="how long each rank waits for every other before training")
-    collective_timeout_s: PositiveInt = 300
-    monitor_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.1
-    shutdown_grace_s: PositiveInt = 5
+    collective_timeout_s: PositiveInt = Field(300, description="a collective that takes longer is reported as hung, naming the ranks")
+    monitor_interval_s: Annotated[float, Field(gt=0, le=10, description="how often the elastic agent checks its workers")] = 0.1
+    shutdown_grace_s: PositiveInt = Field(5, description="after a stop signal, seconds the workers have to save and exit before SIGKILL")
     warm_workers: bool = Field(True, description="local CPU workers fork from a process that imported them while dlaunch planned")
 
 
@@ -202,7 +202,7 @@ class RecipeSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="the recipe's name: its YAML under conf/recipe, or its file's stem")
     entry: str = Field(min_length=1, description="module name, or path to the recipe's .py file")
     strategies: list[StrategyName] = Field(default_factory=list, description="strategies the recipe declares it supports")
 

@@ -23,8 +23,8 @@ class MirroredSpec(StrategyUnit):
 
     name: Literal["mirrored"]
     bucket_cap_mb: float = Field(25.0, gt=0, le=4096, description="DDP gradient bucket size")
-    gradient_as_bucket_view: bool = True
-    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = Field(True, description="DDP's: gradients are views into its buckets (no copy)")
+    find_unused_parameters: bool = Field(False, description="DDP's: for models whose forward leaves some parameters unused")
     cross_device_ops: CrossDeviceOpsName | None = Field(
         None, description=(
             "how gradients and reduce() combine replicas; null: shared memory between CPU processes "

@@ -10,7 +10,7 @@ from launcher.strategies.mirrored import MirroredSpec
 
 @unit
 class MultiWorkerMirroredSpec(MirroredSpec):
-    """``strategy=multi_worker_mirrored``: mirrored across workers (processes, and later nodes)."""
+    """``strategy=multi_worker_mirrored``: mirrored across worker processes on one or more nodes."""
 
     name: Literal["multi_worker_mirrored"]  # type: ignore[assignment]
     impl: ClassVar[str] = "launcher.strategies.impl.multi_worker_mirrored"
