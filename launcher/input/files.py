@@ -300,6 +300,12 @@ class FileDataset:
         return (shard.collate(rows) for rows in shard.batches(epoch=0))
 
 
+class MissingFields(LookupError):
+    """The recipe selects fields (``FileDataset.select``) that the input files do not hold."""
+
+    explained = True  # the message names the fields, the files' own and a file: dlaunch's frames add nothing
+
+
 class FileShard:
     """One worker's rows of a ``FileDataset``, cut into its per-step batches."""
 
@@ -313,7 +319,8 @@ class FileShard:
         if dataset.fields:
             missing = [f for f in dataset.fields if f not in self.columns]
             if missing and self.columns:
-                raise KeyError(f"fields {missing} are not in the files; they hold {sorted(self.columns)}")
+                raise MissingFields(f"the recipe reads fields {missing}, which the input files do not hold (they hold "
+                                    f"{sorted(self.columns)}: {self.files[0]}{' ...' if len(self.files) > 1 else ''})")
 
     def batches(self, epoch: int) -> list[torch.Tensor]:
         """Row indices per step for ``epoch``."""

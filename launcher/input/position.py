@@ -69,6 +69,12 @@ class EpochBatchSampler:
         return -(-self._usable() // self.batch_size)
 
 
+class NoBatch(ValueError):
+    """The training data is smaller than one global batch."""
+
+    explained = True  # the message says what to change: dlaunch's frames add nothing
+
+
 class DataStream:
     """Batches epoch after epoch, counting the position; ``seek`` resumes at a position.
 
@@ -123,7 +129,7 @@ class DataStream:
                 continue
             self._position = Position(self._position.epoch, self._position.offset + 1)
             return batch
-        raise ValueError(
+        raise NoBatch(
             "the training data yields no batch: it is smaller than one global batch "
             "(lower input.global_batch_size, or set input.drop_remainder=false)"
         )

@@ -9,6 +9,7 @@ import torch
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan
 from launcher.input.files import (
     FileDataset,
+    MissingFields,
     count_rows,
     infer_format,
     read_columns,
@@ -162,7 +163,11 @@ def test_a_dataset_needs_a_known_format_and_a_batch(tmp_path):
         FileDataset((str(tmp_path / "a.jsonl"),)).shard(ShardPlan(AutoShardPolicy.OFF))
 
 
-def test_selecting_a_missing_field_names_the_fields(tmp_path):
-    write_file(tmp_path / "a.jsonl", columns(2))
-    with pytest.raises(KeyError, match="'label'"):
-        list(FileDataset((str(tmp_path / "a.jsonl"),)).batch(2).select("x", "label"))
+def test_fields_the_files_lack_are_named_with_the_ones_they_hold(tmp_path):
+    (path,) = write_shards(columns(8), tmp_path, shards=1, fmt="jsonl")
+    ds = FileDataset.from_patterns(str(tmp_path / "*.jsonl")).batch(4).select("x", "label")
+    with pytest.raises(MissingFields) as caught:
+        ds.shard(ShardPlan(AutoShardPolicy.DATA, 1, 0))
+    assert str(caught.value) == (f"the recipe reads fields ['label'], which the input files do not hold "
+                                 f"(they hold ['id', 'x', 'y']: {path.resolve()})")
+    assert caught.value.explained  # the root-cause panel shows the message alone, without dlaunch's frames

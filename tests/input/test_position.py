@@ -62,3 +62,17 @@ def test_a_plain_iterable_is_replayed():
     stream = DataStream(batches)
     stream.seek(Position(1, 3))
     assert [float(b[0]) for b in take(stream, 4)] == [3.0, 4.0, 0.0, 1.0]
+
+
+def test_data_smaller_than_one_global_batch_says_what_to_change():
+    import pytest
+
+    from launcher.input.position import NoBatch
+
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    data = TensorDataset(torch.arange(3, dtype=torch.float32).unsqueeze(1))
+    stream = DataStream(strategy.experimental_distribute_dataset(
+        DataLoader(data, batch_sampler=EpochBatchSampler(3, 8, shuffle=False, seed=0, drop_last=True))))
+    with pytest.raises(NoBatch, match=r"lower input.global_batch_size, or set input.drop_remainder=false") as caught:
+        next(iter(stream))
+    assert caught.value.explained
