@@ -25,6 +25,7 @@ class ConfigError(Exception):
 
     exit_code = 2
     title = "invalid configuration"
+    hint = "See `dlaunch --help` for the config groups, `dlaunch --cfg job` for the composed config."
 
     def __init__(self, problems: Iterable[Problem]):
         self.problems = list(problems)
@@ -36,6 +37,7 @@ class UserCodeError(ConfigError):
 
     exit_code = 1
     title = "the recipe's code failed"
+    hint = "Fix it in the recipe's file; `dlaunch recipes validate DIR` checks a recipe directory without training."
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
@@ -60,7 +62,7 @@ def render(error: ConfigError, console: Console | None = None) -> None:
         used, shown = used + len(lines), shown + 1
     if n > shown:
         console.print(f"\n  ... and {n - shown} more")
-    console.print("\nSee `dlaunch --help` for the config groups, `dlaunch --cfg job` for the composed config.")
+    console.print(f"\n{error.hint}")
 
 
 def _lines(p: Problem) -> list[str]:
