@@ -21,16 +21,20 @@ log = logging.getLogger("dlaunch")
 
 def causes_of(exc: ChildFailedError, run_dir: Path) -> tuple[list[failures.RootCause], list[failures.RootCause]]:
     """(real failures, failures of ranks that had already completed) among an agent's workers."""
-    causes = [with_last_step(failures.from_process_failure(rank, f), run_dir) for rank, f in exc.failures.items()]
+    floor = last_logged_step(run_dir)  # every rank took part in that step's loss reduce
+    causes = [with_last_step(failures.from_process_failure(rank, f), run_dir, floor) for rank, f in exc.failures.items()]
     finished = [c for c in causes if outputs.completion_marker(run_dir, c.rank).exists()]
     return [c for c in causes if c not in finished], finished
 
 
-def with_last_step(cause: failures.RootCause, run_dir: Path) -> failures.RootCause:
-    """A rank that died without saying its last completed step (SIGKILL, a segfault): its heartbeat's."""
-    if cause.last_step is not None:
-        return cause
-    return dataclasses.replace(cause, last_step=outputs.last_completed_step(run_dir, cause.rank))
+def with_last_step(cause: failures.RootCause, run_dir: Path, floor: int | None = None) -> failures.RootCause:
+    """A rank that died without saying its last completed step (SIGKILL, a segfault): its heartbeat's. ``floor``: a
+    step every rank is known to have completed (the last one logged), which a heartbeat written about once a second
+    can lag behind."""
+    step = cause.last_step if cause.last_step is not None else outputs.last_completed_step(run_dir, cause.rank)
+    if floor is not None:
+        step = floor if step is None else max(step, floor)
+    return dataclasses.replace(cause, last_step=step)
 
 
 def report_failures(real: list[failures.RootCause], finished: list[failures.RootCause], spec: RunSpec, run_dir: Path) -> int:

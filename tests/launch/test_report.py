@@ -87,3 +87,14 @@ def test_a_worker_whose_error_file_cannot_be_written_says_its_error_on_stderr(tm
     err = capsys.readouterr().err
     assert "rank 1 could not record its error" in err and "ValueError: the real cause" in err
     assert not (tmp_path / "no-such-dir").exists()
+
+
+def test_a_killed_ranks_last_completed_step_is_at_least_the_last_logged_one(tmp_path):
+    """Its heartbeat, written about once a second, said step 18; every rank had taken part in step 30's loss reduce."""
+    killed = RootCause(1, "host", 101, "signal SIGKILL", "", "", 1.0)
+    outputs.progress_file(tmp_path, 1).parent.mkdir(parents=True)
+    outputs.progress_file(tmp_path, 1).write_text(json.dumps({"step": 18}))
+    assert report.with_last_step(killed, tmp_path).last_step == 18
+    assert report.with_last_step(killed, tmp_path, floor=30).last_step == 30
+    assert report.with_last_step(cause(0), tmp_path, floor=10).last_step == 12  # what the rank said itself, if later
+    assert report.with_last_step(RootCause(2, "host", 102, "signal SIGKILL", "", "", 1.0), tmp_path, floor=30).last_step == 30
