@@ -77,7 +77,7 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
         out.append(f"global batch {manifest['global_batch_size']} -> {spec.input.global_batch_size}: the data position "
                    f"(epoch {manifest['data_position']['epoch']}, batch {manifest['data_position']['offset']}) now counts other batches")
     out += _data_changes(manifest["input"], _input_layout(spec))
-    out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _diff(manifest.get("recipe", {}), spec.recipe.model_dump(mode="json"))]
+    out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _recipe_diff(manifest.get("recipe", {}), spec)]
     old_decay, new_decay = manifest.get("lr_decay"), _lr_decay(spec)  # checkpoints before this record none
     if old_decay and new_decay and old_decay != new_decay:
         fits = spec.trainer.lr_schedule.warmup_steps + old_decay["steps"] <= spec.trainer.steps
@@ -86,6 +86,17 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
         out.append(f"lr schedule: {old_decay['decay']} decay over {old_decay['steps']} -> {new_decay['decay']} over "
                    f"{new_decay['steps']} steps after the warm-up: from step {manifest['step']} the lr is the new schedule's{keep}")
     return out
+
+
+def _recipe_diff(saved: dict[str, Any], spec: RunSpec) -> list[tuple[str, Any, Any]]:
+    """Both recipe sections as the recipe's ``Config`` reads them: a key one YAML leaves at its default and the other
+    sets to that same value is no change."""
+    from launcher.runtime.recipe import as_read
+
+    new = spec.recipe.model_dump(mode="json")
+    if spec.script is not None:
+        return _diff(saved, new)
+    return _diff(as_read(saved), as_read(new))
 
 
 def _lr_decay(spec: RunSpec) -> dict[str, Any] | None:

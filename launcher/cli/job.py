@@ -182,11 +182,7 @@ def as_run(spec: Any) -> str:
 
     data = spec.model_dump(mode="json")
     if spec.script is None:
-        try:
-            config = recipe_lib.load(spec.recipe.model_dump()).config  # the module the validation imported
-            data["recipe"] = {**data["recipe"], **config.model_dump(mode="json")}
-        except Exception:  # noqa: BLE001 - validated already; the composed section is still a faithful record
-            pass
+        data["recipe"] = recipe_lib.as_read(data["recipe"])  # the module the validation imported
     return OmegaConf.to_yaml(data)
 
 

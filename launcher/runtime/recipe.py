@@ -313,6 +313,15 @@ def load(recipe: dict[str, Any]) -> LoadedRecipe:
     return LoadedRecipe(module=module, config=config, manual=manual)
 
 
+def as_read(section: dict[str, Any]) -> dict[str, Any]:
+    """A recipe section as its ``Config`` reads it, the defaults its YAML leaves out included (what ran); as given
+    where it cannot be read (a recipe whose code changed since)."""
+    try:
+        return {**section, **load(section).config.model_dump(mode="json")}
+    except Exception:  # noqa: BLE001 - the section as given is still a faithful record
+        return dict(section)
+
+
 def with_section_defaults(cls: type[BaseModel], given: dict[str, Any]) -> dict[str, Any]:
     """``given`` with each section (a field whose default is a model: ``optimizer``) laid over that default's
     values, not the section class's: ``optimizer: {lr: 0.1}`` keeps the recipe's ``momentum=0.9``, as a YAML

@@ -34,3 +34,13 @@ def test_a_shorter_run_is_told_too_without_a_length_it_could_not_keep():
     shorter = compose_and_validate([*COSINE, "trainer.steps=30"], 0)  # 10 + 30 > 30: decay_steps=30 would be refused
     (change,) = [c for c in manifest.changes(saved("trainer.steps=40"), shorter) if c.startswith("lr schedule")]
     assert "cosine decay over 30 -> cosine over 20 steps" in change and "decay_steps" not in change
+
+
+def test_a_recipe_key_left_at_its_default_is_compared_as_its_config_reads_it():
+    """A YAML without ``noise`` ran with the Config's 0.1: setting 0.1 is no change, 0.2 is (it said None -> 0.1)."""
+    old = saved()
+    del old["recipe"]["noise"]
+    same = compose_and_validate([*COSINE, "recipe.noise=0.1"], 0)
+    assert not [c for c in manifest.changes(old, same) if c.startswith("recipe.")]
+    other = compose_and_validate([*COSINE, "recipe.noise=0.2"], 0)
+    assert [c for c in manifest.changes(old, other) if c.startswith("recipe.")] == ["recipe.noise: 0.1 -> 0.2"]
