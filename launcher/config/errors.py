@@ -77,6 +77,9 @@ def _lines(p: Problem) -> list[str]:
 
 
 def _short(value: Any, limit: int = 60) -> str:
+    """The value as a user types it on the command line: ``true``, ``null``, ``''``, not Python's spelling."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
     text = repr(value) if isinstance(value, str) and value == "" else str(value)
     return _clean(text, limit)
 

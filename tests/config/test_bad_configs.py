@@ -74,7 +74,8 @@ CASES = [
     (["strategy.device=tpu:0"], "strategy.device", "unknown device"),
     (["strategy.device=cuda:0"], "strategy.device", "0 CUDA device"),
     (["strategy=mirrored", "strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite"),
-    (["strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], "input.drop_remainder", "keep input.drop_remainder=true"),
+    (["strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], "input.drop_remainder = false",  # as typed
+     "keep input.drop_remainder=true"),
     (["strategy=mirrored", "strategy.cross_device_ops=hierarchical"], "strategy.cross_device_ops",
      "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device, shared_memory"),
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),
@@ -141,7 +142,7 @@ def test_every_trainer_feature_a_strategy_refuses_is_named_at_once(capsys, monke
                  "trainer.compile.enabled=true", "trainer.clip_grad_norm=1.0", "trainer.lr_schedule.decay=cosine"]) == 2
     err = capsys.readouterr().err
     assert "invalid configuration (4 problems)" in err and err.count("strategy parameter_server cannot do this") == 4
-    for key in ("trainer.precision = fp16-mixed", "trainer.compile.enabled = True", "trainer.clip_grad_norm = 1.0",
+    for key in ("trainer.precision = fp16-mixed", "trainer.compile.enabled = true", "trainer.clip_grad_norm = 1.0",
                 "trainer.lr_schedule.decay = cosine"):
         assert key in err, err
     assert main(["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "trainer.precision=fp16-mixed",

@@ -106,7 +106,7 @@ def test_profiling_a_script_is_refused_naming_the_key(run_dlaunch, tmp_path):
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
     proc, _ = run_dlaunch("script=custom_loop.py", "trainer.profile.enabled=true")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "trainer.profile.enabled = True" in proc.stderr and "a script runs its own" in proc.stderr
+    assert "trainer.profile.enabled = true" in proc.stderr and "a script runs its own" in proc.stderr
 
 
 def test_the_plan_shows_the_script_and_not_the_loop(tmp_path):
