@@ -13,9 +13,10 @@ from typing import Callable
 
 
 def entry() -> None:
-    from launcher.cli import interrupts, usage
+    from launcher.cli import interrupts
 
     interrupts.note_early()  # a Ctrl-C while torch imports would be lost inside it: noted, acted on at a safe point
+    from launcher.cli import usage
 
     answered = usage.early_exit(sys.argv[1:])  # --help, --version, torchrun flags: answered before torch is imported
     if answered is not None:

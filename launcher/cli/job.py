@@ -10,6 +10,7 @@ directory as it was, and a sweep's table shows it refused under its own override
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -132,8 +133,8 @@ def record_hydra(run_dir: Path, cfg: Any) -> None:
     OmegaConf.save(hydra, record / "hydra.yaml")
     OmegaConf.save(OmegaConf.create(user_recipes.as_typed([str(o) for o in hydra.hydra.overrides.task])),
                    record / "overrides.yaml")
-    if script_config.ARGS:  # `-- ARGS`: no override, so Hydra's record has no place for them
-        OmegaConf.save(OmegaConf.create(list(script_config.ARGS)), record / outputs.SCRIPT_ARGS)
+    if script_config.ARGS:  # `-- ARGS`: no override, so Hydra's record has no place for them; JSON: `${x}` stays text
+        (record / outputs.SCRIPT_ARGS).write_text(json.dumps(list(script_config.ARGS)) + "\n")
     else:
         (record / outputs.SCRIPT_ARGS).unlink(missing_ok=True)
 

@@ -116,10 +116,10 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
 
 def _recorded(records: list[Path]) -> list[str]:
     """The arguments (after ``--``) a script's run was given, from the first of ``records`` that exists."""
-    from omegaconf import OmegaConf
+    import json
 
     found = [r for r in records if r.exists()]
-    return [str(a) for a in OmegaConf.load(found[0])] if found else []
+    return [str(a) for a in json.loads(found[0].read_text())] if found else []
 
 
 def _script_tail(args: list[str]) -> list[str]:
@@ -183,7 +183,7 @@ def _go_to_first_cwd(run_dir: Path) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...]")
+        print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...] [-- SCRIPT_ARGS]")
         return 0 if argv else 2
     run_dir = Path(argv[0]).expanduser().resolve()
     try:

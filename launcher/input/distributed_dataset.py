@@ -35,11 +35,15 @@ class _Empty:
     """What a process loads when a last partial batch leaves its replicas no rows."""
 
 
-def _collate_or_empty(collate: Callable[[list], Any]) -> Callable[[list], Any]:
-    def collate_fn(samples: list) -> Any:
-        return _Empty if not samples else collate(samples)
+class _CollateOrEmpty:
+    """A loader's ``collate_fn`` that gives ``_Empty`` for a batch with none of this process's rows. A class, not a
+    closure: loader workers started by ``spawn`` or ``forkserver`` (Python 3.14's default) receive it pickled."""
 
-    return collate_fn
+    def __init__(self, collate: Callable[[list], Any]):
+        self.collate = collate
+
+    def __call__(self, samples: list) -> Any:
+        return _Empty if not samples else self.collate(samples)
 
 
 class _LocalRowsSampler:
@@ -75,7 +79,7 @@ def _local_loader(loader: DataLoader, first: int, num_local: int, num_replicas: 
         loader.dataset,
         batch_sampler=sampler,
         num_workers=loader.num_workers,
-        collate_fn=_collate_or_empty(loader.collate_fn),
+        collate_fn=_CollateOrEmpty(loader.collate_fn),
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,

@@ -167,7 +167,7 @@ def run_node(
                       master_addr=spec.cluster.master_addr)
         return 0
     except ChildFailedError as exc:
-        return on_failure(*report.causes_of(exc, run_dir), spec, run_dir)
+        return on_failure(*report.causes_of(exc, run_dir, spec), spec, run_dir)
     except SignalException as exc:
         log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
         return 128 + int(exc.sigval)

@@ -19,9 +19,10 @@ from launcher.runtime import outputs, progress
 log = logging.getLogger("dlaunch")
 
 
-def causes_of(exc: ChildFailedError, run_dir: Path) -> tuple[list[failures.RootCause], list[failures.RootCause]]:
+def causes_of(exc: ChildFailedError, run_dir: Path, spec: RunSpec) -> tuple[list[failures.RootCause], list[failures.RootCause]]:
     """(real failures, failures of ranks that had already completed) among an agent's workers."""
-    floor = last_logged_step(run_dir)  # every rank took part in that step's loss reduce
+    # every rank took part in the last logged step's loss reduce; a script's own records say nothing of that
+    floor = last_logged_step(run_dir) if spec.script is None else None
     causes = [with_last_step(failures.from_process_failure(rank, f), run_dir, floor) for rank, f in exc.failures.items()]
     finished = [c for c in causes if outputs.completion_marker(run_dir, c.rank).exists()]
     return [c for c in causes if c not in finished], finished
@@ -64,7 +65,7 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
 
 
 def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) -> int:
-    return report_failures(*causes_of(exc, run_dir), spec, run_dir)
+    return report_failures(*causes_of(exc, run_dir, spec), spec, run_dir)
 
 
 def logged(run_dir: Path) -> list[dict]:
@@ -72,8 +73,9 @@ def logged(run_dir: Path) -> list[dict]:
 
 
 def last_logged_step(run_dir: Path) -> int | None:
-    records = logged(run_dir)
-    return int(records[-1]["step"]) if records else None
+    """The newest step in ``metrics.jsonl`` (None: none; a script's own file may hold records of any shape)."""
+    steps = [r["step"] for r in logged(run_dir) if isinstance(r.get("step"), int) and not isinstance(r["step"], bool)]
+    return steps[-1] if steps else None
 
 
 def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, others: Sequence[failures.RootCause] = ()) -> None:

@@ -23,7 +23,7 @@ The forkserver inherits the workers' environment (``worker_environment``): it is
 started inside it, because torch reads some variables (``OMP_NUM_THREADS``) when it
 is imported. It dies with dlaunch, however dlaunch ends (``forkserver_guard``), and
 its children follow it (``die_with_launcher``). ``launch.warm_workers=false`` starts every worker as a
-fresh interpreter instead (``python -m launcher.runtime.worker``).
+fresh interpreter instead (``python -m launcher.runtime.worker_entry``).
 """
 
 from __future__ import annotations
@@ -182,11 +182,11 @@ def _sigint_blocked() -> Iterator[None]:
     block is lifted, so dlaunch still sees every Ctrl-C.
     """
     resource_tracker.ensure_running()  # first: starting it lifts this same block (CPython's bpo-33613 guard)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def started() -> bool:

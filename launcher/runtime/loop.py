@@ -155,7 +155,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy):
         losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
     loop_seconds = time.perf_counter() - loop_started
-    warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps)
+    warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps, rank)
     metrics = evaluator()
     if metrics:
         log.info("eval: %s", _said(metrics))

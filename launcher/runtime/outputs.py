@@ -14,7 +14,7 @@ from typing import Any
 
 CONFIG = "config.yaml"
 HYDRA_RECORD = ".hydra"  # the job's command as Hydra records it (config, hydra, overrides YAML): resume and sweeps read it
-SCRIPT_ARGS = "script_args.yaml"  # in HYDRA_RECORD: a script's own arguments (after --), which are no override
+SCRIPT_ARGS = "script_args.json"  # in HYDRA_RECORD: a script's own arguments (after --), which are no override
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it

@@ -279,9 +279,10 @@ def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: Repl
         step.skipped = state["skipped_steps"].clone()
 
 
-def warn_if_all_skipped(skipped: int, steps: int) -> None:
+def warn_if_all_skipped(skipped: int, steps: int, rank: int = 0) -> None:
     """fp16-mixed: GradScaler skips a step whose gradients are not finite, and a few early ones are usual. When it
-    skipped every step of the run, the model never changed (a NaN loss skips them all): said once, at the end."""
-    if steps > 0 and skipped >= steps:
+    skipped every step of the run, the model never changed (a NaN loss skips them all): said once, by rank 0 (every
+    rank counts the same skips), at the end."""
+    if rank == 0 and steps > 0 and skipped >= steps:
         log.warning("fp16-mixed skipped all %d steps of the run (inf/NaN gradients): the model did not train; "
                     "check that the loss is finite under trainer.precision=fp32, or try bf16-mixed", steps)

@@ -135,9 +135,9 @@ def run_job(job_path: str) -> int:
 def fresh_start_method() -> None:
     """multiprocessing's default start method, as a fresh interpreter has it (``fork`` on Linux before Python 3.14).
 
-    A child of the forkserver inherits ``forkserver`` as its default: a recipe's ``DataLoader(num_workers>0)`` then
-    pickled its collate function (``Can't pickle local object``), and a script's died in multiprocessing's
-    bootstrapping check. They run as they do under torchrun.
+    A child of the forkserver inherits ``forkserver`` as its default: a script's ``DataLoader(num_workers>0)`` then
+    died in multiprocessing's bootstrapping check, and a recipe's loader pickled what it runs in its workers. They
+    run as they do under torchrun.
     """
     import multiprocessing
 

@@ -4,7 +4,7 @@ The workers share dlaunch's process group, so a Ctrl-C reaches them too. While a
 fresh interpreter imports torch and dlaunch (seconds), Python's own handler turned
 it into a ``KeyboardInterrupt`` traceback from deep inside ``import torch``, once
 per rank; dlaunch itself reports the stop. Here a Ctrl-C during those imports ends
-the worker quietly (exit 130); once they are done, Python's handler is back and
+the worker quietly (exit 130); once they are done, the handler it started with is back and
 the run's own stop handling (``launcher/runtime/preemption.py``) takes over.
 Workers forked from the warm server have the same guard there
 (``launcher/launch/forkserver_guard.py``).
@@ -19,8 +19,10 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _interrupted)
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:  # ignored (dlaunch started in the background by a script): it stays ignored
+        signal.signal(signal.SIGINT, _interrupted)
     from launcher.runtime import worker
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, previous)
     worker.main()

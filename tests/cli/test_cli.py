@@ -97,3 +97,11 @@ def test_dry_run_shows_which_worker_reads_which_files(run_dlaunch, tmp_path):
     assert "uneven shards: each epoch ends with the shortest worker, after 85 steps" in " ".join(plan.split())
     proc, _ = run_dlaunch("strategy=mirrored", "cluster=1x4", "input.files=data/train-*.jsonl", "input.auto_shard_policy=DATA", "launch.dry_run=true", name="data")
     assert "0-3" in proc.stdout + proc.stderr and "rank r keeps elements k%4==r" in proc.stdout + proc.stderr and "2048" in proc.stdout + proc.stderr
+
+
+def test_a_bare_info_flag_after_an_override_prints_hydras_info(tmp_path):
+    """Moved before the overrides, a bare --info (its value is optional) took the first override for its value."""
+    from tests.conftest import dlaunch
+
+    proc = dlaunch("trainer.steps=5", "--info", cwd=tmp_path, device=None)
+    assert proc.returncode == 0 and "Config search path" in proc.stdout, proc.stderr[-2000:]

@@ -179,15 +179,15 @@ def test_resume_runs_a_script_again_with_its_arguments_unless_given_new_ones(tmp
     (tmp_path / "argv.py").write_text(ARGV_SCRIPT)
     run_dir = tmp_path / "run"
     first = dlaunch("script=argv.py", "strategy=mirrored", "cluster=1x2", f"hydra.run.dir={run_dir}", "--", "--epochs", "5",
-                    "--name", "a b", cwd=tmp_path)
+                    "--name", "a b", "--fmt", "${x}", cwd=tmp_path)  # no interpolation for OmegaConf to resolve
     assert first.returncode == 0, first.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"  # script=argv.py is relative: resumed from where the run was started
     elsewhere.mkdir()
     again = dlaunch("resume", str(run_dir), cwd=elsewhere, device=None)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"cd {tmp_path} && dlaunch script=argv.py" in again.stderr  # the command it runs, as typed
-    assert "-- --epochs 5 --name 'a b'" in again.stderr
+    assert "-- --epochs 5 --name 'a b' --fmt '${x}'" in again.stderr
     new = dlaunch("resume", str(run_dir), "--", "--epochs", "7", cwd=tmp_path, device=None)
     assert new.returncode == 0, new.stderr[-3000:]
     seen = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
-    assert seen == [["--epochs", "5", "--name", "a b"]] * 2 + [["--epochs", "7"]]
+    assert seen == [["--epochs", "5", "--name", "a b", "--fmt", "${x}"]] * 2 + [["--epochs", "7"]]

@@ -98,3 +98,11 @@ def test_a_killed_ranks_last_completed_step_is_at_least_the_last_logged_one(tmp_
     assert report.with_last_step(killed, tmp_path, floor=30).last_step == 30
     assert report.with_last_step(cause(0), tmp_path, floor=10).last_step == 12  # what the rank said itself, if later
     assert report.with_last_step(RootCause(2, "host", 102, "signal SIGKILL", "", "", 1.0), tmp_path, floor=30).last_step == 30
+
+
+def test_the_last_logged_step_skips_records_without_one(tmp_path):
+    """A script may write a metrics.jsonl of its own: records of any shape, never a crash while reporting."""
+    write_records(tmp_path, {"step": 10, "loss": 1.0}, {"epoch": 2, "acc": 0.9}, {"step": "last"})
+    assert report.last_logged_step(tmp_path) == 10
+    write_records(tmp_path, {"epoch": 1})
+    assert report.last_logged_step(tmp_path) is None

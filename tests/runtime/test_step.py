@@ -160,6 +160,7 @@ def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
 
     with caplog.at_level(logging.WARNING, logger="dlaunch"):
         warn_if_all_skipped(3, 200)  # a few early skips while the scale settles: usual, nothing said
+        warn_if_all_skipped(200, 200, rank=1)  # every rank counts the same skips: rank 0 says it
         warn_if_all_skipped(200, 200)
     (said,) = [r.getMessage() for r in caplog.records]
     assert said.startswith("fp16-mixed skipped all 200 steps of the run (inf/NaN gradients): the model did not train")
