@@ -71,8 +71,9 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
     if manifest["strategy"] != spec.strategy.name:
         out.append(f"strategy {manifest['strategy']} -> {spec.strategy.name}")
     if manifest["per_replica_batch_size"] != spec.per_replica_batch_size:
+        old_n, new_n = manifest["num_replicas"], spec.num_replicas
         out.append(f"per-replica batch {manifest['per_replica_batch_size']} -> {spec.per_replica_batch_size} "
-                   f"({manifest['num_replicas']} -> {spec.num_replicas} replicas)")
+                   + (f"({old_n} -> {new_n} replicas)" if old_n != new_n else f"(on {new_n} replica(s))"))
     if manifest["global_batch_size"] != spec.input.global_batch_size:
         out.append(f"global batch {manifest['global_batch_size']} -> {spec.input.global_batch_size}: the data position "
                    f"(epoch {manifest['data_position']['epoch']}, batch {manifest['data_position']['offset']}) now counts other batches")

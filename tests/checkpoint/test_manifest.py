@@ -44,3 +44,10 @@ def test_a_recipe_key_left_at_its_default_is_compared_as_its_config_reads_it():
     assert not [c for c in manifest.changes(old, same) if c.startswith("recipe.")]
     other = compose_and_validate([*COSINE, "recipe.noise=0.2"], 0)
     assert [c for c in manifest.changes(old, other) if c.startswith("recipe.")] == ["recipe.noise: 0.1 -> 0.2"]
+
+
+def test_a_new_global_batch_on_as_many_replicas_says_so_once():
+    old = saved("input.global_batch_size=64")
+    (change,) = [c for c in manifest.changes(old, compose_and_validate([*COSINE, "input.global_batch_size=32"], 0))
+                 if c.startswith("per-replica")]
+    assert change == "per-replica batch 64 -> 32 (on 1 replica(s))"
