@@ -82,7 +82,8 @@ def refused(run_dir: Path, status: str, reason: str) -> None:
 
     if HydraConfig.get().mode != RunMode.MULTIRUN or not run_dir.name.isdigit():
         return
-    own = [o for o in user_recipes.as_typed([str(o) for o in HydraConfig.get().overrides.task]) if not o.startswith("hydra")]
+    typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in HydraConfig.get().overrides.task]))
+    own = [o for o in typed if not o.startswith("hydra")]
     row = {"job": int(run_dir.name), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
            "error": reason, "dir": str(run_dir)}
     (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
@@ -146,7 +147,9 @@ def _overrides(job: Path) -> list[str]:
         return []
     from omegaconf import OmegaConf
 
-    return [str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra")]
+    from launcher.config.user_recipes import as_shown
+
+    return as_shown(str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra"))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

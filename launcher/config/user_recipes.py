@@ -168,3 +168,9 @@ def as_typed(overrides: Iterable[str]) -> list[str]:
         key, eq, value = text.partition("=")
         out.append(f"{key}={TYPED[value]}" if eq and key == "recipe" and value in TYPED else text)
     return out
+
+
+def as_shown(overrides: Iterable[str]) -> list[str]:
+    """``overrides`` for a table or a chart's label, as the user typed them: without the ``+`` or ``++`` that dlaunch
+    adds to a recipe key its YAML does not list (``compose``), which is the same setting."""
+    return [o.lstrip("+") if o.lstrip("+").startswith("recipe.") else o for o in overrides]

@@ -172,3 +172,10 @@ def test_a_whole_section_the_yaml_leaves_out_is_set_like_any_other(tmp_path, cap
 def test_with_a_swept_recipe_choice_a_recipe_key_is_set_or_added_per_job(config_dirs):
     chosen = composer.choose_user_recipes(["recipe=linear,digits", "recipe.optimizer.lr=0.5", "+recipe.x=1", "trainer.steps=2"])
     assert chosen == ["recipe=linear,digits", "++recipe.optimizer.lr=0.5", "+recipe.x=1", "trainer.steps=2"]
+
+
+def test_tables_show_a_recipe_key_as_typed_without_the_plus_dlaunch_added():
+    from launcher.config.user_recipes import as_shown
+
+    assert as_shown(["+recipe.hidden=8", "++recipe.lr=0.1", "+trainer.extra=1", "recipe=linear", "~recipe.noise"]) == [
+        "recipe.hidden=8", "recipe.lr=0.1", "+trainer.extra=1", "recipe=linear", "~recipe.noise"]

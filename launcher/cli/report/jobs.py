@@ -159,8 +159,10 @@ def _yaml(path: Path) -> Any:
 
 
 def _overrides(path: Path) -> list[str]:
+    from launcher.config.user_recipes import as_shown
+
     found = _yaml(path / outputs.HYDRA_RECORD / "overrides.yaml")
-    return [str(o) for o in found] if isinstance(found, list) else []
+    return as_shown(str(o) for o in found) if isinstance(found, list) else []
 
 
 def _config(path: Path) -> dict[str, Any]:
