@@ -86,7 +86,7 @@ _SAME_AS = {
     "main_process_ip": "cluster.master_addr={v}",
     "master_port": "cluster.master_port={v}",
     "main_process_port": "cluster.master_port={v}",
-    "rdzv_endpoint": "cluster.master_addr=HOST cluster.master_port=PORT",
+    "rdzv_endpoint": "cluster.master_addr={host} cluster.master_port={port}",
     "max_restarts": "launch.max_restarts={v}",
     "monitor_interval": "launch.monitor_interval_s={v}",
     "mixed_precision": "trainer.precision=bf16-mixed (or fp16-mixed, fp32)",
@@ -125,7 +125,9 @@ def flag_message(argv: list[str]) -> str | None:
     for name, value in flags:
         given = f"--{name}" + (f"={value}" if value is not None else "")
         if name in _SAME_AS:
-            lines.append(f"  {given:<28} use {_SAME_AS[name].format(v=value if value is not None else 'N')}")
+            v = value if value is not None else "N"
+            host, _, port = v.rpartition(":") if ":" in v else (value or "", "", "")  # an endpoint's host:port
+            lines.append(f"  {given:<28} use {_SAME_AS[name].format(v=v, host=host or 'HOST', port=port or 'PORT')}")
         else:
             lines.append(f"  {given:<28} {unknown}")
     scripts = [a for a in argv if a.endswith(".py") and "=" not in a]

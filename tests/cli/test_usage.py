@@ -40,10 +40,12 @@ def test_version_is_the_package_version(tmp_path):
 
 
 def test_torchrun_flags_are_mapped_to_overrides(tmp_path):
-    proc = dlaunch("--nnodes=2", "--nproc_per_node", "8", "--master_port=29500", "--bogus", cwd=tmp_path)
+    proc = dlaunch("--nnodes=2", "--nproc_per_node", "8", "--master_port=29500", "--rdzv_endpoint=node0:29400", "--bogus",
+                   cwd=tmp_path)
     assert proc.returncode == 2
     assert "unrecognized arguments" not in proc.stderr
-    for expected in ("cluster=2xDEVICES", "cluster=NODESx8", "cluster.master_port=29500", "--bogus", "unknown option"):
+    for expected in ("cluster=2xDEVICES", "cluster=NODESx8", "cluster.master_port=29500", "--bogus", "unknown option",
+                     "cluster.master_addr=node0 cluster.master_port=29400"):
         assert expected in proc.stderr, expected
 
 
