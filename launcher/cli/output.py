@@ -13,7 +13,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-WIDTH_OFF_TERMINAL = 200  # a log file has no edge: keep each plan row on one line
+WIDTH_OFF_TERMINAL = 1000  # a log file has no edge: keep each plan row and message on one line
 
 
 class _Unpadded(io.TextIOBase):
