@@ -3,8 +3,8 @@
 The default run directory has a timestamp in its name, so "the same command
 again" would start afresh elsewhere. This reads the run's own overrides
 (``RUN_DIR/.hydra/overrides.yaml``), ``--config-dir`` and ``--config-name``, and runs them with
-``hydra.run.dir=RUN_DIR trainer.resume=auto``; further overrides are added last, from the directory the run was started in. A script's run gets its arguments
-(after ``--``) again, unless new ones are given.
+``hydra.run.dir=RUN_DIR trainer.resume=auto``, from the directory the run was started in; further
+overrides are added last. A script's run gets its arguments (after ``--``) again, unless new ones are given.
 
     dlaunch resume outputs/2026-01-02/10-11-12
     dlaunch resume outputs/2026-01-02/10-11-12 trainer.steps=500
