@@ -125,9 +125,9 @@ def flag_message(argv: list[str]) -> str | None:
     for name, value in flags:
         given = f"--{name}" + (f"={value}" if value is not None else "")
         if name in _SAME_AS:
-            v = value if value is not None else "N"
-            host, _, port = v.rpartition(":") if ":" in v else (value or "", "", "")  # an endpoint's host:port
-            lines.append(f"  {given:<28} use {_SAME_AS[name].format(v=v, host=host or 'HOST', port=port or 'PORT')}")
+            host, _, port = (value or "").rpartition(":") if ":" in (value or "") else (value, "", "")  # host:port
+            filled = _SAME_AS[name].format(v=value or "N", host=host or "HOST", port=port or "PORT")
+            lines.append(f"  {given:<28} use {filled}")
         else:
             lines.append(f"  {given:<28} {unknown}")
     scripts = [a for a in argv if a.endswith(".py") and "=" not in a]

@@ -31,7 +31,6 @@ from launcher.runtime import recipe as recipe_lib
 
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
-SHAPE = shapes.SHAPE
 GENERATED_GROUPS = ("cluster", "recipe")
 CONFIG_DIRS: list[str] = []  # `dlaunch --config-dir DIR`: searched first, as Hydra searches it for the run itself
 CONFIG_NAME = "config"  # `dlaunch --config-name NAME`: the primary config (in a --config-dir, or dlaunch's own)
@@ -168,7 +167,7 @@ def _choices(ov: Override) -> list[str]:
 
 def _check_choice(group: str, value: str) -> Problem | None:
     if group == "cluster":
-        if SHAPE.match(value) and all(int(v) > 0 for v in SHAPE.match(value).groups()) or value in file_options("cluster"):
+        if shapes.SHAPE.match(value) and all(int(v) > 0 for v in shapes.SHAPE.match(value).groups()) or value in file_options("cluster"):
             return None
         files = ", ".join(file_options("cluster"))
         return Problem(key="cluster", value=value, message=f"cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8), or one of: {files}")

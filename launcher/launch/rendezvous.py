@@ -37,6 +37,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the socket is closed again: a process that binds it next may race another)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def listening_store(host: str, port: int, timeout_s: float = 60.0, sock: socket.socket | None = None) -> TCPStore:
     """A TCPStore server listening on ``host:port`` only, or on an already bound ``sock``."""
     sock = sock or bind(host, port)

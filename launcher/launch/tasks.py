@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from launcher.cluster.env import PSTask, task_environment
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
-from launcher.launch import elastic, emulate, failures, report
+from launcher.launch import elastic, emulate, failures, rendezvous, report
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.tasks"
@@ -45,7 +44,7 @@ def launch(spec: RunSpec, run_dir: Path, plan: Plan) -> int:
     """Run this machine's tasks to the end (restarting all of them when allowed); return the exit code."""
     c = spec.cluster
     if not c.tasks:  # every task here: the chief's RPC rendezvous on a free loopback port
-        spec = spec.model_copy(update={"cluster": c.model_copy(update={"master_port": c.master_port or _free_port(c.master_addr)})})
+        spec = spec.model_copy(update={"cluster": c.model_copy(update={"master_port": c.master_port or rendezvous.free_port(c.master_addr)})})
     job = elastic.write_job(spec, run_dir, plan)
     for attempt in range(spec.launch.max_restarts + 1):
         tasks = [t for t in all_tasks(spec, attempt) if c.task is None or (t.type, t.index) == (c.task.type, c.task.index)]
@@ -63,12 +62,6 @@ def launch(spec: RunSpec, run_dir: Path, plan: Plan) -> int:
             continue
         return report.report_failures(causes, [], spec, run_dir)
     return 1
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -> tuple[int, list[failures.RootCause]]:

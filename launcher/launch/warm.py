@@ -32,7 +32,6 @@ import contextlib
 import importlib.resources
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import time
@@ -40,6 +39,7 @@ from multiprocessing import forkserver, resource_tracker
 from typing import Any, Iterator
 
 from launcher.cluster.env import worker_environment, worker_env_set
+from launcher.config import shapes
 
 # torch._dynamo (with sympy, about 0.9 s here) is imported by a process's first optimizer step: in the
 # server it is imported once, off the workers' critical path. The server stays single-threaded.
@@ -68,7 +68,6 @@ _NOT_A_RUN = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--
 
 # A --config-dir, --config-name or --config-path may change the default shape (dlaunch's own is one process).
 _OTHER_CONFIG = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp")
-_SHAPE = re.compile(r"^(\d+)x(\d+)$")
 
 
 def start_early(argv: list[str]) -> bool:
@@ -101,7 +100,7 @@ def may_ask_for_workers(argv: list[str]) -> bool:
         if key in _OTHER_CONFIG or key in ("cluster.nodes", "cluster.devices_per_node"):
             return True
         if key == "cluster":
-            shape = _SHAPE.match(value.strip())
+            shape = shapes.SHAPE.match(value.strip())
             if not shape or int(shape[1]) * int(shape[2]) > 1:
                 return True
         if key == "recipe" and value not in shipped:

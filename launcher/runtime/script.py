@@ -120,6 +120,7 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
     import torch.distributed as dist
 
     from launcher.cluster import env as env_lib
+    from launcher.launch.rendezvous import free_port
 
     original, destroy, ours = dist.init_process_group, dist.destroy_process_group, dist.is_initialized()
     said: list[bool] = []
@@ -138,7 +139,7 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
                      "processes); the script uses it", dist.get_backend(), dist.get_world_size())
         return None
 
-    extra = {} if env is not None else env_lib.torchrun_single_process(_free_port())
+    extra = {} if env is not None else env_lib.torchrun_single_process(free_port())
     with env_lib.worker_env_set(extra):
         dist.init_process_group, dist.destroy_process_group = joined, left_to_dlaunch
         try:
@@ -147,14 +148,6 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
             dist.init_process_group, dist.destroy_process_group = original, destroy
             if not ours and dist.is_initialized():  # the script's own group of one, which it left open
                 destroy()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

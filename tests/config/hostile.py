@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from launcher.config import compose as composer
+from launcher.config import shapes
 from launcher.config.pydantic_errors import annotation_members
 from launcher.config.schema import RunSpec
 
@@ -165,7 +166,7 @@ def group_cases() -> Iterator[Case]:
 
 
 def _valid_shape(text: str) -> bool:
-    match = composer.SHAPE.match(text)
+    match = shapes.SHAPE.match(text)
     return bool(match) and all(int(v) > 0 for v in match.groups())
 
 
