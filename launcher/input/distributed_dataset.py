@@ -121,6 +121,11 @@ class DistributedDataset:
                 self._local, self._global_batch_size = found
 
     @property
+    def global_batch_size(self) -> int | None:
+        """Rows in a global batch of an iterable of batches, known once the first is read (else None)."""
+        return self._global_batch_size
+
+    @property
     def seekable(self) -> bool:
         """Whether ``set_position`` can skip to a position without reading the batches before it."""
         return self._shard is not None or hasattr(self._sampler(), "set_position")

@@ -86,10 +86,27 @@ class DataStream:
     reshuffles from the global RNG, so it is not).
     """
 
-    def __init__(self, dataset: Any):
+    def __init__(self, dataset: Any, global_batch_size: int | None = None):
         self._dataset = dataset
         self._position = Position()
         self._epoch_iter: Iterator[Any] | None = None
+        self._configured = global_batch_size
+        self._checked = False
+
+    @property
+    def rows_per_batch(self) -> int | None:
+        """Rows in a global batch: as read (an iterable's own batches) once the first is, else as configured."""
+        return getattr(self._dataset, "global_batch_size", None) or self._configured
+
+    def _check_rows(self) -> None:
+        """Once: an iterable whose batches do not hold ``input.global_batch_size`` rows is said to, not hidden."""
+        self._checked = True
+        found = getattr(self._dataset, "global_batch_size", None)
+        first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        if found and self._configured and found != self._configured and first_rank:
+            log.warning("the training data's first global batch holds %d rows, input.global_batch_size says %d: "
+                        "the recipe's iterable makes its own batches; examples/s counts %d per step (set "
+                        "input.global_batch_size=%d to match)", found, self._configured, found, found)
 
     @property
     def position(self) -> Position:
@@ -128,6 +145,8 @@ class DataStream:
                 self._epoch_iter = iter(self._dataset)
                 continue
             self._position = Position(self._position.epoch, self._position.offset + 1)
+            if not self._checked:
+                self._check_rows()
             return batch
         raise NoBatch(
             "the training data yields no batch: it is smaller than one global batch "

@@ -94,14 +94,14 @@ def input_options(spec: RunSpec) -> InputOptions:
 class _Meter:
     """Throughput between log points and over the whole run."""
 
-    def __init__(self, global_batch: int, total_steps: int, first_step: int = 0):
-        self.global_batch, self.total = global_batch, total_steps
+    def __init__(self, stream: DataStream, total_steps: int, first_step: int = 0):
+        self.stream, self.total = stream, total_steps
         self.start = self.mark = time.perf_counter()
         self.first_step = self.mark_step = first_step
 
     def window(self, step: int) -> tuple[float, float]:
         now = time.perf_counter()
-        rate = (step - self.mark_step) * self.global_batch / max(now - self.mark, 1e-9)
+        rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(now - self.mark, 1e-9)
         per_step = (now - self.start) / max(step - self.first_step, 1)
         self.mark, self.mark_step = now, step
         return rate, per_step * (self.total - step)
@@ -139,7 +139,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     compile_model(model, spec.trainer.compile)
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
 
-    stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)))
+    stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)),
+                        spec.input.global_batch_size)
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
@@ -188,7 +189,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "restarts": env.restart_count if env else 0,
         "first_loss": curve[0] if curve else None,
         "final_loss": curve[-1] if curve else None,
-        "examples_per_sec": _examples_per_sec(spec, resumed_at, loop_seconds, loop.run_dir),
+        "examples_per_sec": _examples_per_sec(spec, resumed_at, loop_seconds, loop),
         "wall_seconds": time.perf_counter() - started,
         "steady_ms_per_step": loop.steady_ms_per_step(),
         "param_norm": param_norm(model),
@@ -198,12 +199,12 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
     }
 
 
-def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, run_dir: Path) -> float | None:
+def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, loop: "_Loop") -> float | None:
     """This command's throughput; a resume with no step left to train keeps the last one logged (not 0)."""
     ran = spec.trainer.steps - resumed_at
     if ran > 0:
-        return ran * spec.input.global_batch_size / max(loop_seconds, 1e-9)
-    rates = [r["examples_per_sec"] for r in outputs.read_records(run_dir / outputs.METRICS) if "examples_per_sec" in r]
+        return ran * (loop.stream.rows_per_batch or 0) / max(loop_seconds, 1e-9)
+    rates = [r["examples_per_sec"] for r in outputs.read_records(loop.run_dir / outputs.METRICS) if "examples_per_sec" in r]
     return rates[-1] if rates else None
 
 
@@ -320,7 +321,7 @@ class _Loop:
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
-        meter = _Meter(self.spec.input.global_batch_size, steps, start)
+        meter = _Meter(self.stream, steps, start)
         losses: list[float] = []
         try:
             with StopRequests(distributed, force_on_repeat=not distributed) as stop, self.profiler as prof:

@@ -76,3 +76,25 @@ def test_data_smaller_than_one_global_batch_says_what_to_change():
     with pytest.raises(NoBatch, match=r"lower input.global_batch_size, or set input.drop_remainder=false") as caught:
         next(iter(stream))
     assert caught.value.explained
+
+
+def test_an_iterables_own_batch_size_is_counted_and_said_once(caplog):
+    """A recipe's iterable of 10-row batches under input.global_batch_size=32: examples/s counts 10 rows a step."""
+    strategy = dl.MirroredStrategy(["cpu:0", "cpu:1"])
+    batches = [torch.arange(10, dtype=torch.float32).unsqueeze(1) + 10 * i for i in range(4)]
+    stream = DataStream(strategy.experimental_distribute_dataset(batches), global_batch_size=32)
+    assert stream.rows_per_batch == 32  # nothing read yet: as configured
+    with caplog.at_level("WARNING", logger="dlaunch"):
+        take(stream, 6)  # over an epoch's end: still one warning
+    said = [r.getMessage() for r in caplog.records if "global batch" in r.getMessage()]
+    assert said == ["the training data's first global batch holds 10 rows, input.global_batch_size says 32: the recipe's "
+                    "iterable makes its own batches; examples/s counts 10 per step (set input.global_batch_size=10 to match)"]
+    assert stream.rows_per_batch == 10
+
+
+def test_batches_of_the_configured_size_are_not_remarked_on(caplog):
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    with caplog.at_level("WARNING", logger="dlaunch"):
+        stream = DataStream(strategy.experimental_distribute_dataset(loader()), global_batch_size=8)
+        take(stream, 3)
+    assert stream.rows_per_batch == 8 and not [r for r in caplog.records if "global batch" in r.getMessage()]
