@@ -17,8 +17,11 @@ import torch
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside DDP or mirrored copies."""
-    return getattr(model, "module", model)
+    """The user's module inside DDP or mirrored copies; any other model as it is (its own ``.module`` is its own)."""
+    from launcher.distribute.replicated import ReplicaParameters
+
+    wrapped = isinstance(model, (torch.nn.parallel.DistributedDataParallel, ReplicaParameters))
+    return model.module if wrapped else model
 
 
 def primary(optimizer: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from launcher.checkpoint.state import primary
+from launcher.checkpoint.state import primary, unwrap
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
@@ -163,7 +163,7 @@ def _compile_error(exc: BaseException, model: Any) -> CompileError | None:
 
     if not isinstance(exc, dynamo_exc.TorchDynamoException):
         return None
-    inner = getattr(model, "module", model)
+    inner = unwrap(model)
     reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return CompileError(
         f"torch.compile could not compile {type(inner).__name__} ({type(inner).__module__}): "
