@@ -39,7 +39,7 @@ from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
-from launcher.runtime.progress import ProgressReporter, log
+from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.recipe import where
 from launcher.runtime.step import (LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule,
                                    restore_loop_state, warn_if_all_skipped)
@@ -89,22 +89,6 @@ def file_dataset(spec: RunSpec) -> FileDataset | None:
 
 def input_options(spec: RunSpec) -> InputOptions:
     return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=spec.input.prefetch)
-
-
-class _Meter:
-    """Throughput between log points and over the whole run."""
-
-    def __init__(self, stream: DataStream, total_steps: int, first_step: int = 0):
-        self.stream, self.total = stream, total_steps
-        self.start = self.mark = time.perf_counter()
-        self.first_step = self.mark_step = first_step
-
-    def window(self, step: int) -> tuple[float, float]:
-        now = time.perf_counter()
-        rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(now - self.mark, 1e-9)
-        per_step = (now - self.start) / max(step - self.first_step, 1)
-        self.mark, self.mark_step = now, step
-        return rate, per_step * (self.total - step)
 
 
 def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None,
@@ -321,7 +305,7 @@ class _Loop:
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
-        meter = _Meter(self.stream, steps, start)
+        meter = Meter(self.stream, steps, start)
         losses: list[float] = []
         try:
             with StopRequests(distributed, force_on_repeat=not distributed) as stop, self.profiler as prof:
@@ -341,7 +325,7 @@ class _Loop:
                             losses.append(self._log(step, per_replica, lr, meter, progress, metrics_log))
                     else:
                         progress.advance(step)
-                    self._after(step, watch, stop, metrics_log)
+                    self._after(step, watch, stop, metrics_log, None if logged else per_replica)
                     prof.step()
                     self.step_seconds.append(time.perf_counter() - tick)
         finally:
@@ -353,8 +337,9 @@ class _Loop:
                 metrics_log.close()
         return losses
 
-    def _after(self, step: int, watch: heartbeat.Heartbeat, stop: StopRequests, metrics_log: Any) -> None:
-        """After step ``step``: evaluate, checkpoint, and stop (after a save) on an agreed signal."""
+    def _after(self, step: int, watch: heartbeat.Heartbeat, stop: StopRequests, metrics_log: Any, unread: Any) -> None:
+        """After step ``step``: evaluate, checkpoint, and stop (after a save) on an agreed signal.
+        ``unread``: the step's loss where ``_log`` did not read it (checked before a save)."""
         steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
         if eval_every and step % eval_every == 0 and step < steps:
             with watch.operation(f"evaluation at step {step}"), prof.region("dlaunch.eval"):
@@ -364,15 +349,15 @@ class _Loop:
                 self._write({"step": step, **found}, metrics_log)
         if self.ckpt.due(step):
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
-                self._save(step)
+                self._save(step, unread)
         with watch.operation(f"stop-signal agreement after step {step}"):
             signum = stop.agreed()
         if signum and step < steps:  # a signal during the last step: the run is complete
             with watch.operation(f"checkpoint save on a stop signal after step {step}"):
-                saved = self._save(step) if self.ckpt.enabled else None
+                saved = self._save(step, unread) if self.ckpt.enabled else None
             raise Preempted(signum, step, saved)
 
-    def _log(self, step: int, per_replica: Any, lr: float | None, meter: "_Meter", progress: ProgressReporter,
+    def _log(self, step: int, per_replica: Any, lr: float | None, meter: Meter, progress: ProgressReporter,
              metrics_log: Any) -> float:
         loss, norm, skipped = (float(v) for v in self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist())
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
@@ -395,5 +380,11 @@ class _Loop:
         for logger in self.loggers:
             logger.log(record)
 
-    def _save(self, step: int) -> Path:
+    def _save(self, step: int, unread: Any = None) -> Path:
+        """A checkpoint never holds what a non-finite loss made: a loss no log line read is read first."""
+        if unread is not None and self.step.scaler is None:
+            loss = float(self.strategy.reduce(ReduceOp.MEAN, unread, axis=None))
+            if not math.isfinite(loss):
+                raise LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); lower "
+                                    "recipe.optimizer.lr or check the data")
         return self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -104,3 +106,19 @@ class ProgressReporter:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+class Meter:
+    """Throughput between log points and over the whole run: steps x the rows of ``stream``'s global batches."""
+
+    def __init__(self, stream: Any, total_steps: int, first_step: int = 0):
+        self.stream, self.total = stream, total_steps
+        self.start = self.mark = time.perf_counter()
+        self.first_step = self.mark_step = first_step
+
+    def window(self, step: int) -> tuple[float, float]:
+        now = time.perf_counter()
+        rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(now - self.mark, 1e-9)
+        per_step = (now - self.start) / max(step - self.first_step, 1)
+        self.mark, self.mark_step = now, step
+        return rate, per_step * (self.total - step)

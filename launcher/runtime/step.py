@@ -24,6 +24,7 @@ import torch
 
 from launcher.checkpoint.state import primary, unwrap
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
+from launcher.distribute.grad_norm import clip_grad_norm
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
@@ -197,14 +198,7 @@ def grad_norm(model: Any, optimizer: Any, max_norm: float | None) -> torch.Tenso
     own = getattr(optimizer, "clip_grad_norm_", None)
     if own is not None:
         return own(max_norm)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return None
-    if max_norm is None:
-        norm = torch.nn.utils.get_total_norm(grads)
-    else:
-        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return clip_grad_norm(model.parameters(), max_norm)
 
 
 def _found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:

@@ -160,3 +160,14 @@ def test_a_parameter_server_plan_names_a_build_that_returns_no_parts(run_dlaunch
                           "trainer.steps=3")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"the recipe's build() ({tmp_path / 'wd.py'}:" in proc.stderr and "returned a tuple" in proc.stderr
+
+
+def test_a_nan_between_log_lines_is_caught_before_the_checkpoint_that_would_keep_it(run_dlaunch):
+    """Logged every 10 steps, saved every 5, NaN at step 3: step 5's save stops the run; no checkpoint holds NaN."""
+    from launcher.checkpoint import layout
+
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.nan_step=3", "strategy=mirrored", "cluster=1x2",
+                                "trainer.steps=20", "trainer.log_every=10", "trainer.checkpoint.every_steps=5")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "loss is nan at step 5, before its checkpoint (not saved)" in proc.stderr
+    assert layout.latest(run_dir / "checkpoints") is None

@@ -186,3 +186,25 @@ def test_tp_mlp_runs_on_cuda_with_nccl(run_dlaunch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = summary(run_dir)
     assert (s["device"], s["backend"], s["world_size"]) == ("cuda", "nccl", 2)
+
+
+def test_clipping_sees_the_replicas_average_and_counts_split_and_whole_layers_like_one_device(run_dlaunch):
+    """grad_norm and the clipped updates under 2 replicas, and under 2 logical devices with a layer left whole,
+    are one device's. Before: the replicas clipped their own gradients, and the mixed layouts stopped at step 1."""
+    import json
+
+    from tests.conftest import FIXTURES
+
+    common = (f"recipe={FIXTURES / 'tp_mixed_recipe.py'}", "trainer.steps=6", "trainer.log_every=1", "trainer.clip_grad_norm=0.05")
+    runs = {"one": (), "replicas": ("strategy=mesh", "cluster=1x2", "strategy.device_assignment.computation_shape=[1]"),
+            "logical": ("strategy=mesh", "cluster=1x2", "strategy.device_assignment.computation_shape=[1,1,1,2]")}
+    logged = {}
+    for name, args in runs.items():
+        proc, run_dir = run_dlaunch(*common, *args, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        logged[name] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    one = [value for r in logged["one"] if "loss" in r for value in (r["loss"], r["grad_norm"])]
+    assert all(norm > 0.05 for norm in one[1::2])  # every step is clipped
+    for name in ("replicas", "logical"):
+        got = [value for r in logged[name] if "loss" in r for value in (r["loss"], r["grad_norm"])]
+        assert got == pytest.approx(one, rel=1e-5), name

@@ -46,8 +46,8 @@ from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import map_structure
 from launcher.strategies import Runtime
-from launcher.distribute.replicated import DelegatingOptimizer
 from launcher.strategies.impl.fsdp import param_dtype
+from launcher.strategies.impl.mesh_optimizer import MeshOptimizer
 from launcher.strategies.impl.mesh_fsdp import ShardedReplicas
 
 
@@ -66,41 +66,6 @@ class _AssignedTo(torch.autograd.Function):
         total = grad.detach().clone().contiguous()
         dist.all_reduce(total, group=ctx.group)
         return (total if ctx.is_src else torch.zeros_like(total)), None, None, None
-
-
-class MeshOptimizer(DelegatingOptimizer):
-    """``step()`` first averages the gradients over the replica dimension (one flat all-reduce), then steps."""
-
-    def __init__(self, primary: torch.optim.Optimizer, replica_group: Any, replicas: int):
-        super().__init__(primary)
-        self._group, self._replicas = replica_group, replicas
-
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        if self._replicas > 1:
-            self._average_gradients()
-        return self._primary.step(closure)
-
-    def _average_gradients(self) -> None:
-        grads = [_local(p.grad) for g in self._primary.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self._group)
-        flat /= self._replicas
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._primary.zero_grad(set_to_none=set_to_none)
-
-    def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
-        self._primary.load_state_dict(state_dict)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class _MeshExtended(StrategyExtended):

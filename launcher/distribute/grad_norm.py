@@ -1,0 +1,54 @@
+"""The total norm of gradients that live in different layouts, and clipping by it.
+
+``torch.nn.utils.clip_grad_norm_`` takes gradients of one kind: all plain
+tensors, or DTensors on one mesh. A tensor-parallel model whose other layers are
+not split has both, and FSDP x TP has DTensors on two meshes; torch's
+``_foreach_norm`` and ``stack`` refuse the mix. Here the gradients are grouped by
+layout, each group's norm is made whole (a DTensor's ``full_tensor``), the norms
+are combined, and each group is scaled by the one clip factor with
+``torch.nn.utils.clip_grads_with_norm_``, as torchtitan does for its meshes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def _layout(t: torch.Tensor) -> Hashable:
+    if isinstance(t, DTensor):
+        return ("dtensor", t.device_mesh, t.placements)
+    return ("plain", t.device)
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def total_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all ``grads`` together, a plain tensor; split (DTensor) gradients count whole."""
+    groups: dict[Hashable, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(_layout(g), []).append(g)
+    norms = [_whole(torch.nn.utils.get_total_norm(group)) for group in groups.values()]
+    if len(norms) == 1:
+        return norms[0]
+    return torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
+
+
+def clip_grad_norm(params: Iterable[Any], max_norm: float | None) -> torch.Tensor | None:
+    """The total norm of ``params``' gradients (None if none has one), then, with ``max_norm``, the gradients
+    scaled so that it is at most ``max_norm`` (what ``clip_grad_norm_`` does for gradients of one layout)."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return None
+    norm = total_norm(p.grad for p in params)
+    if max_norm is not None:
+        groups: dict[Hashable, list[Any]] = {}
+        for p in params:
+            groups.setdefault(_layout(p.grad), []).append(p)
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+    return norm
