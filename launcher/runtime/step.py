@@ -25,6 +25,7 @@ import torch
 from launcher.checkpoint.state import primary, unwrap
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
 from launcher.distribute.grad_norm import clip_grad_norm
+from launcher.input.split import batch_size_of
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
@@ -84,16 +85,17 @@ class ReplicaStep:
             with self.autocast():
                 loss = self._checked(self.user_step(self.model, batch, self.optimizer))
             return _metrics(loss.detach(), None, self.skipped) if measure else loss.detach()
-        micro = split_batch(batch, self.accum) if self.accum > 1 else (batch,)
+        micro, shares = micro_batches(batch, self.accum) if self.accum > 1 else ((batch,), None)
         total = None
         for i, piece in enumerate(micro):
             with self._sync_on(i == len(micro) - 1):
                 with self.autocast():
                     loss = self._checked(self.user_step(self.model, piece))
-                scaled = loss / self.accum if self.accum > 1 else loss
+                scaled = loss if len(micro) == 1 else loss / len(micro) if shares is None else loss * shares[i]
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        return self._update(total / self.accum if self.accum > 1 else total, measure)
+            part = loss.detach() if shares is None else loss.detach() * shares[i]
+            total = part if total is None else total + part
+        return self._update(total / len(micro) if shares is None and len(micro) > 1 else total, measure)
 
     def _update(self, loss: torch.Tensor, measure: bool) -> torch.Tensor:
         norm = None
@@ -174,16 +176,38 @@ def _compile_error(exc: BaseException, model: Any) -> CompileError | None:
 
 
 def split_batch(batch: Any, k: int) -> list[Any]:
-    """``batch`` (tensors, or tuples/lists/dicts of them) cut into ``k`` equal micro-batches along dim 0."""
+    """``batch`` (tensors, or tuples/lists/dicts of them) cut into ``k`` micro-batches along dim 0: equal ones, or,
+    for a batch that does not divide (the last of an epoch with ``input.drop_remainder=false``), sizes that differ by
+    one row; a batch of fewer than ``k`` rows gives one micro-batch a row."""
+    return _split(batch, _sizes(batch, k))
+
+
+def micro_batches(batch: Any, k: int) -> tuple[list[Any], list[float] | None]:
+    """``split_batch``'s micro-batches, and each one's share of the rows where they differ (None: equal, each
+    counts 1/k): the batch's mean loss is the shares' weighted sum of the micro-batches' mean losses."""
+    sizes = _sizes(batch, k)
+    shares = None if len(set(sizes)) == 1 else [size / sum(sizes) for size in sizes]
+    return _split(batch, sizes), shares
+
+
+def _sizes(batch: Any, k: int) -> list[int]:
+    try:
+        n = batch_size_of(batch)
+    except ValueError as exc:
+        raise TypeError(f"trainer.grad_accum_steps cuts a batch's tensors along their first dimension: {exc}") from None
+    k = max(1, min(k, n))
+    return [n // k + (i < n % k) for i in range(k)]
+
+
+def _split(batch: Any, sizes: list[int]) -> list[Any]:
+    k = len(sizes)
     if isinstance(batch, torch.Tensor):
-        if batch.shape[0] % k:
-            raise ValueError(f"a batch of {batch.shape[0]} rows does not split into {k} micro-batches (trainer.grad_accum_steps)")
-        return list(batch.chunk(k))
+        return list(batch.split(sizes))
     if isinstance(batch, dict):
-        parts = {key: split_batch(value, k) for key, value in batch.items()}
+        parts = {key: _split(value, sizes) for key, value in batch.items()}
         return [{key: parts[key][i] for key in batch} for i in range(k)]
     if isinstance(batch, (tuple, list)):
-        columns = [split_batch(value, k) for value in batch]
+        columns = [_split(value, sizes) for value in batch]
         return [type(batch)(column[i] for column in columns) if isinstance(batch, list) else tuple(column[i] for column in columns)
                 for i in range(k)]
     raise TypeError(f"trainer.grad_accum_steps cuts batches of tensors; this batch holds a {type(batch).__name__}")

@@ -18,15 +18,15 @@ def mse_step(model, batch):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def model_and_batch(seed: int = 0):
+def model_and_batch(seed: int = 0, rows: int = 16):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     g = torch.Generator().manual_seed(1)
-    return model, (torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g))
+    return model, (torch.randn(rows, 6, generator=g), torch.randn(rows, 1, generator=g))
 
 
-def run_steps(trainer: TrainerSpec, steps: int = 3, user_step=mse_step):
-    model, batch = model_and_batch()
+def run_steps(trainer: TrainerSpec, steps: int = 3, user_step=mse_step, rows: int = 16):
+    model, batch = model_and_batch(rows=rows)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     step = ReplicaStep(user_step, model, optimizer, trainer, "cpu", manual=False)
     metrics = [step(batch, measure=True) for _ in range(steps)]
@@ -89,8 +89,20 @@ def test_split_batch_cuts_nested_batches_along_the_first_dimension():
     parts = split_batch(batch, 2)
     assert [p["x"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     assert parts[1]["pair"][0].tolist() == [2, 3] and parts[1]["pair"][1][0].tolist() == [2, 3]
-    with pytest.raises(ValueError, match="does not split into 3"):
-        split_batch(torch.arange(4), 3)
+    assert [p.tolist() for p in split_batch(torch.arange(4), 3)] == [[0, 1], [2], [3]]  # a last partial batch
+    assert [p.tolist() for p in split_batch(torch.arange(2), 4)] == [[0], [1]]  # fewer rows than micro-batches
+    with pytest.raises(TypeError, match="cuts a batch's tensors along their first dimension"):
+        split_batch({"name": "no tensors"}, 2)
+
+
+@pytest.mark.parametrize("rows", [9, 3])
+def test_a_batch_that_does_not_divide_into_micro_batches_gives_the_whole_batch_update(rows):
+    """drop_remainder=false: an epoch's last batch of 9 rows over 4 micro-batches (3, 2, 2, 2) or of 3 rows (1, 1, 1)."""
+    full, full_metrics, _ = run_steps(TrainerSpec(), rows=rows)
+    accumulated, acc_metrics, _ = run_steps(TrainerSpec(grad_accum_steps=4), rows=rows)
+    for a, b in zip(full.parameters(), accumulated.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(full_metrics[-1][0], acc_metrics[-1][0], rtol=1e-6, atol=0)  # the batch's mean loss
 
 
 def test_the_schedule_warms_up_then_decays_to_its_floor():
