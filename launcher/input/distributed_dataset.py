@@ -146,9 +146,9 @@ class DistributedDataset:
         if self._shard is not None:
             steps = self._iter_file_shard()
         elif self._local is not None:
-            steps = self._iter_local_rows()
-        else:
-            steps = self._iter_global_batches()
+            steps = self._iter_local_rows(iter(self._local))
+        else:  # the source's iter() now, not at the first batch: a DataLoader draws its seed here (see DataStream.seek)
+            steps = self._iter_global_batches(iter(self._dataset))
         return _deliver(self._ext._share_input(steps), self._devices, self._options, self._num_replicas)
 
     @property
@@ -180,10 +180,10 @@ class DistributedDataset:
         for rows in batches[skip:steps]:
             yield split_batch(shard.collate(rows), range(self._num_local), self._num_local, local)
 
-    def _iter_local_rows(self) -> Iterator[list[Any]]:
+    def _iter_local_rows(self, rows_of_steps: Iterator[Any]) -> Iterator[list[Any]]:
         b = per_replica_size(self._global_batch_size, self._num_replicas)
         template = None
-        for rows in self._local:
+        for rows in rows_of_steps:
             if rows is _Empty:
                 if template is None:
                     raise ValueError("the first global batch leaves this process's replicas no rows")
@@ -196,8 +196,8 @@ class DistributedDataset:
             n = batch_size_of(rows)
             yield [slice_batch(rows, *rows_for_replica(k, b, n)) for k in range(self._num_local)]
 
-    def _iter_global_batches(self) -> Iterator[list[Any]]:
-        for batch in self._dataset:
+    def _iter_global_batches(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
+        for batch in batches:
             if self._global_batch_size is None:
                 self._global_batch_size = batch_size_of(batch)
             mine = range(self._first, self._first + self._num_local)

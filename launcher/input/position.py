@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import Any, Iterator
@@ -84,11 +85,16 @@ class DataStream:
     the position are read and dropped: exact only if the iterable gives the same
     batches each time it is iterated (a ``DataLoader`` with a ``RandomSampler``
     reshuffles from the global RNG, so it is not).
+
+    ``read_ahead``: steps that ``read_ahead()`` fetches after a step (see there).
+    ``position`` counts the batches handed out, not those fetched ahead.
     """
 
-    def __init__(self, dataset: Any, global_batch_size: int | None = None):
+    def __init__(self, dataset: Any, global_batch_size: int | None = None, read_ahead: int = 0):
         self._dataset = dataset
-        self._position = Position()
+        self._position = self._cursor = Position()  # handed out; fetched (ahead of it by the batches in _ahead)
+        self._read_ahead = read_ahead
+        self._ahead: collections.deque[tuple[Any, Position]] = collections.deque()
         self._epoch_iter: Iterator[Any] | None = None
         self._configured = global_batch_size
         self._checked = False
@@ -113,7 +119,8 @@ class DataStream:
         return self._position
 
     def seek(self, position: Position) -> None:
-        self._position = position
+        self._position = self._cursor = position
+        self._ahead.clear()
         if getattr(self._dataset, "seekable", False):
             self._dataset.set_position(position)
             self._epoch_iter = iter(self._dataset)
@@ -133,21 +140,34 @@ class DataStream:
         return self
 
     def __next__(self) -> Any:
+        batch, self._position = self._ahead.popleft() if self._ahead else self._fetch()
+        return batch
+
+    def read_ahead(self) -> None:
+        """Fetch the next ``read_ahead`` steps now, after a step was launched and checkpointed: on CUDA their copies
+        to the device (a side stream) overlap the step the device is still running. Fetching after the checkpoint,
+        not before it, keeps what a data pipeline draws from the global RNG (an augmentation) in the order of a run
+        fetching on demand, so that a run resumed from that checkpoint draws the same (exact up to 1 step ahead)."""
+        while len(self._ahead) < self._read_ahead:
+            self._ahead.append(self._fetch())
+
+    def _fetch(self) -> tuple[Any, Position]:
+        """The next batch and the position after it."""
         if self._epoch_iter is None:
             self._epoch_iter = iter(self._dataset)
         for fresh_epoch in (False, True):
             try:
                 batch = next(self._epoch_iter)
             except StopIteration:
-                if fresh_epoch and self._position.offset == 0:
+                if fresh_epoch and self._cursor.offset == 0:
                     break
-                self._position = Position(self._position.epoch + 1, 0)
+                self._cursor = Position(self._cursor.epoch + 1, 0)
                 self._epoch_iter = iter(self._dataset)
                 continue
-            self._position = Position(self._position.epoch, self._position.offset + 1)
+            self._cursor = Position(self._cursor.epoch, self._cursor.offset + 1)
             if not self._checked:
                 self._check_rows()
-            return batch
+            return batch, self._cursor
         raise NoBatch(
             "the training data yields no batch: it is smaller than one global batch "
             "(lower input.global_batch_size, or set input.drop_remainder=false)"

@@ -88,7 +88,8 @@ def file_dataset(spec: RunSpec) -> FileDataset | None:
 
 
 def input_options(spec: RunSpec) -> InputOptions:
-    return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=spec.input.prefetch)
+    """The loop's stream reads ahead itself (``DataStream.read_ahead``, after each step): no buffer in the dataset."""
+    return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=0)
 
 
 def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None,
@@ -124,7 +125,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
 
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)),
-                        spec.input.global_batch_size)
+                        spec.input.global_batch_size, read_ahead=spec.input.prefetch)
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
@@ -287,7 +288,8 @@ class _Loop:
         step, position = self.ckpt.load(path, self.model, self.optimizer, loop_state(self.schedule, self.step))
         restore_loop_state(self.ckpt.loaded_loop, self.schedule, self.step)
         checkpoint.agree(path, step)
-        self.stream.seek(position)
+        with torch.random.fork_rng(devices=[]):  # a loader's iter() draws its seed: the steps' RNG goes on as saved
+            self.stream.seek(position)
         log.info("resumed from %s: step %d, epoch %d, batch %d of that epoch", path, step, position.epoch, position.offset)
         self._open(step)
         return step
@@ -326,6 +328,9 @@ class _Loop:
                     else:
                         progress.advance(step)
                     self._after(step, watch, stop, metrics_log, None if logged else per_replica)
+                    if step < steps:
+                        with watch.operation(f"reading ahead after step {step}"), prof.region("dlaunch.data"):
+                            self.stream.read_ahead()
                     prof.step()
                     self.step_seconds.append(time.perf_counter() - tick)
         finally:

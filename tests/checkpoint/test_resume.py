@@ -24,6 +24,10 @@ STRATEGIES = {
     "central_storage": ("strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]"),
     # each step draws noise from the global torch RNG (as dropout does): its state must travel in the checkpoint
     "mirrored-random-steps": ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.input_noise=0.3"),
+    # the recipe's own DataLoader: the resume's seek must not draw from the global RNG that the steps go on with
+    "own-loader-random-steps": (f"recipe.entry={PROBE}", "+recipe.input_noise=0.3", "+recipe.own_loader=true"),
+    # an augmentation in the dataset's __getitem__ draws from the global RNG, one step ahead (the prefetch)
+    "item-noise": (f"recipe.entry={PROBE}", "+recipe.item_noise=0.3"),
     # DTensor parameters split over 2 logical devices, 2 replicas
     "mesh-tp_mlp": ("recipe=tp_mlp", "strategy=mesh", "cluster=1x4"),
 }
