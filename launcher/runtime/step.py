@@ -17,6 +17,7 @@ counts the updates fp16's GradScaler skipped for inf/NaN gradients so far.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ import torch
 from launcher.checkpoint.state import primary, unwrap
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
 from launcher.distribute.grad_norm import clip_grad_norm
-from launcher.input.split import batch_size_of
+from launcher.input.split import batch_size_of, slice_batch
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
@@ -200,17 +201,11 @@ def _sizes(batch: Any, k: int) -> list[int]:
 
 
 def _split(batch: Any, sizes: list[int]) -> list[Any]:
-    k = len(sizes)
-    if isinstance(batch, torch.Tensor):
-        return list(batch.split(sizes))
-    if isinstance(batch, dict):
-        parts = {key: _split(value, sizes) for key, value in batch.items()}
-        return [{key: parts[key][i] for key in batch} for i in range(k)]
-    if isinstance(batch, (tuple, list)):
-        columns = [_split(value, sizes) for value in batch]
-        return [type(batch)(column[i] for column in columns) if isinstance(batch, list) else tuple(column[i] for column in columns)
-                for i in range(k)]
-    raise TypeError(f"trainer.grad_accum_steps cuts batches of tensors; this batch holds a {type(batch).__name__}")
+    """Consecutive rows of every tensor; other values (a column of ids) go to every micro-batch as they are,
+    and the batch keeps its type (a namedtuple stays one), as in the split across replicas."""
+    ends = list(itertools.accumulate(sizes))
+    return [slice_batch(batch, end - size, end) for size, end in zip(sizes, ends)]
+
 
 
 def grad_norm(model: Any, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:

@@ -95,6 +95,16 @@ def test_split_batch_cuts_nested_batches_along_the_first_dimension():
         split_batch({"name": "no tensors"}, 2)
 
 
+def test_micro_batches_keep_a_namedtuple_and_give_other_columns_to_each():
+    """As the split across replicas does: accumulation must not break a batch that trains without it."""
+    import collections
+
+    Example = collections.namedtuple("Example", "x y ids")
+    parts = split_batch(Example(torch.arange(4), torch.arange(4) * 10, "batch-7"), 2)
+    assert [type(p) for p in parts] == [Example, Example]
+    assert [p.x.tolist() for p in parts] == [[0, 1], [2, 3]] and [p.ids for p in parts] == ["batch-7", "batch-7"]
+
+
 @pytest.mark.parametrize("rows", [9, 3])
 def test_a_batch_that_does_not_divide_into_micro_batches_gives_the_whole_batch_update(rows):
     """drop_remainder=false: an epoch's last batch of 9 rows over 4 micro-batches (3, 2, 2, 2) or of 3 rows (1, 1, 1)."""
