@@ -36,12 +36,13 @@ from launcher.input.position import DataStream, EpochBatchSampler, Position
 from launcher.input.tensor_rows import batched_reads
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime import recipe as recipe_lib
+from launcher.runtime.compiled import compile_model
 from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.recipe import where
-from launcher.runtime.step import (LossNotFinite, ReplicaStep, compile_model, current_lr, loop_state, make_schedule,
+from launcher.runtime.step import (LossNotFinite, ReplicaStep, current_lr, loop_state, make_schedule,
                                    restore_loop_state, warn_if_all_skipped)
 
 

@@ -23,10 +23,11 @@ from typing import Any, Callable
 
 import torch
 
-from launcher.checkpoint.state import primary, unwrap
+from launcher.checkpoint.state import primary
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
 from launcher.distribute.grad_norm import clip_grad_norm
 from launcher.input.split import batch_size_of, slice_batch
+from launcher.runtime.compiled import compile_error
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
@@ -45,12 +46,6 @@ class LossNotFinite(FloatingPointError):
     explained = True  # the step, the value and what to try: dlaunch's frames add nothing
 
 
-class CompileError(RuntimeError):
-    """``torch.compile`` could not compile the model (``trainer.compile.enabled=true``)."""
-
-    explained = True  # the message carries torch's reason and the way round it
-
-
 class ReplicaStep:
     """``step(batch, measure) -> tensor([loss, grad_norm, skipped])`` for one replica (thread-safe across replicas);
     the loss alone when not ``measure`` (a step the loop does not log)."""
@@ -65,7 +60,7 @@ class ReplicaStep:
         # One scaler per process: fp16-mixed is refused where replicas are threads of one process.
         self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
         self.skipped: torch.Tensor | None = None  # skipped updates so far, on the device (fp16-mixed)
-        self.compiled = trainer.compile.enabled
+        self.compile = trainer.compile if trainer.compile.enabled else None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast is per thread: each replica enters its own."""
@@ -74,12 +69,12 @@ class ReplicaStep:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def __call__(self, batch: Any, measure: bool = False) -> torch.Tensor:
-        if not self.compiled:
+        if self.compile is None:
             return self._step(batch, measure)
         try:
             return self._step(batch, measure)
         except Exception as exc:
-            raise _compile_error(exc, self.model) or exc
+            raise compile_error(exc, self.model, self.compile.fullgraph) or exc
 
     def _step(self, batch: Any, measure: bool) -> torch.Tensor:
         if self.manual:
@@ -128,52 +123,6 @@ class ReplicaStep:
             f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
         )
-
-
-def compile_model(model: Any, spec: Any) -> None:
-    """``torch.compile`` the prepared model in place, after DTensor split it and after DDP wrapped it: the
-    model inside DDP is compiled and runs in DDP's eager forward, so DDP's graph-break optimizer places the
-    buckets (and ``fullgraph`` never meets DDP's own frames). Its state_dict keys stay the same.
-
-    ``nn.Module.compile`` hands dynamo the module's ``_call_impl``, a torch frame that dynamo skips, and dynamo
-    then traces the first frame outside torch: a user's ``forward``. A model made of torch's own modules
-    (``nn.Sequential``, ``nn.Linear``) has no such frame, and nothing would be compiled. Such a model (or
-    the one DDP wraps) is entered through a function of dlaunch's instead, which dynamo traces, inlining torch's
-    modules (what ``torch.compile(module)`` does for them).
-    """
-    if not spec.enabled:
-        return
-    options = {"mode": None if spec.mode == "default" else spec.mode, "fullgraph": spec.fullgraph, "dynamic": spec.dynamic}
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    target = model.module if ddp else model  # DDP's forward stays eager; the model it wraps is compiled inside it
-    if not _torchs_own(target):
-        target.compile(**options)
-        return
-    call = target._call_impl
-
-    def module_call(*args: Any, **kwargs: Any) -> Any:
-        return call(*args, **kwargs)
-
-    target._compiled_call_impl = torch.compile(module_call, **options)  # what nn.Module.compile sets
-
-
-def _torchs_own(module: Any) -> bool:
-    """The module's ``forward`` is torch's (dynamo skips its frames), not a user's."""
-    return getattr(type(module).forward, "__module__", "").startswith("torch.")
-
-
-def _compile_error(exc: BaseException, model: Any) -> CompileError | None:
-    import torch._dynamo.exc as dynamo_exc  # loaded by torch.compile already
-
-    if not isinstance(exc, dynamo_exc.TorchDynamoException):
-        return None
-    inner = unwrap(model)
-    reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    return CompileError(
-        f"torch.compile could not compile {type(inner).__name__} ({type(inner).__module__}): "
-        f"{type(exc).__name__}: {reason[:400]}. Run it eagerly with trainer.compile.enabled=false, or see "
-        "TORCH_LOGS=graph_breaks for where it breaks"
-    )
 
 
 def split_batch(batch: Any, k: int) -> list[Any]:

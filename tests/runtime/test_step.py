@@ -134,48 +134,6 @@ def test_a_constant_schedule_makes_no_scheduler_and_others_use_torchs():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.9)
 
 
-@pytest.mark.parametrize("wrap", ["plain", "ddp"])
-@pytest.mark.parametrize("make", ["sequential", "linear", "custom"])
-def test_compile_model_compiles_torchs_own_modules_too(make, wrap, monkeypatch):
-    """nn.Module.compile alone compiles nothing for a model of torch's modules (dynamo skips their frames)."""
-    import types
-
-    import torch.distributed as dist
-    from torch._dynamo.utils import counters
-
-    from launcher.runtime.step import compile_model
-
-    class Custom(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Linear(8, 1)
-
-        def forward(self, x):
-            return self.a(x).relu()
-
-    makers = {"sequential": lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)),
-              "linear": lambda: torch.nn.Linear(8, 1), "custom": Custom}
-    torch._dynamo.reset()
-    counters.clear()
-    model = makers[make]()
-    keys = list(model.state_dict())
-    if wrap == "ddp":
-        store = dist.HashStore()
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    try:
-        # fullgraph: dynamo must never be handed DDP's own forward (its C++ reducer would break the graph)
-        compile_model(model, types.SimpleNamespace(enabled=True, mode="default", fullgraph=True, dynamic=None))
-        model(torch.randn(4, 8)).sum().backward()
-        assert counters["stats"]["unique_graphs"] >= 1
-        assert [k.removeprefix("module.") for k in model.state_dict()] == keys  # checkpoints keep their names
-        assert all(p.grad is not None for p in model.parameters())
-    finally:
-        if wrap == "ddp":
-            dist.destroy_process_group()
-        torch._dynamo.reset()
-
-
 def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
     """A NaN loss makes GradScaler skip every update: the run completes with the model unchanged, and says so."""
     from launcher.runtime.step import warn_if_all_skipped

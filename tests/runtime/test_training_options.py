@@ -92,7 +92,8 @@ def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
     assert proc.returncode == 1
     text = " ".join(proc.stderr.replace("│", " ").split())
     assert "CompileError: torch.compile could not compile Printing" in text
-    assert "trainer.compile.enabled=false" in text
+    assert "graph_break_recipe.py:13 in forward: print(" in text  # the user's line
+    assert "trainer.compile.fullgraph=true makes this graph break an error" in text
     assert summary(run_dir)["status"] == "failed"
 
 
