@@ -164,6 +164,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             (run_dir / outputs.CONFIG).write_text(as_run(spec))
         Status.codes.append(0)
         return None
+    before = outputs.snapshot_record(run_dir) if resume_from is not None and not spec.cluster.node_rank else None
     record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
         outputs.start_run(run_dir, resuming=resume_from is not None)
@@ -171,7 +172,21 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
         outputs.record_command(run_dir)
     code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     Status.codes.append(code)
+    if before is not None and 0 < code < 128 and _trained_nothing(run_dir, resume_from):
+        outputs.restore_record(before)
+        console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's record "
+                      "(.hydra/, config.yaml, summary.json) is kept as it was: `dlaunch resume` replays the run that is there")
     return _ended(spec, run_dir, code, console)
+
+
+def _trained_nothing(run_dir: Path, resume_from: Path) -> bool:
+    """A resume that failed before it completed a step past its checkpoint (its model did not fit it, its build raised)."""
+    from launcher.checkpoint import layout
+
+    summary = outputs.read_summary(run_dir) or {}
+    last = summary.get("last_completed_step")
+    last = last if last is not None else summary.get("last_logged_step")  # it failed before its first step
+    return (last is None or last <= layout.step_of(resume_from)) and layout.latest(resume_from.parent) == resume_from
 
 
 def as_run(spec: Any) -> str:

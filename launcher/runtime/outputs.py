@@ -34,6 +34,22 @@ def start_run(run_dir: Path, resuming: bool = False) -> None:
         (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)
 
 
+def snapshot_record(run_dir: Path) -> dict[Path, bytes | None]:
+    """The files that say what a run is (its command, config and summary), as they are now: ``restore_record``
+    puts them back when a command that went ahead in the directory changed nothing else."""
+    hydra = [run_dir / HYDRA_RECORD / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml", SCRIPT_ARGS)]
+    return {path: path.read_bytes() if path.is_file() else None for path in (*hydra, run_dir / CONFIG,
+                                                                             run_dir / SUMMARY, run_dir / ERROR)}
+
+
+def restore_record(snapshot: dict[Path, bytes | None]) -> None:
+    for path, data in snapshot.items():
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            write_atomic(path, data)
+
+
 def record_command(run_dir: Path) -> None:
     """A ``dlaunch`` command is about to start this run's workers (node 0's launcher says so once per command)."""
     _append_history(run_dir, {"event": "command", "pid": os.getpid(), "time": time.time()})
@@ -69,9 +85,13 @@ def _append_history(run_dir: Path, event: dict[str, Any]) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """All or nothing: a reader never sees half a file, and a failed write (a full disk) leaves no ``.tmp``."""
+    write_atomic(path, (json.dumps(_finite(data), indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -144,6 +144,23 @@ def test_a_refused_command_leaves_the_run_it_would_replace_as_it_was(tmp_path):
     assert again.returncode == 0 and "recipe.optimizer.lr=0.9" not in again.stderr, again.stderr[-3000:]
 
 
+def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):
+    """A resume whose model no longer fits the checkpoint fails in its workers; it had recorded its overrides, so
+    every later plain `dlaunch resume` failed the same way and the completed run read "failed"."""
+    run_dir = tmp_path / "run"
+    assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}",
+                   cwd=tmp_path).returncode == 0
+    before = records(run_dir)
+    failed = dlaunch("resume", str(run_dir), "recipe.features=8", "trainer.steps=6", cwd=tmp_path)
+    text = " ".join(failed.stdout.split() + failed.stderr.replace("│", " ").split())
+    assert failed.returncode == 1 and "does not fit this run's model" in text, failed.stderr[-3000:]
+    assert "nothing was trained past the checkpoint it resumed from, so the run's record" in text
+    assert records(run_dir) == before
+    again = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 4
+
+
 def test_a_sweep_refused_in_an_earlier_sweeps_directory_reports_its_own_jobs_and_keeps_the_earlier(tmp_path):
     import json
 
