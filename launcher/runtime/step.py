@@ -232,6 +232,10 @@ def loop_state(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
 def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: ReplicaStep) -> None:
     if schedule is not None and "schedule_last_epoch" in state:
         schedule.last_epoch = int(state["schedule_last_epoch"])
+        # The lr of the schedule this run has at that position, as LambdaLR.step() sets it: the saved one where the
+        # schedule is the same, the longer schedule's where trainer.steps grew (not the old one's for a step).
+        for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs, schedule.lr_lambdas):
+            group["lr"] = base * factor(schedule.last_epoch)
         schedule._last_lr = [g["lr"] for g in schedule.optimizer.param_groups]  # what get_last_lr() reports
     if step.scaler is not None and "scaler_scale" in state:
         step.scaler.load_state_dict({

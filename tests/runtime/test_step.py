@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
-from launcher.runtime.step import ReplicaStep, ScheduleFactor, StepError, make_schedule, split_batch
+from launcher.runtime.step import (ReplicaStep, ScheduleFactor, StepError, loop_state, make_schedule, restore_loop_state,
+                                   split_batch)
 
 
 def mse_step(model, batch):
@@ -144,3 +145,27 @@ def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
         warn_if_all_skipped(200, 200)
     (said,) = [r.getMessage() for r in caplog.records]
     assert said.startswith("fp16-mixed skipped all 200 steps of the run (inf/NaN gradients): the model did not train")
+
+
+@pytest.mark.parametrize("steps", [4, 8])
+def test_a_resume_takes_the_lr_of_its_own_schedule_at_the_saved_position(steps):
+    """Saved after 4 of 4 cosine steps (lr 0 next); resumed with trainer.steps=8, step 5 uses the 8-step schedule's
+    lr (half of it), not the saved 0; resumed with the same schedule, the saved lr bit for bit."""
+    import types
+
+    spec = lambda n: TrainerSpec(steps=n, lr_schedule=ScheduleSpec(decay="cosine"))  # noqa: E731
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    schedule = make_schedule(spec(4), optimizer)
+    for _ in range(4):
+        optimizer.step()
+        schedule.step()
+    step = types.SimpleNamespace(scaler=None)
+    saved, saved_optimizer = loop_state(schedule, step), optimizer.state_dict()
+    resumed = torch.optim.SGD(model.parameters(), lr=0.05)
+    later = make_schedule(spec(steps), resumed)
+    resumed.load_state_dict(saved_optimizer)
+    restore_loop_state(saved, later, step)
+    expected = optimizer.param_groups[0]["lr"] if steps == 4 else 0.05 * ScheduleFactor(spec(8).lr_schedule, 8)(4)
+    assert resumed.param_groups[0]["lr"] == expected and later.get_last_lr() == [expected]
+    assert steps == 4 or expected == pytest.approx(0.025)
