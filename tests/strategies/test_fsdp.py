@@ -105,3 +105,16 @@ def test_wrapped_layers_train_in_bf16_with_clipping(run_dlaunch):
     s = summary(run_dir)
     assert s["final_loss"] < 0.7 * s["first_loss"]
     assert s["metrics"]["eval_accuracy"] > 0.5
+
+
+@pytest.mark.slow
+def test_an_optimizer_with_state_from_its_construction_is_sharded_with_its_parameters(run_dlaunch):
+    """Adagrad fills its ``sum`` when it is built, before prepare() shards the model: fsdp 1x2 trains as one device
+    (it stopped with "give it an optimizer that has not stepped yet")."""
+    adagrad = ("recipe=linear", "trainer.steps=20", "recipe.optimizer.name=adagrad", "recipe.optimizer.implementation=foreach")
+    proc, sharded = run_dlaunch(*adagrad, "strategy=fsdp", "cluster=1x2", name="fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, one = run_dlaunch(*adagrad, name="one")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(sharded)["final_loss"] == pytest.approx(summary(one)["final_loss"], rel=1e-5)
+    assert summary(sharded)["param_norm"] == pytest.approx(summary(one)["param_norm"], rel=1e-5)

@@ -111,14 +111,31 @@ def wrapped_units(module: torch.nn.Module, wrap: Sequence[str]) -> list[torch.nn
 
 
 def _rebind(optimizer: Any, before: dict[int, str], module: torch.nn.Module) -> None:
-    """fully_shard replaces each parameter by a DTensor one: the optimizer built before ``prepare`` takes the new ones."""
+    """fully_shard replaces each parameter by a DTensor one: the optimizer built before ``prepare`` takes the new ones.
+
+    State an optimizer makes when it is built (Adagrad's ``sum``, filled with its initial value) is sharded as its
+    parameter is; an optimizer that has stepped is refused (its state belongs to an unsharded training).
+    """
     if optimizer is None:
         return
-    if optimizer.state:
+    if any(float(state.get("step", 0)) > 0 for state in optimizer.state.values()):
         raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
     after = dict(module.named_parameters())
+    moved = {after[before[id(p)]]: {key: _sharded_like(value, after[before[id(p)]]) for key, value in state.items()}
+             for p, state in optimizer.state.items()}
     for group in optimizer.param_groups:
         group["params"] = [after[before[id(p)]] for p in group["params"]]
+    optimizer.state.clear()
+    optimizer.state.update(moved)
+
+
+def _sharded_like(value: Any, param: Any) -> Any:
+    """A state tensor of the parameter's shape, placed as the (DTensor) parameter is; other values as they are."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or value.shape != param.shape:
+        return value
+    return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
 
 
 class _FSDPExtended(StrategyExtended):
