@@ -87,6 +87,8 @@ class ReplicaStep:
             with self._sync_on(i == len(micro) - 1):
                 with self.autocast():
                     loss = self._checked(self.user_step(self.model, piece))
+                if not loss.requires_grad:
+                    raise self._no_graph()
                 scaled = loss if len(micro) == 1 else loss / len(micro) if shares is None else loss * shares[i]
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             part = loss.detach() if shares is None else loss.detach() * shares[i]
@@ -123,6 +125,14 @@ class ReplicaStep:
             f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
         )
+
+
+    def _no_graph(self) -> StepError:
+        return StepError(
+            f"the recipe's {self.name}() ({where(self.user_step)}) returned a loss that does not require grad, so dlaunch "
+            "cannot backpropagate it: was it detached (.detach(), .item(), a new tensor from its value), or computed "
+            "under torch.no_grad(), or has the model no parameter that trains? Return the loss the model's output made (a step that does its own backward takes "
+            "the optimizer as a third argument: manual mode)")
 
 
 def split_batch(batch: Any, k: int) -> list[Any]:

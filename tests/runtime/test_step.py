@@ -85,6 +85,13 @@ def test_a_step_that_returns_no_scalar_loss_names_the_function(returned, said):
         run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: returned)
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_step_that_returns_a_detached_loss_names_the_function(accum):
+    """torch alone says "element 0 of tensors does not require grad" from inside autograd, with no user frame."""
+    with pytest.raises(StepError, match=r"train_step\(\) \(.*test_step.py:\d+\) returned a loss that does not require grad"):
+        run_steps(TrainerSpec(grad_accum_steps=accum), steps=1, user_step=lambda model, batch: mse_step(model, batch).detach())
+
+
 def test_split_batch_cuts_nested_batches_along_the_first_dimension():
     batch = {"x": torch.arange(8).view(4, 2), "pair": (torch.arange(4), [torch.arange(4)])}
     parts = split_batch(batch, 2)
