@@ -48,8 +48,24 @@ class RootCause:
         return dataclasses.asdict(self)
 
 
+# torch's own advice, said in dlaunch's terms: (what torch's message says, the note added under it)
+_ADVICE = (
+    ("find_unused_parameters=True", "dlaunch: set strategy.find_unused_parameters=true (DDP's find_unused_parameters), "
+                                    "or make every parameter take part in the loss"),
+)
+
+
+def advise(exc: BaseException) -> BaseException:
+    """``exc`` with a note naming dlaunch's setting where torch's message names a torch argument."""
+    for found, note in _ADVICE:
+        if found in str(exc) and note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+    return exc
+
+
 def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dict[str, Any] | None = None) -> None:
     """Record ``exc`` where the elastic agent looks (its format, plus dlaunch's fields and ``extra``)."""
+    advise(exc)
     if not path:  # not under an elastic agent: nobody else will show it
         traceback.print_exception(type(exc), exc, exc.__traceback__)
         return
@@ -68,6 +84,7 @@ def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dic
 
 
 def from_exception(exc: BaseException, rank: int = 0, last_step: int | None = None) -> RootCause:
+    advise(exc)
     return RootCause(rank, socket.gethostname(), os.getpid(), "exception", f"{type(exc).__name__}: {exc}", _format(exc),
                      time.time(), last_step)
 

@@ -147,3 +147,17 @@ def test_one_device_in_process_tells_the_last_completed_step_as_workers_do(tmp_p
         text = (run_dir / "dlaunch.log").read_text()
         assert "][dlaunch][INFO] - step 1/10" in text and text.count("root cause") == 1, (strategy, text)
         assert "last completed step 4" in text, (strategy, text)
+
+
+def test_torchs_advice_to_pass_a_ddp_argument_gets_dlaunchs_setting_under_it(tmp_path):
+    """DDP's unused-parameter error tells the user to pass find_unused_parameters=True to its constructor, which
+    dlaunch builds: the recorded error names strategy.find_unused_parameters=true, once."""
+    ddp_said = RuntimeError("Expected to have finished reduction in the prior iteration before starting a new one. You can "
+                            "enable unused parameter detection by passing the keyword argument `find_unused_parameters=True` "
+                            "to `torch.nn.parallel.DistributedDataParallel`")
+    failure = process_failure(tmp_path, 1, 1, ddp_said, 1.0)
+    root = failures.from_process_failure(1, failure)
+    assert root.traceback.rstrip().endswith("dlaunch: set strategy.find_unused_parameters=true (DDP's "
+                                            "find_unused_parameters), or make every parameter take part in the loss")
+    assert failures.advise(ddp_said).__notes__ == [root.traceback.rstrip().splitlines()[-1]]  # not twice
+    assert not hasattr(failures.advise(ValueError("another")), "__notes__")
