@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -217,6 +218,8 @@ def make_schedule(trainer: TrainerSpec, optimizer: Any) -> torch.optim.lr_schedu
     """torch's ``LambdaLR`` over the primary optimizer (mirrored copies take its lr at each step); None when constant."""
     if trainer.lr_schedule.constant:
         return None
+    if trainer.precision == "fp16-mixed":  # GradScaler skips early updates; the schedule counts steps all the same
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
     return torch.optim.lr_scheduler.LambdaLR(primary(optimizer), ScheduleFactor(trainer.lr_schedule, trainer.steps))
 
 

@@ -176,3 +176,25 @@ def test_a_resume_takes_the_lr_of_its_own_schedule_at_the_saved_position(steps):
     expected = optimizer.param_groups[0]["lr"] if steps == 4 else 0.05 * ScheduleFactor(spec(8).lr_schedule, 8)(4)
     assert resumed.param_groups[0]["lr"] == expected and later.get_last_lr() == [expected]
     assert steps == 4 or expected == pytest.approx(0.025)
+
+
+def test_fp16_skipping_its_first_updates_does_not_make_torch_warn_about_the_schedule():
+    """GradScaler skips the first updates (scale too high), so torch sees lr_scheduler.step() before any
+    optimizer.step() and warns on every rank; under fp16-mixed that is how training starts, not a mistake."""
+    import warnings
+
+    def exploding(model, batch):
+        return mse_step(model, batch) * 1e6
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = TrainerSpec(precision="fp16-mixed", steps=4, lr_schedule=ScheduleSpec(decay="linear"))
+        model, batch = model_and_batch()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        schedule = make_schedule(trainer, optimizer)
+        step = ReplicaStep(exploding, model, optimizer, trainer, "cpu", manual=False)
+        for _ in range(2):
+            step(batch, measure=True)
+            schedule.step()
+    assert float(step.skipped) == 2.0
+    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]
