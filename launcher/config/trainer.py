@@ -43,7 +43,8 @@ class ScheduleSpec(Strict):
 
     decay: Literal["constant", "cosine", "linear"] = Field("constant", description="constant | cosine | linear, after the warm-up")
     warmup_steps: Annotated[int, Field(ge=0)] = Field(0, description="linear warm-up steps (0: none)")
-    warmup_start: Annotated[float, Field(ge=0, le=1)] = Field(0.0, description="the warm-up's first factor of lr")
+    warmup_start: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="the factor of lr the warm-up rises from: step i of N uses start + (1 - start) x (i + 1) / N")
     decay_steps: PositiveInt | None = Field(None, description="steps of decay after the warm-up; null: the rest of trainer.steps")
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = Field(0.0, description="where the decay ends, as a factor of lr")
 
@@ -114,8 +115,12 @@ class TrainerSpec(Strict):
             raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps,
                             f"warmup_steps {s.warmup_steps} + decay_steps {s.decay_steps} = {s.warmup_steps + s.decay_steps} "
                             f"is longer than trainer.steps={self.steps}; use at most {self.steps - s.warmup_steps} or null")
-        if s.decay_steps is not None and s.decay == "constant":
-            raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps, "decay_steps needs decay=cosine or decay=linear")
+        for key, value, unused in (("decay_steps", s.decay_steps, s.decay_steps is not None and s.decay == "constant"),
+                                   ("min_lr_ratio", s.min_lr_ratio, s.min_lr_ratio > 0 and s.decay == "constant"),
+                                   ("warmup_start", s.warmup_start, s.warmup_start > 0 and s.warmup_steps == 0)):
+            if unused:  # a setting that would change nothing: said, not ignored
+                needs = "warmup_steps > 0" if key == "warmup_start" else "decay=cosine or decay=linear"
+                raise PlanError(f"trainer.lr_schedule.{key}", value, f"{key} needs {needs}")
         p = self.profile
         if p.enabled and p.window > self.steps:
             key, value = ("trainer.profile.wait", p.wait) if p.warmup + p.active <= self.steps else ("trainer.profile.active", p.active)

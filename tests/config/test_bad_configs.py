@@ -36,6 +36,10 @@ CASES = [
       "trainer.lr_schedule.decay_steps=8"], "trainer.lr_schedule.decay_steps", "= 12 is longer than trainer.steps=10"),
     (["trainer.steps=10", "trainer.lr_schedule.warmup_steps=11"], "trainer.lr_schedule.warmup_steps",
      "warm-up of 11 steps is longer than trainer.steps=10"),
+    # settings that would change nothing: refused, as decay_steps without a decay is
+    (["trainer.lr_schedule.decay_steps=5"], "trainer.lr_schedule.decay_steps", "decay_steps needs decay=cosine or decay=linear"),
+    (["trainer.lr_schedule.min_lr_ratio=0.5"], "trainer.lr_schedule.min_lr_ratio", "min_lr_ratio needs decay=cosine or decay=linear"),
+    (["trainer.lr_schedule.warmup_start=0.5"], "trainer.lr_schedule.warmup_start", "warmup_start needs warmup_steps > 0"),
     ([f"recipe.entry={FIXTURES / 'manual_recipe.py'}", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps",
      "does its own backward and update"),
     (["recipe=bench_mlp", "trainer.eval_every=10"], "trainer.eval_every", "recipe bench_mlp has no evaluate(model, parts)"),
