@@ -41,7 +41,13 @@ class UserCodeError(ConfigError):
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
-    matches = difflib.get_close_matches(str(word), sorted(set(candidates)), n=1, cutoff=0.6)
+    """The candidate ``word`` was probably meant as: the same but for case (``SGD``), the one it begins (``bf16`` for
+    ``bf16-mixed``), else the closest spelling."""
+    options = sorted(set(map(str, candidates)))
+    for same in ([c for c in options if c.lower() == str(word).lower()], [c for c in options if c.startswith(str(word))]):
+        if len(same) == 1 and str(word):
+            return same[0]
+    matches = difflib.get_close_matches(str(word), options, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
 

@@ -134,4 +134,10 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
         return Problem(key=key, value=err.get("input"), message="not an allowed value", allowed=allowed,
                        suggestion=did_you_mean(str(err.get("input")), allowed))
     message = err["msg"].removeprefix("Value error, ")
-    return Problem(key=key, value=err.get("input"), message=message)
+    value = err.get("input")
+    if kind == "string_type" and (value is None or isinstance(value, (bool, int, float))):  # Hydra typed the text
+        spelled = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        what = "no value" if value is None else {bool: "a boolean", int: "an integer"}.get(type(value), "a number")
+        message += (f": {spelled} reads as {what}; quote it to mean the text ('{key}=\"{spelled}\"' on the command line, "
+                    f"\"{spelled}\" in YAML)")
+    return Problem(key=key, value=value, message=message)

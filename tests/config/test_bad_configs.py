@@ -47,6 +47,12 @@ CASES = [
      "fused sgd cannot run under strategy mesh: the split layers' parameters are DTensors"),
     (["recipe.optimizer.implementation=fast"], "recipe.optimizer.implementation", "for_loop, foreach, fused"),
     (["trainer.steps=-5"], "trainer.steps", "greater than 0"),
+    # what Hydra types from the command line, and near misses of an allowed value
+    ([f"recipe.entry={FIXTURES / 'probe_recipe.py'}", "+recipe.label=nan"], "recipe.label",
+     "nan reads as a number; quote it to mean the text ('recipe.label=\"nan\"' on the command line"),
+    ([f"recipe.entry={FIXTURES / 'probe_recipe.py'}", "+recipe.label=null"], "recipe.label", "null reads as no value"),
+    (["trainer.precision=bf16"], "trainer.precision", "did you mean bf16-mixed?"),
+    (["recipe.optimizer.name=SGD"], "recipe.optimizer.name", "did you mean sgd?"),
     (["trainer.steps=0"], "trainer.steps", "greater than 0"),
     (["trainer.steps=abc"], "trainer.steps", "valid integer"),
     (["trainer.seed=-1"], "trainer.seed", "greater than or equal to 0"),
