@@ -38,6 +38,7 @@ def build(spec: RunSpec, step: int, position: Position) -> dict[str, Any]:
         "input": _input_layout(spec),
         "recipe": spec.recipe.model_dump(mode="json"),
         "trainer_seed": spec.trainer.seed,
+        "trainer": _how_steps_train(spec),
         "lr_decay": _lr_decay(spec),
         "torch": torch.__version__,
         "time": time.time(),
@@ -79,6 +80,8 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
                    f"(epoch {manifest['data_position']['epoch']}, batch {manifest['data_position']['offset']}) now counts other batches")
     out += _data_changes(manifest["input"], _input_layout(spec))
     out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _recipe_diff(manifest.get("recipe", {}), spec)]
+    if "trainer" in manifest:  # checkpoints before this record none
+        out += [f"trainer.{key}: {_said(old)} -> {_said(new)}" for key, old, new in _diff(manifest["trainer"], _how_steps_train(spec))]
     old_decay, new_decay = manifest.get("lr_decay"), _lr_decay(spec)  # checkpoints before this record none
     if old_decay and new_decay and old_decay != new_decay:
         fits = spec.trainer.lr_schedule.warmup_steps + old_decay["steps"] <= spec.trainer.steps
@@ -98,6 +101,17 @@ def _recipe_diff(saved: dict[str, Any], spec: RunSpec) -> list[tuple[str, Any, A
     if spec.script is not None:
         return _diff(saved, new)
     return _diff(as_read(saved), as_read(new))
+
+
+def _how_steps_train(spec: RunSpec) -> dict[str, Any]:
+    """The trainer settings that change what a step does (not how long the run is, or what it logs)."""
+    t = spec.trainer
+    return {"precision": t.precision, "grad_accum_steps": t.grad_accum_steps, "clip_grad_norm": t.clip_grad_norm,
+            "compile": t.compile.model_dump(mode="json"), "lr_schedule": t.lr_schedule.model_dump(mode="json")}
+
+
+def _said(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _lr_decay(spec: RunSpec) -> dict[str, Any] | None:

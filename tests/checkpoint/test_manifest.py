@@ -51,3 +51,13 @@ def test_a_new_global_batch_on_as_many_replicas_says_so_once():
     (change,) = [c for c in manifest.changes(old, compose_and_validate([*COSINE, "input.global_batch_size=32"], 0))
                  if c.startswith("per-replica")]
     assert change == "per-replica batch 64 -> 32 (on 1 replica(s))"
+
+
+def test_what_changes_how_a_step_trains_is_listed_and_a_checkpoint_from_before_says_nothing_of_it():
+    before = saved("trainer.steps=40", "trainer.grad_accum_steps=2")
+    after = compose_and_validate([*COSINE, "trainer.steps=40", "trainer.grad_accum_steps=4", "trainer.clip_grad_norm=1.0",
+                                  "trainer.precision=bf16-mixed", "trainer.log_every=5"], 0)
+    assert manifest.changes(before, after) == [
+        "trainer.clip_grad_norm: null -> 1.0", "trainer.grad_accum_steps: 2 -> 4", "trainer.precision: fp32 -> bf16-mixed"]
+    older = {k: v for k, v in before.items() if k != "trainer"}  # written before the trainer settings were recorded
+    assert manifest.changes(older, after) == []
