@@ -103,6 +103,7 @@ def choose(root: Path, full: bool = True) -> Choice:
     """
     if not root.is_dir():
         return Choice(None)
+    put_back_set_aside(root)
     named = _latest_name(root)
     found = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()), reverse=True)
     candidates = [p for _, p in found]
@@ -174,16 +175,31 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def clean_partials(root: Path) -> None:
-    """Saves that never finished (a process killed midway) are dropped, and copies a commit was replacing."""
-    if root.is_dir():
-        for stale in [*root.glob(".step-*.partial"), *root.glob(".step-*.replaced")]:
-            shutil.rmtree(stale, ignore_errors=True)
+    """Saves that never finished (a process killed midway) are dropped, and copies a commit was replacing; a copy
+    that a commit moved aside and died before the new one took its name is put back first."""
+    if not root.is_dir():
+        return
+    put_back_set_aside(root)
+    for stale in [*root.glob(".step-*.partial"), *root.glob(".step-*.replaced")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def put_back_set_aside(root: Path) -> None:
+    """A step a commit moved aside to save it again, where the process died before the new copy took its name."""
+    for aside in root.glob(".step-*.replaced"):
+        final = root / aside.name[1:].removesuffix(".replaced")
+        if not final.exists() and is_complete(aside):
+            try:
+                os.replace(aside, final)
+            except FileNotFoundError:  # another rank put it back first
+                pass
 
 
 def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
     """Rank 0, once every rank's files are written: manifest (with the files' digests), rename, ``latest``, retention."""
     manifest = {**manifest, "files": integrity.fingerprint(partial)}
     _write_synced(partial / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _fsync_dir(partial)  # its entries are on disk before the rename says the step is complete
     final = step_dir(partial.parent, manifest["step"])
     replaced = final.with_name(f".{final.name}.replaced")
     if final.exists():  # the same step saved again: move the old copy aside in one rename, drop it last

@@ -87,6 +87,31 @@ def test_saving_a_step_again_replaces_it_in_one_rename(tmp_path):
     assert not list(tmp_path.glob(".*.replaced"))
 
 
+def test_a_copy_set_aside_by_a_commit_that_died_before_its_rename_is_put_back(tmp_path, monkeypatch):
+    """Saving step 5 again moves the old step-5 aside, then renames the new one in: killed between the two renames,
+    the old copy must not be cleaned away with the unfinished save (step 5 would be gone)."""
+    import os
+
+    fake_save(tmp_path, 5)
+    real_replace, calls = os.replace, []
+
+    def dies_on_the_second_rename(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process is killed here
+        real_replace(src, dst)
+
+    monkeypatch.setattr(layout.os, "replace", dies_on_the_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        fake_save(tmp_path, 5)
+    monkeypatch.setattr(layout.os, "replace", real_replace)
+    assert not layout.step_dir(tmp_path, 5).exists() and list(tmp_path.glob(".*.replaced"))
+    assert layout.choose(tmp_path).path == layout.step_dir(tmp_path, 5)  # what a resume picks
+    layout.clean_partials(tmp_path)  # what the next save does first
+    assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 5)
+    assert not list(tmp_path.glob(".*.replaced")) and not list(tmp_path.glob(".*.partial"))
+
+
 def test_latest_names_only_a_checkpoint_beside_it(tmp_path):
     fake_save(tmp_path / "elsewhere", 9)
     fake_save(tmp_path / "root", 5)
