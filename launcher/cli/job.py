@@ -164,7 +164,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             (run_dir / outputs.CONFIG).write_text(as_run(spec))
         Status.codes.append(0)
         return None
-    before = outputs.snapshot_record(run_dir) if resume_from is not None and not spec.cluster.node_rank else None
+    before = outputs.snapshot_record(run_dir) if _resumes_itself(spec, run_dir, resume_from) else None
     record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
     if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
         outputs.start_run(run_dir, resuming=resume_from is not None)
@@ -174,9 +174,16 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     Status.codes.append(code)
     if before is not None and 0 < code < 128 and _trained_nothing(run_dir, resume_from):
         outputs.restore_record(before)
-        console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's record "
-                      "(.hydra/, config.yaml, summary.json) is kept as it was: `dlaunch resume` replays the run that is there")
+        console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's command "
+                      "(.hydra/, config.yaml) is kept as it was: `dlaunch resume` replays the run that is there "
+                      "(summary.json and error.txt say why this command failed)")
     return _ended(spec, run_dir, code, console)
+
+
+def _resumes_itself(spec: Any, run_dir: Path, resume_from: Path | None) -> bool:
+    """Node 0 resumes this run from its own checkpoints (not a fine-tune from another run's)."""
+    root = spec.trainer.checkpoint.root(run_dir).resolve()
+    return resume_from is not None and not spec.cluster.node_rank and resume_from.resolve().parent == root
 
 
 def _trained_nothing(run_dir: Path, resume_from: Path) -> bool:

@@ -34,12 +34,13 @@ def start_run(run_dir: Path, resuming: bool = False) -> None:
         (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)
 
 
-def snapshot_record(run_dir: Path) -> dict[Path, bytes | None]:
-    """The files that say what a run is (its command, config and summary), as they are now: ``restore_record``
-    puts them back when a command that went ahead in the directory changed nothing else."""
+def snapshot_record(run_dir: Path) -> dict[Path, bytes | None] | None:
+    """The run's command as recorded (Hydra's record, ``config.yaml``) now, or None where there is none yet:
+    ``restore_record`` puts it back when a command that went ahead in the directory trained nothing."""
     hydra = [run_dir / HYDRA_RECORD / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml", SCRIPT_ARGS)]
-    return {path: path.read_bytes() if path.is_file() else None for path in (*hydra, run_dir / CONFIG,
-                                                                             run_dir / SUMMARY, run_dir / ERROR)}
+    if not (run_dir / HYDRA_RECORD / "overrides.yaml").is_file():
+        return None
+    return {path: path.read_bytes() if path.is_file() else None for path in (*hydra, run_dir / CONFIG)}
 
 
 def restore_record(snapshot: dict[Path, bytes | None]) -> None:

@@ -146,7 +146,7 @@ def test_a_refused_command_leaves_the_run_it_would_replace_as_it_was(tmp_path):
 
 def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):
     """A resume whose model no longer fits the checkpoint fails in its workers; it had recorded its overrides, so
-    every later plain `dlaunch resume` failed the same way and the completed run read "failed"."""
+    every later plain `dlaunch resume` failed the same way."""
     run_dir = tmp_path / "run"
     assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}",
                    cwd=tmp_path).returncode == 0
@@ -154,11 +154,25 @@ def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(
     failed = dlaunch("resume", str(run_dir), "recipe.features=8", "trainer.steps=6", cwd=tmp_path)
     text = " ".join(failed.stdout.split() + failed.stderr.replace("│", " ").split())
     assert failed.returncode == 1 and "does not fit this run's model" in text, failed.stderr[-3000:]
-    assert "nothing was trained past the checkpoint it resumed from, so the run's record" in text
-    assert records(run_dir) == before
+    assert "nothing was trained past the checkpoint it resumed from, so the run's command" in text
+    command = lambda files: {name: data for name, data in files.items() if name != "summary.json"}  # noqa: E731
+    assert command(records(run_dir)) == command(before)
+    assert summary(run_dir)["status"] == "failed"  # what this command did, and why (error.txt)
     again = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 4
+
+
+def test_a_fine_tune_from_another_runs_checkpoint_that_fails_keeps_its_own_record(tmp_path):
+    """trainer.resume=PATH of another run: a failure there is this run's own, recorded as any failure is."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={first}",
+                   cwd=tmp_path).returncode == 0
+    proc = dlaunch("cluster.device=cpu", "trainer.steps=6", "recipe.features=8", f"hydra.run.dir={second}",
+                   f"trainer.resume={first}/checkpoints/step-00000004", cwd=tmp_path)
+    assert proc.returncode == 1 and "kept as it was" not in proc.stdout + proc.stderr
+    assert summary(second)["status"] == "failed" and (second / "error.txt").is_file()
+    assert "recipe.features=8" in (second / ".hydra" / "overrides.yaml").read_text()
 
 
 def test_a_sweep_refused_in_an_earlier_sweeps_directory_reports_its_own_jobs_and_keeps_the_earlier(tmp_path):
