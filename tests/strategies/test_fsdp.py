@@ -118,3 +118,19 @@ def test_an_optimizer_with_state_from_its_construction_is_sharded_with_its_param
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary(sharded)["final_loss"] == pytest.approx(summary(one)["final_loss"], rel=1e-5)
     assert summary(sharded)["param_norm"] == pytest.approx(summary(one)["param_norm"], rel=1e-5)
+
+
+def test_an_optimizer_that_has_stepped_is_refused_one_built_with_state_is_not():
+    """SGD's momentum buffers come from steps (no step count says otherwise); Adagrad's sum from its constructor."""
+    from launcher.strategies.impl.fsdp import _rebind
+
+    model = torch.nn.Linear(2, 1)
+    before = {id(p): name for name, p in model.named_parameters()}
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    sgd.step()
+    with pytest.raises(ValueError, match="give it an optimizer that has not stepped yet"):
+        _rebind(sgd, before, model)
+    adagrad = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    _rebind(adagrad, before, model)
+    assert len(adagrad.state) == 2

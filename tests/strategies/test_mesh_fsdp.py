@@ -95,3 +95,14 @@ def test_fsdp_x_tp_trains_like_one_device_and_its_2d_checkpoints_reshard(run_dla
         resumed = read_tensors(layout.step_dir(run_dir / "checkpoints", 40))
         for key, value in final["mesh"].items():
             torch.testing.assert_close(resumed[key], value, **TOLERANCE, msg=f"{name}: {key}")
+
+
+@pytest.mark.slow
+def test_adagrad_state_split_by_tensor_parallelism_is_sharded_over_both_dims(run_dlaunch):
+    """Adagrad makes its sum when it is built, on the tp-split (DTensor) parameters: FSDP x TP re-places it."""
+    adagrad = ("recipe=tp_mlp", "trainer.steps=4", "recipe.optimizer.name=adagrad")
+    proc, mesh_dir = run_dlaunch(*adagrad, "strategy=mesh", "strategy.data_parallel=fsdp", "cluster=1x4", name="mesh")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, one_dir = run_dlaunch(*adagrad, name="one")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(mesh_dir)["final_loss"] == pytest.approx(summary(one_dir)["final_loss"], rel=1e-5)

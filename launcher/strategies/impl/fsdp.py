@@ -118,7 +118,7 @@ def _rebind(optimizer: Any, before: dict[int, str], module: torch.nn.Module) -> 
     """
     if optimizer is None:
         return
-    if any(float(state.get("step", 0)) > 0 for state in optimizer.state.values()):
+    if any(float(state.get("step", 1)) > 0 for state in optimizer.state.values()):  # no step count: it has stepped
         raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
     after = dict(module.named_parameters())
     moved = {after[before[id(p)]]: {key: _sharded_like(value, after[before[id(p)]]) for key, value in state.items()}
@@ -135,7 +135,8 @@ def _sharded_like(value: Any, param: Any) -> Any:
 
     if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or value.shape != param.shape:
         return value
-    return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+    whole = value.full_tensor() if isinstance(value, DTensor) else value  # split by tensor parallelism before FSDP
+    return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements)
 
 
 class _FSDPExtended(StrategyExtended):
