@@ -51,6 +51,7 @@ def _torchs_own(module: Any) -> bool:
     return getattr(type(module).forward, "__module__", "").startswith("torch.")
 
 
+_TRACING_ONLY = re.compile(r"\bfake\b|\bmeta\b|data.?dependent|dynamic.?output.?shape|unsupported", re.I)
 _FAILED_OP = re.compile(r"got (\w+(?:Error|Exception))\((['\"])(.*?)\2\)", re.S)  # fake tensors: the op's own error
 
 
@@ -68,6 +69,9 @@ def compile_error(exc: BaseException, model: Any, fullgraph: bool = False) -> Co
     if failed_op:
         cause = f"{failed_op.group(1)}: {failed_op.group(3)} (torch.compile's {type(exc).__name__}: {headline})"
         advice = "The model's own code fails here: eagerly (trainer.compile.enabled=false) it would fail too"
+        if _TRACING_ONLY.search(f"{failed_op.group(1)} {failed_op.group(3)}"):  # an op that runs eagerly, not traced
+            advice = ("The op runs eagerly but cannot be traced (it needs a fake/meta implementation for torch.compile); "
+                      "run the model eagerly with trainer.compile.enabled=false")
     else:
         cause = f"{type(exc).__name__}: {headline[:400]}"
         explanation = re.search(r"Explanation: (.*)", text)

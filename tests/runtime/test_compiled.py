@@ -103,3 +103,27 @@ def test_a_graph_break_under_fullgraph_says_fullgraph_made_it_an_error():
 
 def test_other_errors_are_not_compile_errors():
     assert compile_error(ValueError("a user's own"), torch.nn.Linear(1, 1)) is None
+
+
+@torch.library.custom_op("dlaunch_tests::doubled", mutates_args=())
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class CustomOp(torch.nn.Module):
+    """An op that runs eagerly but has no fake implementation, so tracing it fails."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.a(doubled(x))
+
+
+def test_an_op_that_only_fails_while_tracing_is_not_called_a_bug_in_the_model():
+    text = said(CustomOp())
+    assert "There was no fake impl registered" in text
+    assert text.endswith("The op runs eagerly but cannot be traced (it needs a fake/meta implementation for torch.compile); "
+                         "run the model eagerly with trainer.compile.enabled=false")
+    assert CustomOp()(torch.randn(2, 4)).shape == (2, 1)  # eagerly it runs
