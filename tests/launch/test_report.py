@@ -71,6 +71,7 @@ def test_a_run_directory_that_cannot_be_written_any_more_loses_its_end_files_wit
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(type(tmp_path), "write_text", full)
+    monkeypatch.setattr(type(tmp_path), "write_bytes", full)
     report.record_failure(spec(), tmp_path, cause(0))
     report.record_stop(spec(), tmp_path, 143, None)
     assert caplog.text.count("could not write ") == 3 and "No space left on device" in caplog.text  # error.txt, summary x2
