@@ -191,7 +191,7 @@ def put_back_set_aside(root: Path) -> None:
         if not final.exists() and is_complete(aside):
             try:
                 os.replace(aside, final)
-            except FileNotFoundError:  # another rank put it back first
+            except OSError:  # another rank put it back first, or the store is read-only: resume from what is there
                 pass
 
 

@@ -145,10 +145,13 @@ class DistributedDataset:
     def __iter__(self) -> Iterator[Any]:
         if self._shard is not None:
             steps = self._iter_file_shard()
-        elif self._local is not None:
-            steps = self._iter_local_rows(iter(self._local))
-        else:  # the source's iter() now, not at the first batch: a DataLoader draws its seed here (see DataStream.seek)
-            steps = self._iter_global_batches(iter(self._dataset))
+        else:  # the source's iter() now, not at the first batch: a DataLoader draws its seed here (see DataStream.seek);
+            # a process that receives its input from another (a mesh replica's other logical devices) starts none
+            reads = self._ext._reads_input
+            if self._local is not None:
+                steps = self._iter_local_rows(iter(self._local) if reads else iter(()))
+            else:
+                steps = self._iter_global_batches(iter(self._dataset) if reads else iter(()))
         return _deliver(self._ext._share_input(steps), self._devices, self._options, self._num_replicas)
 
     @property

@@ -117,6 +117,8 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, r
                 batch = next(stream)
             with prof.region("dlaunch.step"):
                 strategy.run(replica_step, args=(batch, False))
+            with prof.region("dlaunch.data"):
+                stream.read_ahead()  # input.prefetch: the next batch, while the device runs this step
             prof.step()
             local += 1
     strategy.extended.leave()

@@ -248,14 +248,26 @@ def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: Repl
         # The lr of the schedule this run has at that position, as LambdaLR.step() sets it: the saved one where the
         # schedule is the same, the longer schedule's where trainer.steps grew (not the old one's for a step).
         for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs, schedule.lr_lambdas):
-            group["lr"] = base * factor(schedule.last_epoch)
-        schedule._last_lr = [g["lr"] for g in schedule.optimizer.param_groups]  # what get_last_lr() reports
+            _set_lr(group, base * factor(schedule.last_epoch))
+        schedule._last_lr = [float(g["lr"]) for g in schedule.optimizer.param_groups]  # what get_last_lr() reports
+    elif "schedule_last_epoch" in state:  # saved under a schedule, resumed without one: its lr, not the decayed one
+        for group in getattr(primary(step.optimizer), "param_groups", []):
+            if "initial_lr" in group:
+                _set_lr(group, group["initial_lr"])
     if step.scaler is not None and "scaler_scale" in state:
         step.scaler.load_state_dict({
             **step.scaler.state_dict(),
             "scale": float(state["scaler_scale"]), "_growth_tracker": int(state["scaler_growth_tracker"]),
         })
         step.skipped = state["skipped_steps"].clone()
+
+
+def _set_lr(group: dict[str, Any], lr: float) -> None:
+    """A tensor lr (capturable, fused) keeps its tensor, as torch's schedulers do."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(lr)
+    else:
+        group["lr"] = lr
 
 
 def warn_if_all_skipped(skipped: int, steps: int, rank: int = 0) -> None:
