@@ -151,7 +151,11 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     body = "\n".join(lines)
     if root.traceback:
         body += "\n\n" + escape(root.traceback.rstrip())
-    console.print(Panel(body, title=f"[bold red]{'' if root.task else 'worker '}{root.who} failed: root cause", border_style="red", expand=False))
+    title = f"[bold red]{'' if root.task else 'worker '}{root.who} failed: root cause[/]"
+    if console.is_terminal:
+        console.print(Panel(body, title=title, border_style="red", expand=False))
+    else:  # a log file (a scheduler's, error.txt): no box padding every line to the longest one
+        console.print(title + "\n" + "\n".join(f"  {line}" if line else "" for line in body.split("\n")))
     for other in sorted(others, key=lambda c: c.rank):
         what = f": {escape(_one_line(other.exception))}" if other.exception else " (stopped by dlaunch)"
         console.print(f"  {other.who}: {other.exit}{what}")
