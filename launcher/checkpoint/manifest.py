@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from launcher.checkpoint.errors import CheckpointError
+from launcher.config.errors import spelled
 from launcher.config.schema import RunSpec
 from launcher.input.auto_shard import resolve_policy
 from launcher.input.position import Position
@@ -81,7 +82,7 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
     out += _data_changes(manifest["input"], _input_layout(spec))
     out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _recipe_diff(manifest.get("recipe", {}), spec)]
     if "trainer" in manifest:  # checkpoints before this record none
-        out += [f"trainer.{key}: {_said(old)} -> {_said(new)}" for key, old, new in _diff(manifest["trainer"], _how_steps_train(spec))]
+        out += [f"trainer.{key}: {spelled(old)} -> {spelled(new)}" for key, old, new in _diff(manifest["trainer"], _how_steps_train(spec))]
     old_decay, new_decay = manifest.get("lr_decay"), _lr_decay(spec)  # checkpoints before this record none
     if old_decay and new_decay and old_decay != new_decay:
         fits = spec.trainer.lr_schedule.warmup_steps + old_decay["steps"] <= spec.trainer.steps
@@ -108,10 +109,6 @@ def _how_steps_train(spec: RunSpec) -> dict[str, Any]:
     t = spec.trainer
     return {"precision": t.precision, "grad_accum_steps": t.grad_accum_steps, "clip_grad_norm": t.clip_grad_norm,
             "compile": t.compile.model_dump(mode="json"), "lr_schedule": t.lr_schedule.model_dump(mode="json")}
-
-
-def _said(value: Any) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _lr_decay(spec: RunSpec) -> dict[str, Any] | None:

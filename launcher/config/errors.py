@@ -82,12 +82,15 @@ def _lines(p: Problem) -> list[str]:
     return lines
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def spelled(value: Any) -> str:
     """The value as a user types it on the command line: ``true``, ``null``, ``''``, not Python's spelling."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
-    text = repr(value) if isinstance(value, str) and value == "" else str(value)
-    return _clean(text, limit)
+    return repr(value) if isinstance(value, str) and value == "" else str(value)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    return _clean(spelled(value), limit)
 
 
 def _clean(text: str, limit: int = 200) -> str:

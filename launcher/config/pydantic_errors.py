@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from launcher.config.errors import Problem, did_you_mean
+from launcher.config.errors import Problem, did_you_mean, spelled
 from launcher.config.base import PlanError, PlanErrors
 
 
@@ -136,8 +136,8 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
     message = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
     if kind == "string_type" and (value is None or isinstance(value, (bool, int, float))):  # Hydra typed the text
-        spelled = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        typed = spelled(value)
         what = "no value" if value is None else {bool: "a boolean", int: "an integer"}.get(type(value), "a number")
-        message += (f": {spelled} reads as {what}; quote it to mean the text ('{key}=\"{spelled}\"' on the command line, "
-                    f"\"{spelled}\" in YAML)")
+        message += (f": {typed} reads as {what}; quote it to mean the text ('{key}=\"{typed}\"' on the command line, "
+                    f"\"{typed}\" in YAML)")
     return Problem(key=key, value=value, message=message)

@@ -27,28 +27,19 @@ def _whole(norm: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def total_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all ``grads`` together, a plain tensor; split (DTensor) gradients count whole."""
-    groups: dict[Hashable, list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault(_layout(g), []).append(g)
-    norms = [_whole(torch.nn.utils.get_total_norm(group)) for group in groups.values()]
-    if len(norms) == 1:
-        return norms[0]
-    return torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
-
-
 def clip_grad_norm(params: Iterable[Any], max_norm: float | None) -> torch.Tensor | None:
-    """The total norm of ``params``' gradients (None if none has one), then, with ``max_norm``, the gradients
-    scaled so that it is at most ``max_norm`` (what ``clip_grad_norm_`` does for gradients of one layout)."""
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return None
-    norm = total_norm(p.grad for p in params)
-    if max_norm is not None:
-        groups: dict[Hashable, list[Any]] = {}
-        for p in params:
+    """The total norm of ``params``' gradients, a plain tensor (None if none has one; split DTensor gradients count
+    whole), then, with ``max_norm``, the gradients scaled so that it is at most ``max_norm`` (what
+    ``clip_grad_norm_`` does for gradients of one layout)."""
+    groups: dict[Hashable, list[Any]] = {}
+    for p in params:
+        if p.grad is not None:
             groups.setdefault(_layout(p.grad), []).append(p)
+    if not groups:
+        return None
+    norms = [_whole(torch.nn.utils.get_total_norm([p.grad for p in group])) for group in groups.values()]
+    norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
+    if max_norm is not None:
         for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return norm

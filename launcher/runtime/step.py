@@ -140,7 +140,7 @@ def split_batch(batch: Any, k: int) -> list[Any]:
     """``batch`` (tensors, or tuples/lists/dicts of them) cut into ``k`` micro-batches along dim 0: equal ones, or,
     for a batch that does not divide (the last of an epoch with ``input.drop_remainder=false``), sizes that differ by
     one row; a batch of fewer than ``k`` rows gives one micro-batch a row."""
-    return _split(batch, _sizes(batch, k))
+    return micro_batches(batch, k)[0]
 
 
 def micro_batches(batch: Any, k: int) -> tuple[list[Any], list[float] | None]:
