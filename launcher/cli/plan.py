@@ -301,7 +301,7 @@ def rows_table(title: str, rows: list[tuple[str, str]]) -> Table:
 
 
 def show_summary(summary: dict, run_dir: Path, console: Console) -> None:
-    keys = ("status", "final_loss", "first_loss", "examples_per_sec", "wall_seconds", "param_norm")
+    keys = ("status", "final_loss", "first_loss", "examples_per_sec", "first_step_seconds", "wall_seconds", "param_norm")
     table = Table(title="result", show_header=False, title_justify="left", box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()

@@ -178,6 +178,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "examples_per_sec": _examples_per_sec(spec, resumed_at, loop_seconds, loop),
         "wall_seconds": time.perf_counter() - started,
         "steady_ms_per_step": loop.steady_ms_per_step(),
+        "first_step_seconds": loop.step_seconds[0] if loop.step_seconds else None,
         "param_norm": param_norm(model),
         "metrics": metrics,
         "precision": spec.trainer.precision,
@@ -186,8 +187,11 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
 
 
 def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, loop: "_Loop") -> float | None:
-    """This command's throughput; a resume with no step left to train keeps the last one logged (not 0)."""
-    ran = spec.trainer.steps - resumed_at
+    """This command's throughput after its first step (which compiles, warms up: ``first_step_seconds``); a
+    resume with no step left to train keeps the last one logged (not 0)."""
+    ran, first = spec.trainer.steps - resumed_at, loop.step_seconds[:1]
+    if ran > 1 and first:
+        ran, loop_seconds = ran - 1, loop_seconds - first[0]
     if ran > 0:
         return ran * (loop.stream.rows_per_batch or 0) / max(loop_seconds, 1e-9)
     rates = [r["examples_per_sec"] for r in outputs.read_records(loop.run_dir / outputs.METRICS) if "examples_per_sec" in r]
@@ -308,7 +312,7 @@ class _Loop:
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
-        meter = Meter(self.stream, steps, start)
+        meter = Meter(self.stream, steps, start, self.step_seconds)
         losses: list[float] = []
         try:
             with StopRequests(distributed, force_on_repeat=not distributed) as stop, self.profiler as prof:

@@ -95,11 +95,14 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.update(self._task, completed=step)
 
-    def logged(self, step: int, loss: float, examples_per_sec: float, eta_s: float) -> None:
+    def logged(self, step: int, loss: float, examples_per_sec: float, eta_s: float | None) -> None:
+        """``eta_s`` None: no step since the first has ended, and the first (compile, warm-up) predicts nothing."""
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.update(self._task, completed=step, loss=f"{loss:.4g}", speed=f"{examples_per_sec:,.0f}")
+        elif eta_s is None:
+            log.info("step %d/%d  loss %.6g  %.0f ex/s", step, self.total, loss, examples_per_sec)
         else:
             log.info("step %d/%d  loss %.6g  %.0f ex/s  eta %.0fs", step, self.total, loss, examples_per_sec, eta_s)
 
@@ -109,16 +112,23 @@ class ProgressReporter:
 
 
 class Meter:
-    """Throughput between log points and over the whole run: steps x the rows of ``stream``'s global batches."""
+    """Throughput between log points (steps x the rows of ``stream``'s global batches) and the time left.
 
-    def __init__(self, stream: Any, total_steps: int, first_step: int = 0):
+    ``step_seconds``: the wall time of each step this command has finished (the loop's list). The time left goes
+    by the steps after the first: a first step that compiled the model for a minute predicts nothing.
+    """
+
+    def __init__(self, stream: Any, total_steps: int, first_step: int = 0, step_seconds: list[float] | None = None):
         self.stream, self.total = stream, total_steps
-        self.start = self.mark = time.perf_counter()
+        self.mark = time.perf_counter()
         self.first_step = self.mark_step = first_step
+        self.step_seconds = step_seconds if step_seconds is not None else []
 
-    def window(self, step: int) -> tuple[float, float]:
+    def window(self, step: int) -> tuple[float, float | None]:
         now = time.perf_counter()
         rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(now - self.mark, 1e-9)
-        per_step = (now - self.start) / max(step - self.first_step, 1)
         self.mark, self.mark_step = now, step
-        return rate, per_step * (self.total - step)
+        warm = self.step_seconds[1:]  # the step being logged has not ended: it is not in the list yet
+        if not warm:
+            return rate, None
+        return rate, sum(warm) / len(warm) * (self.total - step)

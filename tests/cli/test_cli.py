@@ -60,6 +60,10 @@ def test_one_device_run_writes_the_output_contract(run_dlaunch):
     assert s["final_loss"] < s["first_loss"]
     assert isinstance(s["param_norm"], float) and s["param_norm"] > 0
     assert "eval_loss" in s["metrics"]
+    # the first step (compile, warm-up) is timed on its own; it gives no ETA, the later logged steps do
+    assert s["first_step_seconds"] > 0 and "first_step_seconds" in proc.stdout
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("INFO step ")]
+    assert "eta" not in steps[0] and all("eta" in line for line in steps[1:]), steps
     assert str(run_dir) in proc.stdout  # the user is pointed at the results
 
 
