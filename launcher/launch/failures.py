@@ -39,6 +39,12 @@ class RootCause:
     last_step: int | None = None  # the rank's last completed step, when it said or its heartbeat did
     task: str = ""  # a parameter-server job's task (chief:0, worker:1, ps:0); empty otherwise
     stopped_by: str = ""  # "SIGTERM": the rank stopped on that signal, after its save (dlaunch's Preempted)
+    script_exit: int | None = None  # a script's own sys.exit code: dlaunch exits with it, as python would
+
+    @property
+    def exit_status(self) -> int:
+        """What dlaunch exits with when this is the root cause."""
+        return self.script_exit or 1
 
     @property
     def who(self) -> str:
@@ -74,7 +80,7 @@ def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dic
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {"py_callstack": _format(exc), "timestamp": str(int(time.time()))},
         },
-        "dlaunch": {**(extra or {}), "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()},
+        "dlaunch": {**(extra or {}), **_script_exit(exc), "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()},
     }
     try:
         outputs.write_json_atomic(Path(path), data)  # the agent parses it: never an empty or half-written file
@@ -86,7 +92,17 @@ def write_error_file(path: str | None, exc: BaseException, rank: int, extra: dic
 def from_exception(exc: BaseException, rank: int = 0, last_step: int | None = None) -> RootCause:
     advise(exc)
     return RootCause(rank, socket.gethostname(), os.getpid(), "exception", f"{type(exc).__name__}: {exc}", _format(exc),
-                     time.time(), last_step)
+                     time.time(), last_step, **_script_exit(exc))
+
+
+def exit_status(exc: BaseException) -> int:
+    """The exit code a failing process ends with: 1, or a script's own ``sys.exit`` code."""
+    return _script_exit(exc).get("script_exit") or 1
+
+
+def _script_exit(exc: BaseException) -> dict[str, int]:
+    code = getattr(exc, "script_exit_code", None)  # launcher.runtime.script.ScriptExit's
+    return {"script_exit": code} if isinstance(code, int) else {}
 
 
 def from_process_failure(rank: int, failure: Any) -> RootCause:
@@ -104,6 +120,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
         time=float(extra.get("time", failure.timestamp)),
         last_step=extra.get("last_step"),
         stopped_by=str(extra.get("stopped_by", "")),
+        script_exit=extra.get("script_exit"),
     )
 
 

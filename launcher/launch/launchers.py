@@ -51,7 +51,7 @@ class InProcess(Launcher):
             root = failures.from_exception(exc, last_step=heartbeat.progress_of(exc).get("last_step"))  # as a worker's says
             failures.render(root, [], report.last_logged_step(run_dir), console)
             report.record_failure(spec, run_dir, root)
-            return 1
+            return root.exit_status
 
 
 class _Workers(Launcher):

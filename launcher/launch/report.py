@@ -61,7 +61,7 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
     if not spec.cluster.node_rank:  # node 0 owns summary.json (nodes may share the run directory)
         record_failure(spec, run_dir, root, others)
-    return 1
+    return root.exit_status
 
 
 def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) -> int:

@@ -48,6 +48,11 @@ class ScriptExit(Exception):
         self.code = code
         super().__init__(f"{script} exited with {code!r} (sys.exit); its own message is above")
 
+    @property
+    def script_exit_code(self) -> int:
+        """What ``python script.py`` exits with: the code, or 1 for a message (``sys.exit("why")``)."""
+        return self.code if isinstance(self.code, int) and 0 < self.code < 256 else 1
+
 
 def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None) -> dict[str, Any]:
     """Run ``spec.script`` in this process under the spec's strategy; rank 0 writes the summary."""

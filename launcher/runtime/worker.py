@@ -19,7 +19,7 @@ from launcher.cluster import env as env_lib
 from launcher.cluster import preflight
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
-from launcher.launch.failures import write_error_file
+from launcher.launch.failures import exit_status, write_error_file
 from launcher.launch.parent_death import die_with_parent
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
@@ -96,7 +96,7 @@ def run(job_path: Path) -> int:
         return 130
     except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
         write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
-        return 1
+        return exit_status(exc)
 
 
 def _train(spec: RunSpec, plan: Plan, env: env_lib.WorkerEnv | None, run_dir: Path, as_written: dict, console: Console) -> None:

@@ -90,9 +90,17 @@ def test_a_script_that_raises_shows_its_own_frame_once(run_dlaunch, tmp_path):
 def test_an_argument_the_script_rejects_is_reported_once(tmp_path):
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
     proc, _ = _run(tmp_path, "script=custom_loop.py", "strategy=mirrored", "cluster=1x2", script_args=("--epochz", "2"))
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]  # argparse's code, as under python
     assert proc.stderr.count("unrecognized arguments: --epochz 2") == 1
     assert "exited with 2 (sys.exit)" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("code, status", [("3", 3), ("'no data found'", 1)])
+def test_dlaunch_exits_with_the_scripts_own_exit_code_as_python_does(run_dlaunch, tmp_path, code, status):
+    (tmp_path / "stops.py").write_text(f"import sys\n\nsys.exit({code})\n")
+    proc, _ = run_dlaunch("script=stops.py")
+    assert proc.returncode == status, proc.stderr[-3000:]
+    assert f"stops.py exited with {code}" in proc.stdout + proc.stderr
 
 
 def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
