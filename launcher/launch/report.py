@@ -144,5 +144,6 @@ def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
         "param_norm": None,
         "metrics": {},
         "last_logged_step": int(every[-1]["step"]) if every else None,
+        "restarts": outputs.command_restarts(run_dir),
         "history": outputs.history(run_dir),
     }

@@ -77,6 +77,13 @@ def history(run_dir: Path) -> dict[str, int]:
     }
 
 
+def command_restarts(run_dir: Path) -> int:
+    """Elastic restarts of the workers in this dlaunch command (summary.json's ``restarts``, as a completed run's)."""
+    events = read_records(run_dir / STATE_DIR / HISTORY)
+    last = max((i for i, e in enumerate(events) if e.get("event") == "command"), default=-1)
+    return sum(bool(e.get("restart")) for e in events[last + 1:] if e.get("event") == "start")
+
+
 def _append_history(run_dir: Path, event: dict[str, Any]) -> None:
     path = run_dir / STATE_DIR / HISTORY
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -160,7 +160,8 @@ def test_a_worker_that_always_fails_is_tried_n_plus_one_times(tmp_path):
         line = f"rank 1 failed (exit code 1: RuntimeError: "
         assert f"restart {n} of 2 (launch.max_restarts)" in out and out.count(line) >= 2, out[-4000:]
         assert f"restart {n} of 2" in (run_dir / "dlaunch.log").read_text()
-    assert summary(run_dir)["status"] == "failed"
+    failed = summary(run_dir)
+    assert (failed["status"], failed["restarts"], failed["history"]["restarts"]) == ("failed", 2, 2)
 
 
 def test_an_abort_in_teardown_after_completing_is_neither_a_failure_nor_a_restart(tmp_path):

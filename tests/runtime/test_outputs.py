@@ -26,6 +26,9 @@ def test_the_history_counts_commands_restarts_and_resumes_until_a_fresh_start(tm
     outputs.record_command(tmp_path)  # the same command again, after dlaunch was killed
     outputs.record_start(tmp_path, restart=0, resumed_from_step=8)
     assert outputs.history(tmp_path) == {"commands": 2, "restarts": 1, "resumes": 2}
+    assert outputs.command_restarts(tmp_path) == 0  # the last command's own: its workers never restarted
+    outputs.record_start(tmp_path, restart=1, resumed_from_step=8)
+    assert outputs.command_restarts(tmp_path) == 1
     outputs.start_run(tmp_path, resuming=True)
     assert outputs.history(tmp_path)["commands"] == 2
     outputs.start_run(tmp_path, resuming=False)
