@@ -70,6 +70,11 @@ class StrategyExtended:
     def finish(self) -> None:
         """Training ended here (completed, or stopped after its save): processes serving it may end. Default: none."""
 
+    def stop_requested(self) -> int:
+        """A stop signal another process of the job stopped on, that this one must stop on too (0: none, the
+        default; a parameter-server chief's sync job, whose worker stopped)."""
+        return 0
+
     def save_checkpoint(self, model: Any, path: Any, progress: tuple[int, int, int]) -> bool:
         """Write ``model``'s variables into ``path`` where this strategy keeps them; False: dlaunch saves them (DCP)."""
         return False

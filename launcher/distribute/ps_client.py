@@ -33,6 +33,7 @@ class Client:
     def __init__(self, task: str, num_ps: int, placement: Placement, timeout_s: float):
         self.task, self.num_ps, self.placement, self.timeout_s = task, num_ps, placement, timeout_s
         self.global_step, self.finished = 0, False
+        self.stop_signal = 0  # sync mode: the signal another task stopped on (the chief stops on it too)
         self.sync, self.sync_timeout_s = False, 300.0  # sync mode: a push waits up to this for the step's other gradients
 
     def call(self, ps: int, fn: Any, *args: Any) -> Any:
@@ -79,10 +80,11 @@ class Client:
                                      timeout=timeout)
                    for k in range(self.num_ps)}
         for k, future in futures.items():
-            step, finished = self.wait(k, future)
+            step, finished, stop = self.wait(k, future)
             if k == 0:
                 self.global_step = step
             self.finished |= finished
+            self.stop_signal = self.stop_signal or stop
 
 
 def _unavailable(ps: int, exc: BaseException) -> BaseException:

@@ -29,6 +29,7 @@ import torch.distributed.rpc as trpc
 from launcher.checkpoint import shards  # here, not in the RPC handler: two handler threads importing DCP at once see a half-made module
 from launcher.cluster import rpc
 from launcher.cluster.resolvers import ClusterSpec
+from launcher.distribute.ps_updates import SyncRound, as_gradient
 
 log = logging.getLogger("dlaunch")
 
@@ -143,8 +144,9 @@ class VariableStore:
         self.created = threading.Event()
         self.ready = threading.Event()
         self.finished = threading.Event()
+        self.stop_signal = 0  # sync mode: a task that left stopped on this signal
         self._lock = threading.Lock()
-        self._sync: _SyncRound | None = None
+        self._sync: SyncRound | None = None
         self._left: set[str] = set()
 
     # ----- set-up -----
@@ -166,7 +168,7 @@ class VariableStore:
             param_groups = [{"params": [self.shards[k] for k in keys], **options} for _, keys, options in contents["groups"]]
             param_groups = [g for g in param_groups if g["params"]]
             self.optimizer = contents["optimizer_cls"](param_groups) if param_groups else None
-            self._sync = _SyncRound(sync_replicas) if sync_replicas else None
+            self._sync = SyncRound(sync_replicas) if sync_replicas else None
         self.created.set()
 
     def open(self, global_step: int) -> None:
@@ -184,15 +186,16 @@ class VariableStore:
             return self.shards[key].detach().index_select(0, rows)
 
     def push(self, task: str, grads: dict[str, Any], increment: bool) -> Any:
-        """Apply (async) or collect (sync) one task's gradients; the answer is (global step, finished)."""
+        """Apply (async) or collect (sync) one task's gradients; the answer is (global step, finished, stop):
+        ``stop``, in sync mode, the signal a task that left was stopped by (0: none), for the chief to stop on."""
         if self.finished.is_set():
             self._left.add(task)
-            return (self.global_step, True)
+            return (self.global_step, True, self.stop_signal)
         if self._sync is None:
             with self._lock:
                 self._apply(grads, 1)
                 self.global_step += int(increment)
-                return (self.global_step, False)
+                return (self.global_step, False, 0)
         return self._sync.add(self, grads, increment)
 
     def _apply(self, grads: dict[str, Any], count: int) -> None:
@@ -200,14 +203,22 @@ class VariableStore:
         if self.optimizer is None or not grads:
             return
         for key, grad in grads.items():
-            self.shards[key].grad = _as_gradient(self.shards[key], grad, count, self.optimizer)
+            self.shards[key].grad = as_gradient(self.shards[key], grad, count, self.optimizer)
         self.optimizer.step()
         self.updates += 1
         for key in grads:
             self.shards[key].grad = None
 
-    def leave(self, task: str) -> None:
+    def leave(self, task: str, signum: int = 0) -> None:
+        """``task`` trains no more: it ended, or stopped on signal ``signum``. A sync round no longer waits for its
+        gradient, and a stopped task's signal goes to the chief in its push's answer: a sync job needs every
+        task, so the chief stops too, after its save, rather than wait for a gradient that will not come."""
+        if task in self._left:
+            return
         self._left.add(task)
+        if self._sync is not None and not self.finished.is_set():
+            self.stop_signal = self.stop_signal or signum
+            self._sync.leave(self)
 
     def finish(self) -> None:
         self.finished.set()
@@ -231,72 +242,6 @@ class VariableStore:
     @property
     def lock(self) -> threading.Lock:
         return self._lock
-
-
-class _SyncRound:
-    """``SyncReplicasOptimizer``'s accumulator: a step is applied once every training task has pushed."""
-
-    def __init__(self, replicas: int):
-        self.replicas = replicas
-        self.grads: dict[str, list[Any]] = {}
-        self.waiting: list[torch.futures.Future] = []
-        self.increment = False
-
-    def add(self, store: VariableStore, grads: dict[str, Any], increment: bool) -> torch.futures.Future:
-        future: torch.futures.Future = torch.futures.Future()
-        with store.lock:
-            for key, grad in grads.items():
-                self.grads.setdefault(key, []).append(grad)
-            self.increment |= increment
-            self.waiting.append(future)
-            if len(self.waiting) == self.replicas:
-                store._apply({k: _sum(v) for k, v in self.grads.items()}, self.replicas)
-                store.global_step += int(self.increment)
-                self._resolve((store.global_step, False))
-        return future
-
-    def release(self, store: VariableStore) -> None:
-        with store.lock:
-            self._resolve((store.global_step, True))
-
-    def _resolve(self, answer: Any) -> None:
-        waiting, self.waiting, self.grads, self.increment = self.waiting, [], {}, False
-        for future in waiting:
-            future.set_result(answer)
-
-
-def _sum(grads: list[Any]) -> Any:
-    if isinstance(grads[0], tuple):  # sparse rows: (row indices, values)
-        return torch.cat([r for r, _ in grads]), torch.cat([v for _, v in grads])
-    total = grads[0].clone()
-    for g in grads[1:]:
-        total += g
-    return total
-
-
-SPARSE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adagrad, torch.optim.SparseAdam)
-
-
-def _as_gradient(shard: torch.Tensor, grad: Any, count: int, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """A pushed gradient as the shard's ``.grad``: sparse rows stay sparse where the optimizer keeps dense state."""
-    if not isinstance(grad, tuple):
-        return grad / count if count > 1 else grad
-    rows, values = grad
-    values = values / count if count > 1 else values
-    sparse = torch.sparse_coo_tensor(rows.unsqueeze(0), values, shard.shape, check_invariants=False).coalesce()
-    if _sparse_ok(optimizer, shard):
-        return sparse
-    return sparse.to_dense()
-
-
-def _sparse_ok(optimizer: torch.optim.Optimizer, shard: torch.Tensor) -> bool:
-    """Sparse gradients only where the optimizer's state stays dense and its update is the dense one's."""
-    if not isinstance(optimizer, SPARSE_OPTIMIZERS):
-        return False
-    group = next(g for g in optimizer.param_groups if any(p is shard for p in g["params"]))
-    if isinstance(optimizer, torch.optim.SGD):
-        return not group.get("momentum") and not group.get("weight_decay")
-    return not group.get("weight_decay")
 
 
 def _reachable(task: str) -> bool:
@@ -370,8 +315,8 @@ def remote_global_step() -> int:
     return local_store().global_step
 
 
-def remote_leave(task: str) -> None:
-    local_store().leave(task)
+def remote_leave(task: str, signum: int = 0) -> None:
+    local_store().leave(task, signum)
 
 
 def remote_finish() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -72,13 +73,15 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
                 args = [str(job), t.type, str(t.index), str(t.attempt)]
                 procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
             fatal = _wait(procs, spec)
-            stopped = _stop_the_rest(procs) if fatal else set()
+            stopped = _stop_the_rest(procs, spec.launch.shutdown_grace_s + 5) if fatal else set()
         except emulate._Stopped as signalled:
             emulate._stop(list(procs.values()), spec.launch.shutdown_grace_s + 5, signalled.signum)
             log.warning("stopped by signal %d; every task was shut down", signalled.signum)
             return 128 + signalled.signum, []
     # A task dlaunch stopped ended as told (a ps that waits for the chief's save is killed): not a cause
     causes = [c for c in _causes(run_dir, tasks) if c.task not in {t.name for t in stopped}]
+    named = {c.task for c in causes}
+    causes += [_agent_ended(t, procs[t]) for t in fatal if t.name not in named]
     if not fatal:
         for cause in causes:
             log.warning("%s had failed (%s%s); the job went on without it, as parameter-server training does",
@@ -115,18 +118,27 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
         time.sleep(0.05)
 
 
-def _stop_the_rest(procs: dict[PSTask, subprocess.Popen]) -> set[PSTask]:
-    """The others cannot go on without the chief or a ps: a moment to end on their own, then stopped; returns those stopped."""
+def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float) -> set[PSTask]:
+    """The others cannot go on without the chief or a ps: a moment to end on their own, then stopped as a signal
+    to dlaunch stops them (a chief that can still save has ``grace_s`` to); returns those stopped."""
     deadline = time.monotonic() + STOP_OTHERS_AFTER_S
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     running = {t for t, p in procs.items() if p.poll() is None}
-    emulate._stop([procs[t] for t in running], STOP_OTHERS_AFTER_S)
+    emulate._stop([procs[t] for t in running], grace_s)
     return running
 
 
 def _exit_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
+def _agent_ended(task: PSTask, proc: subprocess.Popen) -> failures.RootCause:
+    """A task whose agent ended without recording why (killed, out of memory): its exit is the cause."""
+    return failures.RootCause(
+        rank=task.rank, host=socket.gethostname(), pid=proc.pid, exit=_exit_text(proc.returncode),
+        exception="its elastic agent ended without a report from its worker (the agent itself was killed?)",
+        traceback="", time=time.time(), task=task.name)
 
 
 def _causes(run_dir: Path, tasks: list[PSTask]) -> list[failures.RootCause]:

@@ -187,8 +187,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
 
 
 def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, loop: "_Loop") -> float | None:
-    """This command's throughput after its first step (which compiles, warms up: ``first_step_seconds``); a
-    resume with no step left to train keeps the last one logged (not 0)."""
+    """This command's throughput after its first step (compile, warm-up); a resume with nothing left: the last logged."""
     ran, first = spec.trainer.steps - resumed_at, loop.step_seconds[:1]
     if ran > 1 and first:
         ran, loop_seconds = ran - 1, loop_seconds - first[0]
@@ -315,7 +314,8 @@ class _Loop:
         meter = Meter(self.stream, steps, start, self.step_seconds)
         losses: list[float] = []
         try:
-            with StopRequests(distributed, force_on_repeat=not distributed) as stop, self.profiler as prof:
+            stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested)
+            with stops as stop, self.profiler as prof:
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
                     logged = step == 1 or step % every == 0 or step == steps

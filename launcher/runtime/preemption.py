@@ -39,10 +39,11 @@ class Preempted(Exception):
 
     explained = True
 
-    def __init__(self, signum: int, step: int, checkpoint: Any = None):
+    def __init__(self, signum: int, step: int, checkpoint: Any = None, saved_elsewhere: str = ""):
+        """``saved_elsewhere``: who saves instead of this process (a parameter-server worker's chief)."""
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         saved = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint (trainer.checkpoint.every_steps is 0)"
-        super().__init__(f"stopped by {self.signal_name} after step {step}{saved}")
+        super().__init__(f"stopped by {self.signal_name} after step {step}{f'; {saved_elsewhere}' if saved_elsewhere else saved}")
 
     @property
     def exit_code(self) -> int:
@@ -61,9 +62,10 @@ class StopRequests:
     both the terminal's Ctrl-C and the elastic agent's forwarded copy.
     """
 
-    def __init__(self, distributed: bool, force_on_repeat: bool = False):
+    def __init__(self, distributed: bool, force_on_repeat: bool = False, elsewhere: Callable[[], int] = lambda: 0):
+        """``elsewhere``: a signal another process of the job stopped on, to stop on as if received here."""
         self.signum = 0
-        self._force = force_on_repeat
+        self._force, self._elsewhere = force_on_repeat, elsewhere
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._previous: dict[int, Any] = {}
@@ -94,6 +96,7 @@ class StopRequests:
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""
         if self._group is None:
+            self.signum = self.signum or self._elsewhere()
             return self.signum
         result = 0
         if self._pending is not None:

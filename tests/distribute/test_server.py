@@ -36,8 +36,8 @@ def test_async_pushes_are_applied_as_they_arrive_and_only_the_chiefs_count():
     store = store_of(model, torch.optim.SGD(model.parameters(), lr=0.5))
     before = store.pull(["weight/part_0"])[0]
     grad = torch.ones(3, 4)
-    assert store.push("worker:0", {"weight/part_0": grad}, increment=False) == (0, False)
-    assert store.push("chief:0", {"weight/part_0": grad}, increment=True) == (1, False)
+    assert store.push("worker:0", {"weight/part_0": grad}, increment=False) == (0, False, 0)
+    assert store.push("chief:0", {"weight/part_0": grad}, increment=True) == (1, False, 0)
     torch.testing.assert_close(store.pull(["weight/part_0"])[0], before - 2 * 0.5 * grad)
     assert store.updates == 2
 
@@ -49,7 +49,7 @@ def test_sync_applies_one_mean_step_once_every_task_has_pushed():
     first = store.push("worker:0", {"bias/part_1": torch.full((3,), 2.0)}, increment=False)
     assert not first.done() and store.updates == 0  # waits for the other task
     second = store.push("chief:0", {"bias/part_1": torch.full((3,), 4.0)}, increment=True)
-    assert first.wait() == second.wait() == (1, False)
+    assert first.wait() == second.wait() == (1, False, 0)
     torch.testing.assert_close(store.pull(["bias/part_1"])[0], before - 3.0)  # the mean gradient, once
 
 
@@ -69,5 +69,27 @@ def test_finishing_releases_a_sync_round_and_tells_later_pushes_to_stop():
     store = store_of(model, torch.optim.SGD(model.parameters(), lr=0.1), sync=2, shards=1)
     waiting = store.push("worker:0", {"bias": torch.ones(2)}, increment=False)
     threading.Timer(0.05, store.finish).start()
-    assert waiting.wait() == (0, True)
-    assert store.push("worker:1", {"bias": torch.ones(2)}, increment=False) == (0, True)
+    assert waiting.wait() == (0, True, 0)
+    assert store.push("worker:1", {"bias": torch.ones(2)}, increment=False) == (0, True, 0)
+
+
+def test_a_task_that_stops_in_a_sync_job_frees_the_chiefs_push_and_tells_it_to_stop():
+    """A worker that stopped on SIGTERM before the chief did: the chief's push returns (its own gradient applied)
+    with the signal, so the chief stops and saves too, rather than wait out the sync timeout."""
+    model = torch.nn.Linear(2, 2)
+    store = store_of(model, torch.optim.SGD(model.parameters(), lr=1.0), sync=2, shards=1)
+    before = store.pull(["bias"])[0]
+    chiefs = store.push("chief:0", {"bias": torch.full((2,), 4.0)}, increment=True)
+    assert not chiefs.done()
+    store.leave("worker:0", signum=15)
+    assert chiefs.wait() == (1, False, 15)
+    torch.testing.assert_close(store.pull(["bias"])[0], before - 4.0)  # the chief's gradient alone
+    store.leave("worker:0", signum=15)  # said again (every ps is told, and a finished push adds it too): counted once
+    assert store.push("chief:0", {"bias": torch.full((2,), 2.0)}, increment=True).wait() == (2, False, 15)
+
+
+def test_a_task_that_ends_in_a_sync_job_asks_nobody_to_stop():
+    model = torch.nn.Linear(2, 2)
+    store = store_of(model, torch.optim.SGD(model.parameters(), lr=1.0), sync=2, shards=1)
+    store.leave("worker:0")
+    assert store.push("chief:0", {"bias": torch.ones(2)}, increment=True).wait() == (1, False, 0)

@@ -171,3 +171,29 @@ def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     s = summary(run_dir)
     assert s["resumed_from_step"] == int(saved.name.split("-")[1]) and s["steps"] == 60
+
+
+def test_a_killed_task_agent_is_a_root_cause_and_the_job_restarts(run_dlaunch):
+    """The chief's elastic agent is SIGKILLed (so no failures file): still a named cause, and a restart."""
+    proc, run_dir = ps_run(run_dlaunch, "trainer.steps=20", "trainer.checkpoint.every_steps=5", "launch.max_restarts=1",
+                           "+recipe.kill_task=chief:0", "+recipe.kill_agent=true", "+recipe.kill_step=7",
+                           "+recipe.step_sleep=0.03")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert "task chief:0 failed (killed by signal 9: its elastic agent ended without a report" in text, text[-3000:]
+    assert "restarting every task from the newest checkpoint (restart 1 of 1)" in text
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["resumed_from_step"] == 5
+    assert not run_processes(run_dir)
+
+
+def test_a_worker_that_stops_before_the_chief_in_sync_mode_lets_the_chief_save(run_dlaunch):
+    """worker:0 alone gets SIGTERM: it leaves after its step, and the chief's push, which waited for its gradient,
+    returns; dlaunch then stops the chief, which saves, instead of hanging until the sync timeout."""
+    proc, run_dir = ps_run(run_dlaunch, "cluster.ps=1", "strategy.mode=sync", "trainer.steps=400",
+                           "trainer.checkpoint.every_steps=1000", "+recipe.term_task=worker:0", "+recipe.kill_step=5",
+                           "+recipe.step_sleep=0.02", "launch.collective_timeout_s=120")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    saved = layout.latest(run_dir / "checkpoints")
+    assert saved is not None and 5 <= layout.step_of(saved) < 400, proc.stderr[-3000:]
+    assert summary(run_dir)["status"] == "stopped"
+    assert not run_processes(run_dir)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import warnings
 from typing import Any
 
@@ -98,6 +99,7 @@ class _PSExtended(StrategyExtended):
         super().__init__([device], _Tasks(position, training_tasks))
         self._args = strategy_args
         self.client: Client | None = None
+        self._said_stop = False  # a worker's stop, said once
         self._exchanges = 0  # reduce calls so far: every task makes them in the same order
 
     @property
@@ -169,6 +171,15 @@ class _PSExtended(StrategyExtended):
 
         return functools.partial(ps_task.train_worker, name=self._args["task"])
 
+    def stop_requested(self) -> int:
+        """Sync mode: the signal a worker stopped on (the job needs every worker: the chief stops and saves)."""
+        signum = self.client.stop_signal if self.client else 0
+        if signum and not self._said_stop:
+            self._said_stop = True
+            log.warning("a worker stopped on %s; a sync job needs every worker, so the chief stops too, after its save",
+                        signal.Signals(signum).name)
+        return signum
+
     def finish(self) -> None:
         """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
         a = self._args
@@ -178,10 +189,10 @@ class _PSExtended(StrategyExtended):
         except ParameterServerUnavailable as exc:
             log.warning("%s", exc)
 
-    def leave(self) -> None:
-        """A worker is done: the ps tasks need not wait for it."""
+    def leave(self, signum: int = 0) -> None:
+        """A worker is done (or stopped on ``signum``): the ps tasks need not wait for it."""
         try:
-            self.client.each(ps_server.remote_leave, self.client.task)
+            self.client.each(ps_server.remote_leave, self.client.task, signum)
         except ParameterServerUnavailable:
             pass
 
