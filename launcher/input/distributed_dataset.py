@@ -107,7 +107,7 @@ class DistributedDataset:
         self._devices = ext._input_devices()
         self._proc = ext._proc
         self._local = None
-        self._global_batch_size: int | None = None
+        self._global_batch_size: int | None = _declared_batch_size(dataset)
         self._shard: FileShard | None = None
         self._epoch = 0
         self._skip = 0  # batches of the next epoch already delivered before a resume
@@ -122,7 +122,7 @@ class DistributedDataset:
 
     @property
     def global_batch_size(self) -> int | None:
-        """Rows in a global batch of an iterable of batches, known once the first is read (else None)."""
+        """Rows in a global batch: as a loader declares it, else as the first batch read holds (else None)."""
         return self._global_batch_size
 
     @property
@@ -162,10 +162,14 @@ class DistributedDataset:
         Found by reading the first step of a fresh pass (a one-shot iterable loses it).
         """
         epoch, skip = self._epoch, self._skip
+        sampler = self._sampler()
+        position = getattr(sampler, "position", None)  # a seekable sampler's next epoch: reading moves it on
         try:
             return element_spec_of(next(iter(self)))
         finally:
             self._epoch, self._skip = epoch, skip
+            if position is not None:
+                sampler.set_position(position)
 
     def __len__(self) -> int:
         if self._shard is not None:
@@ -205,6 +209,16 @@ class DistributedDataset:
                 self._global_batch_size = batch_size_of(batch)
             mine = range(self._first, self._first + self._num_local)
             yield split_batch(batch, mine, self._num_replicas, self._global_batch_size)
+
+
+def _declared_batch_size(dataset: Any) -> int | None:
+    """A loader's global batch size as it declares it, not as a batch holds it: a resumed pass may begin at an
+    epoch's last, partial batch, which must not become the size every later batch is cut to."""
+    for source in (dataset, getattr(dataset, "batch_sampler", None)):
+        size = getattr(source, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
 
 
 def _shard_files(dataset: FileDataset, policy: AutoShardPolicy, num_workers: int, worker: int) -> FileShard:

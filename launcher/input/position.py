@@ -52,6 +52,11 @@ class EpochBatchSampler:
     def set_position(self, position: Position) -> None:
         self._next = position
 
+    @property
+    def position(self) -> Position:
+        """Where the next ``iter()`` starts."""
+        return self._next
+
     def order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_examples))

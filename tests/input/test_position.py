@@ -98,3 +98,29 @@ def test_batches_of_the_configured_size_are_not_remarked_on(caplog):
         stream = DataStream(strategy.experimental_distribute_dataset(loader()), global_batch_size=8)
         take(stream, 3)
     assert stream.rows_per_batch == 8 and not [r for r in caplog.records if "global batch" in r.getMessage()]
+
+
+def test_a_resume_at_an_epochs_last_partial_batch_cuts_no_later_batch():
+    """One replica keeps an epoch's last, partial batch (drop_remainder=false); a resume that starts there must not
+    take its size for the global batch's."""
+    def partial_loader():
+        data = TensorDataset(torch.arange(10, dtype=torch.float32).unsqueeze(1))
+        return DataLoader(data, batch_sampler=EpochBatchSampler(10, 4, shuffle=True, seed=0, drop_last=False))
+
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    expected = take(DataStream(strategy.experimental_distribute_dataset(partial_loader())), 6)  # 4, 4, 2, 4, 4, 2 rows
+    resumed = DataStream(strategy.experimental_distribute_dataset(partial_loader()))
+    resumed.seek(Position(0, 2))
+    got = take(resumed, 4)
+    assert [len(b[0]) for b in got] == [2, 4, 4, 2]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(got, expected[2:]))
+
+
+def test_element_spec_does_not_move_a_seekable_sampler_on():
+    for strategy in (dl.OneDeviceStrategy("cpu:0"), dl.MirroredStrategy(["cpu:0", "cpu:1"])):
+        expected = take(DataStream(strategy.experimental_distribute_dataset(loader())), 1)
+        dataset = strategy.experimental_distribute_dataset(loader())
+        assert dataset.element_spec is not None
+        got = take(DataStream(dataset), 1)
+        parts = [[t for part in strategy.experimental_local_results(step[0]) for t in part] for step in (got, expected)]
+        assert all(torch.equal(a, b) for a, b in zip(*parts)), type(strategy).__name__
