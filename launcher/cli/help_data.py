@@ -22,7 +22,9 @@ GROUPS = {'strategy': [('central_storage', 'parameters stored once, compute repl
              'Wide & Deep click-through-rate model on generated data: the model a parameter server is made for.')]}
 
 SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed run trains up to this step)'),
-             ('seed', '0', 'seeds torch, numpy and random in every process, and the shuffle'),
+             ('seed',
+              '0',
+              "seeds torch, numpy and random in every process, and the shuffle (numpy's range: 0 to 2**32 - 1)"),
              ('log_every', '10', 'write a metrics.jsonl record (loss, examples/s, lr) every N steps'),
              ('checkpoint.every_steps', '0', 'save every N steps and at the end; 0: off'),
              ('checkpoint.keep', '3', 'how many of the newest checkpoints to keep'),
@@ -68,7 +70,9 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
            ('format', 'null', "default: the files' extension"),
            ('seed', 'null', 'shuffle seed; default: trainer.seed'),
            ('auto_shard_policy', 'AUTO', 'AUTO | FILE | DATA | OFF: how files are divided among worker processes'),
-           ('prefetch', '1', 'steps fetched to the devices ahead of the one in use')],
+           ('prefetch',
+            '1',
+            'steps fetched to the devices ahead of the one in use (each holds a batch in device memory)')],
  'launch': [('dry_run', 'False', 'print the plan and start nothing'),
             ('max_restarts', '0', 'times every worker is started again after one fails'),
             ('rdzv_timeout_s', '120', 'how long nodes wait for each other at the rendezvous'),

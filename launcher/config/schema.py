@@ -133,9 +133,9 @@ class InputSpec(Strict):
         description="globs, relative to the directory dlaunch starts in; validation resolves them to absolute paths",
     )
     format: Literal["jsonl", "csv", "pt", "npy"] | None = Field(None, description="default: the files' extension")
-    seed: Annotated[int, Field(ge=0)] | None = Field(None, description="shuffle seed; default: trainer.seed")
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = Field(None, description="shuffle seed; default: trainer.seed")
     auto_shard_policy: Literal["AUTO", "FILE", "DATA", "OFF"] = "AUTO"
-    prefetch: Annotated[int, Field(ge=0)] = Field(1, description="steps fetched to the devices ahead of the one in use")
+    prefetch: Annotated[int, Field(ge=0, le=32)] = Field(1, description="steps fetched to the devices ahead of the one in use (each holds a batch in device memory)")
 
     @field_validator("auto_shard_policy", mode="before")
     @classmethod

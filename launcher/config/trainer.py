@@ -87,7 +87,7 @@ class TrainerSpec(Strict):
     """``trainer``: the training loop: how long, from which seed, how each step trains, checkpoints and resume."""
 
     steps: PositiveInt = Field(100, description="optimizer steps to train (a resumed run trains up to this step)")
-    seed: Annotated[int, Field(ge=0)] = Field(0, description="seeds torch, numpy and random in every process, and the shuffle")
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(0, description="seeds torch, numpy and random in every process, and the shuffle (numpy's range: 0 to 2**32 - 1)")
     log_every: PositiveInt = Field(10, description="write a metrics.jsonl record (loss, examples/s, lr) every N steps")
     checkpoint: CheckpointSpec = CheckpointSpec()
     resume: str = Field(

@@ -115,6 +115,11 @@ CASES = [
     (["strategy=parameter_server", "recipe=wide_deep", "cluster=tasks",
       'cluster.tasks={chief: ["127.0.0.1:2222"], ps: ["127.0.0.1:2223"]}', "cluster.task={type: ps, index: 1}"],
      "cluster.task", "ps:1 is not in cluster.tasks (1 ps task(s))"),
+    # numpy seeds its RNG from 0 to 2**32 - 1; a larger seed was a traceback from the workers
+    (["trainer.seed=4294967296"], "trainer.seed", "less than or equal to 4294967295"),
+    (["input.seed=99999999999999999999999"], "input.seed", "less than or equal to 4294967295"),
+    # a read-ahead that never ends held the loop (and its stop signals) while it filled memory
+    (["input.prefetch=1000000000"], "input.prefetch", "less than or equal to 32"),
 ]
 
 
