@@ -35,6 +35,7 @@ class _ThisSweep:
 
     started: float = 0.0
     earlier_record: str | None = None
+    before: dict[str, int] = {}  # job directories already there: their record's mtime (ns), to tell an earlier sweep's
 
 
 REFUSED = "refused-{job}.json"  # SWEEP_DIR/.dlaunch/: a refused job's row, from whichever process ran the job
@@ -52,6 +53,7 @@ class SweepSummary(Callback):
         record = sweep_dir / resume.SWEEP_FILE
         _ThisSweep.started = time.time()
         _ThisSweep.earlier_record = record.read_text() if record.is_file() else None
+        _ThisSweep.before = {d.name: _record_mtime(d) for d in _job_dirs(sweep_dir)}
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -80,14 +82,15 @@ def refused(run_dir: Path, status: str, reason: str) -> None:
 
     from launcher.config import user_recipes
 
-    if HydraConfig.get().mode != RunMode.MULTIRUN or not run_dir.name.isdigit():
+    hydra = HydraConfig.get()
+    if hydra.mode != RunMode.MULTIRUN or hydra.job.num is None:
         return
-    typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in HydraConfig.get().overrides.task]))
+    typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in hydra.overrides.task]))
     own = [o for o in typed if not o.startswith("hydra")]
-    row = {"job": int(run_dir.name), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
-           "error": reason, "dir": str(run_dir)}
+    row = {"job": int(hydra.job.num), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
+           "error": reason, "dir": str(run_dir), "_overrides": own}
     (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
-    outputs.write_json_atomic(run_dir.parent / outputs.STATE_DIR / REFUSED.format(job=run_dir.name), row)
+    outputs.write_json_atomic(run_dir.parent / outputs.STATE_DIR / REFUSED.format(job=hydra.job.num), row)
 
 
 def _keep_earlier_record(sweep_dir: Path) -> None:
@@ -96,8 +99,7 @@ def _keep_earlier_record(sweep_dir: Path) -> None:
     SWEEP_DIR`` replays the sweep that ran, not the one refused."""
     from launcher.cli import resume
 
-    records = [d / outputs.HYDRA_RECORD / "overrides.yaml" for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()]
-    went_ahead = any(r.is_file() and r.stat().st_mtime >= _ThisSweep.started for r in records)
+    went_ahead = any(_ThisSweep.before.get(d.name) != _record_mtime(d) for d in _job_dirs(sweep_dir))
     if not went_ahead and _ThisSweep.earlier_record is not None:
         (sweep_dir / resume.SWEEP_FILE).write_text(_ThisSweep.earlier_record)
 
@@ -107,14 +109,36 @@ def failed_jobs() -> int:
     return _outcome["failed"]
 
 
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job directories: those holding Hydra's record of a job (``hydra.sweep.subdir`` names them)."""
+    if not sweep_dir.is_dir():
+        return []
+    return [d for d in sweep_dir.iterdir() if (d / outputs.HYDRA_RECORD / "overrides.yaml").is_file()]
+
+
+def _record_mtime(job: Path) -> int:
+    return (job / outputs.HYDRA_RECORD / "overrides.yaml").stat().st_mtime_ns
+
+
+def _job_number(job: Path) -> int:
+    if job.name.isdigit():
+        return int(job.name)
+    from omegaconf import OmegaConf
+
+    return int(OmegaConf.load(job / outputs.HYDRA_RECORD / "hydra.yaml").hydra.job.num)
+
+
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job directory (numbered subdirectories holding a ``.hydra`` folder), in job order."""
+    """One row per job of this sweep (a job directory an earlier sweep left there, untouched, is not one), in job order."""
     from launcher.cli import resume
 
-    jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+    jobs = [d for d in _job_dirs(sweep_dir) if _ThisSweep.before.get(d.name) != _record_mtime(d)]
     for job in [sweep_dir, *jobs]:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
         resume.keep_replayable(job)
-    rows = {int(d.name): _row(d) for d in jobs if (d / outputs.HYDRA_RECORD).is_dir()}
+    rows = {}
+    for job in jobs:
+        number = _job_number(job)
+        rows[number] = _row(job, number)
     for path in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # this command's refusals
         row = _read_json(path)
         if row:
@@ -122,14 +146,16 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     return [rows[job] for job in sorted(rows)]
 
 
-def _row(job: Path) -> dict[str, Any]:
+def _row(job: Path, number: int) -> dict[str, Any]:
     summary = _read_json(job / "summary.json")
     metrics = summary.get("metrics") or {}
     metric = next(iter(metrics), None)
     status = summary.get("status") or ("config error" if not (job / "config.yaml").exists() else "failed")
+    overrides = _overrides(job)
     return {
-        "job": int(job.name),
-        "overrides": " ".join(_overrides(job)),
+        "job": number,
+        "overrides": " ".join(overrides),
+        "_overrides": overrides,  # as typed, one per item (a value may hold spaces); not written out
         "status": status,
         "final_loss": summary.get("final_loss"),
         "metric": metric,
@@ -160,16 +186,17 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
-    (sweep_dir / "sweep_summary.json").write_text(json.dumps({"sweep_dir": str(sweep_dir), "jobs": rows}, indent=2))
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    (sweep_dir / "sweep_summary.json").write_text(json.dumps({"sweep_dir": str(sweep_dir), "jobs": public}, indent=2))
     with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "error", "dir"])
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(public)
 
 
 def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:
     """The overrides every job has: shown once above the table, not in each row."""
-    lists = [r["overrides"].split() for r in rows]
+    lists = [r["_overrides"] for r in rows]
     return [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
 
 
@@ -190,7 +217,7 @@ def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
     for r in rows:
         status = r["status"] if r["status"] == "completed" else f"[{'yellow' if r['status'] in _CUT_SHORT else 'red'}]{r['status']}[/]"
         metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
-        own = " ".join(o for o in r["overrides"].split() if o not in shared)
+        own = " ".join(o for o in r["_overrides"] if o not in shared)
         why = [escape(r.get("error") or "")] if failed else []
         table.add_row(str(r["job"]), escape(own), status, _num(r["final_loss"]), metric,
                       _num(r["examples_per_sec"], ".0f"), _num(r["wall_seconds"], ".2f"), *why)

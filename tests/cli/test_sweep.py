@@ -157,3 +157,19 @@ def test_a_dry_run_sweep_shows_each_plan_and_no_failed_jobs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "job 1 in" in proc.stdout and "failed" not in proc.stdout + proc.stderr
     assert not (tmp_path / "sweep" / "0" / ".hydra").exists()
+
+
+@pytest.mark.slow
+def test_the_summary_lists_this_sweeps_jobs_only_whatever_their_directories_are_named(tmp_path):
+    """An earlier sweep's job directories in the same sweep dir are not this sweep's; hydra.sweep.subdir may name
+    the jobs; an override whose value holds a space stays one override."""
+    sweep, small = tmp_path / "sweep", ("recipe.examples=64", "trainer.steps=3")
+    first = dlaunch("-m", *small, "input.global_batch_size=8,16,32", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = dlaunch("-m", *small, "input.global_batch_size=4,8", f"hydra.sweep.dir={sweep}", "trainer.checkpoint.dir='/tmp/a b'",
+                    "hydra.sweep.subdir=gbs${input.global_batch_size}", cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(j["job"], j["dir"].rsplit("/", 1)[1]) for j in jobs] == [(0, "gbs4"), (1, "gbs8")]
+    assert "every job:" in again.stdout and "trainer.checkpoint.dir='/tmp/a b'" in again.stdout
+    assert "b'" not in again.stdout.split("sweep summary")[1].replace("'/tmp/a b'", "")
