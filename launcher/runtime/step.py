@@ -62,6 +62,8 @@ class ReplicaStep:
         self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
         self.skipped: torch.Tensor | None = None  # skipped updates so far, on the device (fp16-mixed)
         self.compile = trainer.compile if trainer.compile.enabled else None
+        # The lr the recipe set, before a checkpoint's (a schedule's decayed one) is loaded over it.
+        self.recipe_lrs = [float(g["lr"]) for g in getattr(primary(optimizer), "param_groups", [])]
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast is per thread: each replica enters its own."""
@@ -242,6 +244,12 @@ def loop_state(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
     return state
 
 
+def loop_to_read(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
+    """What a checkpoint may hold of the loop, to load: ``loop_state``'s, and the schedule's position even where
+    this run has no schedule (a run saved under one, resumed without: its lr must be put back, not kept decayed)."""
+    return {"schedule_last_epoch": torch.zeros((), dtype=torch.int64), **loop_state(schedule, step)}
+
+
 def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: ReplicaStep) -> None:
     if schedule is not None and "schedule_last_epoch" in state:
         schedule.last_epoch = int(state["schedule_last_epoch"])
@@ -250,10 +258,9 @@ def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: Repl
         for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs, schedule.lr_lambdas):
             _set_lr(group, base * factor(schedule.last_epoch))
         schedule._last_lr = [float(g["lr"]) for g in schedule.optimizer.param_groups]  # what get_last_lr() reports
-    elif "schedule_last_epoch" in state:  # saved under a schedule, resumed without one: its lr, not the decayed one
-        for group in getattr(primary(step.optimizer), "param_groups", []):
-            if "initial_lr" in group:
-                _set_lr(group, group["initial_lr"])
+    elif "schedule_last_epoch" in state:  # saved under a schedule, resumed without one: the recipe's lr, not the decayed one
+        for group, lr in zip(getattr(primary(step.optimizer), "param_groups", []), step.recipe_lrs):
+            _set_lr(group, lr)
     if step.scaler is not None and "scaler_scale" in state:
         step.scaler.load_state_dict({
             **step.scaler.state_dict(),

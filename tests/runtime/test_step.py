@@ -178,7 +178,7 @@ def test_a_resume_takes_the_lr_of_its_own_schedule_at_the_saved_position(steps):
     constant = torch.optim.SGD(model.parameters(), lr=0.05)  # resumed with no schedule: the lr, not the decayed 0
     constant.load_state_dict(saved_optimizer)
     assert constant.param_groups[0]["lr"] == 0.0
-    restore_loop_state(saved, None, types.SimpleNamespace(scaler=None, optimizer=constant))
+    restore_loop_state(saved, None, types.SimpleNamespace(scaler=None, optimizer=constant, recipe_lrs=[0.05]))
     assert constant.param_groups[0]["lr"] == 0.05
 
 

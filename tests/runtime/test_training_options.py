@@ -172,3 +172,13 @@ def test_a_nan_between_log_lines_is_caught_before_the_checkpoint_that_would_keep
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "loss is nan at step 5, before its checkpoint (not saved)" in proc.stderr
     assert layout.latest(run_dir / "checkpoints") is None
+
+
+def test_a_run_saved_under_a_schedule_and_resumed_without_one_trains_at_the_constant_lr(run_dlaunch):
+    """The decayed lr (0 at the end of a linear decay) was kept: the resumed run trained at lr 0, silently."""
+    common = ("recipe=linear", "trainer.log_every=10", "trainer.checkpoint.every_steps=20")
+    run_ok(run_dlaunch, "run", *common, "trainer.steps=20", "trainer.lr_schedule.decay=linear")
+    proc, run_dir = run_ok(run_dlaunch, "run", *common, "trainer.steps=40")
+    assert "trainer.lr_schedule.decay: linear -> constant" in proc.stdout + proc.stderr
+    lrs = {r["step"]: r["lr"] for r in records(run_dir) if "lr" in r}
+    assert lrs[20] < 0.01 and lrs[30] == lrs[40] == lrs[1], lrs
