@@ -89,9 +89,10 @@ class StopRequests:
     def _handler(self, signum: int, frame: Any) -> None:
         if self.signum and self._force:
             raise KeyboardInterrupt
-        if not self.signum:
+        first, self.signum = not self.signum, self.signum or signum
+        if first:  # set before the log: a second signal (the terminal's SIGINT, then the agent's SIGTERM) arriving
+            # inside this log call logs nothing, rather than re-enter the log file's writer (a "Logging error")
             log.warning("%s received: the ranks stop together within a step, then save", signal.Signals(signum).name)
-        self.signum = self.signum or signum
 
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""
