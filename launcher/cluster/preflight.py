@@ -82,7 +82,8 @@ def _wait_for_all(store: dist.Store, env: WorkerEnv, timeout_s: float) -> None:
         store.wait(keys, timedelta(seconds=timeout_s))
     except RuntimeError:  # DistStoreError: some rank never announced itself
         present = _present(store, env.world_size)
-        raise PreflightError(missing_ranks_message(present, env, timeout_s)) from None
+        if len(present) < env.world_size:  # else the last came just as the wait gave up (a busy machine): go on
+            raise PreflightError(missing_ranks_message(present, env, timeout_s)) from None
 
 
 def missing_ranks_message(present: dict[int, dict], env: WorkerEnv, timeout_s: float) -> str:

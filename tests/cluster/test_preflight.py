@@ -48,3 +48,37 @@ def test_missing_whole_node_message():
     assert "node 1: rank(s) 2 (local rank 0; on host h1)" in text
     assert "node 2: rank(s) 4, 5 (local rank 0, 1; no rank of this node joined)" in text
     assert "10.0.0.1:29500" in text
+
+
+def test_a_rank_that_announces_itself_as_the_wait_gives_up_has_joined():
+    """Seen on a loaded machine: "2 of 2 ranks joined within 60 s; missing:" and nothing missing, a failed run.
+    The store's wait gave up, and the last rank's key was there by the time the ranks were listed."""
+    import torch.distributed as dist
+
+    from launcher.cluster import preflight
+
+    class LastKeyLandsAsTheWaitGivesUp(dist.Store):
+        def __init__(self):
+            super().__init__()
+            self.inner = dist.HashStore()
+
+        def set(self, key, value):
+            self.inner.set(key, value)
+
+        def get(self, key):
+            return self.inner.get(key)
+
+        def check(self, keys):
+            return self.inner.check(keys)
+
+        def wait(self, keys, timeout=None):
+            raise RuntimeError("Wait timeout")
+
+    env = WorkerEnv(rank=0, local_rank=0, world_size=2, local_world_size=2, group_rank=0, master_addr="127.0.0.1", master_port=1)
+    store = LastKeyLandsAsTheWaitGivesUp()
+    for r in range(2):
+        store.set(f"rank{r}", '{"host": "h", "node": 0}')
+    preflight._wait_for_all(store, env, 0.1)  # returns: both ranks are here
+    store.inner.delete_key("rank1")
+    with pytest.raises(preflight.PreflightError, match="1 of 2 ranks joined"):
+        preflight._wait_for_all(store, env, 0.1)
