@@ -144,6 +144,12 @@ def is_consequence(cause: RootCause) -> bool:
     return any(marker in cause.exception for marker in _CONSEQUENCES)
 
 
+def waited_on_a_peer(cause: RootCause) -> bool:
+    """The rank failed waiting for another: a collective that timed out, or whose peer closed its connection."""
+    return "Timed out" in cause.exception or cause.exception.startswith(f"{CollectiveTimeout.__name__}:") or \
+        any(marker in cause.exception for marker in _CONSEQUENCES)
+
+
 def first(causes: list[RootCause]) -> RootCause:
     """The earliest failure that is not a consequence of another (a killed rank counts as a cause)."""
     causes_only = [c for c in causes if not is_consequence(c)]

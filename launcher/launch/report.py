@@ -56,6 +56,11 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
     failures.render(root, others, last_logged_step(run_dir))
+    if finished and failures.waited_on_a_peer(root):
+        ranks = ", ".join(str(c.rank) for c in sorted(finished, key=lambda c: c.rank))
+        log.error("rank(s) %s had completed (their loop or script had ended) while %s waited for them in a collective: "
+                  "a rank that ends early (a script's sys.exit(0) or return on one rank) leaves the others waiting "
+                  "until launch.collective_timeout_s (%d s)", ranks, root.who, spec.launch.collective_timeout_s)
     if spec.launch.max_restarts:
         log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
