@@ -67,6 +67,8 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     log.info("%s: %d replica(s) in sync on %s; running %s", type(strategy).__name__, strategy.num_replicas_in_sync,
              ", ".join(strategy.extended.worker_devices), spec.script.command())
     experimental_set_strategy(strategy)
+    if rank == 0:  # the run's history counts the workers' (re)starts, as a recipe run's does
+        outputs.record_start(run_dir, env.restart_count if env else 0, 0)
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
                 _as_torchrun(env):
@@ -87,6 +89,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         "world_size": env.world_size if env else 1,
         "restarts": env.restart_count if env else 0,
         "wall_seconds": time.perf_counter() - started,
+        "history": outputs.history(run_dir),
     }
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)

@@ -207,3 +207,15 @@ def test_a_rank_whose_script_ends_early_is_named_when_the_others_time_out_waitin
     assert proc.returncode == 1, proc.stderr[-3000:]
     text = " ".join(proc.stderr.split())
     assert "rank(s) 1 had completed (their loop or script had ended) while rank 0 waited for them" in text, text[-3000:]
+
+
+def test_a_restarted_script_run_counts_its_restart(run_dlaunch, tmp_path):
+    (tmp_path / "flaky.py").write_text(
+        "import os\n\nimport torch.distributed as dist\n\n"
+        "if dist.get_rank() == 1 and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+        "    raise RuntimeError('the first attempt fails')\n"
+        "dist.barrier()\n")
+    proc, run_dir = run_dlaunch("script=flaky.py", "strategy=mirrored", "cluster=1x2", "launch.max_restarts=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = summary(run_dir)
+    assert (done["status"], done["restarts"], done["history"]["restarts"]) == ("completed", 1, 1)
