@@ -42,8 +42,8 @@ from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.recipe import where
-from launcher.runtime.step import (LossNotFinite, ReplicaStep, current_lr, loop_state, loop_to_read, make_schedule,
-                                   restore_loop_state, warn_if_all_skipped)
+from launcher.runtime.step import (LossNotFinite, ReplicaStep, current_lr, loop_state, loop_to_read, loss_not_finite,
+                                   make_schedule, restore_loop_state, warn_if_all_skipped)
 
 
 def seed_everything(seed: int) -> None:
@@ -371,7 +371,7 @@ class _Loop:
              metrics_log: Any) -> float:
         loss, norm, skipped = (float(v) for v in self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist())
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
-            raise LossNotFinite(f"loss is {loss} at step {step}; lower recipe.optimizer.lr or check the data")
+            raise loss_not_finite(loss, step, self.spec.trainer.log_every)
         rate, eta = meter.window(step)
         progress.logged(step, loss, rate, eta)
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,

@@ -47,6 +47,15 @@ class LossNotFinite(FloatingPointError):
     explained = True  # the step, the value and what to try: dlaunch's frames add nothing
 
 
+def loss_not_finite(loss: float, step: int, every: int) -> LossNotFinite:
+    """The loss read at log step ``step`` is not finite; it may have become so at any step since the last log."""
+    since = ""
+    if every > 1 and step > 1:
+        last = max(1, (step - 1) // every * every)
+        since = f" (read every {every} steps: it became {loss} after step {last}; trainer.log_every=1 finds the first such step)"
+    return LossNotFinite(f"loss is {loss} at step {step}{since}; lower recipe.optimizer.lr or check the data")
+
+
 class ReplicaStep:
     """``step(batch, measure) -> tensor([loss, grad_norm, skipped])`` for one replica (thread-safe across replicas);
     the loss alone when not ``measure`` (a step the loop does not log)."""

@@ -202,3 +202,12 @@ def test_fp16_skipping_its_first_updates_does_not_make_torch_warn_about_the_sche
             schedule.step()
     assert float(step.skipped) == 2.0
     assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]
+
+
+def test_a_loss_read_every_n_steps_says_since_when_it_may_have_been_bad():
+    from launcher.runtime.step import loss_not_finite
+
+    assert str(loss_not_finite(float("nan"), 1, 10)) == "loss is nan at step 1; lower recipe.optimizer.lr or check the data"
+    said = str(loss_not_finite(float("inf"), 30, 10))
+    assert said.startswith("loss is inf at step 30 (read every 10 steps: it became inf after step 20; trainer.log_every=1")
+    assert "after step 1;" in str(loss_not_finite(float("nan"), 10, 10))
