@@ -109,14 +109,14 @@ def read_columns(files: Sequence[str], fmt: str) -> Columns:
     """The rows of ``files``, concatenated in order. Files without rows are skipped."""
     import torch
 
-    parts = [c for c in (read_file(f, fmt) for f in files) if num_rows(c)]
-    if not parts:
+    named = [(f, c) for f, c in ((f, read_file(f, fmt)) for f in files) if num_rows(c)]
+    if not named:
         return {}
-    fields = list(parts[0])
-    for f, part in zip(files, parts):
+    fields = list(named[0][1])
+    for f, part in named:
         if list(part) != fields:
             raise ValueError(f"{f}: fields {list(part)} differ from the first file's {fields}")
-    return {k: torch.cat([p[k] for p in parts]) for k in fields}
+    return {k: torch.cat([p[k] for _, p in named]) for k in fields}
 
 
 def _read_jsonl(path: Path) -> Columns:
@@ -263,6 +263,7 @@ class FileDataset:
     drop_remainder: bool = True
     shuffle_seed: int | None = None  # None: file order
     fields: tuple[str, ...] | None = None  # None: batches are dicts
+    _passes: int = dataclasses.field(default=0, init=False, compare=False, repr=False)  # iter() calls: the next epoch
 
     def __post_init__(self) -> None:
         if not self.files:
@@ -296,8 +297,11 @@ class FileDataset:
         return FileShard(self, plan)
 
     def __iter__(self) -> Iterator[Any]:
+        """One epoch, the next at each call (a shuffled dataset reshuffles, as ``tf.data`` does)."""
+        epoch = self._passes
+        object.__setattr__(self, "_passes", epoch + 1)
         shard = self.shard(ShardPlan(AutoShardPolicy.OFF))
-        return (shard.collate(rows) for rows in shard.batches(epoch=0))
+        return (shard.collate(rows) for rows in shard.batches(epoch=epoch))
 
 
 class MissingFields(LookupError):

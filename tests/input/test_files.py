@@ -144,6 +144,22 @@ def test_shuffle_is_seeded_per_epoch_and_the_same_for_every_worker(tmp_path):
     assert a.batches(1)[0].tolist() == ds.shard(ShardPlan(AutoShardPolicy.DATA, 2, 0)).batches(1)[0].tolist()
 
 
+def test_iterating_a_shuffled_dataset_again_is_the_next_epoch(tmp_path):
+    write_shards(columns(16), tmp_path, shards=2, fmt="pt")
+    ds = FileDataset.from_patterns(str(tmp_path / "*.pt")).shuffle(seed=7).batch(8)
+    first, second = ([b["id"].tolist() for b in ds] for _ in range(2))
+    assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(16))
+    assert first == [b["id"].tolist() for b in FileDataset.from_patterns(str(tmp_path / "*.pt")).shuffle(seed=7).batch(8)]
+
+
+def test_fields_that_differ_name_the_file_that_holds_them_after_an_empty_one(tmp_path):
+    torch.save({"x": torch.zeros(0, 2)}, tmp_path / "a.pt")
+    torch.save({"x": torch.zeros(2, 2)}, tmp_path / "b.pt")
+    torch.save({"y": torch.zeros(2, 2)}, tmp_path / "c.pt")
+    with pytest.raises(ValueError, match=r"c\.pt: fields \['y'\] differ"):
+        read_columns([str(tmp_path / n) for n in ("a.pt", "b.pt", "c.pt")], "pt")
+
+
 def test_file_shard_loads_only_its_own_files(tmp_path):
     write_shards(columns(12), tmp_path, shards=3, fmt="csv")
     ds = FileDataset.from_patterns(str(tmp_path / "*.csv")).batch(4)
