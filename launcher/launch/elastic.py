@@ -12,7 +12,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -163,11 +166,16 @@ def run_node(
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(plan, run_dir)
-        start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
-                      master_addr=spec.cluster.master_addr)
+        with _stop_signals_raise():
+            start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
+                          master_addr=spec.cluster.master_addr)
         return 0
     except ChildFailedError as exc:
         return on_failure(*report.causes_of(exc, run_dir, spec), spec, run_dir)
+    except _StoppedBeforeWorkers as exc:
+        rendezvous.leave_unfinished()  # the others must not count on this node
+        log.warning("stopped by %s before the workers started", exc.sigval.name)
+        return 128 + int(exc.sigval)
     except SignalException as exc:
         log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
         return 128 + int(exc.sigval)
@@ -180,6 +188,31 @@ def run_node(
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
         log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
         return 1
+    finally:
+        rendezvous.release_claims()  # a node started again with this node rank may claim it
+
+
+class _StoppedBeforeWorkers(SignalException):
+    """A stop signal while the nodes met (or before): torch's agent had not taken the signals over yet."""
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop dlaunch as torch's agent stops on them once its workers run: while the nodes still
+    meet (up to launch.rdzv_timeout_s), their default action would kill it with no word and no summary."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _StoppedBeforeWorkers(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def nccl_trace_prefix(plan: Plan, run_dir: Path) -> str | None:

@@ -13,6 +13,7 @@ so that a node that never comes can be named.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from datetime import timedelta
@@ -93,6 +94,7 @@ class _BoundRendezvousHandler(DynamicRendezvousHandler):
     bind_host = "127.0.0.1"
     node_rank: int | None = None
     nodes: PrefixStore | None = None
+    claim: str | None = None  # what this node wrote under its node rank
 
     def _create_tcp_store_server(self, master_addr: str, master_port: int) -> TCPStore:
         return listening_store(self.bind_host, master_port)
@@ -109,12 +111,55 @@ class _BoundRendezvousHandler(DynamicRendezvousHandler):
 
 
 def announce(nodes: PrefixStore, node_rank: int, who: str) -> None:
-    """Claim ``node_rank``; two machines started with the same node rank fail here, by name."""
-    holder = nodes.compare_set(f"node{node_rank}", "", who).decode()
+    """Claim ``node_rank``; two machines started with the same node rank fail here, by name. A claim left by a
+    node that is gone (it released it on its way out, or it ran here and its process has ended) is taken over:
+    a node stopped while the others waited joins again with the same command."""
+    key = f"node{node_rank}"
+    holder = nodes.compare_set(key, "", who).decode()
+    if holder != who and _gone(holder, who):
+        holder = nodes.compare_set(key, holder, who).decode()
     if holder != who:
         raise RendezvousStateError(
             f"cluster.node_rank={node_rank} is already taken by {holder}; give each node its own node_rank"
         )
+
+
+def release_claims() -> None:
+    """This process's node-rank claims, given back as it ends (node 0's store may be gone already)."""
+    for handler in _handlers:
+        if handler.nodes is not None and handler.claim is not None:
+            try:
+                handler.nodes.compare_set(f"node{handler.node_rank}", handler.claim, "")
+            except Exception:  # noqa: BLE001 - nothing to give back to
+                pass
+
+
+def leave_unfinished() -> None:
+    """This node stops before its rendezvous completed: out of the participants now (torch's own exit step), not
+    when its missed keep-alives expire, so that the nodes that meet next do not count a node that is gone."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+    for handler in _handlers:
+        try:
+            handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 5)
+        except Exception:  # noqa: BLE001 - node 0's store is gone, or the exit timed out: the keep-alives will tell
+            pass
+
+
+def _gone(holder: str, who: str) -> bool:
+    """``holder`` (``HOST (pid N)``) released its claim, or ran on this host and its process has ended."""
+    if not holder:
+        return True
+    theirs, mine = (re.fullmatch(r"(.*) \(pid (\d+)\)", text) for text in (holder, who))
+    if theirs is None or mine is None or theirs.group(1) != mine.group(1):
+        return False
+    try:
+        os.kill(int(theirs.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
 
 
 def joined_nodes(nodes: Store, count: int) -> dict[int, str]:
@@ -164,7 +209,8 @@ def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     handler.node_rank = params.get_as_int("node_rank")
     if handler.node_rank is not None:
         handler.nodes = PrefixStore(f"dlaunch/{params.run_id}/nodes", store)
-        announce(handler.nodes, handler.node_rank, f"{params.local_addr or socket.getfqdn()} (pid {os.getpid()})")
+        handler.claim = f"{params.local_addr or socket.getfqdn()} (pid {os.getpid()})"
+        announce(handler.nodes, handler.node_rank, handler.claim)
     _handlers.append(handler)
     return handler
 

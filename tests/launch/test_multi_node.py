@@ -130,3 +130,31 @@ def test_a_failure_on_node_1_is_shown_once_by_the_emulating_parent(run_dlaunch):
     assert proc.returncode == 1
     assert proc.stderr.count("root cause") == 1 and "injected failure on replica 3" in proc.stdout + proc.stderr
     assert summary(run_dir)["error"]["rank"] == 3
+
+
+def test_a_node_stopped_while_the_others_wait_is_stopped_cleanly_and_can_join_again(tmp_path):
+    """SIGTERM during the rendezvous killed dlaunch with no word (the default action); the node's claim on its
+    node rank then outlived it, and the same command started again was refused as a duplicate node rank."""
+    port = free_port()
+
+    def node(rank: int, name: str) -> subprocess.Popen:
+        args = [*COMMON, "cluster=3x1", "input.global_batch_size=33", f"cluster.node_rank={rank}",
+                f"cluster.master_port={port}", f"hydra.run.dir={tmp_path / name}"]
+        return subprocess.Popen(command(*args, warm=False), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    node0, node1 = node(0, "node0"), node(1, "node1")
+    log = tmp_path / "node1" / "dlaunch.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "through torch.distributed.elastic" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # into the rendezvous, which waits for node 2
+    node1.send_signal(15)
+    _, err1 = node1.communicate(timeout=60)
+    assert node1.returncode == 143 and "stopped by SIGTERM" in err1, err1[-3000:]
+    again, node2 = node(1, "node1-again"), node(2, "node2")
+    _, err0 = node0.communicate(timeout=240)
+    for proc in (again, node2):
+        proc.communicate(timeout=60)
+    assert node0.returncode == 0 and again.returncode == 0 and node2.returncode == 0, err0[-3000:]
+    assert summary(tmp_path / "node0")["status"] == "completed"

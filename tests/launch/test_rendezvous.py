@@ -31,3 +31,25 @@ def test_store_listens_on_127_0_0_1_only():
     store.set("k", "v")
     assert store.get("k") == b"v"
     assert listening_addresses(store.port) == {"0100007F"}  # 127.0.0.1, not 0.0.0.0 nor ::
+
+
+def test_a_node_rank_claim_is_taken_over_only_from_a_node_that_is_gone():
+    import os
+    import subprocess
+    import sys
+
+    from torch.distributed import HashStore, PrefixStore
+    from torch.distributed.elastic.rendezvous.api import RendezvousStateError
+
+    from launcher.launch.rendezvous import announce
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, nodes = int(ended.stdout), PrefixStore("nodes", HashStore())
+    announce(nodes, 1, f"hostA (pid {dead_pid})")
+    announce(nodes, 1, f"hostA (pid {os.getpid()})")  # the same host, and that process has ended: taken over
+    with pytest.raises(RendezvousStateError, match=r"node_rank=1 is already taken by hostA \(pid"):
+        announce(nodes, 1, "hostA (pid 1)")  # a live process holds it
+    with pytest.raises(RendezvousStateError, match="already taken"):
+        announce(nodes, 1, "hostB (pid 123)")  # another host's: it cannot be known to be gone
+    nodes.compare_set("node2", "", "")  # released on the way out
+    announce(nodes, 2, "hostB (pid 123)")
