@@ -354,15 +354,30 @@ def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
 
 
 def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> ConfigError:
-    """``exc`` (a composition that failed on unknown keys only) plus what the other overrides get wrong."""
+    """``exc`` (a composition that failed on unknown keys or unknown group options only) plus what the other
+    overrides get wrong. Without a group's option, the keys under that group mean nothing: they are left out."""
     unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
-    rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in unknown]
+    groups = {p.key for p in exc.problems if p.key in ("strategy", "cluster", "recipe") and not p.message.startswith("unknown key")}
+
+    def dropped(override: str) -> bool:
+        key = override.partition("=")[0].lstrip("+~")
+        return key in unknown or key.split(".")[0] in groups
+
+    rest = [o for o in overrides if not dropped(o)]
     try:
-        if unknown and len(unknown) == len({p.key for p in exc.problems}) and rest != overrides:
-            validate(compose(rest), cuda_devices, rest, found=True)
+        if unknown | groups and len(unknown | groups) == len({p.key for p in exc.problems}) and rest != overrides:
+            _check_the_rest(rest, cuda_devices)
     except ConfigError as more:  # not where the recipe's own code failed (UserCodeError): the unknown keys first
         return exc if isinstance(more, UserCodeError) else ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)])
     return exc
+
+
+def _check_the_rest(rest: list[str], cuda_devices: int) -> None:
+    try:
+        cfg = compose(rest)
+    except ConfigError as exc:  # unknown keys now that the group options are gone: the rest of those too
+        raise with_the_rest(exc, rest, cuda_devices) from None
+    validate(cfg, cuda_devices, rest, found=True)
 
 
 def primary_config_usable(config_path: str | None, config_name: str | None) -> None:

@@ -140,6 +140,15 @@ def test_a_sweep_is_checked_job_by_job(capsys):
     assert "did you mean mirrored" in capsys.readouterr().err
 
 
+def test_an_unknown_group_option_does_not_hide_the_other_problems(capsys, monkeypatch):
+    """The keys under a group whose option is unknown mean nothing and are left out; the others are all checked."""
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    assert main(["strategy=mirored", "strategy.bucket_cap_mb=-5", "input.global_batch_size=0", "trainer.stepz=5"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (3 problems)" in err and "did you mean mirrored" in err, err
+    assert "input.global_batch_size = 0" in err and "trainer.stepz = 5" in err and "bucket_cap_mb" not in err
+
+
 def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path):
     """The command line's pre-check names every mistake at once: an unknown key, a bad value, a recipe's unknown
     field and a rule, not only the unknown key that stopped Hydra's composition."""
