@@ -128,7 +128,7 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
 
     charts = _Charts(directory)
     charts.put(LOSS_PNG, "loss vs step, every job (failed and stopped ones dashed)",
-               plots.sweep_loss(curves, directory.name) if curves else None)
+               plots.sweep_loss(curves, directory.name, jobs) if curves else None)
     charts.put(METRICS_PNG, "logged metrics vs step, every job", plots.sweep_metrics(curves, directory.name))
     spec = fixed_format([v for _, v in bars])
     tops = best(bars, metric, spec)

@@ -56,8 +56,9 @@ def run_metrics(job: Job) -> Figure | None:
     return fig
 
 
-def sweep_loss(jobs: list[Job], sweep: str) -> Figure:
-    """Every job's loss curve, each with its own colour and markers; a failed job's partial curve dashed."""
+def sweep_loss(jobs: list[Job], sweep: str, every: list[Job] | None = None) -> Figure:
+    """Every job's loss curve, each with its own colour and markers; a failed job's partial curve dashed.
+    ``every``: all the sweep's jobs, which the title counts (those with no curve too: a job refused by its config)."""
     fig = Figure(figsize=(9, 5.5))
     ax = fig.subplots()
     losses: list[float] = []
@@ -66,8 +67,10 @@ def sweep_loss(jobs: list[Job], sweep: str) -> Figure:
         losses += values
         _draw(ax, job, i, len(jobs), steps, values)
     _step_axis(ax, losses)
-    failed, stopped = sum(not j.completed and not j.stopped for j in jobs), sum(j.stopped for j in jobs)
-    count = f"{_plural(len(jobs), 'job')}{f', {failed} failed' if failed else ''}{f', {stopped} stopped' if stopped else ''}"
+    every = every or jobs
+    failed, stopped = sum(not j.completed and not j.stopped for j in every), sum(j.stopped for j in every)
+    count = f"{_plural(len(every), 'job')}{f', {failed} failed' if failed else ''}{f', {stopped} stopped' if stopped else ''}"
+    count += f"; {len(jobs)} with a loss curve" if len(jobs) < len(every) else ""
     shared = {j.describe() for j in jobs}
     what = f"{shared.pop()}, " if len(shared) == 1 and "" not in shared else ""
     ax.set(ylabel="loss", title=f"loss: sweep {sweep} ({what}{count})")

@@ -113,6 +113,12 @@ def test_a_stopped_job_is_counted_as_stopped_not_failed(tmp_path):
     assert [line.get_linestyle() for line in fig.axes[0].lines] == ["-", "--", "--"]
 
 
+def test_a_job_with_no_curve_is_counted_in_the_title(four_jobs):
+    """A job refused by its config logged nothing: it has no curve, but it is one of the sweep's jobs."""
+    title = plots.sweep_loss(four_jobs[:3], "s", four_jobs).axes[0].get_title()
+    assert title.endswith("4 jobs, 1 failed; 3 with a loss curve)"), title
+
+
 def test_one_job_is_counted_as_one(four_jobs):
     title = plots.sweep_loss(four_jobs[:1], "s").axes[0].get_title()
     assert title.endswith("(linear · mirrored · 1x2, 1 job)")
