@@ -97,10 +97,17 @@ _SAME_AS = {
 }
 
 
+def _script_at(argv: list[str]) -> int | None:
+    """Where a torchrun-style command names its script (``train.py``): what follows is the script's arguments."""
+    return next((i for i, a in enumerate(argv) if a.endswith(".py") and "=" not in a and not a.startswith("-")), None)
+
+
 def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None]]:
     """``--name[=value]`` arguments (before ``--``) that Hydra's parser would refuse, with their values."""
     found, i = [], 0
     head = argv[: argv.index("--")] if "--" in argv else argv
+    at = _script_at(head)
+    head = head if at is None else head[:at]  # torchrun's form: the script's own arguments follow it
     while i < len(head):
         arg = head[i]
         match = _FLAG.match(arg)
@@ -130,11 +137,25 @@ def flag_message(argv: list[str]) -> str | None:
             lines.append(f"  {given:<28} use {filled}")
         else:
             lines.append(f"  {given:<28} {unknown}")
-    scripts = [a for a in argv if a.endswith(".py") and "=" not in a]
-    if scripts:
-        lines.append(f"  {scripts[0]:<28} a script runs as script={scripts[0]} (docs/SCRIPTS.md)")
-    lines.append("e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)")
+    at = _script_at(argv)
+    if at is not None:
+        lines.append(f"  {argv[at]:<28} a script runs as script={argv[at]} (docs/SCRIPTS.md)")
+        lines.append(f"the same run: {_same_run(dict(flags), argv[at], argv[at + 1:])}")
+    else:
+        lines.append("e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)")
     return "\n".join(lines)
+
+
+def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str:
+    """The dlaunch command of a torchrun command line: its cluster, a strategy with a process per device, the
+    script, and the script's own arguments after ``--``."""
+    nodes = flags.get("nnodes") or flags.get("num_machines") or "1"
+    per_node = flags.get("nproc_per_node") or flags.get("num_processes") or "1"
+    words = ["dlaunch", f"script={script}"]
+    if f"{nodes}x{per_node}" != "1x1":
+        words += ["strategy=" + ("mirrored" if nodes == "1" else "multi_worker_mirrored"), f"cluster={nodes}x{per_node}"]
+    args = [a for a in args if a != "--"]
+    return " ".join([*words, *(["--", *args] if args else [])])
 
 
 def early_exit(argv: list[str]) -> int | None:

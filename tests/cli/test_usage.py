@@ -65,3 +65,13 @@ def test_a_config_error_answers_without_importing_torch(tmp_path, bad):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split()[-2:] == ["2", "False"], done.stdout + done.stderr
     assert bad.split("=")[0] in done.stderr and "cluster" in done.stderr  # the other problem too
+
+
+def test_a_torchrun_command_line_gets_the_same_run_in_dlaunch_words():
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--standalone", "--nproc_per_node=2", "train.py", "--epochs", "1"])
+    assert "the same run: dlaunch script=train.py strategy=mirrored cluster=1x2 -- --epochs 1" in text
+    assert "--epochs" not in text.split("the same run")[0]  # the script's own argument, not an unknown option
+    two_nodes = flag_message(["--nnodes=2", "--nproc_per_node", "8", "train.py"])
+    assert "the same run: dlaunch script=train.py strategy=multi_worker_mirrored cluster=2x8" in two_nodes
