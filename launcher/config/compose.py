@@ -386,6 +386,10 @@ def primary_config_usable(config_path: str | None, config_name: str | None) -> N
         raise ConfigError([Problem(key="--config-path", value=config_path, message="would replace dlaunch's own "
                                    "configs (strategy, cluster, recipe groups); use --config-dir DIR, searched before "
                                    "them, with --config-name NAME for DIR/NAME.yaml")])
+    missing = [d for d in CONFIG_DIRS if not Path(d).is_dir()]
+    if missing:
+        raise ConfigError([Problem(key="--config-dir", value=missing[0], message="no such directory: it should hold "
+                                   "your config groups (DIR/recipe/NAME.yaml, DIR/strategy/NAME.yaml, ...)")])
     if config_name is None:
         return
     dirs = [*CONFIG_DIRS, str(CONF_DIR)]
