@@ -183,7 +183,8 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert not (tmp_path / "outputs").exists(), "a config error must not create a run"
 
 
-def test_a_config_dir_that_does_not_exist_is_named(capsys, tmp_path):
-    assert main(["--config-dir", str(tmp_path / "nodir"), "recipe=mine"]) == 2
+def test_a_config_dir_that_does_not_exist_is_named(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config-dir", "nodir", "recipe=mine"]) == 2
     err = capsys.readouterr().err
     assert "--config-dir" in err and "nodir" in err and "no such directory" in err and "Traceback" not in err
