@@ -137,23 +137,30 @@ def flag_message(argv: list[str]) -> str | None:
             lines.append(f"  {given:<28} use {filled}")
         else:
             lines.append(f"  {given:<28} {unknown}")
-    at = _script_at(argv)
+    head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
+    at = _script_at(head)
     if at is not None:
         lines.append(f"  {argv[at]:<28} a script runs as script={argv[at]} (docs/SCRIPTS.md)")
-        lines.append(f"the same run: {_same_run(dict(flags), argv[at], argv[at + 1:])}")
+        same = _same_run(dict(flags), argv[at], argv[at + 1:])
+        lines += [f"the same run: {same}"] if same else []
     else:
         lines.append("e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)")
     return "\n".join(lines)
 
 
-def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str:
-    """The dlaunch command of a torchrun command line: its cluster, a strategy with a process per device, the
-    script, and the script's own arguments after ``--``."""
+def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str | None:
+    """The dlaunch command of a torchrun command line: its cluster, a strategy with a process per device, where
+    the nodes meet, the script, and the script's own arguments after ``--``. None where the sizes are not plain
+    numbers (``--nnodes=1:4``, ``--nproc_per_node=gpu``)."""
     nodes = flags.get("nnodes") or flags.get("num_machines") or "1"
     per_node = flags.get("nproc_per_node") or flags.get("num_processes") or "1"
+    if not (nodes.isdigit() and per_node.isdigit()):
+        return None
     words = ["dlaunch", f"script={script}"]
     if f"{nodes}x{per_node}" != "1x1":
         words += ["strategy=" + ("mirrored" if nodes == "1" else "multi_worker_mirrored"), f"cluster={nodes}x{per_node}"]
+    words += [_SAME_AS[name].format(v=value) for name, value in flags.items()
+              if value and name in ("node_rank", "machine_rank", "master_addr", "main_process_ip", "master_port", "main_process_port")]
     args = [a for a in args if a != "--"]
     return " ".join([*words, *(["--", *args] if args else [])])
 

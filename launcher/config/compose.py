@@ -32,6 +32,7 @@ from launcher.runtime import recipe as recipe_lib
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
 GENERATED_GROUPS = ("cluster", "recipe")
+GROUPS = ("strategy", "cluster", "recipe")  # the config groups a command picks an option of
 CONFIG_DIRS: list[str] = []  # `dlaunch --config-dir DIR`: searched first, as Hydra searches it for the run itself
 CONFIG_NAME = "config"  # `dlaunch --config-name NAME`: the primary config (in a --config-dir, or dlaunch's own)
 DEFAULT_RECIPE = "linear"
@@ -147,7 +148,7 @@ def check_group_choices(parsed: list[Override]) -> None:
     problems = []
     for ov in parsed:
         group = ov.key_or_group
-        if ov.is_delete() or group not in ("strategy", "cluster", "recipe"):
+        if ov.is_delete() or group not in GROUPS:
             continue
         for value in _choices(ov):
             problem = _check_choice(group, value)
@@ -210,7 +211,7 @@ def _group_of(missing: str) -> str:
 
 
 def _is_group_override(ov: Override) -> bool:
-    return ov.key_or_group in ("strategy", "cluster", "recipe") or "/" in ov.key_or_group
+    return ov.key_or_group in GROUPS or "/" in ov.key_or_group
 
 
 def _explain_composition(parsed: list[Override], exc: Exception) -> list[Problem]:
@@ -357,18 +358,15 @@ def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> 
     """``exc`` (a composition that failed on unknown keys or unknown group options only) plus what the other
     overrides get wrong. Without a group's option, the keys under that group mean nothing: they are left out."""
     unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
-    groups = {p.key for p in exc.problems if p.key in ("strategy", "cluster", "recipe") and not p.message.startswith("unknown key")}
-
-    def dropped(override: str) -> bool:
-        key = override.partition("=")[0].lstrip("+~")
-        return key in unknown or key.split(".")[0] in groups
-
-    rest = [o for o in overrides if not dropped(o)]
+    groups = {p.key for p in exc.problems if p.key in GROUPS and not p.message.startswith("unknown key")}
+    rest = [o for o in overrides if (k := o.partition("=")[0].lstrip("+~")) not in unknown and k.split(".")[0] not in groups]
     try:
         if unknown | groups and len(unknown | groups) == len({p.key for p in exc.problems}) and rest != overrides:
             _check_the_rest(rest, cuda_devices)
     except ConfigError as more:  # not where the recipe's own code failed (UserCodeError): the unknown keys first
-        return exc if isinstance(more, UserCodeError) else ConfigError([*exc.problems, *(p for p in more.problems if p not in exc.problems)])
+        # checked against a default in place of an unknown option, the groups' own rules would blame the default
+        found = [p for p in more.problems if p not in exc.problems and not (groups and p.key.split(".")[0] in GROUPS)]
+        return exc if isinstance(more, UserCodeError) else ConfigError([*exc.problems, *found])
     return exc
 
 

@@ -21,7 +21,7 @@ from launcher.distribute.input_context import InputContext, InputOptions, InputR
 from launcher.distribute.values import PerReplica, map_structure, regroup
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, warn_data_once
 from launcher.input.files import FileDataset, FileShard
-from launcher.input.position import Position
+from launcher.input.position import EpochBatchSampler, Position
 from launcher.input.prefetch import Prefetcher
 from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch, split_batch
 
@@ -212,13 +212,12 @@ class DistributedDataset:
 
 
 def _declared_batch_size(dataset: Any) -> int | None:
-    """A loader's global batch size as it declares it, not as a batch holds it: a resumed pass may begin at an
-    epoch's last, partial batch, which must not become the size every later batch is cut to."""
-    for source in (dataset, getattr(dataset, "batch_sampler", None)):
-        size = getattr(source, "batch_size", None)
-        if isinstance(size, int) and size > 0:
-            return size
-    return None
+    """The global batch size of dlaunch's own seekable loader (one row per index), not as a batch holds it: a
+    resumed pass may begin at an epoch's last, partial batch, which must not become the size every later batch
+    is cut to. Another loader's batches may hold other than ``batch_size`` rows (a collate_fn that packs them):
+    its first batch says."""
+    sampler = getattr(dataset, "batch_sampler", None)
+    return sampler.batch_size if isinstance(sampler, EpochBatchSampler) else None
 
 
 def _shard_files(dataset: FileDataset, policy: AutoShardPolicy, num_workers: int, worker: int) -> FileShard:
@@ -304,8 +303,14 @@ class DistributedDatasetsFromFunction:
 
     @property
     def element_spec(self) -> Any:
-        """As ``DistributedDataset.element_spec``: read from the first step of fresh iterators over the datasets."""
-        return element_spec_of(next(iter(self)))
+        """As ``DistributedDataset.element_spec``: read from the first step of fresh iterators over the datasets
+        (a ``FileDataset`` counts its passes to reshuffle each one: reading the spec is not one)."""
+        passes = [(d, d._passes) for d in self._datasets if isinstance(d, FileDataset)]
+        try:
+            return element_spec_of(next(iter(self)))
+        finally:
+            for dataset, count in passes:
+                object.__setattr__(dataset, "_passes", count)
 
     def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]

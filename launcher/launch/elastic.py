@@ -198,8 +198,9 @@ class _StoppedBeforeWorkers(SignalException):
 
 @contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop dlaunch as torch's agent stops on them once its workers run: while the nodes still
-    meet (up to launch.rdzv_timeout_s), their default action would kill it with no word and no summary."""
+    """SIGTERM, SIGHUP and Ctrl-C stop dlaunch as torch's agent stops on them once its workers run: while the nodes
+    still meet (up to launch.rdzv_timeout_s), SIGTERM's default action would kill it with no word and no summary,
+    and none of them would take this node out of the rendezvous."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -207,7 +208,7 @@ def _stop_signals_raise() -> Iterator[None]:
     def stop(signum: int, frame: Any) -> None:
         raise _StoppedBeforeWorkers(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         yield
     finally:

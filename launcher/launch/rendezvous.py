@@ -146,12 +146,21 @@ def leave_unfinished() -> None:
             pass
 
 
+def claim_of_this_process(host: str) -> str:
+    """``HOST (pid N, pidns M)``: the pid namespace tells containers that share a host name apart."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{host} (pid {os.getpid()}, pidns {namespace})"
+
+
 def _gone(holder: str, who: str) -> bool:
-    """``holder`` (``HOST (pid N)``) released its claim, or ran on this host and its process has ended."""
+    """``holder`` released its claim, or ran on this host, in this pid namespace, and its process has ended."""
     if not holder:
         return True
-    theirs, mine = (re.fullmatch(r"(.*) \(pid (\d+)\)", text) for text in (holder, who))
-    if theirs is None or mine is None or theirs.group(1) != mine.group(1):
+    theirs, mine = (re.fullmatch(r"(.*) \(pid (\d+), pidns (\d+)\)", text) for text in (holder, who))
+    if theirs is None or mine is None or (theirs.group(1), theirs.group(3)) != (mine.group(1), mine.group(3)):
         return False
     try:
         os.kill(int(theirs.group(2)), 0)
@@ -164,7 +173,8 @@ def _gone(holder: str, who: str) -> bool:
 
 def joined_nodes(nodes: Store, count: int) -> dict[int, str]:
     """Which node ranks announced themselves, and from where."""
-    return {r: nodes.get(f"node{r}").decode() for r in range(count) if nodes.check([f"node{r}"])}
+    claims = {r: nodes.get(f"node{r}").decode() for r in range(count) if nodes.check([f"node{r}"])}
+    return {r: who for r, who in claims.items() if who}  # "": a node that left gave its claim back
 
 
 def last_joined() -> dict[int, str] | None:
@@ -209,7 +219,7 @@ def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     handler.node_rank = params.get_as_int("node_rank")
     if handler.node_rank is not None:
         handler.nodes = PrefixStore(f"dlaunch/{params.run_id}/nodes", store)
-        handler.claim = f"{params.local_addr or socket.getfqdn()} (pid {os.getpid()})"
+        handler.claim = claim_of_this_process(params.local_addr or socket.getfqdn())
         announce(handler.nodes, handler.node_rank, handler.claim)
     _handlers.append(handler)
     return handler

@@ -125,7 +125,8 @@ def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float) -> set
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     running = {t for t, p in procs.items() if p.poll() is None}
-    emulate._stop([procs[t] for t in running], grace_s)
+    saving = any(t.type == "chief" for t in running)  # else no one saves, and a ps serves on until it is killed
+    emulate._stop([procs[t] for t in running], grace_s if saving else STOP_OTHERS_AFTER_S)
     return running
 
 

@@ -123,12 +123,16 @@ class Meter:
         self.mark = time.perf_counter()
         self.first_step = self.mark_step = first_step
         self.step_seconds = step_seconds if step_seconds is not None else []
+        self._warm, self._summed = 0.0, 1  # the seconds of steps 2.. summed so far, and up to which index
 
     def window(self, step: int) -> tuple[float, float | None]:
         now = time.perf_counter()
         rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(now - self.mark, 1e-9)
         self.mark, self.mark_step = now, step
-        warm = self.step_seconds[1:]  # the step being logged has not ended: it is not in the list yet
-        if not warm:
+        ended = len(self.step_seconds)  # the step being logged has not ended: it is not in the list yet
+        if ended > self._summed:  # only what ended since the last log: a long run's logs stay cheap
+            self._warm += sum(self.step_seconds[self._summed:ended])
+            self._summed = ended
+        if ended < 2:
             return rate, None
-        return rate, sum(warm) / len(warm) * (self.total - step)
+        return rate, self._warm / (ended - 1) * (self.total - step)

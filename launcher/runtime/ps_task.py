@@ -123,7 +123,7 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, r
             local += 1
     strategy.extended.leave(stop.signum)
     if stop.signum:
-        chief_saves = "the chief saves the checkpoint" if spec.trainer.checkpoint.every_steps else ""
+        chief_saves = "a worker saves nothing: the chief saves the checkpoints" if spec.trainer.checkpoint.every_steps else ""
         raise Preempted(stop.signum, strategy.global_step, saved_elsewhere=chief_saves)
     log.info("%s: %d step(s) from global step %d to %d", name, local, start, strategy.global_step)
     return {"status": "completed", "task": name, "local_steps": local}

@@ -50,8 +50,9 @@ class ScriptExit(Exception):
 
     @property
     def script_exit_code(self) -> int:
-        """What ``python script.py`` exits with: the code, or 1 for a message (``sys.exit("why")``)."""
-        return self.code if isinstance(self.code, int) and 0 < self.code < 256 else 1
+        """What ``python script.py`` exits with, from 1 to 127; 1 for a message (``sys.exit("why")``) and for a
+        code from 128 on, which in dlaunch's exit codes means stopped by signal N - 128."""
+        return self.code if isinstance(self.code, int) and 0 < self.code < 128 else 1
 
 
 def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None) -> dict[str, Any]:

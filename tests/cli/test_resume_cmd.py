@@ -110,6 +110,7 @@ def test_a_sweep_of_a_users_recipe_without_checkpoints_resumes_keeping_its_compl
     assert (again.stdout + again.stderr).count("completed already (summary.json") == 2
     assert [(sweep / n / "metrics.jsonl").read_bytes() for n in "01"] == before
     assert [summary(sweep / n)["status"] for n in "01"] == ["completed", "completed"]
+    assert "sweep summary: 2 jobs" in again.stdout  # the completed jobs are this command's jobs too
 
 
 def test_a_job_not_started_after_a_stop_keeps_its_earlier_completed_results(tmp_path):

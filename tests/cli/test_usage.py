@@ -75,3 +75,8 @@ def test_a_torchrun_command_line_gets_the_same_run_in_dlaunch_words():
     assert "--epochs" not in text.split("the same run")[0]  # the script's own argument, not an unknown option
     two_nodes = flag_message(["--nnodes=2", "--nproc_per_node", "8", "train.py"])
     assert "the same run: dlaunch script=train.py strategy=multi_worker_mirrored cluster=2x8" in two_nodes
+    node1 = flag_message(["--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--master_addr=10.0.0.1", "train.py"])
+    assert "cluster=2x8 cluster.node_rank=1 cluster.master_addr=10.0.0.1" in node1
+    assert "the same run" not in flag_message(["--nnodes=1:4", "--nproc_per_node=gpu", "train.py"])  # no plain sizes
+    after = flag_message(["script=train.py", "--nproc_per_node=2", "--", "--config", "cfg.py"])
+    assert "script=cfg.py" not in after  # a .py after -- is the script's argument, not a script

@@ -147,6 +147,10 @@ def test_an_unknown_group_option_does_not_hide_the_other_problems(capsys, monkey
     err = capsys.readouterr().err
     assert "invalid configuration (3 problems)" in err and "did you mean mirrored" in err, err
     assert "input.global_batch_size = 0" in err and "trainer.stepz = 5" in err and "bucket_cap_mb" not in err
+    # the rest is checked against the default strategy: its rules must not blame the cluster the user asked for
+    assert main(["strategy=mirored", "cluster=1x2"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (1 problem)" in err and "cluster = 1x2" not in err, err
 
 
 def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path):

@@ -200,3 +200,16 @@ def test_the_loaders_collate_pickles_for_spawned_loader_workers():
     collate = pickle.loads(pickle.dumps(dd._CollateOrEmpty(default_collate)))
     assert collate([]) is dd._Empty
     assert collate([torch.tensor([1.0]), torch.tensor([2.0])]).tolist() == [[1.0], [2.0]]
+
+
+def test_element_spec_of_file_datasets_from_a_function_is_not_a_pass(tmp_path):
+    """A FileDataset reshuffles at each pass; reading the spec must not count as one (tf.data reads no element)."""
+    from launcher.input.files import FileDataset, write_shards
+
+    write_shards({"x": torch.arange(16, dtype=torch.float32).unsqueeze(1)}, tmp_path, 2, "pt")
+    make = lambda ctx: FileDataset.from_patterns(str(tmp_path / "*.pt")).shuffle(3).batch(8)  # noqa: E731
+    one = dl.OneDeviceStrategy("cpu:0")
+    expected = [b["x"] for b in one.distribute_datasets_from_function(make)]
+    spec_first = one.distribute_datasets_from_function(make)
+    assert spec_first.element_spec is not None
+    assert all(torch.equal(a, b["x"]) for a, b in zip(expected, spec_first))

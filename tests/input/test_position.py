@@ -124,3 +124,11 @@ def test_element_spec_does_not_move_a_seekable_sampler_on():
         got = take(DataStream(dataset), 1)
         parts = [[t for part in strategy.experimental_local_results(step[0]) for t in part] for step in (got, expected)]
         assert all(torch.equal(a, b) for a, b in zip(*parts)), type(strategy).__name__
+
+
+def test_a_loader_whose_batches_hold_other_than_batch_size_rows_is_not_cut():
+    """A pre-batched dataset (each item 8 rows, batch_size=1, a collate that unwraps): its batches are 8 rows."""
+    items = [torch.full((8, 1), float(i)) for i in range(4)]
+    unwrapped = DataLoader(items, batch_size=1, collate_fn=lambda batch: batch[0])
+    got = take(DataStream(dl.OneDeviceStrategy("cpu:0").experimental_distribute_dataset(unwrapped)), 2)
+    assert [tuple(b.shape) for b in got] == [(8, 1), (8, 1)]

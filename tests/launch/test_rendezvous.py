@@ -41,15 +41,21 @@ def test_a_node_rank_claim_is_taken_over_only_from_a_node_that_is_gone():
     from torch.distributed import HashStore, PrefixStore
     from torch.distributed.elastic.rendezvous.api import RendezvousStateError
 
-    from launcher.launch.rendezvous import announce
+    from launcher.launch.rendezvous import announce, claim_of_this_process, joined_nodes
 
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid, nodes = int(ended.stdout), PrefixStore("nodes", HashStore())
-    announce(nodes, 1, f"hostA (pid {dead_pid})")
-    announce(nodes, 1, f"hostA (pid {os.getpid()})")  # the same host, and that process has ended: taken over
+    mine = claim_of_this_process("hostA")
+    ns = mine.rsplit(" ", 1)[1].rstrip(")")
+    announce(nodes, 1, f"hostA (pid {dead_pid}, pidns {ns})")
+    announce(nodes, 1, mine)  # the same host and pid namespace, and that process has ended: taken over
     with pytest.raises(RendezvousStateError, match=r"node_rank=1 is already taken by hostA \(pid"):
-        announce(nodes, 1, "hostA (pid 1)")  # a live process holds it
+        announce(nodes, 1, f"hostA (pid 1, pidns {ns})")  # a live process holds it
     with pytest.raises(RendezvousStateError, match="already taken"):
-        announce(nodes, 1, "hostB (pid 123)")  # another host's: it cannot be known to be gone
+        announce(nodes, 1, f"hostB (pid 123, pidns {ns})")  # another host's: it cannot be known to be gone
+    announce(nodes, 3, f"hostA (pid {dead_pid}, pidns 1)")
+    with pytest.raises(RendezvousStateError, match="already taken"):
+        announce(nodes, 3, mine)  # another pid namespace (a container) on a host of the same name
     nodes.compare_set("node2", "", "")  # released on the way out
-    announce(nodes, 2, "hostB (pid 123)")
+    announce(nodes, 2, "hostB (pid 123, pidns 9)")
+    assert joined_nodes(nodes, 4) == {1: mine, 2: "hostB (pid 123, pidns 9)", 3: f"hostA (pid {dead_pid}, pidns 1)"}

@@ -95,7 +95,7 @@ def test_an_argument_the_script_rejects_is_reported_once(tmp_path):
     assert "exited with 2 (sys.exit)" in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("code, status", [("3", 3), ("'no data found'", 1)])
+@pytest.mark.parametrize("code, status", [("3", 3), ("'no data found'", 1), ("130", 1)])
 def test_dlaunch_exits_with_the_scripts_own_exit_code_as_python_does(run_dlaunch, tmp_path, code, status):
     (tmp_path / "stops.py").write_text(f"import sys\n\nsys.exit({code})\n")
     proc, _ = run_dlaunch("script=stops.py")
