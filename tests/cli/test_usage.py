@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -18,10 +17,20 @@ def test_help_data_is_generated_from_the_current_schema():
     assert help_data.GROUPS["strategy"]
 
 
+def imports_torch(tmp_path, *args: str) -> bool:
+    """Whether answering ``dlaunch ARGS`` imported torch (or numpy): what makes an answer take seconds, not 0.1 s.
+    (Timed on a shared machine, the answer was a flaky test; what it imports is what makes it quick.)"""
+    code = (f"import sys; from launcher.cli.main import main; sys.argv = ['dlaunch', *{list(args)!r}]; main(); "
+            "print('torch' in sys.modules or 'numpy' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    answer = done.stderr.split()[-1] if done.stderr.split() else ""
+    assert answer in ("True", "False"), done.stdout + done.stderr  # it answered and printed, rather than exit
+    return answer == "True"
+
+
 def test_help_lists_subcommands_groups_and_settings_with_descriptions_quickly(tmp_path):
-    started = time.monotonic()
     proc = dlaunch("--help", cwd=tmp_path)
-    assert time.monotonic() - started < 2  # generous: it imports no torch (about 0.1 s)
+    assert not imports_torch(tmp_path, "--help")
     assert proc.returncode == 0
     for expected in ("dlaunch recipes ls", "dlaunch report", "dlaunch resume RUN_DIR", "NxM", "2x8",
                      "trainer.precision [fp32]", "launch.max_restarts"):
@@ -33,9 +42,8 @@ def test_help_lists_subcommands_groups_and_settings_with_descriptions_quickly(tm
 def test_version_is_the_package_version(tmp_path):
     from importlib.metadata import version
 
-    started = time.monotonic()
     proc = dlaunch("--version", cwd=tmp_path)
-    assert time.monotonic() - started < 2
+    assert not imports_torch(tmp_path, "--version")
     assert proc.returncode == 0 and proc.stdout == f"dlaunch {version('dlaunch')}\n"
 
 
