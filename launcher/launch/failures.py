@@ -141,13 +141,17 @@ def is_consequence(cause: RootCause) -> bool:
         return cause.exit == "signal SIGTERM"
     if cause.exception.startswith(f"{CollectiveTimeout.__name__}:"):
         return False
-    return any(marker in cause.exception for marker in _CONSEQUENCES)
+    return _peer_gone(cause.exception)
+
+
+def _peer_gone(exception: str) -> bool:
+    return any(marker in exception for marker in _CONSEQUENCES)
 
 
 def waited_on_a_peer(cause: RootCause) -> bool:
     """The rank failed waiting for another: a collective that timed out, or whose peer closed its connection."""
-    return "Timed out" in cause.exception or cause.exception.startswith(f"{CollectiveTimeout.__name__}:") or \
-        any(marker in cause.exception for marker in _CONSEQUENCES)
+    timed_out = "Timed out" in cause.exception or cause.exception.startswith(f"{CollectiveTimeout.__name__}:")
+    return timed_out or _peer_gone(cause.exception)
 
 
 def first(causes: list[RootCause]) -> RootCause:

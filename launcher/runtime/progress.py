@@ -121,7 +121,7 @@ class Meter:
     def __init__(self, stream: Any, total_steps: int, first_step: int = 0, step_seconds: list[float] | None = None):
         self.stream, self.total = stream, total_steps
         self.mark = time.perf_counter()
-        self.first_step = self.mark_step = first_step
+        self.mark_step = first_step  # the examples/s window starts after it
         self.step_seconds = step_seconds if step_seconds is not None else []
         self._warm, self._summed = 0.0, 1  # the seconds of steps 2.. summed so far, and up to which index
 

@@ -94,13 +94,19 @@ def test_a_dead_ps_is_named_within_the_rpc_timeout(run_dlaunch):
     assert not run_processes(run_dir)
 
 
-def test_a_dead_ps_restarts_the_job_from_the_last_checkpoint(run_dlaunch):
-    proc, run_dir = ps_run(run_dlaunch, "trainer.steps=30", "trainer.checkpoint.every_steps=5", "launch.max_restarts=1",
-                           "+recipe.kill_task=ps:1", "+recipe.kill_step=12", "+recipe.kill_after_checkpoint=true",
-                           "+recipe.step_sleep=0.03")
+def restarted_once(run_dlaunch, steps: int, *kill: str):
+    """A job of ``steps`` steps, checkpointed every 5, whose ``kill`` probe ends a task once: it restarts and completes."""
+    proc, run_dir = ps_run(run_dlaunch, f"trainer.steps={steps}", "trainer.checkpoint.every_steps=5",
+                           "launch.max_restarts=1", *kill, "+recipe.step_sleep=0.03")
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "restarting every task from the newest checkpoint (restart 1 of 1)" in text
+    return text, run_dir
+
+
+def test_a_dead_ps_restarts_the_job_from_the_last_checkpoint(run_dlaunch):
+    text, run_dir = restarted_once(run_dlaunch, 30, "+recipe.kill_task=ps:1", "+recipe.kill_step=12",
+                                   "+recipe.kill_after_checkpoint=true")
     assert "ps:1 unavailable" in text and "ps:0 unavailable" not in text, "ps:0 was stopped by dlaunch, not lost"
     s = summary(run_dir)
     assert s["status"] == "completed" and s["restarts"] == 0
@@ -175,13 +181,9 @@ def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path)
 
 def test_a_killed_task_agent_is_a_root_cause_and_the_job_restarts(run_dlaunch):
     """The chief's elastic agent is SIGKILLed (so no failures file): still a named cause, and a restart."""
-    proc, run_dir = ps_run(run_dlaunch, "trainer.steps=20", "trainer.checkpoint.every_steps=5", "launch.max_restarts=1",
-                           "+recipe.kill_task=chief:0", "+recipe.kill_agent=true", "+recipe.kill_step=7",
-                           "+recipe.step_sleep=0.03")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = " ".join((proc.stdout + proc.stderr).split())
+    text, run_dir = restarted_once(run_dlaunch, 20, "+recipe.kill_task=chief:0", "+recipe.kill_agent=true",
+                                   "+recipe.kill_step=7")
     assert "task chief:0 failed (killed by signal 9: its elastic agent ended without a report" in text, text[-3000:]
-    assert "restarting every task from the newest checkpoint (restart 1 of 1)" in text
     assert summary(run_dir)["status"] == "completed" and summary(run_dir)["resumed_from_step"] == 5
     assert not run_processes(run_dir)
 
