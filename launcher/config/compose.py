@@ -6,7 +6,6 @@ allowed and a did-you-mean, never a traceback.
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.resources
 from pathlib import Path
@@ -21,13 +20,11 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import ValidationError
 
-from launcher.config import pydantic_errors, recipe_rules, shapes, user_recipes
-from launcher.config import script as script_config
+from launcher.config import shapes, user_recipes
 from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
-from launcher.runtime import recipe as recipe_lib
+from launcher.config.validation import _key_of, validate
 
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
@@ -133,14 +130,25 @@ def recipe_option(path: Path) -> str:
     return path.stem if path in shipped.values() else user_recipes.option_for(path, shipped)
 
 
+UNPARSABLE = "cannot parse this override"
+
+
 def parse_overrides(overrides: list[str]) -> list[Override]:
+    """The parsed overrides, or a ``ConfigError`` naming each one that does not parse (keyed by its whole text)."""
+    parser = OverridesParser.create()
     try:
-        return OverridesParser.create().parse_overrides(overrides)
-    except OverrideParseException as exc:
-        first = exc.message.strip().splitlines()[0]
-        script = f"script={exc.override}" if exc.override and exc.override.endswith(".py") and "=" not in exc.override else None
-        raise ConfigError([Problem(key=exc.override, message=f"cannot parse this override: {first}", has_value=False,
-                                   suggestion=script)]) from None
+        return parser.parse_overrides(overrides)
+    except OverrideParseException:
+        pass
+    problems = []
+    for text in overrides:
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as exc:
+            first = exc.message.strip().splitlines()[0]
+            script = f"script={text}" if text.endswith(".py") and "=" not in text else None
+            problems.append(Problem(key=text, message=f"{UNPARSABLE}: {first}", has_value=False, suggestion=script))
+    raise ConfigError(problems)
 
 
 def check_group_choices(parsed: list[Override]) -> None:
@@ -266,85 +274,6 @@ def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | 
     return None
 
 
-def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = None, found: bool = False) -> RunSpec:
-    """The composed config as a ``RunSpec``, or a ``ConfigError`` listing every problem.
-
-    The schema's field errors, the cross-field rules and the recipe's own ``Config`` are checked together
-    wherever they are independent, so that one run shows every mistake. Checking the recipe's keys means
-    importing it (and so torch: seconds): when the rest already has problems and the command line
-    (``overrides``) touches no ``recipe`` key, those problems are reported at once without it. ``found``: the
-    caller has problems to report already (unknown keys), so the rest counts as having some.
-    """
-    try:
-        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError([Problem(key=str(key), message=str(exc).splitlines()[0], has_value=False)]) from None
-    data.pop("hydra", None)
-    script_config.apply(data)
-    context = {"cuda_devices": cuda_devices, "check_files": True}  # the parent looks at the input files once (workers need not)
-    spec, problems = None, []
-    try:
-        spec = RunSpec.model_validate(data, context=context)
-    except ValidationError as exc:
-        problems = pydantic_errors.problems(exc, RunSpec, data)
-        problems += _rules_without(data, problems, context)
-    recipe = data.get("recipe")
-    # a script is not imported here: it runs (once per worker) as __main__
-    is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
-    quick = (bool(problems) or found) and overrides is not None and not any(_key_of(o).startswith("recipe") for o in overrides)
-    loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
-    if problems:
-        raise ConfigError(problems)
-    if loaded is not None:
-        recipe_rules.check(spec, loaded)
-    return spec
-
-
-def _key_of(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:
-    """The cross-field rules' problems once the keys already at fault take their defaults (pydantic skips the rules then).
-
-    A rule about a key at fault would judge its default, not the user's value: such problems are left out.
-    """
-    bad = [p.key for p in problems]
-    pruned = copy.deepcopy(data)
-    for key in bad:
-        *parents, last = key.split(".")
-        node = pruned
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    try:
-        RunSpec.model_validate(pruned, context=context)
-    except ValidationError as exc:
-        related = lambda k: any(k == b or k.startswith(b + ".") or b.startswith(k + ".") for b in bad)  # noqa: E731
-        return [p for p in pydantic_errors.plan_problems(exc) if not related(p.key)]
-    return []
-
-
-def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.LoadedRecipe | None:
-    """The loaded recipe (None if it is at fault: its problems are added to ``problems``).
-
-    An exception raised by the recipe's own code at import is no config problem: ``UserCodeError``, exit 1.
-    """
-    try:
-        return recipe_lib.load(recipe)
-    except recipe_lib.RecipeError as exc:
-        problem = Problem(key=exc.key, value=exc.value, message=exc.message)
-        if exc.in_user_code:
-            raise UserCodeError([problem]) from None
-        problems.append(problem)
-    except ValidationError as exc:
-        config_cls = recipe_lib.config_class(recipe_lib.import_entry(recipe["entry"]), recipe["entry"])
-        problems += [p for p in pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",)) if p not in problems]
-    return None
-
-
 def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
     """The validated run spec; every problem found in one ``ConfigError``, unknown keys and the rest together."""
     try:
@@ -359,9 +288,11 @@ def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> 
     overrides get wrong. Without a group's option, the keys under that group mean nothing: they are left out."""
     unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
     groups = {p.key for p in exc.problems if p.key in GROUPS and not p.message.startswith("unknown key")}
-    rest = [o for o in overrides if (k := o.partition("=")[0].lstrip("+~")) not in unknown and k.split(".")[0] not in groups]
+    unparsable = {p.key for p in exc.problems if p.message.startswith(UNPARSABLE)}  # keyed by the whole override
+    rest = [o for o in overrides if o not in unparsable
+            and (k := o.partition("=")[0].lstrip("+~")) not in unknown and k.split(".")[0] not in groups]
     try:
-        if unknown | groups and len(unknown | groups) == len({p.key for p in exc.problems}) and rest != overrides:
+        if unknown | groups | unparsable and len(unknown | groups | unparsable) == len({p.key for p in exc.problems}) and rest != overrides:
             _check_the_rest(rest, cuda_devices)
     except ConfigError as more:  # not where the recipe's own code failed (UserCodeError): the unknown keys first
         # checked against a default in place of an unknown option, the groups' own rules would blame the default

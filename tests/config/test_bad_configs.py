@@ -153,6 +153,21 @@ def test_an_unknown_group_option_does_not_hide_the_other_problems(capsys, monkey
     assert "invalid configuration (1 problem)" in err and "cluster = 1x2" not in err, err
 
 
+def test_an_override_that_does_not_parse_or_resolve_does_not_hide_the_other_problems(capsys, monkeypatch):
+    """Each override that does not parse is named, and left out of the check of the rest; so is each key whose
+    interpolation fails (its default stands in), without the default's own problems."""
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    assert main(["trainer.steps=[", "x=(", "trainer.stepz=3", "input.global_batch_size=0"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (4 problems)" in err and err.count("cannot parse this override") == 2, err
+    assert "trainer.stepz = 3" in err and "input.global_batch_size = 0" in err and "Traceback" not in err
+    assert main(["trainer.steps=${nope}", "trainer.log_every=${oops}", "input.global_batch_size=0"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (3 problems)" in err, err
+    assert "Interpolation key 'nope' not found" in err and "Interpolation key 'oops' not found" in err
+    assert "input.global_batch_size = 0" in err
+
+
 def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path):
     """The command line's pre-check names every mistake at once: an unknown key, a bad value, a recipe's unknown
     field and a rule, not only the unknown key that stopped Hydra's composition."""

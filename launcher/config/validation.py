@@ -1,0 +1,120 @@
+"""Validate a composed config into a ``RunSpec``: every problem found in one ``ConfigError``.
+
+The schema's fields, its cross-field rules and the recipe's own ``Config`` are checked together wherever they
+are independent; so are interpolations that do not resolve (``trainer.steps=${nope}``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import ValidationError
+
+from launcher.config import pydantic_errors, recipe_rules
+from launcher.config import script as script_config
+from launcher.config.errors import ConfigError, Problem, UserCodeError
+from launcher.config.schema import RunSpec
+from launcher.runtime import recipe as recipe_lib
+
+
+def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = None, found: bool = False) -> RunSpec:
+    """The composed config as a ``RunSpec``, or a ``ConfigError`` listing every problem.
+
+    The schema's field errors, the cross-field rules and the recipe's own ``Config`` are checked together
+    wherever they are independent, so that one run shows every mistake. Checking the recipe's keys means
+    importing it (and so torch: seconds): when the rest already has problems and the command line
+    (``overrides``) touches no ``recipe`` key, those problems are reported at once without it. ``found``: the
+    caller has problems to report already (unknown keys), so the rest counts as having some.
+    """
+    data, unresolved = _resolved(cfg)
+    data.pop("hydra", None)
+    script_config.apply(data)
+    context = {"cuda_devices": cuda_devices, "check_files": True}  # the parent looks at the input files once (workers need not)
+    spec, problems = None, []
+    try:
+        spec = RunSpec.model_validate(data, context=context)
+    except ValidationError as exc:
+        problems = pydantic_errors.problems(exc, RunSpec, data)
+        problems += _rules_without(data, problems, context)
+    if unresolved:  # the keys that did not resolve took their defaults: what pydantic says of those is no news
+        problems = [*unresolved, *(p for p in problems if not _related(p.key, [u.key for u in unresolved]))]
+    recipe = data.get("recipe")
+    # a script is not imported here: it runs (once per worker) as __main__
+    is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
+    quick = (bool(problems) or found) and overrides is not None and not any(_key_of(o).startswith("recipe") for o in overrides)
+    loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
+    if problems:
+        raise ConfigError(problems)
+    if loaded is not None:
+        recipe_rules.check(spec, loaded)
+    return spec
+
+
+def _key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:
+    """The cross-field rules' problems once the keys already at fault take their defaults (pydantic skips the rules then).
+
+    A rule about a key at fault would judge its default, not the user's value: such problems are left out.
+    """
+    bad = [p.key for p in problems]
+    pruned = copy.deepcopy(data)
+    for key in bad:
+        *parents, last = key.split(".")
+        node = pruned
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    try:
+        RunSpec.model_validate(pruned, context=context)
+    except ValidationError as exc:
+        return [p for p in pydantic_errors.plan_problems(exc) if not _related(p.key, bad)]
+    return []
+
+
+def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.LoadedRecipe | None:
+    """The loaded recipe (None if it is at fault: its problems are added to ``problems``).
+
+    An exception raised by the recipe's own code at import is no config problem: ``UserCodeError``, exit 1.
+    """
+    try:
+        return recipe_lib.load(recipe)
+    except recipe_lib.RecipeError as exc:
+        problem = Problem(key=exc.key, value=exc.value, message=exc.message)
+        if exc.in_user_code:
+            raise UserCodeError([problem]) from None
+        problems.append(problem)
+    except ValidationError as exc:
+        config_cls = recipe_lib.config_class(recipe_lib.import_entry(recipe["entry"]), recipe["entry"])
+        problems += [p for p in pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",)) if p not in problems]
+    return None
+
+
+def _related(key: str, bad: list[str]) -> bool:
+    """``key`` is one of ``bad``, under one, or holds one."""
+    return any(key == b or key.startswith(b + ".") or b.startswith(key + ".") for b in bad)
+
+
+def _resolved(cfg: DictConfig) -> tuple[dict, list[Problem]]:
+    """``cfg`` as a plain dict, with a problem for each key whose interpolation fails; those keys are left out
+    (their defaults stand), so that the rest is still checked."""
+    problems: list[Problem] = []
+    while True:
+        try:
+            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), problems
+        except OmegaConfBaseException as exc:
+            key = str(getattr(exc, "full_key", None) or "")
+            problems.append(Problem(key=key or "config", message=str(exc).splitlines()[0], has_value=False))
+            if len(problems) == 1:
+                cfg = copy.deepcopy(cfg)  # the caller's config stays whole
+            parent_key, _, last = key.rpartition(".")
+            parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+            if not key or len(problems) > 20 or not isinstance(parent, DictConfig) or last not in parent:
+                raise ConfigError(problems) from None
+            with open_dict(parent):
+                del parent[last]
