@@ -13,9 +13,11 @@ then the run's own (torch elastic's, or the training loop's). A second Ctrl-C in
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 _noted: list[int] = []
 _before: list[Any] = []  # the handler this replaced; empty: nothing replaced
@@ -47,3 +49,26 @@ def hand_over() -> bool:
     if _before and signal.getsignal(signal.SIGINT) is _note:
         signal.signal(signal.SIGINT, _before.pop())
     return requested()
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A Ctrl-C inside is raised (``KeyboardInterrupt``) once the block is done, so that the block is never left
+    half done (a run's record half written); a second Ctrl-C at once. Where Ctrl-C is ignored, it stays ignored."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    came: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        if came:
+            raise KeyboardInterrupt
+        came.append(signum)
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if came:
+        raise KeyboardInterrupt

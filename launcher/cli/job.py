@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import output, scheduled, sweep, sweep_jobs
+from launcher.cli import interrupts, output, scheduled, sweep, sweep_jobs
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
@@ -166,14 +166,20 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
         Status.codes.append(0)
         return None
     before = outputs.snapshot_record(run_dir) if _resumes_itself(spec, run_dir, resume_from) else None
-    record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
-    if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
-        outputs.start_run(run_dir, resuming=resume_from is not None)
-        (run_dir / outputs.CONFIG).write_text(as_run(spec))
-        outputs.record_command(run_dir)
-    code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
+    interrupted = False
+    try:
+        with interrupts.held():  # a run's record is written whole, or a Ctrl-C's summary would name a run not there
+            record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
+            if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
+                outputs.start_run(run_dir, resuming=resume_from is not None)
+                (run_dir / outputs.CONFIG).write_text(as_run(spec))
+                outputs.record_command(run_dir)
+        code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
+    except KeyboardInterrupt:  # before the launcher's own signal handling: a stop all the same, with its summary
+        log.warning("stopped by Ctrl-C before the workers started")
+        code, interrupted = 130, True
     Status.codes.append(code)
-    if before is not None and 0 < code < 128 and _trained_nothing(run_dir, resume_from):
+    if before is not None and (0 < code < 128 or interrupted) and _trained_nothing(run_dir, resume_from):
         outputs.restore_record(before)
         console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's command "
                       "(.hydra/, config.yaml) is kept as it was: `dlaunch resume` replays the run that is there "

@@ -62,3 +62,44 @@ def test_a_ctrl_c_in_the_first_second_stops_the_run_cleanly(delay_s, tmp_path):
         return
     assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
     assert not (run_dir / "summary.json").exists() or "completed" not in (run_dir / "summary.json").read_text()
+
+
+def test_a_ctrl_c_inside_a_held_block_is_raised_once_the_block_is_done(noted):
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("the rest of the block")
+    assert done and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):  # asked twice: at once
+        with interrupts.held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("never")
+    assert done == ["the rest of the block"]
+
+
+def test_a_ctrl_c_while_the_run_is_recorded_stops_it_with_a_whole_record_and_a_summary(noted, tmp_path, monkeypatch, capsys):
+    """Between the plan and the launch: the run's record is written whole, and the stop has its summary and a resume
+    hint that works (before, it exited 130 with a half-written .hydra/ and no summary.json)."""
+    from launcher.cli import job
+    from launcher.cli.main import main
+    from launcher.runtime import outputs
+
+    record = job.record_hydra
+
+    def interrupted(run_dir, cfg):
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C in the middle of writing the record
+        time.sleep(0.05)
+        record(run_dir, cfg)
+
+    monkeypatch.setattr(job, "record_hydra", interrupted)
+    run_dir = tmp_path / "run"
+    assert main(["cluster.device=cpu", "trainer.steps=3", f"hydra.run.dir={run_dir}"]) == 130
+    assert "stopped by Ctrl-C before the workers started" in capsys.readouterr().out + (run_dir / "dlaunch.log").read_text()
+    assert outputs.read_summary(run_dir)["exit_code"] == 130
+    assert {p.name for p in (run_dir / ".hydra").iterdir()} >= {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    assert (run_dir / outputs.CONFIG).is_file()
