@@ -26,7 +26,8 @@ def compile_model(model: Any, spec: Any) -> None:
     then traces the first frame outside torch: a user's ``forward``. A model made of torch's own modules
     (``nn.Sequential``, ``nn.Linear``) has no such frame, and nothing would be compiled. Such a model (or
     the one DDP wraps) is entered through a function of dlaunch's instead, which dynamo traces, inlining torch's
-    modules (what ``torch.compile(module)`` does for them).
+    modules (what ``torch.compile(module)`` does for them). Under FSDP2 that function is the model's ``forward``,
+    so that FSDP's hooks (which dynamo does not trace) stay outside the graph.
     """
     if not spec.enabled:
         return
@@ -38,12 +39,27 @@ def compile_model(model: Any, spec: Any) -> None:
     if not _torchs_own(target):
         target.compile(**options)
         return
+    if _sharded(target):  # FSDP2's hooks in _call_impl are dynamo.disable'd: traced from there, nothing compiles
+        forward = target.forward
+
+        def module_forward(*args: Any, **kwargs: Any) -> Any:
+            return forward(*args, **kwargs)
+
+        target.forward = torch.compile(module_forward, **options)  # the hooks stay eager, around it
+        return
     call = target._call_impl
 
     def module_call(*args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
 
     target._compiled_call_impl = torch.compile(module_call, **options)  # what nn.Module.compile sets
+
+
+def _sharded(module: Any) -> bool:
+    """The module is FSDP2's (``fully_shard``), whose pre- and post-forward hooks dynamo does not trace."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def _torchs_own(module: Any) -> bool:

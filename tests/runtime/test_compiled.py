@@ -12,7 +12,7 @@ from launcher.runtime.compiled import compile_error, compile_model
 SPEC = types.SimpleNamespace(enabled=True, mode="default", fullgraph=True, dynamic=None)
 
 
-@pytest.mark.parametrize("wrap", ["plain", "ddp"])
+@pytest.mark.parametrize("wrap", ["plain", "ddp", "fsdp"])
 @pytest.mark.parametrize("make", ["sequential", "linear", "custom"])
 def test_compile_model_compiles_torchs_own_modules_too(make, wrap, monkeypatch):
     """nn.Module.compile alone compiles nothing for a model of torch's modules (dynamo skips their frames)."""
@@ -33,19 +33,26 @@ def test_compile_model_compiles_torchs_own_modules_too(make, wrap, monkeypatch):
     counters.clear()
     model = makers[make]()
     keys = list(model.state_dict())
-    if wrap == "ddp":
+    if wrap != "plain":
         store = dist.HashStore()
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    if wrap == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
+    if wrap == "fsdp":  # FSDP2's hooks are dynamo.disable'd: traced from _call_impl, nothing compiled, fullgraph failed
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
     try:
         # fullgraph: dynamo must never be handed DDP's own forward (its C++ reducer would break the graph)
         compile_model(model, SPEC)
         model(torch.randn(4, 8)).sum().backward()
         assert counters["stats"]["unique_graphs"] >= 1
         assert [k.removeprefix("module.") for k in model.state_dict()] == keys  # checkpoints keep their names
+        assert counters["stats"]["calls_captured"] >= 1, dict(counters["stats"])
         assert all(p.grad is not None for p in model.parameters())
     finally:
-        if wrap == "ddp":
+        if wrap != "plain":
             dist.destroy_process_group()
         torch._dynamo.reset()
 
