@@ -50,7 +50,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
     node = spec.cluster.node_rank
     if not node:
         # a reused run directory must not speak for this run
-        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json"):
+        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json", outputs.TIMELINE):
             for stale in state.glob(pattern):
                 stale.unlink()
     path = state / ("job.json" if node is None else f"job-node{node}.json")

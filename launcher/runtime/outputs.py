@@ -20,6 +20,7 @@ SUMMARY = "summary.json"
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 HISTORY = "history.jsonl"  # in STATE_DIR: each command and each start of the workers since the run began afresh
+TIMELINE = "timeline.started"  # in STATE_DIR: this command's checkpoints began (later steps set aside); see checkpoint.select
 
 
 def start_run(run_dir: Path, resuming: bool = False) -> None:

@@ -172,3 +172,26 @@ def test_an_abort_in_teardown_after_completing_is_neither_a_failure_nor_a_restar
     assert summary(run_dir)["status"] == "completed"
     assert len((run_dir / "attempts-rank1.txt").read_text().split()) == 1, "nothing was trained twice"
     assert "SIGABRT" in out or "already completed" in out, "the abort did happen"
+
+
+def test_a_restart_before_the_first_step_resumes_from_the_checkpoint_the_launcher_chose(tmp_path):
+    """A build that fails on the first attempt: the restarted workers must not choose again in a directory that
+    still holds another timeline (steps set aside only once training starts). Before, they took its newest step:
+    a damaged one the launcher had passed over, or one that trainer.resume=never had refused."""
+    from tests.checkpoint.test_integrity import flip_a_bit
+
+    run_dir = tmp_path / "run"
+    every = "trainer.checkpoint.every_steps=4"
+    assert finish(start(run_dir, every, "trainer.steps=8")) and summary(run_dir)["status"] == "completed"
+    flip_a_bit(run_dir / "checkpoints" / "step-00000008")  # same size: only the launcher's sha256 sees it
+    flaky = ("launch.max_restarts=1", "+recipe.fail_build_attempts=1")
+    out = finish(start(run_dir, every, "trainer.steps=12", *flaky))
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["restarts"] == 1, out[-3000:]
+    assert "step-00000008 is damaged" in out and "resumed from" in out, out[-3000:]
+    assert "step-00000008" not in out.split("resumed from", 1)[1].splitlines()[0], out[-3000:]
+    assert logged_steps(run_dir) == list(range(1, 13)), "steps 5-8 trained again from step 4"
+    out = finish(start(run_dir, every, "trainer.steps=4", "trainer.resume=never", *flaky))
+    assert summary(run_dir)["status"] == "completed" and "resumed from" not in out, out[-3000:]
+    assert logged_steps(run_dir) == [1, 2, 3, 4]
+    assert run_processes(run_dir) == []
