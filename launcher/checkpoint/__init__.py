@@ -228,6 +228,7 @@ class Checkpointer:
             self._saved = (step, path)
             return step, Position(epoch, offset)
         tensors: dict[str, Any] = {**state.model_and_optimizer(model, optimizer), "progress": state.progress(0, 0, 0)}
+        state.drop_unsaved_settings(tensors["optim"], _saved_keys(path, "optim.param_groups."))
         rng = state.rng_template(_saved_keys(path, f"rng.rank{self.rank}."))
         if rng:
             tensors["rng"] = {f"rank{self.rank}": rng}

@@ -36,6 +36,15 @@ def model_and_optimizer(model: torch.nn.Module, optimizer: Any) -> dict[str, Any
     return {"model": module_state, "optim": optim_state}
 
 
+def drop_unsaved_settings(optim_state: dict[str, Any], saved: set[str]) -> None:
+    """Leave out of the template what the checkpoint has no value for: a setting this run's optimizer has and the
+    saved one had not (``initial_lr``, which a schedule adds, resumed from a run without one). The loop sets this
+    run's settings again after the load."""
+    for i, group in enumerate(optim_state.get("param_groups", [])):
+        for name in [n for n in group if n != "params" and f"{i}.{n}" not in saved]:
+            del group[name]
+
+
 def load_model_and_optimizer(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 

@@ -290,7 +290,7 @@ class _Loop:
             self._open(0)
             return 0
         step, position = self.ckpt.load(path, self.model, self.optimizer, loop_to_read(self.schedule, self.step))
-        restore_loop_state(self.ckpt.loaded_loop, self.schedule, self.step)
+        restore_loop_state(self.ckpt.loaded_loop, self.schedule, self.step, step)
         checkpoint.agree(path, step)
         with torch.random.fork_rng(devices=[]):  # a loader's iter() draws its seed: the steps' RNG goes on as saved
             self.stream.seek(position)

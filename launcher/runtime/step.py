@@ -71,8 +71,10 @@ class ReplicaStep:
         self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
         self.skipped: torch.Tensor | None = None  # skipped updates so far, on the device (fp16-mixed)
         self.compile = trainer.compile if trainer.compile.enabled else None
-        # The lr the recipe set, before a checkpoint's (a schedule's decayed one) is loaded over it.
-        self.recipe_lrs = [float(g["lr"]) for g in getattr(primary(optimizer), "param_groups", [])]
+        # The hyperparameters the recipe set (lr, momentum, weight decay, a schedule's initial_lr), before a
+        # checkpoint's are loaded over them: this command's settings stand, the checkpoint restores the state.
+        self.recipe_groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in g.items() if k != "params"}
+                              for g in getattr(primary(optimizer), "param_groups", [])]
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast is per thread: each replica enters its own."""
@@ -259,17 +261,20 @@ def loop_to_read(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
     return {"schedule_last_epoch": torch.zeros((), dtype=torch.int64), **loop_state(schedule, step)}
 
 
-def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: ReplicaStep) -> None:
-    if schedule is not None and "schedule_last_epoch" in state:
-        schedule.last_epoch = int(state["schedule_last_epoch"])
+def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: ReplicaStep, resumed_at: int) -> None:
+    """After a load: the recipe's hyperparameters over the saved ones (a changed lr is the plan's ``changed`` row,
+    and applies; a run saved under a schedule and resumed without one trains at the lr, not the decayed one), then
+    this run's schedule at the saved position (at the resumed step where the checkpoint had no schedule)."""
+    for group, recipe in zip(getattr(primary(step.optimizer), "param_groups", []), step.recipe_groups):
+        for key, value in recipe.items():
+            _set(group, key, value)
+    if schedule is not None:
+        schedule.last_epoch = int(state.get("schedule_last_epoch", resumed_at))
         # The lr of the schedule this run has at that position, as LambdaLR.step() sets it: the saved one where the
         # schedule is the same, the longer schedule's where trainer.steps grew (not the old one's for a step).
         for group, base, factor in zip(schedule.optimizer.param_groups, schedule.base_lrs, schedule.lr_lambdas):
-            _set_lr(group, base * factor(schedule.last_epoch))
+            _set(group, "lr", base * factor(schedule.last_epoch))
         schedule._last_lr = [float(g["lr"]) for g in schedule.optimizer.param_groups]  # what get_last_lr() reports
-    elif "schedule_last_epoch" in state:  # saved under a schedule, resumed without one: the recipe's lr, not the decayed one
-        for group, lr in zip(getattr(primary(step.optimizer), "param_groups", []), step.recipe_lrs):
-            _set_lr(group, lr)
     if step.scaler is not None and "scaler_scale" in state:
         step.scaler.load_state_dict({
             **step.scaler.state_dict(),
@@ -278,12 +283,12 @@ def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: Repl
         step.skipped = state["skipped_steps"].clone()
 
 
-def _set_lr(group: dict[str, Any], lr: float) -> None:
-    """A tensor lr (capturable, fused) keeps its tensor, as torch's schedulers do."""
-    if isinstance(group["lr"], torch.Tensor):
-        group["lr"].fill_(lr)
+def _set(group: dict[str, Any], key: str, value: Any) -> None:
+    """A tensor setting (a capturable or fused optimizer's lr) keeps its tensor, as torch's schedulers do."""
+    if isinstance(group.get(key), torch.Tensor):
+        group[key].fill_(value)
     else:
-        group["lr"] = lr
+        group[key] = value
 
 
 def warn_if_all_skipped(skipped: int, steps: int, rank: int = 0) -> None:

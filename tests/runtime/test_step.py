@@ -171,14 +171,14 @@ def test_a_resume_takes_the_lr_of_its_own_schedule_at_the_saved_position(steps):
     resumed = torch.optim.SGD(model.parameters(), lr=0.05)
     later = make_schedule(spec(steps), resumed)
     resumed.load_state_dict(saved_optimizer)
-    restore_loop_state(saved, later, types.SimpleNamespace(scaler=None, optimizer=resumed))
+    restore_loop_state(saved, later, types.SimpleNamespace(scaler=None, optimizer=resumed, recipe_groups=[]), 4)
     expected = optimizer.param_groups[0]["lr"] if steps == 4 else 0.05 * ScheduleFactor(spec(8).lr_schedule, 8)(4)
     assert resumed.param_groups[0]["lr"] == expected and later.get_last_lr() == [expected]
     assert steps == 4 or expected == pytest.approx(0.025)
     constant = torch.optim.SGD(model.parameters(), lr=0.05)  # resumed with no schedule: the lr, not the decayed 0
     constant.load_state_dict(saved_optimizer)
     assert constant.param_groups[0]["lr"] == 0.0
-    restore_loop_state(saved, None, types.SimpleNamespace(scaler=None, optimizer=constant, recipe_lrs=[0.05]))
+    restore_loop_state(saved, None, types.SimpleNamespace(scaler=None, optimizer=constant, recipe_groups=[{"lr": 0.05}]), 4)
     assert constant.param_groups[0]["lr"] == 0.05
 
 

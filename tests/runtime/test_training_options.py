@@ -182,3 +182,23 @@ def test_a_run_saved_under_a_schedule_and_resumed_without_one_trains_at_the_cons
     assert "trainer.lr_schedule.decay: linear -> constant" in proc.stdout + proc.stderr
     lrs = {r["step"]: r["lr"] for r in records(run_dir) if "lr" in r}
     assert lrs[20] < 0.01 and lrs[30] == lrs[40] == lrs[1], lrs
+
+
+def test_a_resume_trains_with_this_commands_lr_and_can_add_a_schedule(run_dlaunch):
+    """The plan said `changed recipe.optimizer.lr: 0.05 -> 0.01`, but the saved lr (0.05) was trained with; and a
+    schedule added on resume failed to load (its optimizer's initial_lr is not in a checkpoint saved without one)."""
+    from launcher.config.trainer import ScheduleSpec
+    from launcher.runtime.step import ScheduleFactor
+
+    common = ("recipe=linear", "trainer.log_every=5", "trainer.checkpoint.every_steps=10")
+    run_ok(run_dlaunch, "run", *common, "trainer.steps=10")
+    proc, run_dir = run_ok(run_dlaunch, "run", *common, "trainer.steps=20", "recipe.optimizer.lr=0.01")
+    assert "recipe.optimizer.lr: 0.05 -> 0.01" in proc.stdout + proc.stderr
+    lrs = {r["step"]: r["lr"] for r in records(run_dir) if "lr" in r}
+    assert lrs[10] == 0.05 and lrs[15] == lrs[20] == 0.01, lrs
+    proc, run_dir = run_ok(run_dlaunch, "run", *common, "trainer.steps=40", "recipe.optimizer.lr=0.01",
+                           "trainer.lr_schedule.decay=cosine")
+    lrs = {r["step"]: r["lr"] for r in records(run_dir) if "lr" in r}
+    factor = ScheduleFactor(ScheduleSpec(decay="cosine"), 40)
+    # the schedule runs from the resumed step's position: step 21 trains at its lr for position 20
+    assert lrs[25] == pytest.approx(0.01 * factor(24)) and lrs[40] == pytest.approx(0.01 * factor(39)), lrs
