@@ -259,6 +259,9 @@ class _Agent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         self._last = super()._monitor_workers(worker_group)
+        failed = getattr(self._last, "failures", None) or {}
+        if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
+            self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart
         return self._last
 
     def _restart_workers(self, worker_group: Any) -> None:

@@ -45,11 +45,13 @@ def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
     assert (summary["checkpoint"], summary["checkpoint_step"]) == (str(saved), layout.step_of(saved))
 
 
-def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path):
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path, restarts):
     """A scheduler or a user may signal the workers and not dlaunch: they save and stop together, and dlaunch
-    says the run stopped (128 + N, summary status "stopped"), with no root-cause panel."""
+    says the run stopped (128 + N, summary status "stopped"), with no root-cause panel. With restarts left, too:
+    a stop is no failure to restart (before, it cost a restart and the run trained on)."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, *LONG)
+    proc = start(run_dir, *LONG, f"launch.max_restarts={restarts}")
     try:
         wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and len(worker_pids(run_dir)) == 2, 120, "training")
         for pid in worker_pids(run_dir).values():
