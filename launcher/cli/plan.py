@@ -142,11 +142,16 @@ def _resume_rows(spec: RunSpec, run_dir: Path, resume_from: Path | None) -> list
     pos = saved["data_position"]
     rows = [("resume", f"from step {saved['step']} ({resume_from}; {saved['strategy']} {saved['cluster']}, "
                        f"epoch {pos['epoch']}, batch {pos['offset']}; {_verified(saved)})")]
-    newer = ", ".join(p.name for p in layout.newer_steps(resume_from))
+    from launcher import checkpoint
+
+    # only this run's own checkpoints are set aside, and only by a run that saves its own
+    own = resume_from.parent.resolve() == checkpoint.root_of(spec, run_dir).resolve()
+    newer = ", ".join(p.name for p in layout.newer_steps(resume_from)) if own else ""
+    fate = "set aside when the run starts" if spec.trainer.checkpoint.every_steps else "left as they are (checkpoints are off)"
     if newer and spec.trainer.resume == "auto":
-        rows.append(("  skipped", f"{newer}: damaged (see the warning above); set aside when the run starts"))
+        rows.append(("  skipped", f"{newer}: damaged (see the warning above); {fate}"))
     elif newer:
-        rows.append(("  later", f"{newer}: another timeline from here on; set aside when the run starts"))
+        rows.append(("  later", f"{newer}: another timeline from here on; {fate}"))
     rows += [("  changed", change) for change in manifest.changes(saved, spec)]
     if saved["step"] >= spec.trainer.steps:
         rows.append(("  note", f"the checkpoint already reaches trainer.steps={spec.trainer.steps}: nothing left to train"))

@@ -21,3 +21,22 @@ def test_an_evaluation_interval_past_the_last_step_is_said_not_refused():
     """A short trial (trainer.steps=30) of a recipe that evaluates every 500 steps runs; the plan says what happens."""
     assert training_row("trainer.steps=30", "trainer.eval_every=500").endswith(
         "evaluate every 500 steps (none before the end: trainer.steps=30)")
+
+
+def test_later_checkpoints_are_said_to_be_set_aside_only_where_the_run_sets_them_aside(tmp_path):
+    """A run sets aside later steps of its own checkpoint directory, and only when it saves: a fine-tune from another
+    run's step (trainer.resume=PATH) leaves that run's later steps alone, as the plan must say."""
+    from launcher.cli.main import main
+
+    base = tmp_path / "base"
+    assert main(["cluster.device=cpu", "trainer.steps=8", "trainer.checkpoint.every_steps=4", f"hydra.run.dir={base}"]) == 0
+    step4 = base / "checkpoints" / "step-00000004"
+
+    def rows(run_dir, *overrides):
+        spec = compose_and_validate(["cluster.device=cpu", "trainer.steps=12", f"trainer.resume={step4}", *overrides], 0)
+        return dict(plan._resume_rows(spec, run_dir, step4))
+
+    assert rows(base, "trainer.checkpoint.every_steps=4")["  later"] == (
+        "step-00000008: another timeline from here on; set aside when the run starts")
+    assert rows(base)["  later"] == "step-00000008: another timeline from here on; left as they are (checkpoints are off)"
+    assert "  later" not in rows(tmp_path / "finetune", "trainer.checkpoint.every_steps=4")
