@@ -45,8 +45,8 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -
                 f"{command(run_dir)} runs it again with the same arguments")
     if checkpoint is None:
         why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"
-        return (f"stopped (exit {code}); no checkpoint to resume from: {why}; "
-                f"{command(run_dir)} starts again at step 0")
+        again = "at step 0" if spec.trainer.resume in ("auto", "never") else f"from {spec.trainer.resume}"
+        return f"stopped (exit {code}); no checkpoint to resume from: {why}; {command(run_dir)} starts again {again}"
     return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
 
 
@@ -110,7 +110,7 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
         raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
                          f"nor {run_dir / SWEEP_FILE} exists")
     own = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
-    return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra), f"hydra.run.dir={run_dir}",
+    return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra, _resumes_from(run_dir, own)), f"hydra.run.dir={run_dir}",
             *_script_tail(args if given else _recorded([hydra_dir / outputs.SCRIPT_ARGS]))]
 
 
@@ -128,10 +128,26 @@ def _script_tail(args: list[str]) -> list[str]:
     return [script_config.SEPARATOR, *args] if args else []
 
 
-def _rerun(own: list[str], extra: list[str]) -> list[str]:
+def _resumes_from(run_dir: Path, own: list[str]) -> str:
+    """``auto`` (the run's newest checkpoint); but a fine-tune (``trainer.resume=PATH``) that has saved no checkpoint
+    of its own yet starts from PATH again, not from step 0."""
+    from omegaconf import OmegaConf
+
+    from launcher.checkpoint import layout
+    from launcher.runtime import outputs
+
+    recorded = next((o.split("=", 1)[1] for o in reversed(own) if _key(o) == "trainer.resume"), "auto")
+    if recorded in ("auto", "never") or not (run_dir / outputs.CONFIG).is_file():
+        return "auto"
+    own_dir = OmegaConf.select(OmegaConf.load(run_dir / outputs.CONFIG), "trainer.checkpoint.dir", default=None)
+    root = Path(own_dir) if own_dir else run_dir / "checkpoints"
+    return "auto" if layout.choose(root, full=False).path is not None else recorded
+
+
+def _rerun(own: list[str], extra: list[str], resume: str = "auto") -> list[str]:
     """The run's own overrides, each that ``extra`` sets replaced where it stood (a sweep numbers its jobs in that
-    order), resuming from the newest checkpoint; never a dry run (``dlaunch resume RUN launch.dry_run=true`` previews
-    one resume, not the ones after it)."""
+    order), resuming from the newest checkpoint (``resume``); never a dry run (``dlaunch resume RUN
+    launch.dry_run=true`` previews one resume, not the ones after it)."""
     given = {_key(o): o for o in extra}
     mine = set(given)
     kept = []
@@ -140,7 +156,7 @@ def _rerun(own: list[str], extra: list[str]) -> list[str]:
             kept.append(given.pop(_key(o)))
         elif _key(o) not in (*mine, "trainer.resume", "launch.dry_run"):
             kept.append(o)
-    return [*kept, *given.values(), *([] if "trainer.resume" in mine else ["trainer.resume=auto"])]
+    return [*kept, *given.values(), *([] if "trainer.resume" in mine else [f"trainer.resume={resume}"])]
 
 
 def _key(override: str) -> str:

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from launcher.checkpoint import layout
-from tests.conftest import dlaunch, summary
+from tests.conftest import PROBE, dlaunch, summary
 from tests.launch.test_restarts import logged_steps
 from tests.launch.test_signals import stop_with
 
@@ -174,6 +174,22 @@ def test_a_fine_tune_from_another_runs_checkpoint_that_fails_keeps_its_own_recor
     assert proc.returncode == 1 and "kept as it was" not in proc.stdout + proc.stderr
     assert summary(second)["status"] == "failed" and (second / "error.txt").is_file()
     assert "recipe.features=8" in (second / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_resuming_a_fine_tune_that_saved_nothing_yet_starts_from_its_path_again(tmp_path):
+    """`dlaunch resume` of a trainer.resume=PATH run that failed before its own first save: from PATH again, as the
+    stop's hint says (before, the recorded PATH became trainer.resume=auto, and it trained from step 0)."""
+    base, tune = tmp_path / "base", tmp_path / "tune"
+    assert dlaunch("trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={base}", cwd=tmp_path).returncode == 0
+    step4 = base / "checkpoints" / "step-00000004"
+    proc = dlaunch(f"recipe.entry={PROBE}", "trainer.steps=12", "trainer.checkpoint.every_steps=10", f"trainer.resume={step4}",
+                   "+recipe.fail_replica=0", "+recipe.fail_step=2", f"hydra.run.dir={tune}", cwd=tmp_path)
+    assert proc.returncode == 1 and layout.latest(tune / "checkpoints") is None, proc.stderr[-3000:]
+    again = dlaunch("resume", str(tune), "+recipe.fail_replica=-1", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"from step 4 ({step4}" in again.stdout and summary(tune)["resumed_from_step"] == 4, again.stdout[-3000:]
+    assert dlaunch("resume", str(tune), "trainer.steps=14", cwd=tmp_path).returncode == 0  # its own checkpoints now
+    assert summary(tune)["resumed_from_step"] == 12
 
 
 def test_a_sweep_refused_in_an_earlier_sweeps_directory_reports_its_own_jobs_and_keeps_the_earlier(tmp_path):
