@@ -111,6 +111,10 @@ class TrainerSpec(Strict):
         if s.warmup_steps > self.steps:
             raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
                             f"warm-up of {s.warmup_steps} steps is longer than trainer.steps={self.steps}")
+        if s.decay != "constant" and s.warmup_steps == self.steps:  # a setting that would change nothing
+            raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
+                            f"warm-up of {s.warmup_steps} steps = trainer.steps={self.steps} leaves no step for "
+                            f"decay={s.decay}; use at most {self.steps - 1} warm-up steps, or decay=constant")
         if s.decay_steps is not None and s.warmup_steps + s.decay_steps > self.steps:
             raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps,
                             f"warmup_steps {s.warmup_steps} + decay_steps {s.decay_steps} = {s.warmup_steps + s.decay_steps} "

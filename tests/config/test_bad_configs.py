@@ -40,6 +40,8 @@ CASES = [
     (["trainer.lr_schedule.decay_steps=5"], "trainer.lr_schedule.decay_steps", "decay_steps needs decay=cosine or decay=linear"),
     (["trainer.lr_schedule.min_lr_ratio=0.5"], "trainer.lr_schedule.min_lr_ratio", "min_lr_ratio needs decay=cosine or decay=linear"),
     (["trainer.lr_schedule.warmup_start=0.5"], "trainer.lr_schedule.warmup_start", "warmup_start needs warmup_steps > 0"),
+    (["trainer.steps=6", "trainer.lr_schedule.warmup_steps=6", "trainer.lr_schedule.decay=linear"],  # the decay never runs
+     "trainer.lr_schedule.warmup_steps = 6", "warm-up of 6 steps = trainer.steps=6 leaves no step for decay=linear"),
     ([f"recipe.entry={FIXTURES / 'manual_recipe.py'}", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps",
      "does its own backward and update"),
     (["recipe=bench_mlp", "trainer.eval_every=10"], "trainer.eval_every", "recipe bench_mlp has no evaluate(model, parts)"),
