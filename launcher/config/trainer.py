@@ -179,10 +179,13 @@ def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
     """A strategy names the trainer features it cannot honour, and why (``refuses``)."""
     refuses = spec.strategy.refuses
     t = spec.trainer
+    # the schedule's key the user set: decay where it decays, else the warm-up that makes it not constant
+    schedule_key, schedule_value = (("trainer.lr_schedule.decay", t.lr_schedule.decay) if t.lr_schedule.decay != "constant"
+                                    else ("trainer.lr_schedule.warmup_steps", t.lr_schedule.warmup_steps))
     used = {
         "fp16-mixed": ("trainer.precision", t.precision == "fp16-mixed", t.precision),
         "compile": ("trainer.compile.enabled", t.compile.enabled, True),
-        "lr_schedule": ("trainer.lr_schedule.decay", not t.lr_schedule.constant, t.lr_schedule.decay),
+        "lr_schedule": (schedule_key, not t.lr_schedule.constant, schedule_value),
         "clip_grad_norm": ("trainer.clip_grad_norm", t.clip_grad_norm is not None, t.clip_grad_norm),
     }
     errors = [PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {refuses[feature]}")

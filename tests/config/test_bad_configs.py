@@ -111,6 +111,8 @@ CASES = [
      "chief + 6 worker(s) + 1 ps = 7 replicas"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "strategy.partitioner.kind=fixed"],
      "strategy.partitioner.num_shards", "needs num_shards"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "trainer.lr_schedule.warmup_steps=2"],  # the key set
+     "trainer.lr_schedule.warmup_steps = 2", "strategy parameter_server cannot do this: the ps tasks own the optimizer"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "strategy.mode=eventually"], "strategy.mode",
      "allowed: async, sync"),
     (["strategy=parameter_server", "cluster.ps=1"], "strategy", "recipe linear declares strategies"),
