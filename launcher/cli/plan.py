@@ -11,6 +11,7 @@ from rich.table import Table
 from launcher.config.errors import ConfigError, Problem
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
+from launcher.config.trainer import TrainerSpec
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
 from launcher.input.files import count_rows
 
@@ -105,10 +106,8 @@ def _training(spec: RunSpec, device: str) -> str:
         parts.append(f"torch.compile (mode {t.compile.mode}{', fullgraph' if t.compile.fullgraph else ''})")
     if t.clip_grad_norm is not None:
         parts.append(f"clip grad norm {t.clip_grad_norm:g}")
-    s = t.lr_schedule
-    if not s.constant:
-        warm = f"{s.warmup_steps} warm-up step(s), then " if s.warmup_steps else ""
-        parts.append(f"lr: {warm}{s.decay} decay" + (f" to {s.min_lr_ratio:g} x lr" if s.decay != "constant" else ""))
+    if not t.lr_schedule.constant:
+        parts.append(f"lr: {_schedule(t)}")
     if t.eval_every:  # longer than the run (a short trial of a long recipe): said, not refused
         late = f" (none before the end: trainer.steps={t.steps})" if t.eval_every >= t.steps else ""
         parts.append(f"evaluate every {t.eval_every} steps{late}")
@@ -116,6 +115,19 @@ def _training(spec: RunSpec, device: str) -> str:
         first = t.profile.wait + t.profile.warmup + 1
         parts.append(f"profile steps {first}-{first + t.profile.active - 1} of this command to RUN_DIR/profile")
     return "; ".join(parts)
+
+
+def _schedule(t: TrainerSpec) -> str:
+    """The warm-up (from where), the decay (over how many steps, to what) and the steps held at its end."""
+    s = t.lr_schedule
+    start = f" from {s.warmup_start:g} x lr" if s.warmup_start else ""
+    warm = f"{s.warmup_steps} warm-up step(s){start}" if s.warmup_steps else ""
+    if s.decay == "constant":
+        return f"{warm}, then constant"
+    over = f" over {s.decay_steps} steps" if s.decay_steps else ""
+    held = t.steps - s.warmup_steps - s.decay_length(t.steps)
+    decay = f"{s.decay} decay{over} to {s.min_lr_ratio:g} x lr" + (f", held for the last {held}" if held > 0 else "")
+    return f"{warm}, then {decay}" if warm else decay
 
 
 def _checkpoints(spec: RunSpec, run_dir: Path) -> str:

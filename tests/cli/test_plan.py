@@ -17,6 +17,16 @@ def test_the_training_row_names_precision_compile_clipping_schedule_and_evaluati
                    "evaluate every 25 steps")
 
 
+def test_the_schedule_names_where_the_warm_up_starts_how_long_the_decay_lasts_and_the_steps_held_after_it():
+    """A decay_steps shorter than the rest of the run leaves its last steps at min lr: the row says so."""
+    assert training_row("trainer.steps=30", "trainer.lr_schedule.decay=cosine", "trainer.lr_schedule.decay_steps=10",
+                        "trainer.lr_schedule.warmup_steps=5", "trainer.lr_schedule.warmup_start=0.1") == (
+        "fp32; lr: 5 warm-up step(s) from 0.1 x lr, then cosine decay over 10 steps to 0 x lr, held for the last 15")
+    assert training_row("trainer.steps=30", "trainer.lr_schedule.decay=linear", "trainer.lr_schedule.decay_steps=30",
+                        "trainer.lr_schedule.min_lr_ratio=0.5") == "fp32; lr: linear decay over 30 steps to 0.5 x lr"
+    assert training_row("trainer.lr_schedule.warmup_steps=5") == "fp32; lr: 5 warm-up step(s), then constant"
+
+
 def test_an_evaluation_interval_past_the_last_step_is_said_not_refused():
     """A short trial (trainer.steps=30) of a recipe that evaluates every 500 steps runs; the plan says what happens."""
     assert training_row("trainer.steps=30", "trainer.eval_every=500").endswith(
