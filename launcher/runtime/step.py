@@ -3,7 +3,7 @@
 The loop calls ``strategy.run(step, args=(batch, measure))`` once per global batch.
 Each replica gets its share of the batch and, with ``trainer.grad_accum_steps=k``,
 cuts it into ``k`` micro-batches: forward and backward per micro-batch (gradient
-sync only on the last one, where the model is DDP), then one update. Since the
+sync only on the last one, where the model is DDP or FSDP2), then one update. Since the
 share is cut, not the data stream, a step consumes the same global batch with
 or without accumulation, and checkpoints and resume are unchanged.
 
@@ -127,9 +127,16 @@ class ReplicaStep:
         return _metrics(loss, norm, self.skipped) if measure else loss
 
     def _sync_on(self, last: bool) -> contextlib.AbstractContextManager:
-        """DDP all-reduces once per step: on the last micro-batch (other strategies sync where they can)."""
+        """DDP all-reduces and FSDP2 reduce-scatters once per step: on the last micro-batch (other strategies sync
+        where they can: the mesh's replicas average at the update, thread replicas share their gradients)."""
+        if last:
+            return contextlib.nullcontext()
         no_sync = getattr(self.model, "no_sync", None)
-        return contextlib.nullcontext() if last or no_sync is None else no_sync()
+        if no_sync is not None:
+            return no_sync()
+        if hasattr(self.model, "set_requires_gradient_sync"):
+            return _no_gradient_sync(self.model)
+        return contextlib.nullcontext()
 
     def _checked(self, loss: Any) -> torch.Tensor:
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
@@ -147,6 +154,16 @@ class ReplicaStep:
             "cannot backpropagate it: was it detached (.detach(), .item(), a new tensor from its value), or computed "
             "under torch.no_grad(), or has the model no parameter that trains? Return the loss the model's output made (a step that does its own backward takes "
             "the optimizer as a third argument: manual mode)")
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: Any) -> Any:
+    """FSDP2's ``no_sync``: gradients accumulate unsharded on each rank until a backward that syncs."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def split_batch(batch: Any, k: int) -> list[Any]:

@@ -42,6 +42,42 @@ def test_accumulated_micro_batches_give_the_full_batch_update():
     torch.testing.assert_close(full_metrics[0][0], acc_metrics[0][0], rtol=1e-6, atol=0)  # the mean loss
 
 
+def accumulate_under_fsdp() -> dict:
+    """One rank of FSDP2 over 2 gloo processes: 2 steps of 4 micro-batches, against 2 steps without accumulation;
+    how many reduce-scatters each made (FSDP2 calls torch.distributed's reduce_scatter_single, or _tensor)."""
+    import torch.distributed as dist
+
+    from launcher.strategies.fsdp import FSDPStrategy
+
+    calls = []
+    for name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+        original = getattr(dist, name, None)
+        if original is not None:
+            setattr(dist, name, lambda *a, _f=original, **k: calls.append(1) or _f(*a, **k))
+    strategy, found = FSDPStrategy(device_type="cpu"), {}
+    for accum in (1, 4):
+        model, batch = model_and_batch(rows=32)  # the same model on both ranks; each rank its 16 rows of the batch
+        batch = tuple(t[16 * dist.get_rank():16 * (dist.get_rank() + 1)] for t in batch)
+        with strategy.scope():
+            model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        step, calls[:] = ReplicaStep(mse_step, model, optimizer, TrainerSpec(grad_accum_steps=accum), "cpu", manual=False), []
+        losses = [float(step(batch)) for _ in range(2)]
+        found[accum] = {"reduce_scatters": len(calls), "losses": losses,
+                        "params": [p.full_tensor().detach() for p in model.parameters()]}
+    return found
+
+
+@pytest.mark.slow
+def test_fsdp_accumulation_reduce_scatters_once_per_step_and_trains_as_without_it():
+    from launcher.launch.function import run_function
+
+    for found in run_function(accumulate_under_fsdp, nproc=2, device="cpu").values():
+        assert found[1]["reduce_scatters"] == 2 and found[4]["reduce_scatters"] == 2  # one per step: the last micro-batch's
+        torch.testing.assert_close(found[1]["losses"], found[4]["losses"], rtol=1e-6, atol=0)
+        for whole, micro in zip(found[1]["params"], found[4]["params"]):
+            torch.testing.assert_close(whole, micro, rtol=1e-6, atol=1e-7)  # a sum in another order: rounding only
+
+
 def test_clipping_bounds_the_update_and_reports_the_norm_before_it():
     model, batch = model_and_batch()
     before = [p.detach().clone() for p in model.parameters()]
