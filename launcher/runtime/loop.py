@@ -42,8 +42,8 @@ from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.recipe import where
-from launcher.runtime.step import (LossNotFinite, ReplicaStep, current_lr, loop_state, loop_to_read, loss_not_finite,
-                                   make_schedule, restore_loop_state, warn_if_all_skipped)
+from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, loop_state, loop_to_read,
+                                   loss_not_finite, make_schedule, restore_loop_state, warn_if_all_skipped)
 
 
 def seed_everything(seed: int) -> None:
@@ -375,7 +375,7 @@ class _Loop:
         rate, eta = meter.window(step)
         progress.logged(step, loss, rate, eta)
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,
-                  **({"grad_norm": norm} if math.isfinite(norm) else {})}
+                  **({} if norm == NOT_MEASURED else {"grad_norm": norm})}  # inf/NaN: null in metrics.jsonl
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
             record["skipped_steps"] = self.skipped_steps

@@ -10,7 +10,8 @@ or without accumulation, and checkpoints and resume are unchanged.
 A step returns ``[loss, grad_norm, skipped_steps]`` as one tensor, so the loop
 reduces its metrics in one collective at log steps only and nothing waits for
 the device in between. ``grad_norm`` is the total norm of the averaged
-gradients before clipping (NaN where it was not measured); ``skipped_steps``
+gradients before clipping (inf or NaN where they were; ``NOT_MEASURED`` where no
+norm was taken: a manual step, a parameter-server model); ``skipped_steps``
 counts the updates fp16's GradScaler skipped for inf/NaN gradients so far.
 """
 
@@ -33,6 +34,7 @@ from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+NOT_MEASURED = -1.0  # the grad_norm of a step that took none (a norm is never negative, and a mean of -1s stays -1)
 
 
 class StepError(TypeError):
@@ -218,8 +220,8 @@ def _found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:
 
 
 def _metrics(loss: torch.Tensor, norm: torch.Tensor | None, skipped: torch.Tensor | None) -> torch.Tensor:
-    nan = torch.full((), math.nan, device=loss.device)
-    parts = [loss.float(), nan if norm is None else norm.float().to(loss.device),
+    unmeasured = torch.full((), NOT_MEASURED, device=loss.device)
+    parts = [loss.float(), unmeasured if norm is None else norm.float().to(loss.device),
              torch.zeros((), device=loss.device) if skipped is None else skipped.float()]
     return torch.stack(parts)
 

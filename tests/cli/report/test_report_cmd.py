@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,20 @@ def test_a_failed_jobs_exception_is_on_the_page(tmp_path):
     assert "failed: ValueError: boom at step 40" in jobs_table  # the status cell says why
     assert "<pre class='cause'>worker rank 1 failed: root cause\nValueError: boom at step 40" in failed  # error.txt
     assert "dashed in the loss chart" in failed
+
+
+def test_a_null_grad_norm_is_a_gap_in_its_curve_and_a_dash_in_the_table(tmp_path):
+    """metrics.jsonl writes an inf or NaN grad_norm (fp16-mixed's skipped steps) as null: the report still draws the
+    curve, with the null step left out, and its table shows the step without a value."""
+    run = tmp_path / "run"
+    write_run(run, lr=0.03, steps=30, extra=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records[1]["grad_norm"] = None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    assert report.main([str(run)]) == 0
+    assert_real_png(run / "metrics.png")
+    steps, values = report.load(run, "run").curve("grad_norm")
+    assert steps == [1, 10, 20, 30] and math.isnan(values[1]) and all(math.isfinite(v) for v in values[::2])
+    (row,) = re.findall(r"<tr><td>10</td>.*?</tr>", (run / "report.html").read_text())
+    assert row.count("&mdash;") == 1  # the grad_norm cell

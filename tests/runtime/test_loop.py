@@ -1,0 +1,32 @@
+"""The training loop's records (launcher/runtime/loop.py), run in this process: what metrics.jsonl says of grad_norm."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from launcher.config.compose import compose_and_validate
+from launcher.config.plan import Plan
+from launcher.runtime.loop import train
+from tests.conftest import FIXTURES
+
+
+def logged(tmp_path, name: str, *overrides: str) -> list[dict]:
+    spec = compose_and_validate(["cluster.device=cpu", "strategy=one_device", "trainer.steps=3", "trainer.log_every=1",
+                                 *overrides], 0)
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    train(spec, None, run_dir, Plan.resolve(spec, 0))
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_inf_grad_norm_is_written_as_null_and_a_step_that_took_none_writes_no_grad_norm(tmp_path):
+    """fp16-mixed with a loss of 1e6 x linear's: every scaled gradient overflows, GradScaler skips the step, the loss
+    stays finite; its norm (inf) is the spike to see, so it is written (as null: JSON has no inf), not left out."""
+    probe = f"recipe.entry={FIXTURES / 'probe_recipe.py'}"
+    skipped = logged(tmp_path, "fp16", probe, "+recipe.loss_factor=1e6", "trainer.precision=fp16-mixed")
+    assert [r["grad_norm"] for r in skipped] == [None, None, None]
+    assert all(math.isfinite(r["loss"]) for r in skipped) and skipped[-1]["skipped_steps"] == 3
+    assert all(r["grad_norm"] > 0 for r in logged(tmp_path, "fp32", probe))
+    manual = logged(tmp_path, "manual", f"recipe.entry={FIXTURES / 'manual_recipe.py'}")  # its own backward: no norm taken
+    assert len(manual) == 3 and not any("grad_norm" in r for r in manual)
