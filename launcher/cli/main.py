@@ -94,7 +94,7 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     cuda = REMOTE_CUDA if scheduled.launcher_of(overrides) == "submitit_slurm" else job.cuda_devices()
     problems: list[Problem] = _check_output_dirs(overrides)
     checked = sweep_jobs.check({job.job_key(o): o for o in _job_overrides(overrides, multirun)}, cuda, multirun)
-    job.Status.validated.update(checked.valid)
+    job.Status.validated.update({key: spec for key, spec in checked.valid.items() if not spec.deferred})  # others: in the job
     job.Status.invalid = checked.invalid  # a sweep's invalid combinations: each becomes a failed job with its reason
     problems.extend(p for p in checked.up_front if p not in problems)
     if problems:

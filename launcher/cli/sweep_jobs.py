@@ -53,7 +53,21 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> 
         for exc in checked.invalid.values():
             _add(checked.up_front, exc.problems)
         checked.invalid.clear()
+    _add(checked.up_front, _shared_checkpoints(list(checked.valid.values())))
     return checked
+
+
+def _shared_checkpoints(specs: list[Any]) -> list[Problem]:
+    """Jobs of one sweep that save into one ``trainer.checkpoint.dir``: each would resume from (and overwrite) the
+    others' checkpoints; a later job "completed" on job 0's weights with nothing trained."""
+    jobs: dict[str, int] = {}
+    for spec in specs:
+        c = spec.trainer.checkpoint
+        if c.dir is not None and c.every_steps:
+            jobs[c.dir] = jobs.get(c.dir, 0) + 1
+    return [Problem(key="trainer.checkpoint.dir", value=d, message=f"{n} jobs of this sweep would save into and resume "
+                    "from this one directory; leave it unset (each job's own RUN_DIR/checkpoints) or give each job "
+                    "its own") for d, n in jobs.items() if n > 1]
 
 
 def _add(problems: list[Problem], new: list[Problem]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from launcher.cluster import address
 from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rules
@@ -220,6 +220,13 @@ class RunSpec(Strict):
     launch: LaunchSpec = LaunchSpec()
     sweep: SweepSpec = SweepSpec()
     script: ScriptSpec | None = None
+    # keys that interpolate Hydra's own config (${hydra:runtime.output_dir}): defaults here, set in Hydra's job
+    _deferred: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def deferred(self) -> tuple[str, ...]:
+        """The keys left to Hydra's job (their ``${hydra:...}`` interpolation): this spec has their defaults."""
+        return self._deferred
 
     # ----- derived plan -----
     @property

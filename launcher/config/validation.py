@@ -28,7 +28,7 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     (``overrides``) touches no ``recipe`` key, those problems are reported at once without it. ``found``: the
     caller has problems to report already (unknown keys), so the rest counts as having some.
     """
-    data, unresolved = _resolved(cfg)
+    data, unresolved, deferred = _resolved(cfg)
     data.pop("hydra", None)
     script_config.apply(data)
     context = {"cuda_devices": cuda_devices, "check_files": True}  # the parent looks at the input files once (workers need not)
@@ -38,8 +38,8 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     except ValidationError as exc:
         problems = pydantic_errors.problems(exc, RunSpec, data)
         problems += _rules_without(data, problems, context)
-    if unresolved:  # the keys that did not resolve took their defaults: what pydantic says of those is no news
-        problems = [*unresolved, *(p for p in problems if not _related(p.key, [u.key for u in unresolved]))]
+    if unresolved or deferred:  # the keys that did not resolve took their defaults: what pydantic says of those is no news
+        problems = [*unresolved, *(p for p in problems if not _related(p.key, [u.key for u in unresolved] + deferred))]
     recipe = data.get("recipe")
     # a script is not imported here: it runs (once per worker) as __main__
     is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
@@ -49,6 +49,7 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
         raise ConfigError(problems)
     if loaded is not None:
         recipe_rules.check(spec, loaded)
+    spec._deferred = tuple(deferred)
     return spec
 
 
@@ -100,21 +101,26 @@ def _related(key: str, bad: list[str]) -> bool:
     return any(key == b or key.startswith(b + ".") or b.startswith(key + ".") for b in bad)
 
 
-def _resolved(cfg: DictConfig) -> tuple[dict, list[Problem]]:
+def _resolved(cfg: DictConfig) -> tuple[dict, list[Problem], list[str]]:
     """``cfg`` as a plain dict, with a problem for each key whose interpolation fails; those keys are left out
-    (their defaults stand), so that the rest is still checked."""
+    (their defaults stand), so that the rest is still checked. Keys that interpolate Hydra's own config
+    (``${hydra:runtime.output_dir}``) resolve only inside Hydra's job: left out too, and named (third item)."""
     problems: list[Problem] = []
+    deferred: list[str] = []
     while True:
         try:
-            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), problems
+            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), problems, deferred
         except OmegaConfBaseException as exc:
             key = str(getattr(exc, "full_key", None) or "")
-            problems.append(Problem(key=key or "config", message=str(exc).splitlines()[0], has_value=False))
-            if len(problems) == 1:
+            if "HydraConfig was not set" in str(exc) and key:
+                deferred.append(key)
+            else:
+                problems.append(Problem(key=key or "config", message=str(exc).splitlines()[0], has_value=False))
+            if len(problems) + len(deferred) == 1:
                 cfg = copy.deepcopy(cfg)  # the caller's config stays whole
             parent_key, _, last = key.rpartition(".")
             parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-            if not key or len(problems) > 20 or not isinstance(parent, DictConfig) or last not in parent:
-                raise ConfigError(problems) from None
+            if not key or len(problems) + len(deferred) > 20 or not isinstance(parent, DictConfig) or last not in parent:
+                raise ConfigError(problems or [Problem(key=key or "config", message=str(exc).splitlines()[0], has_value=False)]) from None
             with open_dict(parent):
                 del parent[last]

@@ -173,3 +173,23 @@ def test_the_summary_lists_this_sweeps_jobs_only_whatever_their_directories_are_
     assert [(j["job"], j["dir"].rsplit("/", 1)[1]) for j in jobs] == [(0, "gbs4"), (1, "gbs8")]
     assert "every job:" in again.stdout and "trainer.checkpoint.dir='/tmp/a b'" in again.stdout
     assert "b'" not in again.stdout.split("sweep summary")[1].replace("'/tmp/a b'", "")
+
+
+def test_a_sweep_whose_jobs_share_one_checkpoint_directory_is_refused_and_hydras_own_keys_tell_them_apart(tmp_path, capsys):
+    """Job 1 resumed from job 0's last checkpoint and "completed" with its weights, nothing trained. A directory
+    per job through Hydra's own config (${hydra:job.num}) runs: it resolves in each job, not in the pre-check."""
+    from launcher.cli.main import main
+
+    common = ["-m", "cluster.device=cpu", "trainer.steps=2", "trainer.checkpoint.every_steps=2", "recipe.optimizer.lr=0.05,0.02"]
+    shared = tmp_path / "ck"
+    assert main([*common, f"trainer.checkpoint.dir={shared}", f"hydra.sweep.dir={tmp_path / 'a'}"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.checkpoint.dir = " in err and "2 jobs of this sweep would save into" in err, err
+    assert not (tmp_path / "a").exists() and not shared.exists()
+    own = str(tmp_path / "ck") + "${hydra:job.num}"
+    assert main([*common, f"trainer.checkpoint.dir={own}", f"hydra.sweep.dir={tmp_path / 'b'}"]) == 0
+    assert (tmp_path / "ck0" / "step-00000002").is_dir() and (tmp_path / "ck1" / "step-00000002").is_dir()
+    run = tmp_path / "run"  # and a single run's ${hydra:runtime.output_dir}
+    assert main(["cluster.device=cpu", "trainer.steps=2", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run}",
+                 "trainer.checkpoint.dir=${hydra:runtime.output_dir}/own"]) == 0
+    assert (run / "own" / "step-00000002").is_dir()
