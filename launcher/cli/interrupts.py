@@ -51,24 +51,66 @@ def hand_over() -> bool:
     return requested()
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP where nothing else handles it (dlaunch itself, before its workers or its training loop take the
+    signals over): raised as Ctrl-C's ``KeyboardInterrupt`` is, so the run stops with its summary and exit 128+N,
+    not by the signal's default action (no word, no summary)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_OTHER_STOPS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stops_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``Stopped`` inside (where their action is the default one, which kills)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in _OTHER_STOPS if signal.getsignal(sig) is signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """A Ctrl-C inside is raised (``KeyboardInterrupt``) once the block is done, so that the block is never left
-    half done (a run's record half written); a second Ctrl-C at once. Where Ctrl-C is ignored, it stays ignored."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) inside is raised once the block is done (``KeyboardInterrupt``,
+    ``Stopped``), so that the block is never left half done (a run's record half written); a second one at once.
+    A signal that is ignored stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
         if came:
-            raise KeyboardInterrupt
+            _raise(signum)
         came.append(signum)
 
-    previous = signal.signal(signal.SIGINT, note)
+    stops = (signal.SIGINT, *_OTHER_STOPS)
+    previous = {sig: signal.signal(sig, note) for sig in stops if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if came:
-        raise KeyboardInterrupt
+        _raise(came[0])
+
+
+def _raise(signum: int) -> None:
+    raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)

@@ -168,16 +168,17 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     before = outputs.snapshot_record(run_dir) if _resumes_itself(spec, run_dir, resume_from) else None
     interrupted = False
     try:
-        with interrupts.held():  # a run's record is written whole, or a Ctrl-C's summary would name a run not there
-            record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
-            if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
-                outputs.start_run(run_dir, resuming=resume_from is not None)
-                (run_dir / outputs.CONFIG).write_text(as_run(spec))
-                outputs.record_command(run_dir)
-        code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
-    except KeyboardInterrupt:  # before the launcher's own signal handling: a stop all the same, with its summary
-        log.warning("stopped by Ctrl-C before the workers started")
-        code, interrupted = 130, True
+        with interrupts.stops_raise():  # until the launcher's (or the loop's) own signal handling takes over
+            with interrupts.held():  # a run's record is written whole, or a stop's summary would name a run not there
+                record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
+                if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
+                    outputs.start_run(run_dir, resuming=resume_from is not None)
+                    (run_dir / outputs.CONFIG).write_text(as_run(spec))
+                    outputs.record_command(run_dir)
+            code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
+    except KeyboardInterrupt as exc:  # before the launcher's own signal handling: a stop all the same, with its summary
+        log.warning("stopped by %s before the workers started", exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C")
+        code, interrupted = getattr(exc, "exit_code", 130), True
     Status.codes.append(code)
     if before is not None and (0 < code < 128 or interrupted) and _trained_nothing(run_dir, resume_from):
         outputs.restore_record(before)

@@ -44,9 +44,9 @@ class InProcess(Launcher):
         except Preempted as exc:
             log.warning("%s", exc)
             return exc.exit_code
-        except KeyboardInterrupt:
-            log.warning("interrupted")
-            return 130
+        except KeyboardInterrupt as exc:  # outside the loop's own handling (the build, the last evaluation)
+            log.warning("stopped by %s", exc if hasattr(exc, "exit_code") else "Ctrl-C")
+            return getattr(exc, "exit_code", 130)
         except Exception as exc:  # noqa: BLE001 - shown as the root cause below
             root = failures.from_exception(exc, last_step=heartbeat.progress_of(exc).get("last_step"))  # as a worker's says
             failures.render(root, [], report.last_logged_step(run_dir), console)

@@ -18,8 +18,11 @@ def noted(monkeypatch):
     monkeypatch.setattr(interrupts, "_noted", [])
     monkeypatch.setattr(interrupts, "_before", [])
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    others = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGHUP)}
     yield
     signal.signal(signal.SIGINT, previous)
+    for sig, handler in others.items():
+        signal.signal(sig, handler)
 
 
 def test_the_first_ctrl_c_is_noted_the_second_interrupts_and_hand_over_restores(noted):
@@ -103,3 +106,15 @@ def test_a_ctrl_c_while_the_run_is_recorded_stops_it_with_a_whole_record_and_a_s
     assert outputs.read_summary(run_dir)["exit_code"] == 130
     assert {p.name for p in (run_dir / ".hydra").iterdir()} >= {"config.yaml", "hydra.yaml", "overrides.yaml"}
     assert (run_dir / outputs.CONFIG).is_file()
+
+
+def test_a_sigterm_inside_a_held_block_is_raised_as_a_stop_once_the_block_is_done(noted):
+    done = []
+    with pytest.raises(interrupts.Stopped) as stopped:
+        with interrupts.stops_raise():
+            with interrupts.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                done.append("the rest of the block")
+    assert done and stopped.value.exit_code == 143 and str(stopped.value) == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # each handler put back

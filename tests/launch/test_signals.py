@@ -104,3 +104,20 @@ def test_emulated_nodes_stop_on_sigterm_with_a_checkpoint(tmp_path):
     assert code == 143, out[-3000:]
     assert gone < 20  # saved and stopped, well before torch elastic's 30 s close would end them
     assert layout.latest(run_dir / "checkpoints") is not None
+
+
+def test_sigterm_while_an_in_process_run_builds_is_a_stop_with_its_summary(tmp_path):
+    """SIGTERM before the training loop handles it (one_device trains in dlaunch's own process): dlaunch died by the
+    signal's default action, with no word and no summary; a Ctrl-C there was already a stop (exit 130)."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=one_device", "cluster=1x1", "trainer.steps=5", "+recipe.build_sleep=5")
+    try:
+        wait_for(lambda: (run_dir / "config.yaml").exists(), 120, "the run to start building")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM" in out and "Traceback" not in out, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["stopped_by"], summary["exit_code"]) == ("stopped", "SIGTERM", 143)
