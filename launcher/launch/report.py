@@ -58,9 +58,12 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     failures.render(root, others, last_logged_step(run_dir))
     if finished and failures.waited_on_a_peer(root):
         ranks = ", ".join(str(c.rank) for c in sorted(finished, key=lambda c: c.rank))
+        why = ("a rank that ends early (a script's sys.exit(0) or return on one rank)" if spec.script is not None else
+               "a collective that only some ranks run (one inside the recipe's evaluate(), which rank 0 runs alone "
+               "unless the strategy is fsdp or mesh: docs/RECIPES.md)")
         log.error("rank(s) %s had completed (their loop or script had ended) while %s waited for them in a collective: "
-                  "a rank that ends early (a script's sys.exit(0) or return on one rank) leaves the others waiting "
-                  "until launch.collective_timeout_s (%d s)", ranks, root.who, spec.launch.collective_timeout_s)
+                  "%s leaves the others waiting until launch.collective_timeout_s (%d s)", ranks, root.who, why,
+                  spec.launch.collective_timeout_s)
     if spec.launch.max_restarts:
         log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
