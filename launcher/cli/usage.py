@@ -95,6 +95,11 @@ _SAME_AS = {
     "rdzv_id": "nothing: dlaunch names each run itself",
     "multi_gpu": "strategy=mirrored cluster=1xM",
 }
+# What a flag means for a script, where that differs: a script runs its own loop (docs/SCRIPTS.md).
+_FOR_A_SCRIPT = {
+    "mixed_precision": "torch.autocast in the script itself: its loop is its own, so dlaunch does not cast it "
+                       "(a recipe gets trainer.precision=bf16-mixed or fp16-mixed)",
+}
 
 
 def _script_at(argv: list[str]) -> int | None:
@@ -129,16 +134,18 @@ def flag_message(argv: list[str]) -> str | None:
     script = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("script=")), None)
     unknown = f"unknown option; a script's own arguments go after --: dlaunch script={script} -- ARGS" if script else \
         "unknown option; dlaunch --help lists the options and settings"
+    head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
+    at = _script_at(head)
     for name, value in flags:
         given = f"--{name}" + (f"={value}" if value is not None else "")
-        if name in _SAME_AS:
+        if name in _FOR_A_SCRIPT and (script or at is not None):
+            lines.append(f"  {given:<28} use {_FOR_A_SCRIPT[name]}")
+        elif name in _SAME_AS:
             host, _, port = (value or "").rpartition(":") if ":" in (value or "") else (value, "", "")  # host:port
             filled = _SAME_AS[name].format(v=value or "N", host=host or "HOST", port=port or "PORT")
             lines.append(f"  {given:<28} use {filled}")
         else:
             lines.append(f"  {given:<28} {unknown}")
-    head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
-    at = _script_at(head)
     if at is not None:
         lines.append(f"  {argv[at]:<28} a script runs as script={argv[at]} (docs/SCRIPTS.md)")
         same = _same_run(dict(flags), argv[at], argv[at + 1:])

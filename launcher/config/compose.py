@@ -99,6 +99,7 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
     overrides = user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
     # script.path=X, script.args=[...]: set or add, under the default `script: null` or a YAML's section alike
     overrides = [f"++{o}" if _key_of(o).startswith("script.") and o[:1] not in "+~" else o for o in overrides]
+    overrides = _script_without_recipe(overrides)
     keyed = [o for o in overrides if _key_of(o).startswith("recipe.") and o[:1] not in "+~"]
     if not keyed:
         return overrides
@@ -122,6 +123,14 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
         return not parent or isinstance(OmegaConf.select(recipe, parent), DictConfig)
 
     return [f"+{o}" if o in keyed and added(_key_of(o).removeprefix("recipe.")) else o for o in overrides]
+
+
+def _script_without_recipe(overrides: list[str]) -> list[str]:
+    """``script=PATH`` takes the recipe's place: the default recipe (its YAML's ``trainer.steps``, ``input`` batch) is
+    not composed in (``~recipe``), so that the trainer keys a script is given are the ones the user set."""
+    scripted = any(_key_of(o).partition(".")[0] == "script" and o[:1] != "~" and o.partition("=")[2] != "null"
+                   for o in overrides)
+    return [*overrides, "~recipe"] if scripted and not any(_key_of(o) == "recipe" for o in overrides) else overrides
 
 
 def recipe_option(path: Path) -> str:

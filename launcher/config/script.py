@@ -14,8 +14,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.config.base import PlanError, Strict
+from launcher.config.base import PlanError, PlanErrors, Strict
 from launcher.config.errors import ConfigError, Problem
+from launcher.config.trainer import TrainerSpec
 
 SEPARATOR = "--"
 ARGS: list[str] = []  # `dlaunch ... -- ARGS`: set once by the CLI, before anything is composed
@@ -76,14 +77,52 @@ def apply(data: dict[str, Any]) -> None:
     data["recipe"] = {"name": Path(path).stem or "script", "entry": path or "script"}
 
 
+# What a script does instead of each trainer key it does not honour: dlaunch's loop does these, and a script runs its own.
+# trainer.seed is honoured (the RNGs are seeded with it on every rank); trainer.resume=auto or never means nothing to
+# a script (it starts from its beginning), so only a checkpoint PATH is refused.
+INSTEAD = {
+    "steps": "the script runs as long as its own loop does: pass its length after -- (e.g. -- --steps N)",
+    "log_every": "dlaunch's loop writes metrics.jsonl; a script writes its own to $DLAUNCH_RUN_DIR (docs/SCRIPTS.md)",
+    "checkpoint": "a script saves its own checkpoints (torch.save, torch.distributed.checkpoint): dlaunch cannot know its state",
+    "resume": "a script resumes from its own checkpoints: load one in the script",
+    "loggers": "log from the script (e.g. torch.utils.tensorboard's SummaryWriter on rank 0)",
+    "precision": "do it in your script with torch.autocast (and torch.amp.GradScaler for fp16)",
+    "compile": "torch.compile the model in your script",
+    "grad_accum_steps": "accumulate in your script: step the optimizer once every N backward passes",
+    "clip_grad_norm": "clip in your script: torch.nn.utils.clip_grad_norm_ after backward",
+    "lr_schedule": "use a torch.optim.lr_scheduler in your script",
+    "eval_every": "evaluate in your script",
+    "profile": "trainer.profile profiles dlaunch's training loop; profile the script's own loop with torch.profiler "
+               "(docs/TRAINING.md, trainer.profile, shows what dlaunch records)",
+}
+
+
 def script_fits(spec: Any, cuda: int) -> None:
     """A strategy that builds the model in ps tasks needs a recipe's ``build``: a script cannot give it one.
-    ``trainer.profile`` profiles dlaunch's loop, which a script does not run."""
-    if spec.script is not None and spec.trainer.profile.enabled:
-        raise PlanError("trainer.profile.enabled", True,
-                        "trainer.profile profiles dlaunch's training loop, and a script runs its own; profile it there "
-                        "with torch.profiler (docs/TRAINING.md, trainer.profile, shows what dlaunch records)")
-    if spec.script is not None and not spec.strategy.runs_scripts:
-        raise PlanError("strategy", spec.strategy.name,
-                        f"strategy {spec.strategy.name} builds the model on its ps tasks from a recipe's build(); "
-                        "a script runs only in the training processes; use a recipe, or strategy=multi_worker_mirrored")
+    Every ``trainer`` key a script does not honour, set to other than its default, is refused with what to do instead."""
+    if spec.script is None:
+        return
+    errors = [PlanError(f"trainer.{key}", value, f"a script runs its own loop, so dlaunch does not apply this; "
+                                                 f"{INSTEAD[key.split('.')[0]]}")
+              for key, value in _set_for_a_script(spec.trainer)]
+    if not spec.strategy.runs_scripts:
+        errors.append(PlanError("strategy", spec.strategy.name,
+                                f"strategy {spec.strategy.name} builds the model on its ps tasks from a recipe's build(); "
+                                "a script runs only in the training processes; use a recipe, or strategy=multi_worker_mirrored"))
+    if len(errors) > 1:
+        raise PlanErrors(errors)
+    if errors:
+        raise errors[0]
+
+
+def _set_for_a_script(trainer: TrainerSpec) -> list[tuple[str, Any]]:
+    """The trainer's keys (dotted, under ``trainer``) set to other than their defaults, that a script does not honour."""
+    def leaves(value: Any, default: Any, key: str) -> list[tuple[str, Any]]:
+        if isinstance(value, dict):
+            return [leaf for k in value for leaf in leaves(value[k], default[k], f"{key}.{k}")]
+        return [] if value == default else [(key, value)]
+
+    given, defaults = trainer.model_dump(), TrainerSpec().model_dump()
+    if given["resume"] in ("auto", "never"):
+        given["resume"] = defaults["resume"]
+    return [leaf for k in INSTEAD for leaf in leaves(given[k], defaults[k], k)]

@@ -88,3 +88,14 @@ def test_a_torchrun_command_line_gets_the_same_run_in_dlaunch_words():
     assert "the same run" not in flag_message(["--nnodes=1:4", "--nproc_per_node=gpu", "train.py"])  # no plain sizes
     after = flag_message(["script=train.py", "--nproc_per_node=2", "--", "--config", "cfg.py"])
     assert "script=cfg.py" not in after  # a .py after -- is the script's argument, not a script
+
+
+def test_accelerates_mixed_precision_with_a_script_points_at_autocast_not_trainer_precision():
+    """A script runs its own loop: trainer.precision would be refused for it (exit 2); a recipe gets it."""
+    from launcher.cli.usage import flag_message
+
+    for argv in (["--num_processes=2", "--mixed_precision=bf16", "train.py"], ["--mixed_precision=bf16", "script=train.py"]):
+        line = next(x for x in flag_message(argv).splitlines() if "--mixed_precision" in x)
+        assert "torch.autocast in the script" in line and "use trainer.precision" not in line, line
+    recipe = flag_message(["--num_processes=2", "--mixed_precision=bf16"])
+    assert "use trainer.precision=bf16-mixed" in recipe
