@@ -91,4 +91,7 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
               "multi-node admission: every node gives node 0's token; null: node 0 makes one and shows it in its plan"),
              ('workers', '0', 'parameter_server: worker tasks besides the chief'),
              ('ps', '0', 'parameter_server: parameter-server tasks')],
- 'sweep': [('objective', 'final_loss', 'final_loss, or a metric the recipe reports (eval_accuracy)')]}
+ 'sweep': [('objective',
+            'final_loss',
+            'final_loss, or a metric the recipe reports (eval_accuracy): what Optuna optimizes, and what the sweep '
+            'table and dlaunch report rank by')]}

@@ -148,8 +148,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def _row(job: Path, number: int) -> dict[str, Any]:
     summary = _read_json(job / "summary.json")
-    metrics = summary.get("metrics") or {}
-    metric = next(iter(metrics), None)
+    metric = outputs.ranking_metric(job, summary)
     status = summary.get("status") or ("config error" if not (job / "config.yaml").exists() else "failed")
     overrides = _overrides(job)
     return {
@@ -159,7 +158,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
         "status": status,
         "final_loss": summary.get("final_loss"),
         "metric": metric,
-        "metric_value": metrics.get(metric) if metric else None,
+        "metric_value": outputs.metric_value(summary, metric) if metric else None,
         "examples_per_sec": summary.get("examples_per_sec"),
         "wall_seconds": summary.get("wall_seconds"),
         "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
@@ -243,7 +242,7 @@ def objective(summary: dict[str, Any] | None, name: str, direction: str = "minim
     if not summary or summary.get("status") != "completed":
         return worst
     metrics = summary.get("metrics") or {}
-    value = summary.get("final_loss") if name == "final_loss" else metrics.get(name)
+    value = outputs.metric_value(summary, name)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         if name != "final_loss":
             log.error("sweep.objective=%s: the job reported no such metric (it has %s); its trial counts as the worst",

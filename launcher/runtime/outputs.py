@@ -100,8 +100,41 @@ def _append_history(run_dir: Path, event: dict[str, Any]) -> None:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """All or nothing: a reader never sees half a file, and a failed write (a full disk) leaves no ``.tmp``."""
-    write_atomic(path, (json.dumps(_finite(data), indent=2, sort_keys=True) + "\n").encode())
+    """All or nothing: a reader never sees half a file, and a failed write (a full disk) leaves no ``.tmp``.
+
+    The top-level keys are sorted; a nested dict keeps its order (``metrics``: the order the recipe's ``evaluate``
+    returned them in, whose first is what a sweep ranks its jobs by when ``sweep.objective`` is not given)."""
+    write_atomic(path, (json.dumps(_finite(dict(sorted(data.items()))), indent=2) + "\n").encode())
+
+
+DEFAULT_OBJECTIVE = "final_loss"  # sweep.objective's default (config/schema.py)
+
+
+def ranking_metric(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
+    """What a sweep's table and ``dlaunch report`` rank the job in ``run_dir`` by: its ``sweep.objective`` where one
+    was given (the default, final_loss, counts as given when an override names it), else the first metric its
+    recipe's ``evaluate`` returned; None: neither (the final loss, then)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / CONFIG).read_text())
+        overrides = yaml.safe_load((run_dir / HYDRA_RECORD / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        config, overrides = None, None
+    objective = ((config or {}).get("sweep") or {}).get("objective") if isinstance(config, dict) else None
+    named = isinstance(overrides, list) and any(str(o).lstrip("+").startswith("sweep.objective=") for o in overrides)
+    if isinstance(objective, str) and (objective != DEFAULT_OBJECTIVE or named):
+        return objective
+    metrics = (summary or {}).get("metrics")
+    return next(iter(metrics), None) if isinstance(metrics, dict) else None
+
+
+def metric_value(summary: dict[str, Any] | None, name: str) -> Any:
+    """The job's value of ``name``: its summary's ``final_loss``, or a metric its recipe reported (None: none)."""
+    if name == DEFAULT_OBJECTIVE:
+        return (summary or {}).get(DEFAULT_OBJECTIVE)
+    metrics = (summary or {}).get("metrics")
+    return metrics.get(name) if isinstance(metrics, dict) else None
 
 
 def write_atomic(path: Path, data: bytes) -> None:

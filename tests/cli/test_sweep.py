@@ -193,3 +193,33 @@ def test_a_sweep_whose_jobs_share_one_checkpoint_directory_is_refused_and_hydras
     assert main(["cluster.device=cpu", "trainer.steps=2", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run}",
                  "trainer.checkpoint.dir=${hydra:runtime.output_dir}/own"]) == 0
     assert (run / "own" / "step-00000002").is_dir()
+
+
+@pytest.mark.parametrize("objective, charted", [("final_loss", "eval_loss"), ("eval_accuracy", "eval_accuracy")])
+def test_the_table_shows_the_objective_else_the_first_metric_evaluate_returned(tmp_path, monkeypatch, objective, charted):
+    from launcher.cli import sweep
+    from tests.cli.report.runs import write_run
+
+    monkeypatch.setattr(sweep._ThisSweep, "before", {})
+    write_run(tmp_path / "0", lr=0.05, metrics={"eval_loss": 0.42, "eval_accuracy": 0.93}, objective=objective)
+    row = sweep.collect(tmp_path)[0]
+    assert (row["metric"], row["metric_value"]) == (charted, {"eval_loss": 0.42, "eval_accuracy": 0.93}[charted])
+
+
+@pytest.mark.slow
+def test_a_sweep_and_its_report_rank_by_sweep_objective(tmp_path):
+    """The recipe's evaluate returns eval_mse, eval_loss, eval_accuracy: neither its first metric nor the
+    alphabetical first is what the table shows and the report charts, but sweep.objective's."""
+    from tests.conftest import FIXTURES
+
+    sweep = tmp_path / "obj"
+    proc = dlaunch("-m", "recipe=linear", f"recipe.entry={FIXTURES / 'three_metrics_recipe.py'}",
+                   "recipe.optimizer.lr=0.01,0.003", "trainer.steps=10", "sweep.objective=eval_loss",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["metric"] for j in jobs] == ["eval_loss", "eval_loss"]
+    assert list(json.loads((sweep / "0" / "summary.json").read_text())["metrics"]) == ["eval_mse", "eval_loss", "eval_accuracy"]
+    shown = dlaunch("report", str(sweep), cwd=tmp_path, device=None)
+    assert shown.returncode == 0, shown.stderr
+    assert "Charted metric: <b>eval_loss</b>" in (sweep / "report.html").read_text()

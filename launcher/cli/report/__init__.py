@@ -119,7 +119,7 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
     if not done and not any(j.has_loss and j.stopped for j in jobs):  # a stopped sweep's curves: worth a page
         raise ReportError(f"{directory} has no metrics: none of its {len(jobs)} job(s) completed or was stopped "
                           f"({', '.join(f'{j.name}: {j.status}' for j in jobs[:5])}{', ...' if len(jobs) > 5 else ''})")
-    metric = next((k for j in done for k in j.metrics), None) or "final_loss"
+    metric = next((m for j in done if (m := outputs.ranking_metric(j.path, j.summary))), None) or outputs.DEFAULT_OBJECTIVE
     bars = [(j, final_value(j, metric)) for j in done]
     bars = [(j, v) for j, v in bars if v is not None and math.isfinite(v)]
     curves = [j for j in jobs if j.has_loss]

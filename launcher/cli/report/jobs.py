@@ -139,9 +139,7 @@ def extra_keys(records: list[dict[str, Any]]) -> list[str]:
 
 
 def final_value(job: Job, metric: str) -> float | None:
-    if metric == "final_loss":
-        return _number((job.summary or {}).get("final_loss"))
-    return _number(job.metrics.get(metric))
+    return _number(outputs.metric_value(job.summary, metric))
 
 
 def _summary(path: Path) -> dict[str, Any] | None:

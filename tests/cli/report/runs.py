@@ -7,12 +7,15 @@ import math
 import struct
 from pathlib import Path
 
+from launcher.runtime import outputs
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def write_run(run_dir: Path, *, lr: float, steps: int = 200, status: str | None = "completed",
               metrics: dict | None = None, extra: bool = False, overrides: list[str] | None = None,
-              error: str | None = None, where: tuple[str, str, str] = ("linear", "mirrored", "1x2")) -> None:
+              error: str | None = None, where: tuple[str, str, str] = ("linear", "mirrored", "1x2"),
+              objective: str = "final_loss") -> None:
     """A run directory as the training loop leaves it; status None: no summary.json (a job that died).
 
     ``error``: a failed run's exception, kept in summary.json and in error.txt as the terminal showed it.
@@ -29,7 +32,8 @@ def write_run(run_dir: Path, *, lr: float, steps: int = 200, status: str | None 
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     recipe, strategy, cluster = where
     (run_dir / "config.yaml").write_text(f"recipe:\n  name: {recipe}\nstrategy:\n  name: {strategy}\n"
-                                         f"cluster:\n  nodes: {cluster[0]}\n  devices_per_node: {cluster[-1]}\n")
+                                         f"cluster:\n  nodes: {cluster[0]}\n  devices_per_node: {cluster[-1]}\n"
+                                         f"sweep:\n  objective: {objective}\n")
     if status is not None:
         summary = {"status": status, "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
                    "examples_per_sec": 5100.0, "wall_seconds": 1.5, "recipe": recipe, "strategy": strategy,
@@ -37,7 +41,7 @@ def write_run(run_dir: Path, *, lr: float, steps: int = 200, status: str | None 
         if error:
             summary["error"] = {"exception": error, "exit": "exit code 1", "traceback": "Traceback ...\n" + error}
             (run_dir / "error.txt").write_text(f"worker rank 1 failed: root cause\n{error}\n  rank 0: exit code 1\n")
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        outputs.write_json_atomic(run_dir / "summary.json", summary)  # as dlaunch writes it: metrics in their order
     hydra = run_dir / ".hydra"
     hydra.mkdir()
     text = "".join(f"- {o}\n" for o in (overrides or [f"recipe.optimizer.lr={lr}", f"trainer.steps={steps}"]))

@@ -71,11 +71,29 @@ def test_sweep_overlays_curves_and_charts_the_first_metric(sweep, capsys):
     for overrides in ("recipe.optimizer.lr=0.05", "recipe.optimizer.lr=0.02", "recipe.optimizer.lr=0.01",
                       "recipe.optimizer.lr=0.5", "recipe.optimizer.lr=0.9", "trainer.steps=200"):
         assert overrides in page, overrides
-    assert "eval_accuracy" in page  # summary.json is written with sorted keys: the first metric
+    assert "Charted metric: <b>eval_accuracy</b>" in page  # the first metric the recipe's evaluate returned
     failed = page.split("Failed jobs", 1)[1]
     assert "job 2" in failed and "failed" in failed
     assert "job 3" in failed and "no summary.json" in failed
     assert "job 0" not in failed and "job 1<" not in failed and "job 10" not in failed
+
+
+@pytest.mark.parametrize("objective, overrides, charted", [
+    ("final_loss", [], "eval_loss"),  # sweep.objective left alone: the first metric in evaluate's order, not alphabetical
+    ("eval_accuracy", [], "eval_accuracy"),
+    ("final_loss", ["sweep.objective=final_loss"], "final_loss"),  # the default, given on purpose
+])
+def test_a_sweep_is_ranked_by_its_objective_else_by_the_first_metric_evaluate_returned(tmp_path, objective, overrides, charted):
+    root = tmp_path / "sweep"
+    for job, (lr, loss, accuracy) in enumerate([(0.05, 0.42, 0.93), (0.02, 0.21, 0.81)]):
+        write_run(root / str(job), lr=lr, metrics={"eval_loss": loss, "eval_accuracy": accuracy}, objective=objective,
+                  overrides=[f"recipe.optimizer.lr={lr}", *overrides])
+
+    assert report.main([str(root)]) == 0
+
+    page = (root / "report.html").read_text()
+    assert f"Charted metric: <b>{charted}</b>" in page
+    assert list(json.loads((root / "0" / "summary.json").read_text())["metrics"]) == ["eval_loss", "eval_accuracy"]
 
 
 def test_sweep_without_metrics_charts_final_loss(tmp_path):
