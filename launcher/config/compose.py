@@ -127,10 +127,17 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
 
 def _script_without_recipe(overrides: list[str]) -> list[str]:
     """``script=PATH`` takes the recipe's place: the default recipe (its YAML's ``trainer.steps``, ``input`` batch) is
-    not composed in (``~recipe``), so that the trainer keys a script is given are the ones the user set."""
+    not composed in (``~recipe``), so that the trainer keys a script is given are the ones the user set. A recipe
+    chosen or set beside a script would do nothing: refused, named."""
     scripted = any(_key_of(o).partition(".")[0] == "script" and o[:1] != "~" and o.partition("=")[2] != "null"
                    for o in overrides)
-    return [*overrides, "~recipe"] if scripted and not any(_key_of(o) == "recipe" for o in overrides) else overrides
+    if not scripted or "~recipe" in overrides:  # `dlaunch resume` of a script's run: its overrides have it
+        return overrides
+    recipe = [o for o in overrides if _key_of(o).partition(".")[0] == "recipe"]
+    if recipe:
+        raise ConfigError([Problem(key=_key_of(o), value=o.partition("=")[2], message="a script takes the recipe's "
+                                   "place, so this would do nothing; drop it, or the script") for o in recipe])
+    return [*overrides, "~recipe"]
 
 
 def recipe_option(path: Path) -> str:

@@ -36,3 +36,12 @@ def test_the_keys_a_script_honours_or_that_mean_nothing_to_it_are_accepted(tmp_p
     proc = dlaunch("script=custom_loop.py", "trainer.seed=3", "trainer.resume=never", "launch.dry_run=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "custom_loop.py (as __main__" in proc.stdout
+
+
+def test_a_recipe_chosen_or_set_beside_a_script_is_refused_not_ignored(tmp_path):
+    """Its YAML's trainer.steps would be held against the script, and recipe.entry failed in Hydra with a traceback."""
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc = dlaunch("script=custom_loop.py", "recipe=linear", "recipe.entry=foo", "launch.dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "recipe = linear" in proc.stderr and "recipe.entry = foo" in proc.stderr
+    assert "a script takes the recipe's place" in proc.stderr and "trainer.steps" not in proc.stderr

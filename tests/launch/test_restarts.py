@@ -32,11 +32,11 @@ SHAPES = {"mirrored": ("strategy=mirrored", "cluster=1x2"), "multi_worker_mirror
           "one_device": ("strategy=one_device", "cluster=1x1")}
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
-    """dlaunch with COMMON and ``args`` (mirrored 1x2 unless ``args`` name a strategy)."""
+def start(run_dir: Path, *args: str, common: tuple[str, ...] = COMMON) -> subprocess.Popen:
+    """dlaunch with ``common`` (the probe recipe's) and ``args`` (mirrored 1x2 unless ``args`` name a strategy)."""
     shape = () if any(a.startswith("strategy=") for a in args) else MIRRORED
     return subprocess.Popen(
-        command(*with_overrides((*COMMON, *shape, *args), f"hydra.run.dir={run_dir}"), warm=False),  # before a `--`
+        command(*with_overrides((*common, *shape, *args), f"hydra.run.dir={run_dir}"), warm=False),  # before a `--`
         cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"},
     )

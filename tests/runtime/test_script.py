@@ -161,7 +161,8 @@ def test_sigterm_stops_every_script_process(tmp_path):
 
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"script={tmp_path / 'sleeper.py'}", "strategy=mirrored", "cluster=1x2", "--", str(tmp_path))
+    proc = start(run_dir, f"script={tmp_path / 'sleeper.py'}", "strategy=mirrored", "cluster=1x2", "--", str(tmp_path),
+                 common=())  # the probe recipe's trainer keys: a script is refused them
     try:
         wait_for(lambda: (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), 120, "both ranks in the script")
         proc.send_signal(signal.SIGTERM)
