@@ -42,7 +42,8 @@ def arguments(command: str, work: Path, index: int) -> list[str]:
     if args[0] in SUBCOMMANDS or answered_early(args):
         return args
     keys = {a.split("=", 1)[0].lstrip("+~") for a in args if "=" in a}
-    args += [f"{k}={v}" for k, v in SHORT.items() if k not in keys]
+    if "script" not in keys and "script.path" not in keys:  # a script runs its own loop: trainer keys exit 2 for it
+        args += [f"{k}={v}" for k, v in SHORT.items() if k not in keys]
     where = "hydra.sweep.dir" if "-m" in args or "--multirun" in args else "hydra.run.dir"
     if where not in keys:
         args.append(f"{where}={work / 'runs' / str(index)}")

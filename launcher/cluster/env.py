@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from pathlib import Path
 from typing import Iterator, Mapping
 
 
@@ -138,6 +139,15 @@ def torchrun_single_process(port: int) -> dict[str, str]:
     that reads ``LOCAL_RANK`` or calls ``init_process_group()`` runs as it does under torchrun."""
     return {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+RUN_DIR_VARIABLE = "DLAUNCH_RUN_DIR"  # a script's run directory (absolute), in every process that runs it
+
+
+def script_environment(run_dir: Path) -> dict[str, str]:
+    """What a script finds in its environment besides torchrun's variables: ``DLAUNCH_RUN_DIR``, where it writes its
+    own files (``metrics.jsonl`` for ``dlaunch report``, its checkpoints)."""
+    return {RUN_DIR_VARIABLE: str(Path(run_dir).resolve())}
 
 
 def error_file() -> str | None:

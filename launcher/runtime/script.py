@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from rich.console import Console
 
 from launcher import strategies
+from launcher.cluster import env as env_lib
 from launcher.cluster.env import WorkerEnv
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
@@ -72,7 +73,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         outputs.record_start(run_dir, env.restart_count if env else 0, 0)
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
-                _as_torchrun(env):
+                _as_torchrun(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
             runpy.run_path(spec.script.path, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
@@ -128,7 +129,6 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
     there, and the group the script makes is its own to end."""
     import torch.distributed as dist
 
-    from launcher.cluster import env as env_lib
     from launcher.launch.rendezvous import free_port
 
     original, destroy, ours = dist.init_process_group, dist.destroy_process_group, dist.is_initialized()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -220,3 +221,26 @@ def test_a_restarted_script_run_counts_its_restart(run_dlaunch, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = summary(run_dir)
     assert (done["status"], done["restarts"], done["history"]["restarts"]) == ("completed", 1, 1)
+
+
+CHIEF = FIXTURES / "chief_metrics.py"
+
+
+@pytest.mark.parametrize("name", ["one_device", "mirrored"])
+def test_only_the_chief_writes_metrics_into_dlaunch_run_dir_and_the_report_charts_them(name, tmp_path):
+    """DLAUNCH_RUN_DIR in every process; ``not dist.is_initialized() or dist.get_rank() == 0`` (SCRIPTS.md's
+    accelerator.is_main_process) is true in one process of each run: one_device has no process group."""
+    shutil.copy(CHIEF, tmp_path / "chief_metrics.py")
+    proc, run_dir = _run(tmp_path, "script=chief_metrics.py", *SHAPES[name], script_args=("--steps", "4"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"run directory: {run_dir.resolve()}; chief: True" in proc.stdout
+    others = "".join(p.read_text() for p in (run_dir / "logs").rglob("stdout.log")) if name == "mirrored" else ""
+    assert others.count(f"run directory: {run_dir.resolve()}; chief: False") == (1 if name == "mirrored" else 0)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["loss"] < records[0]["loss"]  # one writer
+    shown = dlaunch("report", str(run_dir), cwd=tmp_path, device=None)
+    assert shown.returncode == 0 and (run_dir / "loss.png").exists(), shown.stderr
+
+
+def test_the_docs_show_the_chief_script_that_the_test_runs():
+    assert CHIEF.read_text().strip() in (ROOT / "docs" / "SCRIPTS.md").read_text()
