@@ -165,6 +165,8 @@ def as_typed(overrides: Iterable[str]) -> list[str]:
     """
     out = []
     for text in overrides:
+        if text == "~recipe":  # what compose adds beside script=: added again when the command is read back
+            continue
         key, eq, value = text.partition("=")
         out.append(f"{key}={TYPED[value]}" if eq and key == "recipe" and value in TYPED else text)
     return out
