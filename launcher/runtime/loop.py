@@ -124,7 +124,6 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
     compile_model(model, spec.trainer.compile)
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
-
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)),
                         spec.input.global_batch_size, read_ahead=spec.input.prefetch)
     own = strategy.extended.own_loop()
@@ -144,8 +143,9 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     loop_seconds = time.perf_counter() - loop_started
     warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps, rank)
     metrics = evaluator()
-    if metrics:
+    if metrics and rank == 0:
         log.info("eval: %s", _said(metrics))
+        outputs.append_evaluation(run_dir / outputs.METRICS, spec.trainer.steps, metrics)
     summary = _summary(spec, plan, env, strategy, loop, losses, model, metrics, resumed_at, (started, loop_seconds))
     summary["history"] = outputs.history(run_dir)  # over every command since the run began afresh
     strategy.extended.finish()  # a parameter-server chief: the ps tasks stop the workers, then end

@@ -79,11 +79,15 @@ def test_periodic_evaluation_is_logged(run_dlaunch):
     proc, run_dir = run_dlaunch("trainer.steps=30", "trainer.eval_every=10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     evals = [r for r in records(run_dir) if "eval_loss" in r]
-    assert [r["step"] for r in evals] == [10, 20]  # and at the end, in summary.json
-    assert evals[1]["eval_loss"] < evals[0]["eval_loss"]
-    assert "eval_loss" in summary(run_dir)["metrics"]
+    assert [r["step"] for r in evals] == [10, 20, 30]  # the end's too: the curve's last point, and in summary.json
+    assert evals[2]["eval_loss"] < evals[1]["eval_loss"] < evals[0]["eval_loss"]
+    assert summary(run_dir)["metrics"]["eval_loss"] == evals[2]["eval_loss"]
     said = [line for line in proc.stderr.splitlines() if line.startswith("INFO eval at step")]  # on the terminal too
-    assert said == [f"INFO eval at step {r['step']}: eval_loss={r['eval_loss']:.6g}" for r in evals]
+    assert said == [f"INFO eval at step {r['step']}: eval_loss={r['eval_loss']:.6g}" for r in evals[:2]]
+    saved = ("trainer.steps=30", "trainer.eval_every=10", "trainer.checkpoint.every_steps=30")
+    run_dlaunch(*saved, name="again")
+    proc, again = run_dlaunch(*saved, name="again")  # a resume with nothing left to train: the end's record once
+    assert proc.returncode == 0 and [r["step"] for r in records(again) if "eval_loss" in r] == [10, 20, 30]
 
 
 def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
