@@ -140,4 +140,24 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
         what = "no value" if value is None else {bool: "a boolean", int: "an integer"}.get(type(value), "a number")
         message += (f": {typed} reads as {what}; quote it to mean the text ('{key}=\"{typed}\"' on the command line, "
                     f"\"{typed}\" in YAML)")
+    field = parent.model_fields.get(path[-1]) if parent and path else None
+    section = _models(field.annotation) if field else []
+    if kind in ("model_type", "dict_type") and len(section) == 1 and not isinstance(value, dict):  # a value for a section
+        keys = tuple(section[0].model_fields)
+        return Problem(key=key, value=value, allowed=keys, message=f"{key} is a section, not a value: set its keys "
+                       f"({key}.KEY=VALUE on the command line)", suggestion=_closest_key(key, value, section[0]))
+    if kind == "list_type" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        message += f"; a list of one: {key}=[{spelled(value)}]"
     return Problem(key=key, value=value, message=message)
+
+
+def _closest_key(key: str, value: Any, section: type[BaseModel]) -> str | None:
+    """For ``trainer.lr_schedule=cosine``: the section's key whose allowed values hold it (``decay``); else its first
+    key of the value's type (``trainer.checkpoint=20``: ``every_steps``)."""
+    def holds(f: Any) -> bool:
+        return any(typing.get_origin(m) is typing.Literal and value in typing.get_args(m) for m in annotation_members(f.annotation))
+
+    fields = section.model_fields
+    name = next((n for n, f in fields.items() if holds(f)), None)
+    name = name or next((n for n, f in fields.items() if type(value) in annotation_members(f.annotation)), None)
+    return f"{key}.{name}={spelled(value)}" if name else None

@@ -122,6 +122,11 @@ CASES = [
     # numpy seeds its RNG from 0 to 2**32 - 1; a larger seed was a traceback from the workers
     (["trainer.seed=4294967296"], "trainer.seed", "less than or equal to 4294967295"),
     (["input.seed=99999999999999999999999"], "input.seed", "less than or equal to 4294967295"),
+    # a value given for a section: the key that takes it, not pydantic's "valid dictionary or instance of ..."
+    (["trainer.checkpoint=20"], "trainer.checkpoint", "did you mean trainer.checkpoint.every_steps=20?"),
+    (["trainer.lr_schedule=cosine"], "trainer.lr_schedule", "did you mean trainer.lr_schedule.decay=cosine?"),
+    (["recipe.optimizer=adamw"], "recipe.optimizer", "did you mean recipe.optimizer.name=adamw?"),
+    (["trainer.loggers=tensorboard"], "trainer.loggers", "a list of one: trainer.loggers=[tensorboard]"),
     # a read-ahead that never ends held the loop (and its stop signals) while it filled memory
     (["input.prefetch=1000000000"], "input.prefetch", "less than or equal to 32"),
 ]
