@@ -300,6 +300,7 @@ def _explain(exc: BaseException, path: Path) -> CheckpointError:
     if "Weights only load failed" in text or "UnpicklingError" in type(cause).__name__:
         return UnsafeCheckpoint(f"{path} holds data that is not plain tensors; it was not loaded ({text[:200]})")
     if "Size mismatch" in text or "size mismatch" in text or "Missing key" in text:
-        return CheckpointError(f"{path} does not fit this run's model ({text[:300]}); did a recipe setting that "
-                               "shapes the model change? (the plan lists what changed since the checkpoint)")
+        return CheckpointError(f"{path} does not fit this run's model or optimizer ({text[:300]}); did a recipe setting "
+                               "that shapes them change? (the plan lists what changed since the checkpoint) To train the "
+                               "new shape from step 0 instead, add trainer.resume=never or use another hydra.run.dir")
     return CheckpointError(f"cannot load {path}: {type(cause).__name__}: {text[:300]}")

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from launcher.config.base import PlanError, PlanErrors, Strict
-from launcher.config.errors import ConfigError, Problem
+from launcher.config.errors import ConfigError, Problem, did_you_mean
 from launcher.config.trainer import TrainerSpec
 
 SEPARATOR = "--"
@@ -40,7 +40,8 @@ class ScriptSpec(Strict):
         if path.is_dir():
             raise ValueError(f"{path} is a directory; name the script's .py file")
         if not path.is_file():
-            raise ValueError(f"no such file: {path}")
+            near = did_you_mean(path.name, [p.name for p in path.parent.glob("*.py")]) if path.parent.is_dir() else None
+            raise ValueError(f"no such file: {path}" + (f"; did you mean {near}?" if near else ""))
         return str(path)
 
     @property

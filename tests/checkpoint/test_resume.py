@@ -113,7 +113,7 @@ def test_a_model_that_changed_shape_is_explained(run_dlaunch):
     assert proc.returncode == 1
     text = " ".join((proc.stdout + proc.stderr).replace("│", " ").split())  # rich wraps and frames
     assert "recipe.features: 32 -> 16" in text  # the plan (stdout)
-    assert "does not fit this run's model" in text
+    assert "does not fit this run's model or optimizer" in text and "add trainer.resume=never" in text
     assert "Traceback" not in text
     assert "nothing was trained past the checkpoint it resumed from" in text  # its command is kept as it was
     assert summary(run_dir)["status"] == "failed"

@@ -45,3 +45,9 @@ def test_a_recipe_chosen_or_set_beside_a_script_is_refused_not_ignored(tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "recipe = linear" in proc.stderr and "recipe.entry = foo" in proc.stderr
     assert "a script takes the recipe's place" in proc.stderr and "trainer.steps" not in proc.stderr
+
+
+def test_a_script_path_with_a_typo_names_the_script_beside_it(tmp_path):
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc = dlaunch("script=custom_lop.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "no such file" in proc.stderr and "did you mean custom_loop.py?" in proc.stderr
