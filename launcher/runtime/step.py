@@ -34,6 +34,7 @@ from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+_NOT_SETTINGS = ("params", "fused", "foreach", "capturable", "differentiable")  # a param group's keys a resume keeps
 NOT_MEASURED = -1.0  # the grad_norm of a step that took none (a norm is never negative, and a mean of -1s stays -1)
 
 
@@ -75,7 +76,8 @@ class ReplicaStep:
         self.compile = trainer.compile if trainer.compile.enabled else None
         # The hyperparameters the recipe set (lr, momentum, weight decay, a schedule's initial_lr), before a
         # checkpoint's are loaded over them: this command's settings stand, the checkpoint restores the state.
-        self.recipe_groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in g.items() if k != "params"}
+        # The kernel flags stay the checkpoint's: torch placed the loaded state (Adam's step) for them.
+        self.recipe_groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in g.items() if k not in _NOT_SETTINGS}
                               for g in getattr(primary(optimizer), "param_groups", [])]
 
     def autocast(self) -> contextlib.AbstractContextManager:

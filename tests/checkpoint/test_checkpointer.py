@@ -47,11 +47,19 @@ def test_the_same_step_is_saved_once(tmp_path):
 
 
 def test_a_restart_resumes_from_the_runs_newest_checkpoint_whatever_it_started_from(tmp_path):
+    """Once this command's checkpoints began (``start``: another timeline's later steps set aside); before that, a
+    restart resumes as the first attempt did (the directory may hold another run's steps)."""
     model, opt = model_and_optimizer()
-    Checkpointer(spec_for(), tmp_path, rank=0).save(10, Position(0, 10), model, opt)
     never = spec_for("trainer.resume=never")
+    Checkpointer(spec_for(), tmp_path, rank=0).save(10, Position(0, 10), model, opt)  # an earlier command's
     assert checkpoint.find(never, tmp_path) is None
-    assert checkpoint.find(never, tmp_path, restarted=True) == layout.step_dir(tmp_path / "checkpoints", 10)
+    assert checkpoint.find(never, tmp_path, restarted=True) is None
+    ckpt = Checkpointer(spec_for(), tmp_path, rank=0)
+    ckpt.start(0)
+    assert not (tmp_path / "checkpoints" / "step-00000010").exists()  # set aside
+    ckpt.save(4, Position(0, 4), model, opt)
+    assert checkpoint.find(never, tmp_path) is None
+    assert checkpoint.find(never, tmp_path, restarted=True) == layout.step_dir(tmp_path / "checkpoints", 4)
 
 
 def test_a_checkpoint_past_trainer_steps_is_refused(tmp_path):

@@ -34,8 +34,8 @@ STRATEGIES = {
 
 
 def losses(run_dir) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in records]
+    records = [r for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss" in (r := json.loads(line))]
+    steps = [r["step"] for r in records]  # the training records (an evaluation's are records of their own)
     assert steps == sorted(set(steps)), f"a step is missing or repeated: {steps}"
     return {r["step"]: r["loss"] for r in records}
 

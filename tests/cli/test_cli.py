@@ -50,8 +50,9 @@ def test_one_device_run_writes_the_output_contract(run_dlaunch):
     # the recipe section as the recipe's Config read it: a default its YAML leaves out is recorded too
     assert config["recipe"]["optimizer"]["implementation"] == "auto" and config["recipe"]["noise"] == 0.1
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 10, 20, 30]
-    assert all({"step", "loss", "examples_per_sec"} <= r.keys() for r in records)
+    assert [r["step"] for r in records] == [1, 10, 20, 30, 30]  # the training records, then the end's evaluation
+    assert all({"step", "loss", "examples_per_sec"} <= r.keys() for r in records[:-1])
+    assert records[-1].keys() == {"step", "eval_loss"}
     s = summary(run_dir)
     for key in ("status", "strategy", "num_replicas_in_sync", "world_size", "global_batch_size", "steps", "first_loss",
                 "final_loss", "examples_per_sec", "wall_seconds", "param_norm", "metrics"):

@@ -28,7 +28,7 @@ def final_state(run_dir) -> dict[str, torch.Tensor]:
 
 def metrics(run_dir) -> tuple[dict[int, float], list[int]]:
     """(loss by step, the steps in the order logged)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss" in (r := json.loads(line))]
     return {r["step"]: r["loss"] for r in records}, [r["step"] for r in records]
 
 
