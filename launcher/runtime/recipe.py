@@ -28,7 +28,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -55,21 +55,27 @@ class OptimizerConfig(BaseModel):
     lr: float = Field(0.01, gt=0, description="learning rate (trainer.lr_schedule scales it per step)")
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd only: momentum")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty (decoupled for adamw)")
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="adam/adamw only (the others ignore it): the moments' decays")
+    eps: float | None = Field(None, gt=0, description="adam/adamw/adagrad (sgd ignores it): the denominator's term; null: torch's default")
     implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
         "auto", description="torch.optim's kernels; auto: fused for adam/adamw where the parameters train on CUDA, "
         "torch's own choice elsewhere")
 
-    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def build(self, params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]]) -> torch.optim.Optimizer:
+        """The optimizer over ``params``: parameters, or torch's parameter groups (``[{"params": [...],
+        "weight_decay": 0.0}, ...]``, whose keys override these settings for that group)."""
         import torch
 
         params = list(params)
         kernels = self.kernels(params)
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, **kernels)
+        eps = {} if self.eps is None else {"eps": self.eps}
         if self.name == "adagrad":
-            return torch.optim.Adagrad(params, lr=self.lr, weight_decay=self.weight_decay, **kernels)
+            return torch.optim.Adagrad(params, lr=self.lr, weight_decay=self.weight_decay, **eps, **kernels)
         cls = torch.optim.Adam if self.name == "adam" else torch.optim.AdamW
-        return cls(params, lr=self.lr, weight_decay=self.weight_decay, **kernels)
+        return cls(params, lr=self.lr, weight_decay=self.weight_decay, betas=tuple(self.betas), **eps, **kernels)
 
     def kernels(self, params: list[Any]) -> dict[str, bool]:
         """torch.optim's ``foreach``/``fused`` arguments. ``auto`` picks fused Adam(W) where the parameters will

@@ -127,3 +127,19 @@ def test_a_recipe_file_runs_once_per_version_in_a_process(tmp_path):
         assert import_entry(entry) is not first and counter.read_text() == "xx"
     finally:
         sys.modules.pop("dlaunch_recipe_my_recipe", None)
+
+
+def test_the_optimizer_takes_betas_eps_and_parameter_groups():
+    """What a converted training script sets on its AdamW (betas, eps, no weight decay on biases) is the recipe's too."""
+    import torch
+
+    from launcher.runtime.recipe import OptimizerConfig
+
+    model = torch.nn.Linear(2, 1)
+    groups = [{"params": [model.weight]}, {"params": [model.bias], "weight_decay": 0.0}]
+    adamw = OptimizerConfig(name="adamw", weight_decay=0.1, betas=[0.9, 0.95], eps=1e-6).build(groups)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.param_groups[0]["betas"] == (0.9, 0.95)
+    assert adamw.param_groups[0]["eps"] == 1e-6 and [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0]
+    assert OptimizerConfig(name="adagrad").build(model.parameters()).param_groups[0]["eps"] == 1e-10  # torch's own
+    with pytest.raises(ValueError, match="at least 2 items"):
+        OptimizerConfig(betas=[0.9])
