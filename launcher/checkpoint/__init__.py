@@ -32,7 +32,6 @@ from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, Unsa
 from launcher.checkpoint.writer import storage_writer
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
-from launcher.runtime import outputs
 
 __all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors"]
 log = logging.getLogger("dlaunch")
@@ -51,18 +50,18 @@ def select(spec: RunSpec, run_dir: Path, restarted: bool = False, full: bool = T
     """The checkpoint this run resumes from (a path of None: step 0), checked against the spec.
 
     ``trainer.resume`` decides (in the workers: the checkpoint the launcher verified), except after an elastic
-    restart once this command's checkpoints began (``Checkpointer.start``): then the run's own newest checkpoint
-    wins (a restart continues the run, whatever it started from). A restart before that point resumes as the
-    first attempt did: the directory may still hold another timeline's later or damaged steps.
+    restart once this command has saved: then its newest checkpoint wins (a restart continues the run, whatever
+    it started from). Until then a restart resumes as the first attempt did: the directory may hold another
+    timeline's later or damaged steps, or an older run's earlier ones.
     Damaged checkpoints are passed over for the newest intact one (``Choice.skipped``
     says which and why); when every one found is damaged, ``NoIntactCheckpoint``.
     ``full``: verify digests, not only sizes.
     """
     root = root_of(spec, run_dir)
-    restarted = restarted and (run_dir / outputs.STATE_DIR / outputs.TIMELINE).exists()
+    began = layout.timeline_start(root) if restarted else None
     try:
-        choice = layout.choose(root, full) if restarted else layout.Choice(None)
-        if choice.path is None and not choice.skipped:
+        choice = layout.choose(root, full) if began is not None else layout.Choice(None)
+        if choice.path is None or layout.step_of(choice.path) <= began:  # none of this command's: as at first
             choice = layout.resolve(spec.trainer.resume, root, full)
         if choice.path is None:
             if choice.skipped:
@@ -129,7 +128,7 @@ class Checkpointer:
 
     def __init__(self, spec: RunSpec, run_dir: Path, rank: int, strategy: Any = None):
         """``strategy``: the ``StrategyExtended`` whose hooks may save and load the variables themselves."""
-        self.spec, self.rank, self.run_dir = spec, rank, run_dir
+        self.spec, self.rank = spec, rank
         self.strategy = strategy
         self.root = root_of(spec, run_dir)
         self.every = spec.trainer.checkpoint.every_steps
@@ -151,9 +150,7 @@ class Checkpointer:
                 damaged = layout.check(moved) is not None  # its warning was given when the resume passed it over
                 log.log(logging.INFO if damaged else logging.WARNING,
                         "a checkpoint later than this run's start (step %d) was moved aside: %s", first_step, moved)
-            timeline = self.run_dir / outputs.STATE_DIR / outputs.TIMELINE  # a restart may now choose the newest
-            timeline.parent.mkdir(parents=True, exist_ok=True)
-            timeline.touch()
+            layout.begin_timeline(self.root, first_step)  # a restart may now resume from this command's newest
         if _distributed():
             dist.barrier()
 

@@ -35,6 +35,7 @@ from launcher.checkpoint.errors import CheckpointError
 log = logging.getLogger("dlaunch")
 LATEST = "latest"
 MANIFEST = "manifest.json"
+TIMELINE = ".timeline"  # the step this command's checkpoints began after (Checkpointer.start); cleared as a command starts
 _STEP = re.compile(r"^step-(\d+)$")
 
 
@@ -268,3 +269,20 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def begin_timeline(root: Path, step: int) -> None:
+    """This command's checkpoints begin after ``step`` (later steps of another timeline are set aside): a restart
+    may now resume from the newest one past it. In the checkpoint directory, which every node shares."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TIMELINE}.tmp"
+    tmp.write_text(f"{step}\n")
+    os.replace(tmp, root / TIMELINE)
+
+
+def timeline_start(root: Path) -> int | None:
+    """The step this command's checkpoints began after; None before they began (or unreadable)."""
+    try:
+        return int((root / TIMELINE).read_text())
+    except (OSError, ValueError):
+        return None

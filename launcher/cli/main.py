@@ -70,6 +70,13 @@ def _job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_PRECHECKED_JOBS)]
 
 
+def _unlisted_jobs(overrides: list[str]) -> bool:
+    """A sweep with jobs ``_job_overrides`` does not list: a range or interval axis, or a sweeper's own search."""
+    parsed = composer.parse_overrides(overrides)
+    return any(ov.is_sweep_override() and not ov.is_choice_sweep() for ov in parsed) or any(
+        ov.key_or_group == "hydra/sweeper" for ov in parsed)
+
+
 _OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
 
 
@@ -93,7 +100,8 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     # A SLURM job runs on nodes this machine cannot see: their devices are checked there.
     cuda = REMOTE_CUDA if scheduled.launcher_of(overrides) == "submitit_slurm" else job.cuda_devices()
     problems: list[Problem] = _check_output_dirs(overrides)
-    checked = sweep_jobs.check({job.job_key(o): o for o in _job_overrides(overrides, multirun)}, cuda, multirun)
+    checked = sweep_jobs.check({job.job_key(o): o for o in _job_overrides(overrides, multirun)}, cuda, multirun,
+                               unlisted=multirun and _unlisted_jobs(overrides))
     job.Status.validated.update({key: spec for key, spec in checked.valid.items() if not spec.deferred})  # others: in the job
     job.Status.invalid = checked.invalid  # a sweep's invalid combinations: each becomes a failed job with its reason
     problems.extend(p for p in checked.up_front if p not in problems)

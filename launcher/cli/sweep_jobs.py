@@ -33,8 +33,9 @@ class Checked:
         self.error = type(exc) if exc.exit_code < self.error.exit_code else self.error
 
 
-def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> Checked:
-    """Compose and validate every job (``key -> overrides``); a sweep keeps its valid jobs."""
+def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool, unlisted: bool = False) -> Checked:
+    """Compose and validate every job (``key -> overrides``); a sweep keeps its valid jobs. ``unlisted``: the sweep
+    has jobs ``jobs`` does not list (a range or interval axis, a sweeper's own search)."""
     checked = Checked()
     for key, job in jobs.items():
         try:
@@ -53,21 +54,23 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool) -> 
         for exc in checked.invalid.values():
             _add(checked.up_front, exc.problems)
         checked.invalid.clear()
-    _add(checked.up_front, _shared_checkpoints(list(checked.valid.values())))
+    _add(checked.up_front, _shared_checkpoints(list(checked.valid.values()), multirun and unlisted))
     return checked
 
 
-def _shared_checkpoints(specs: list[Any]) -> list[Problem]:
+def _shared_checkpoints(specs: list[Any], unlisted: bool) -> list[Problem]:
     """Jobs of one sweep that save into one ``trainer.checkpoint.dir``: each would resume from (and overwrite) the
-    others' checkpoints; a later job "completed" on job 0's weights with nothing trained."""
+    others' checkpoints; a later job "completed" on job 0's weights with nothing trained. ``unlisted``: there are
+    jobs beyond ``specs`` (ranges, a sweeper's), which share a directory that does not vary with them."""
     jobs: dict[str, int] = {}
     for spec in specs:
         c = spec.trainer.checkpoint
         if c.dir is not None and c.every_steps:
             jobs[c.dir] = jobs.get(c.dir, 0) + 1
-    return [Problem(key="trainer.checkpoint.dir", value=d, message=f"{n} jobs of this sweep would save into and resume "
-                    "from this one directory; leave it unset (each job's own RUN_DIR/checkpoints) or give each job "
-                    "its own") for d, n in jobs.items() if n > 1]
+    return [Problem(key="trainer.checkpoint.dir", value=d, message=f"{'the' if unlisted else n} jobs of this sweep would "
+                    "save into and resume from this one directory; leave it unset (each job's own RUN_DIR/checkpoints) "
+                    "or give each job its own (trainer.checkpoint.dir=DIR/${hydra:job.num})")
+            for d, n in jobs.items() if n > 1 or unlisted]
 
 
 def _add(problems: list[Problem], new: list[Problem]) -> None:

@@ -165,7 +165,7 @@ def as_typed(overrides: Iterable[str]) -> list[str]:
     """
     out = []
     for text in overrides:
-        if text == "~recipe":  # what compose adds beside script=: added again when the command is read back
+        if _added_beside_a_script(text):
             continue
         key, eq, value = text.partition("=")
         out.append(f"{key}={TYPED[value]}" if eq and key == "recipe" and value in TYPED else text)
@@ -175,4 +175,10 @@ def as_typed(overrides: Iterable[str]) -> list[str]:
 def as_shown(overrides: Iterable[str]) -> list[str]:
     """``overrides`` for a table or a chart's label, as the user typed them: without the ``+`` or ``++`` that dlaunch
     adds to a recipe key its YAML does not list (``compose``), which is the same setting."""
-    return [o.lstrip("+") if o.lstrip("+").startswith("recipe.") else o for o in overrides]
+    return [o.lstrip("+") if o.lstrip("+").startswith("recipe.") else o for o in overrides if not _added_beside_a_script(o)]
+
+
+def _added_beside_a_script(override: str) -> bool:
+    """``~recipe`` (Hydra records it as ``~recipe=null``): what compose adds beside ``script=``, and adds again when
+    the command is read back; not the user's."""
+    return override.partition("=")[0] == "~recipe"

@@ -28,6 +28,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from launcher.checkpoint import layout
 from launcher.cluster.env import worker_env_set, worker_environment
 from launcher.cluster.interface import node_route
 from launcher.config.plan import Plan
@@ -50,9 +51,10 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
     node = spec.cluster.node_rank
     if not node:
         # a reused run directory must not speak for this run
-        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json", outputs.TIMELINE):
+        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json"):
             for stale in state.glob(pattern):
                 stale.unlink()
+        (spec.trainer.checkpoint.root(run_dir) / layout.TIMELINE).unlink(missing_ok=True)  # this command saved nothing yet
     path = state / ("job.json" if node is None else f"job-node{node}.json")
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
                                 "run_dir": str(run_dir.resolve()), "log_file": progress.launcher_log()}))

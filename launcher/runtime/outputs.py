@@ -20,7 +20,6 @@ SUMMARY = "summary.json"
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 HISTORY = "history.jsonl"  # in STATE_DIR: each command and each start of the workers since the run began afresh
-TIMELINE = "timeline.started"  # in STATE_DIR: this command's checkpoints began (later steps set aside); see checkpoint.select
 
 
 def start_run(run_dir: Path, resuming: bool = False) -> None:
@@ -164,7 +163,7 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 class MetricsLog:
-    """One JSON object per logged step.
+    """One JSON object per logged step, and one per evaluation (``{"step": N, "eval_loss": ...}``).
 
     A run resumed at step ``resumed_at`` keeps the records up to that step and
     continues after them (records of steps it will redo are dropped); a fresh run

@@ -57,9 +57,22 @@ def test_a_restart_resumes_from_the_runs_newest_checkpoint_whatever_it_started_f
     ckpt = Checkpointer(spec_for(), tmp_path, rank=0)
     ckpt.start(0)
     assert not (tmp_path / "checkpoints" / "step-00000010").exists()  # set aside
+    assert checkpoint.find(never, tmp_path, restarted=True) is None  # began, saved nothing yet
     ckpt.save(4, Position(0, 4), model, opt)
     assert checkpoint.find(never, tmp_path) is None
     assert checkpoint.find(never, tmp_path, restarted=True) == layout.step_dir(tmp_path / "checkpoints", 4)
+
+
+def test_a_restart_before_this_command_saved_does_not_take_an_older_runs_earlier_step(tmp_path):
+    """A fine-tune from another run's step 50 in a directory that holds an older run's step 10 (earlier: not set
+    aside): a restart before the fine-tune's first save resumes from step 50 again, not from step 10."""
+    model, opt = model_and_optimizer()
+    Checkpointer(spec_for(), tmp_path / "other", rank=0).save(50, Position(0, 50), model, opt)
+    Checkpointer(spec_for(), tmp_path, rank=0).save(10, Position(0, 10), model, opt)
+    start = layout.step_dir(tmp_path / "other" / "checkpoints", 50)
+    tune = spec_for(f"trainer.resume={start}", "trainer.steps=70")
+    Checkpointer(tune, tmp_path, rank=0).start(50)
+    assert checkpoint.find(tune, tmp_path, restarted=True) == start
 
 
 def test_a_checkpoint_past_trainer_steps_is_refused(tmp_path):

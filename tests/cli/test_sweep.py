@@ -186,6 +186,9 @@ def test_a_sweep_whose_jobs_share_one_checkpoint_directory_is_refused_and_hydras
     err = capsys.readouterr().err
     assert "trainer.checkpoint.dir = " in err and "2 jobs of this sweep would save into" in err, err
     assert not (tmp_path / "a").exists() and not shared.exists()
+    ranged = [*common[:-1], "trainer.seed=range(0,2)"]  # jobs the pre-check does not list: the sweeper's
+    assert main([*ranged, f"trainer.checkpoint.dir={shared}", f"hydra.sweep.dir={tmp_path / 'a'}"]) == 2
+    assert "the jobs of this sweep would save into" in capsys.readouterr().err
     own = str(tmp_path / "ck") + "${hydra:job.num}"
     assert main([*common, f"trainer.checkpoint.dir={own}", f"hydra.sweep.dir={tmp_path / 'b'}"]) == 0
     assert (tmp_path / "ck0" / "step-00000002").is_dir() and (tmp_path / "ck1" / "step-00000002").is_dir()

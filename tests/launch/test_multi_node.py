@@ -158,3 +158,32 @@ def test_a_node_stopped_while_the_others_wait_is_stopped_cleanly_and_can_join_ag
         proc.communicate(timeout=60)
     assert node0.returncode == 0 and again.returncode == 0 and node2.returncode == 0, err0[-3000:]
     assert summary(tmp_path / "node0")["status"] == "completed"
+
+
+def test_nodes_with_their_own_run_directories_restart_from_the_same_shared_checkpoint(tmp_path):
+    """Each node keeps its own run directory and shares only trainer.checkpoint.dir: after a restart every node must
+    resume from the same step (a marker in node 0's run directory sent node 1 back to step 0, and the ranks hung
+    in their check that they agree)."""
+    port, shared = free_port(), tmp_path / "ckpt"
+    extra = ("cluster=2x1", "trainer.steps=12", "trainer.log_every=1", "trainer.checkpoint.every_steps=4",
+             f"trainer.checkpoint.dir={shared}", "launch.max_restarts=1", "trainer.resume=never",
+             "+recipe.pause_replica=1", "+recipe.pause_step=6", "launch.collective_timeout_s=60")
+    nodes = [subprocess.Popen(command(*COMMON, *extra, f"cluster.node_rank={n}", f"cluster.master_port={port}",
+                                      f"hydra.run.dir={tmp_path / f'node{n}'}", warm=False),
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
+    try:
+        paused = tmp_path / "node1" / "paused-replica1"
+        deadline = time.monotonic() + 180
+        while not (paused.exists() and paused.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        subprocess.run(["kill", "-9", paused.read_text().strip()], check=True)  # replica 1, inside step 6
+        outs = [p.communicate(timeout=240)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    assert "step-00000004" in outs[0].split("resumed from", 1)[1].splitlines()[0], outs[0][-3000:]  # rank 0's log
+    s = summary(tmp_path / "node0")  # and both ranks agreed on it: the run went on to its end
+    assert (s["status"], s["restarts"], s["resumed_from_step"]) == ("completed", 1, 4)

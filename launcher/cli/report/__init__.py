@@ -5,7 +5,8 @@ A run directory gets ``loss.png`` (loss vs step, titled with the recipe, strateg
 ``metrics.png`` with those curves. A sweep directory (``dlaunch -m``: job directories ``0/``, ``1/``, ...) gets
 ``loss.png`` with every job's curve (its own colour and markers; a failed job's partial curve dashed),
 ``metrics.png`` with the other logged keys overlaid the same way, and ``final_metric.png``, a bar per completed job
-of the recipe's first metric (``final_loss`` when no job has one), every job tied for best highlighted. The page
+of ``sweep.objective`` where the sweep gave one, else of the first metric the recipe's ``evaluate`` returned
+(``final_loss`` when no job has one), every job tied for best highlighted. The page
 shows a failed run's root cause: the block the terminal showed, kept in the run's ``error.txt``.
 See docs/REPORTS.md.
 
