@@ -24,7 +24,7 @@ CASES = [
     (["trainr.steps=5"], "trainr.steps", "did you mean trainer.steps"),
     (["+trainer.foo=1"], "trainer.foo", "unknown key"),
     (["recipe.optimizr.lr=0.1"], "recipe.optimizr.lr", "did you mean recipe.optimizer.lr"),
-    (["+recipe.optimizer.betas=1"], "recipe.optimizer.betas", "unknown key"),
+    (["+recipe.optimizer.nesterov=1"], "recipe.optimizer.nesterov", "unknown key"),
     # how each step trains (issue 15)
     (["trainer.precision=fp8"], "trainer.precision", "allowed: fp32, bf16-mixed, fp16-mixed"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "trainer.precision=fp16-mixed"],
