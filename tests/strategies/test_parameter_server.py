@@ -184,7 +184,9 @@ def test_a_killed_task_agent_is_a_root_cause_and_the_job_restarts(run_dlaunch):
     text, run_dir = restarted_once(run_dlaunch, 20, "+recipe.kill_task=chief:0", "+recipe.kill_agent=true",
                                    "+recipe.kill_step=7")
     assert "task chief:0 failed (killed by signal 9: its elastic agent ended without a report" in text, text[-3000:]
-    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["resumed_from_step"] == 5
+    # the chief itself trains on until dlaunch sees its agent gone and stops it: on a busy machine it saved step 10
+    # first (once under a CPU hog); a checkpoint taken before the end, not the start
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["resumed_from_step"] in (5, 10, 15)
     assert not run_processes(run_dir)
 
 
