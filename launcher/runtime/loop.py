@@ -42,7 +42,7 @@ from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.recipe import where
-from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, loop_state, loop_to_read,
+from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, loop_state,
                                    loss_not_finite, make_schedule, restore_loop_state, warn_if_all_skipped)
 
 
@@ -289,7 +289,7 @@ class _Loop:
             checkpoint.agree(None, 0)
             self._open(0)
             return 0
-        step, position = self.ckpt.load(path, self.model, self.optimizer, loop_to_read(self.schedule, self.step))
+        step, position = self.ckpt.load(path, self.model, self.optimizer, loop_state(self.schedule, self.step))
         restore_loop_state(self.ckpt.loaded_loop, self.schedule, self.step, step)
         checkpoint.agree(path, step)
         with torch.random.fork_rng(devices=[]):  # a loader's iter() draws its seed: the steps' RNG goes on as saved

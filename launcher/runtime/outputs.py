@@ -187,16 +187,20 @@ class MetricsLog:
 def append_evaluation(path: Path, step: int, metrics: dict[str, float]) -> None:
     """The end-of-run evaluation as a record of its own, as ``trainer.eval_every``'s are (the curve's last point), once:
     a resume with nothing left to train finds the record of the run it resumed."""
-    if any(r.get("step") == step and "examples_per_sec" not in r for r in read_records(path)[-4:]):
+    if any(r.get("step") == step and "examples_per_sec" not in r for r in read_records(path, tail=4)):
         return
     with path.open("a") as fh:
         fh.write(json.dumps(_finite({"step": step, **metrics})) + "\n")
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics file; a torn last line (a killed writer) is left out."""
+def read_records(path: Path, tail: int = 0) -> list[dict[str, Any]]:
+    """The records of a metrics file (``tail``: its last ones, read from its end); a torn last line (a killed writer)
+    is left out."""
     try:
-        lines = path.read_text().splitlines()
+        with path.open("rb") as fh:
+            if tail:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096 * tail))
+            lines = fh.read().decode(errors="replace").splitlines()[-tail:]
     except OSError:
         return []
     records = []

@@ -276,12 +276,6 @@ def loop_state(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
     return state
 
 
-def loop_to_read(schedule: Any, step: ReplicaStep) -> dict[str, torch.Tensor]:
-    """What a checkpoint may hold of the loop, to load: ``loop_state``'s, and the schedule's position even where
-    this run has no schedule (a run saved under one, resumed without: its lr must be put back, not kept decayed)."""
-    return {"schedule_last_epoch": torch.zeros((), dtype=torch.int64), **loop_state(schedule, step)}
-
-
 def restore_loop_state(state: dict[str, torch.Tensor], schedule: Any, step: ReplicaStep, resumed_at: int) -> None:
     """After a load: the recipe's hyperparameters over the saved ones (a changed lr is the plan's ``changed`` row,
     and applies; a run saved under a schedule and resumed without one trains at the lr, not the decayed one), then
