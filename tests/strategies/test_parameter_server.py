@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
+from launcher.runtime.outputs import read_records
 from tests.conftest import FIXTURES, command, summary
 from tests.launch.test_restarts import run_processes
 
@@ -68,11 +69,15 @@ def test_sync_mode_equals_one_device_and_its_checkpoint_resumes_there(run_dlaunc
 
 def test_a_killed_worker_does_not_stop_the_job(run_dlaunch):
     proc, run_dir = ps_run(run_dlaunch, "cluster.workers=2", "input.global_batch_size=66", "trainer.steps=40",
-                           "+recipe.kill_task=worker:1", "+recipe.kill_step=4", "+recipe.step_sleep=0.05")
+                           "+recipe.kill_task=worker:1", "+recipe.kill_step=4", "+recipe.step_sleep=0.05",
+                           "recipe.optimizer.momentum=0", "trainer.log_every=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = summary(run_dir)
     assert s["status"] == "completed" and s["steps"] == 40
-    assert s["final_loss"] < s["first_loss"]
+    # the job trained on: asynchronous updates make one batch's loss noisy (2.03 at step 40 once on a loaded CI
+    # machine with momentum 0.9), so the last five records' mean is compared, without momentum to amplify staleness
+    losses = [r["loss"] for r in read_records(run_dir / "metrics.jsonl") if "loss" in r]
+    assert sum(losses[-5:]) / 5 < 0.8 * losses[0], losses
     assert "worker:1 had failed (signal SIGKILL); the job went on without it" in " ".join((proc.stdout + proc.stderr).split())
     assert not run_processes(run_dir)
 
