@@ -85,7 +85,12 @@ _SCRIPT_ROWS = ("strategy", "cluster", "processes", "nodes", "replicas", "device
 def _script_rows(spec: RunSpec, rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
     where = "in each of the processes" if spec.num_processes > 1 else "in this process"
     kept = [row for row in rows if row[0] in _SCRIPT_ROWS]
-    return [kept[0], ("script", f"{spec.script.command()} (as __main__ {where}; dl.get_strategy() returns this strategy)"), *kept[1:]]
+    script = ("script", f"{spec.script.command()} (as __main__ {where}; dl.get_strategy() returns this strategy)")
+    precision = spec.trainer.precision
+    if precision == "fp32":
+        return [kept[0], script, *kept[1:]]
+    scaler = " and strategy.grad_scaler()" if precision == "fp16-mixed" else ""
+    return [kept[0], script, ("precision", f"{precision} where the script enters strategy.autocast(){scaler}"), *kept[1:]]
 
 
 def _batch(spec: RunSpec, n: int, what: str) -> str:

@@ -356,5 +356,7 @@ def _backend_fits(spec: RunSpec, cuda: int) -> None:
 
 
 # dlaunch's loop's rules (batch, input, trainer): a script brings its own loop, so they are not checked for it.
+# trainer.precision reaches a script too (strategy.autocast()): precision_runs_here holds for it, and script_fits
+# refuses fp16-mixed where the strategy does.
 _LOOP_RULES = (_recipe_supports, _batch_divides, _whole_batches, _files_cover_workers, accumulation_divides,
-               strategy_trains_so, precision_runs_here)
+               strategy_trains_so)

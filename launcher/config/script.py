@@ -79,18 +79,20 @@ def apply(data: dict[str, Any]) -> None:
 
 
 # What a script does instead of each trainer key it does not honour: dlaunch's loop does these, and a script runs its own.
-# trainer.seed is honoured (the RNGs are seeded with it on every rank); trainer.resume=auto or never means nothing to
-# a script (it starts from its beginning), so only a checkpoint PATH is refused.
+# trainer.seed is honoured (the RNGs are seeded with it on every rank), and trainer.precision through the strategy's
+# autocast() and grad_scaler(); trainer.resume=auto or never means nothing to a script (it starts from its beginning),
+# so only a checkpoint PATH is refused.
 INSTEAD = {
     "steps": "the script runs as long as its own loop does: pass its length after -- (e.g. -- --steps N)",
     "log_every": "dlaunch's loop writes metrics.jsonl; a script writes its own to $DLAUNCH_RUN_DIR (docs/SCRIPTS.md)",
     "checkpoint": "a script saves its own checkpoints (torch.save, torch.distributed.checkpoint): dlaunch cannot know its state",
     "resume": "a script resumes from its own checkpoints: load one in the script",
     "loggers": "log from the script (e.g. torch.utils.tensorboard's SummaryWriter on rank 0)",
-    "precision": "do it in your script with torch.autocast (and torch.amp.GradScaler for fp16)",
     "compile": "torch.compile the model in your script",
-    "grad_accum_steps": "accumulate in your script: step the optimizer once every N backward passes",
-    "clip_grad_norm": "clip in your script: torch.nn.utils.clip_grad_norm_ after backward",
+    "grad_accum_steps": "accumulate in your script: backward under `with strategy.no_sync(model):` on all but the "
+                        "last of N micro-batches, then step (docs/SCRIPTS.md)",
+    "clip_grad_norm": "clip in your script: `strategy.clip_grad_norm_(model, optimizer, max_norm)` after backward "
+                      "(docs/SCRIPTS.md)",
     "lr_schedule": "use a torch.optim.lr_scheduler in your script",
     "eval_every": "evaluate in your script",
     "profile": "trainer.profile profiles dlaunch's training loop; profile the script's own loop with torch.profiler "
@@ -100,12 +102,16 @@ INSTEAD = {
 
 def script_fits(spec: Any, cuda: int) -> None:
     """A strategy that builds the model in ps tasks needs a recipe's ``build``: a script cannot give it one.
-    Every ``trainer`` key a script does not honour, set to other than its default, is refused with what to do instead."""
+    Every ``trainer`` key a script does not honour, set to other than its default, is refused with what to do instead,
+    and fp16-mixed where the strategy refuses it for its loop (the script's GradScaler would meet the same)."""
     if spec.script is None:
         return
     errors = [PlanError(f"trainer.{key}", value, f"a script runs its own loop, so dlaunch does not apply this; "
                                                  f"{INSTEAD[key.split('.')[0]]}")
               for key, value in _set_for_a_script(spec.trainer)]
+    refused = spec.strategy.refuses.get("fp16-mixed")
+    if spec.trainer.precision == "fp16-mixed" and refused:  # strategy.grad_scaler() would meet what the loop's does
+        errors.append(PlanError("trainer.precision", "fp16-mixed", f"strategy {spec.strategy.name} cannot do this: {refused}"))
     if not spec.strategy.runs_scripts:
         errors.append(PlanError("strategy", spec.strategy.name,
                                 f"strategy {spec.strategy.name} builds the model on its ps tasks from a recipe's build(); "

@@ -21,6 +21,7 @@ from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute.collectives import ReplicaThreads, SingleProcess, ThreadRendezvous, device_guard
 from launcher.distribute.context import ReplicaContext, _current_frame, _enter, _Frame, _state
 from launcher.distribute.placement import Placement
+from launcher.distribute.precision import inherited_autocast
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.values import PerReplica, contains_per_replica, map_structure, regroup, select_replica
 
@@ -133,6 +134,8 @@ class StrategyExtended:
             raise RuntimeError("strategy.run() was called inside strategy.run(); call it from cross-replica context")
 
         frames, guards = self._replica_frames()
+        if self._num_local > 1:  # replica 0 runs in the caller's autocast, if any: the other threads enter it too
+            guards = self._in_callers_autocast(guards)
 
         def call(local_id: int) -> Any:
             # The replica's frame on its own thread's stack (what ``_enter`` does, without the objects).
@@ -163,6 +166,14 @@ class StrategyExtended:
                 [None if d.type == "cpu" else functools.partial(device_guard, d) for d in self._devices],
             )
         return self._frames
+
+    def _in_callers_autocast(self, guards: list[Any]) -> list[Any]:
+        """The replica threads' guards, with the autocast the calling thread is in (autocast is per thread)."""
+        device_type = self._devices[0].type
+        dtype = inherited_autocast(device_type)
+        if dtype is None:
+            return guards
+        return [guards[0], *(functools.partial(_guarded_autocast, g, device_type, dtype) for g in guards[1:])]
 
     def _replica_threads(self) -> ReplicaThreads:
         if self._threads is None:
@@ -348,3 +359,10 @@ def _check_same_shapes(parts: list[torch.Tensor]) -> None:
             f"per-replica values have different shapes {sorted(shapes)}; pass axis= to reduce "
             "along the batch dimension (for example with a last partial batch)"
         )
+
+
+@contextlib.contextmanager
+def _guarded_autocast(guard: Any, device_type: str, dtype: torch.dtype) -> Iterator[None]:
+    """A replica thread's device guard (if any), and inside it the caller's autocast."""
+    with guard() if guard is not None else contextlib.nullcontext(), torch.autocast(device_type, dtype=dtype):
+        yield

@@ -43,3 +43,15 @@ def clip_grad_norm(params: Iterable[Any], max_norm: float | None) -> torch.Tenso
         for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return norm
+
+
+def averaged_grad_norm(model: Any, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:
+    """The total norm of the averaged gradients of ``model``; clipped to ``max_norm`` when given.
+
+    An optimizer that averages at ``step()`` (the mesh's) does it here instead, so the
+    norm is the averaged gradients'. Split (DTensor) gradients give their full norm.
+    """
+    own = getattr(optimizer, "clip_grad_norm_", None)
+    if own is not None:
+        return own(max_norm)
+    return clip_grad_norm(model.parameters(), max_norm)

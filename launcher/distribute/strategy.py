@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from launcher.distribute import placement
+from launcher.distribute import gradient_sync, placement, precision
+from launcher.distribute.grad_norm import averaged_grad_norm
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute import run_options
 from launcher.distribute.input_context import InputOptions, InputReplicationMode
@@ -41,6 +42,8 @@ class Strategy:
     """Base of every strategy: the tf.distribute.Strategy API over a ``StrategyExtended``."""
 
     _is_user_strategy = True
+    _precision = "fp32"  # trainer.precision, where dlaunch runs a script (``_use_precision``)
+    _autocast_used = _scaler_used = False  # whether the script asked for them (it is told if it did not)
 
     def __init__(self, extended: StrategyExtended, cluster_resolver: Any = None):
         self._extended = extended
@@ -210,6 +213,43 @@ class Strategy:
             align_optimizer_state(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
         return module if optimizer is None else (module, optimizer)
+
+    # ----- a custom loop's precision, accumulation and clipping, as dlaunch's loop does them -----
+    @property
+    def precision(self) -> str:
+        """``trainer.precision`` of the run (``fp32``, ``bf16-mixed``, ``fp16-mixed``); ``fp32`` outside dlaunch."""
+        return self._precision
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` in the run's precision on this strategy's device; nothing under fp32. Enter it around
+        the forward pass and the loss, in the function ``run`` runs or around ``run`` itself (replica threads
+        enter it too)."""
+        self._autocast_used = True
+        return precision.autocast(self.precision, self._extended._devices[0].type)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """fp16-mixed's ``torch.amp.GradScaler`` (``scaler.scale(loss).backward()``, ``scaler.step(optimizer)``,
+        ``scaler.update()``); a disabled one, which passes everything through, under any other precision."""
+        self._scaler_used = True
+        return precision.grad_scaler(self.precision, self._extended._devices[0].type)
+
+    def no_sync(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Backward passes inside do not sync gradients (DDP's ``no_sync``, FSDP2's gradient sync off): the
+        micro-steps of gradient accumulation, before one backward outside it syncs them all."""
+        return gradient_sync.no_sync(module)
+
+    def clip_grad_norm_(self, module: torch.nn.Module, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:
+        """The total norm of ``module``'s averaged gradients, a plain tensor (split DTensor gradients count whole;
+        the mesh's optimizer averages them first), after which they are scaled to at most ``max_norm``
+        (None: measured only). Call it after backward and before ``optimizer.step()``; with fp16-mixed, after
+        ``scaler.unscale_(optimizer)``."""
+        return averaged_grad_norm(module, optimizer, max_norm)
+
+    def _use_precision(self, name: str) -> None:
+        """The run's ``trainer.precision``, set by dlaunch for the script it runs."""
+        if name not in precision.DTYPES:
+            raise ValueError(f"precision must be one of {list(precision.DTYPES)}, got {name!r}")
+        self._precision = name
 
     def __repr__(self) -> str:
         return (

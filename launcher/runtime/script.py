@@ -80,6 +80,8 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
             raise ScriptExit(Path(spec.script.path).name, exc.code) from None
     finally:
         experimental_set_strategy(None)
+    if rank == 0:
+        _say_if_precision_unused(strategy)
     summary = {
         "status": "completed",
         "strategy": spec.strategy.name,
@@ -87,6 +89,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         "script": spec.script.command(),
         "cluster": spec.cluster.shape,
         "device": runtime.device_type,
+        "precision": spec.trainer.precision,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "world_size": env.world_size if env else 1,
         "restarts": env.restart_count if env else 0,
@@ -96,6 +99,18 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
     return summary
+
+
+def _say_if_precision_unused(strategy: Any) -> None:
+    """``trainer.precision`` reaches a script through ``strategy.autocast()`` (and fp16's ``strategy.grad_scaler()``):
+    a script that never asked for them did not train so, which the user should not have to find out from the speed."""
+    if strategy.precision != "fp32" and not strategy._autocast_used:
+        log.warning("trainer.precision=%s: the script never called strategy.autocast(), so its forward pass ran without "
+                    "autocast; wrap the forward pass and the loss in `with strategy.autocast():` (docs/SCRIPTS.md)",
+                    strategy.precision)
+    if strategy.precision == "fp16-mixed" and not strategy._scaler_used:
+        log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
+                    "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
 
 
 @contextlib.contextmanager

@@ -27,13 +27,14 @@ import torch
 
 from launcher.checkpoint.state import primary
 from launcher.config.trainer import ScheduleSpec, TrainerSpec
-from launcher.distribute.grad_norm import clip_grad_norm
+from launcher.distribute.grad_norm import averaged_grad_norm
+from launcher.distribute.gradient_sync import no_sync
+from launcher.distribute.precision import autocast
 from launcher.input.split import batch_size_of, slice_batch
 from launcher.runtime.compiled import compile_error
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
-_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 _NOT_SETTINGS = ("params", "fused", "foreach", "capturable", "differentiable")  # a param group's keys a resume keeps
 NOT_MEASURED = -1.0  # the grad_norm of a step that took none (a norm is never negative, and a mean of -1s stays -1)
 
@@ -68,7 +69,7 @@ class ReplicaStep:
         self.user_step, self.model, self.optimizer = user_step, model, optimizer
         self.manual, self.name = manual, name
         self.accum, self.max_norm = trainer.grad_accum_steps, trainer.clip_grad_norm
-        self.dtype = _DTYPES.get(trainer.precision)
+        self.precision = trainer.precision
         self.device_type = device_type
         # One scaler per process: fp16-mixed is refused where replicas are threads of one process.
         self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
@@ -82,9 +83,7 @@ class ReplicaStep:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast is per thread: each replica enters its own."""
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return autocast(self.precision, self.device_type)
 
     def __call__(self, batch: Any, measure: bool = False) -> torch.Tensor:
         if self.compile is None:
@@ -118,7 +117,7 @@ class ReplicaStep:
         if self.scaler is not None and (measure or self.max_norm is not None):
             self.scaler.unscale_(self.optimizer)  # norms and clipping see true gradients
         if measure or self.max_norm is not None:
-            norm = grad_norm(self.model, self.optimizer, self.max_norm)
+            norm = averaged_grad_norm(self.model, self.optimizer, self.max_norm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             found = _found_inf(self.scaler, self.optimizer).to(loss.device)
@@ -131,16 +130,8 @@ class ReplicaStep:
         return _metrics(loss, norm, self.skipped) if measure else loss
 
     def _sync_on(self, last: bool) -> contextlib.AbstractContextManager:
-        """DDP all-reduces and FSDP2 reduce-scatters once per step: on the last micro-batch (other strategies sync
-        where they can: the mesh's replicas average at the update, thread replicas share their gradients)."""
-        if last:
-            return contextlib.nullcontext()
-        no_sync = getattr(self.model, "no_sync", None)
-        if no_sync is not None:
-            return no_sync()
-        if hasattr(self.model, "set_requires_gradient_sync"):
-            return _no_gradient_sync(self.model)
-        return contextlib.nullcontext()
+        """DDP all-reduces and FSDP2 reduce-scatters once per step: on the last micro-batch."""
+        return contextlib.nullcontext() if last else no_sync(self.model)
 
     def _checked(self, loss: Any) -> torch.Tensor:
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
@@ -158,16 +149,6 @@ class ReplicaStep:
             "cannot backpropagate it: was it detached (.detach(), .item(), a new tensor from its value), or computed "
             "under torch.no_grad(), or has the model no parameter that trains? Return the loss the model's output made (a step that does its own backward takes "
             "the optimizer as a third argument: manual mode)")
-
-
-@contextlib.contextmanager
-def _no_gradient_sync(model: Any) -> Any:
-    """FSDP2's ``no_sync``: gradients accumulate unsharded on each rank until a backward that syncs."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 def split_batch(batch: Any, k: int) -> list[Any]:
@@ -200,18 +181,6 @@ def _split(batch: Any, sizes: list[int]) -> list[Any]:
     ends = list(itertools.accumulate(sizes))
     return [slice_batch(batch, end - size, end) for size, end in zip(sizes, ends)]
 
-
-
-def grad_norm(model: Any, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:
-    """Total norm of the averaged gradients; clipped to ``max_norm`` when given.
-
-    An optimizer that averages at ``step()`` (the mesh's) does it here instead, so the
-    norm is the averaged gradients'. Split (DTensor) gradients give their full norm.
-    """
-    own = getattr(optimizer, "clip_grad_norm_", None)
-    if own is not None:
-        return own(max_norm)
-    return clip_grad_norm(model.parameters(), max_norm)
 
 
 def _found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:

@@ -76,9 +76,13 @@ def lookup(name: str) -> type["StrategyUnit"]:
 
 
 def build(spec: Any, runtime: Runtime) -> "Strategy":
-    """Build the strategy ``spec`` (a validated unit) describes, for this worker; an unknown name lists the known ones."""
+    """Build the strategy ``spec`` (a validated unit) describes, for this worker; an unknown name lists the known ones.
+    Its ``precision`` is the run's ``trainer.precision`` (``strategy.autocast()`` in a script's own loop)."""
     lookup(spec.name)
-    return spec.build(runtime)
+    strategy = spec.build(runtime)
+    if runtime.run_spec is not None:
+        strategy._use_precision(runtime.run_spec.trainer.precision)
+    return strategy
 
 
 def exported(name: str) -> str | None:

@@ -11,29 +11,32 @@ from tests.conftest import FIXTURES, dlaunch
 LOOP = FIXTURES / "custom_loop.py"
 
 
-def test_every_trainer_key_but_the_seed_is_one_a_script_does_not_honour_and_says_why():
-    assert set(script.INSTEAD) == set(TrainerSpec.model_fields) - {"seed"}  # a new trainer key needs its reason
+def test_every_trainer_key_but_the_seed_and_precision_is_one_a_script_does_not_honour_and_says_why():
+    assert set(script.INSTEAD) == set(TrainerSpec.model_fields) - {"seed", "precision"}  # a new trainer key needs its reason
 
 
 def test_trainer_keys_a_script_does_not_honour_are_refused_in_one_screen(tmp_path):
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
-    proc = dlaunch("script=custom_loop.py", "trainer.precision=bf16-mixed", "trainer.grad_accum_steps=4",
+    proc = dlaunch("script=custom_loop.py", "trainer.compile.enabled=true", "trainer.grad_accum_steps=4",
                    "trainer.clip_grad_norm=1.0", "trainer.checkpoint.every_steps=10", "trainer.steps=10",
                    "--", "--epochs", "1", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "5 problems" in proc.stderr and "Traceback" not in proc.stderr
-    for key, why in (("trainer.precision = bf16-mixed", "torch.autocast"), ("trainer.grad_accum_steps = 4", "accumulate"),
-                     ("trainer.clip_grad_norm = 1.0", "clip_grad_norm_"), ("trainer.checkpoint.every_steps = 10", "torch.save"),
+    for key, why in (("trainer.compile.enabled = true", "torch.compile"), ("trainer.grad_accum_steps = 4", "strategy.no_sync(model)"),
+                     ("trainer.clip_grad_norm = 1.0", "strategy.clip_grad_norm_(model, optimizer, max_norm)"),
+                     ("trainer.checkpoint.every_steps = 10", "torch.save"),
                      ("trainer.steps = 10", "-- --steps N")):
         assert key in proc.stderr and why in proc.stderr, key
     assert not (tmp_path / "outputs").exists()  # refused before anything ran
 
 
 def test_the_keys_a_script_honours_or_that_mean_nothing_to_it_are_accepted(tmp_path):
-    """trainer.seed seeds the RNGs; resume=never (and auto, what dlaunch resume adds) change nothing for a script. The
-    default recipe's YAML (trainer.steps=200) is not composed into a script's run, so it is not held against it."""
+    """trainer.seed seeds the RNGs; trainer.precision reaches the script's strategy.autocast(); resume=never (and auto,
+    what dlaunch resume adds) change nothing for a script. The default recipe's YAML (trainer.steps=200) is not
+    composed into a script's run, so it is not held against it."""
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
-    proc = dlaunch("script=custom_loop.py", "trainer.seed=3", "trainer.resume=never", "launch.dry_run=true", cwd=tmp_path)
+    proc = dlaunch("script=custom_loop.py", "trainer.seed=3", "trainer.resume=never", "trainer.precision=bf16-mixed",
+                   "launch.dry_run=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "custom_loop.py (as __main__" in proc.stdout
 
@@ -51,3 +54,12 @@ def test_a_script_path_with_a_typo_names_the_script_beside_it(tmp_path):
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
     proc = dlaunch("script=custom_lop.py", cwd=tmp_path)
     assert proc.returncode == 2 and "no such file" in proc.stderr and "did you mean custom_loop.py?" in proc.stderr
+
+
+def test_fp16_is_refused_for_a_script_where_the_strategy_refuses_it_for_its_loop(tmp_path):
+    """strategy.grad_scaler() under FSDP would meet what the loop's GradScaler does: ranks that skip different steps."""
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc = dlaunch("script=custom_loop.py", "strategy=fsdp", "trainer.precision=fp16-mixed", "launch.dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = " ".join(proc.stderr.split())
+    assert "trainer.precision = fp16-mixed" in said and "strategy fsdp cannot do this: GradScaler checks only this rank's" in said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -244,3 +245,55 @@ def test_only_the_chief_writes_metrics_into_dlaunch_run_dir_and_the_report_chart
 
 def test_the_docs_show_the_chief_script_that_the_test_runs():
     assert CHIEF.read_text().strip() in (ROOT / "docs" / "SCRIPTS.md").read_text()
+
+
+OWN_LOOP = FIXTURES / "own_loop.py"
+
+
+def _steps(text: str) -> list[tuple[float, float]]:
+    """Rank 0's (loss, grad_norm) per step of own_loop.py (grad_norm inf: a step fp16's GradScaler skipped)."""
+    return [(float(a), float(b)) for a, b in re.findall(r"^step \d+: loss ([\d.]+) grad_norm ([\d.]+|inf)$", text, re.M)]
+
+
+@pytest.mark.parametrize("precision, dtype, tolerance", [("fp32", "float32", 1e-5), ("bf16-mixed", "bfloat16", 2e-2),
+                                                          ("fp16-mixed", "float16", None)])
+def test_a_script_takes_precision_accumulation_and_clipping_from_the_strategy(precision, dtype, tolerance, tmp_path):
+    """Two DDP processes, 2 micro-batches each (one sync), clipped at 2.0, in trainer.precision: the steps of plain
+    ``python own_loop.py`` on one device in fp32 with the whole batch and the same clip. A clip of each rank's own
+    gradients, or a sync per micro-batch that dropped one, would not be. fp16's GradScaler skips its first update (its
+    first scale overflows), as in any fp16 loop, and then trains."""
+    import subprocess
+    import sys
+
+    shutil.copy(OWN_LOOP, tmp_path / "own_loop.py")
+    plain = subprocess.run([sys.executable, "own_loop.py", "--clip", "2.0"], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert plain.returncode == 0 and "precision: fp32" in plain.stdout, plain.stderr[-3000:]
+    proc, run_dir = _run(tmp_path, "script=own_loop.py", *SHAPES["mirrored"], f"trainer.precision={precision}",
+                         script_args=("--accum", "2", "--clip", "2.0"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"precision: {precision}" in proc.stdout and f"forward in torch.{dtype}" in proc.stdout
+    reference, steps = _steps(plain.stdout), _steps(proc.stdout)
+    assert len(steps) == len(reference) == 6 and sum(norm > 2.0 for _, norm in reference) >= 3  # clipped steps
+    assert reference[-1][0] < 0.5 * reference[0][0]
+    if precision == "fp16-mixed":  # GradScaler's first scale (2**16) overflows here: that update is skipped
+        assert steps[0][1] == float("inf") and all(norm < float("inf") for _, norm in steps[1:])
+        assert steps[-1][0] < 0.6 * steps[0][0]
+    else:
+        assert steps == [pytest.approx(step, rel=tolerance) for step in reference]
+    assert summary(run_dir)["precision"] == precision
+    assert "never called" not in proc.stdout + proc.stderr
+
+
+def test_a_script_given_a_precision_it_never_asks_for_is_told(tmp_path):
+    """custom_loop.py enters no strategy.autocast(): bf16-mixed would have changed nothing, silently."""
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc, _ = _run(tmp_path, "script=custom_loop.py", "trainer.precision=bf16-mixed", script_args=("--epochs", "1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert "trainer.precision=bf16-mixed: the script never called strategy.autocast(), so its forward pass ran without autocast" in said
+    assert "grad_scaler" not in said
+
+
+def test_the_docs_show_the_own_loop_that_the_test_runs():
+    assert OWN_LOOP.read_text().strip() in (ROOT / "docs" / "SCRIPTS.md").read_text()
