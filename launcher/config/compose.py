@@ -129,15 +129,28 @@ def _script_without_recipe(overrides: list[str]) -> list[str]:
     """``script=PATH`` takes the recipe's place: the default recipe (its YAML's ``trainer.steps``, ``input`` batch) is
     not composed in (``~recipe``), so that the trainer keys a script is given are the ones the user set. A recipe
     chosen or set beside a script would do nothing: refused, named."""
+    if "~recipe" in overrides:  # `dlaunch resume` of a script's run: its overrides have it
+        return overrides
     scripted = any(_key_of(o).partition(".")[0] == "script" and o[:1] != "~" and o.partition("=")[2] != "null"
                    for o in overrides)
-    if not scripted or "~recipe" in overrides:  # `dlaunch resume` of a script's run: its overrides have it
+    if not scripted and not _script_in_primary_config(overrides):
         return overrides
     recipe = [o for o in overrides if _key_of(o).partition(".")[0] == "recipe"]
     if recipe:
         raise ConfigError([Problem(key=_key_of(o), value=o.partition("=")[2], message="a script takes the recipe's "
                                    "place, so this would do nothing; drop it, or the script") for o in recipe])
     return [*overrides, "~recipe"]
+
+
+def _script_in_primary_config(overrides: list[str]) -> bool:
+    """A ``script`` that the user's own primary config (``--config-dir``, ``--config-name``) sets. dlaunch's own sets
+    none, so it is not composed for this; a composition that fails is reported where it always was."""
+    if not CONFIG_DIRS and CONFIG_NAME == "config" or any(_key_of(o).partition(".")[0] == "script" for o in overrides):
+        return False
+    try:
+        return OmegaConf.select(compose(overrides), "script", default=None) is not None
+    except ConfigError:
+        return False
 
 
 def recipe_option(path: Path) -> str:

@@ -59,25 +59,29 @@ def render(error: ConfigError, console: Console | None = None) -> None:
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     n = len(error.problems)
     console.print(f"[bold red]dlaunch: {error.title}[/] ({n} problem{'s' if n != 1 else ''})")
-    used, shown = 3, 0  # the title and the closing hint
+    used, shown, listed = 3, 0, set()  # the title and the closing hint; the allowed lists printed so far
     for p in error.problems:
-        lines = _lines(p)
+        lines = _lines(p, p.allowed not in listed)
         if used + len(lines) + (2 if shown + 1 < n else 0) > MAX_LINES:
             break
         console.print("\n".join(lines))
         used, shown = used + len(lines), shown + 1
-    if n > shown:
-        console.print(f"\n  ... and {n - shown} more")
+        listed.add(p.allowed)
+    if n > shown:  # every key is still named, on one line
+        rest = ", ".join(_clean(p.key) + (f" (did you mean {_clean(p.suggestion)}?)" if p.suggestion else "")
+                         for p in error.problems[shown:])
+        console.print(f"\n  ... and {n - shown} more: {escape(_clean(rest, 600))}")
     console.print(f"\n{error.hint}")
 
 
-def _lines(p: Problem) -> list[str]:
-    """One problem as printed lines (rich markup; every user-given text escaped and made one line)."""
+def _lines(p: Problem, with_allowed: bool = True) -> list[str]:
+    """One problem as printed lines (rich markup; every user-given text escaped and made one line); the allowed values
+    only where a problem above has not listed the same ones."""
     shown = f" = {escape(_short(p.value))}" if p.has_value else ""
     lines = ["", f"  [bold]{escape(_clean(p.key))}[/]{shown}", f"    {escape(_clean(p.message, 400))}"]
     if p.suggestion:
         lines.append(f"    did you mean [green]{escape(_clean(p.suggestion))}[/]?")
-    if p.allowed:
+    if p.allowed and with_allowed:
         lines.append(f"    allowed: {escape(_clean(', '.join(p.allowed)))}")
     return lines
 

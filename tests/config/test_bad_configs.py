@@ -216,3 +216,20 @@ def test_a_config_dir_that_does_not_exist_is_named(capsys, tmp_path, monkeypatch
     assert main(["--config-dir", "nodir", "recipe=mine"]) == 2
     err = capsys.readouterr().err
     assert "--config-dir = " in err and "no such directory" in err and "Traceback" not in err
+
+
+def test_a_yaml_with_many_mistakes_names_every_key_in_one_screen(capsys, monkeypatch, tmp_path):
+    """Six unknown keys: four in full, each section's allowed keys listed once, and the last two by name with what
+    was meant (it said "... and 2 more" alone)."""
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    (tmp_path / "bad.yaml").write_text("defaults:\n  - config\n  - _self_\ntrainer:\n  stepz: 5\n  precison: bf16-mixed\n"
+                                       "  evl_every: 3\ninput:\n  global_bach_size: 4\ncluster:\n  devise: cpu\n"
+                                       "launch:\n  dryrun: true\n")
+    assert main(["--config-dir", str(tmp_path), "--config-name", "bad"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (6 problems)" in err and len(err.splitlines()) <= 25, err
+    assert err.count("allowed: steps, seed, log_every") == 1, err
+    for key in ("cluster.devise", "trainer.stepz", "trainer.precison", "trainer.evl_every"):
+        assert f"{key} = " in err, err
+    assert ("... and 2 more: input.global_bach_size (did you mean input.global_batch_size?), launch.dryrun (did you mean "
+            "launch.dry_run?)") in err

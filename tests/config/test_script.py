@@ -63,3 +63,15 @@ def test_fp16_is_refused_for_a_script_where_the_strategy_refuses_it_for_its_loop
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     said = " ".join(proc.stderr.split())
     assert "trainer.precision = fp16-mixed" in said and "strategy fsdp cannot do this: GradScaler checks only this rank's" in said
+
+
+def test_a_script_in_the_users_own_primary_config_takes_the_recipes_place_too(tmp_path):
+    """As `script=` on the command line: the default recipe's YAML (trainer.steps=200) is not composed in, where it was
+    refused as a trainer key the script had been given."""
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "myrun.yaml").write_text("defaults:\n  - config\n  - _self_\nscript:\n  path: custom_loop.py\n"
+                                                 "  args: [--epochs, '1']\ntrainer:\n  seed: 3\n")
+    proc = dlaunch("--config-dir", "cfg", "--config-name", "myrun", "launch.dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "custom_loop.py --epochs 1 (as __main__" in proc.stdout
