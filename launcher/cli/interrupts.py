@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import threading
 from typing import Any, Iterator
+
+from launcher.runtime.stop_signals import handling_stop_signals
 
 _noted: list[int] = []
 _before: list[Any] = []  # the handler this replaced; empty: nothing replaced
@@ -71,19 +72,12 @@ _OTHER_STOPS = (signal.SIGTERM, signal.SIGHUP)
 @contextlib.contextmanager
 def stops_raise() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``Stopped`` inside (where their action is the default one, which kills)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def stop(signum: int, frame: Any) -> None:
         raise Stopped(signum)
 
-    previous = {sig: signal.signal(sig, stop) for sig in _OTHER_STOPS if signal.getsignal(sig) is signal.SIG_DFL}
-    try:
+    with handling_stop_signals(stop, _OTHER_STOPS, replaces=lambda current: current is signal.SIG_DFL):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -91,9 +85,6 @@ def held() -> Iterator[None]:
     """A stop signal (Ctrl-C, SIGTERM, SIGHUP) inside is raised once the block is done (``KeyboardInterrupt``,
     ``Stopped``), so that the block is never left half done (a run's record half written); a second one at once.
     A signal that is ignored stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     came: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
@@ -102,12 +93,8 @@ def held() -> Iterator[None]:
         came.append(signum)
 
     stops = (signal.SIGINT, *_OTHER_STOPS)
-    previous = {sig: signal.signal(sig, note) for sig in stops if signal.getsignal(sig) is not signal.SIG_IGN}
-    try:
+    with handling_stop_signals(note, stops, replaces=lambda current: current is not signal.SIG_IGN):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if came:
         _raise(came[0])
 

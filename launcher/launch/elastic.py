@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,6 +34,7 @@ from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch import failures, rendezvous, report, warm
 from launcher.runtime import outputs, progress
+from launcher.runtime.stop_signals import handling_stop_signals
 
 log = logging.getLogger("dlaunch")
 WORKER_MODULE = "launcher.runtime.worker_entry"  # launcher.runtime.worker, quiet on a Ctrl-C while it imports
@@ -203,19 +203,11 @@ def _stop_signals_raise() -> Iterator[None]:
     """SIGTERM, SIGHUP and Ctrl-C stop dlaunch as torch's agent stops on them once its workers run: while the nodes
     still meet (up to launch.rdzv_timeout_s), SIGTERM's default action would kill it with no word and no summary,
     and none of them would take this node out of the rendezvous."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def stop(signum: int, frame: Any) -> None:
         raise _StoppedBeforeWorkers(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
-    try:
+    with handling_stop_signals(stop, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def nccl_trace_prefix(plan: Plan, run_dir: Path) -> str | None:

@@ -27,7 +27,7 @@ from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, failures, rendezvous, report
 from launcher.runtime import outputs
-from launcher.runtime.preemption import handling_stop_signals
+from launcher.runtime.stop_signals import handling_stop_signals
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.emulate"

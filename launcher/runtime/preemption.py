@@ -10,28 +10,17 @@ checkpoints are on) and leaves with ``128 + signal``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from launcher.runtime.stop_signals import STOP_SIGNALS
+
 log = logging.getLogger("dlaunch")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def handling_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """``handler`` for SIGTERM, SIGINT and SIGHUP while inside; the previous handlers afterwards."""
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 class Preempted(Exception):

@@ -24,9 +24,10 @@ from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
 from launcher.runtime import recipe as recipe_lib
-from launcher.runtime.preemption import Preempted, StopRequests, handling_stop_signals
+from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import log
+from launcher.runtime.stop_signals import handling_stop_signals
 from launcher.strategies.impl.ps_module import contents_for
 from launcher.strategies.parameter_server import cluster_def
 

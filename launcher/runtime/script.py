@@ -28,8 +28,9 @@ from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute.context import experimental_set_strategy
 from launcher.runtime import outputs
-from launcher.runtime.preemption import Preempted, handling_stop_signals
+from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log
+from launcher.runtime.stop_signals import handling_stop_signals
 
 
 class ScriptStopped(Preempted):
