@@ -134,13 +134,14 @@ def _resumes_from(run_dir: Path, own: list[str]) -> str:
     from omegaconf import OmegaConf
 
     from launcher.checkpoint import layout
+    from launcher.config.trainer import CheckpointSpec
     from launcher.runtime import outputs
 
     recorded = next((o.split("=", 1)[1] for o in reversed(own) if _key(o) == "trainer.resume"), "auto")
     if recorded in ("auto", "never") or not (run_dir / outputs.CONFIG).is_file():
         return "auto"
     own_dir = OmegaConf.select(OmegaConf.load(run_dir / outputs.CONFIG), "trainer.checkpoint.dir", default=None)
-    root = Path(own_dir) if own_dir else run_dir / "checkpoints"
+    root = CheckpointSpec(dir=own_dir).root(run_dir)  # where the run saved, as the run itself chose it
     return "auto" if layout.choose(root, full=False).path is not None else recorded
 
 
