@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config import shapes, user_recipes
 from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
-from launcher.config.validation import _key_of, validate
+from launcher.config.validation import key_of, validate
 
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
@@ -98,12 +98,12 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
     """
     overrides = user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
     # script.path=X, script.args=[...]: set or add, under the default `script: null` or a YAML's section alike
-    overrides = [f"++{o}" if _key_of(o).startswith("script.") and o[:1] not in "+~" else o for o in overrides]
+    overrides = [f"++{o}" if key_of(o).startswith("script.") and o[:1] not in "+~" else o for o in overrides]
     overrides = _script_without_recipe(overrides)
-    keyed = [o for o in overrides if _key_of(o).startswith("recipe.") and o[:1] not in "+~"]
+    keyed = [o for o in overrides if key_of(o).startswith("recipe.") and o[:1] not in "+~"]
     if not keyed:
         return overrides
-    choice = [o for o in overrides if _key_of(o) == "recipe"]
+    choice = [o for o in overrides if key_of(o) == "recipe"]
     try:
         if any(ov.is_sweep_override() for ov in parse_overrides(choice)):  # each job's recipe differs: set or add
             return [f"++{o}" if o in keyed else o for o in overrides]
@@ -122,7 +122,7 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
             parent = parent.rpartition(".")[0]
         return not parent or isinstance(OmegaConf.select(recipe, parent), DictConfig)
 
-    return [f"+{o}" if o in keyed and added(_key_of(o).removeprefix("recipe.")) else o for o in overrides]
+    return [f"+{o}" if o in keyed and added(key_of(o).removeprefix("recipe.")) else o for o in overrides]
 
 
 def _script_without_recipe(overrides: list[str]) -> list[str]:
@@ -131,13 +131,13 @@ def _script_without_recipe(overrides: list[str]) -> list[str]:
     chosen or set beside a script would do nothing: refused, named."""
     if "~recipe" in overrides:  # `dlaunch resume` of a script's run: its overrides have it
         return overrides
-    scripted = any(_key_of(o).partition(".")[0] == "script" and o[:1] != "~" and o.partition("=")[2] != "null"
+    scripted = any(key_of(o).partition(".")[0] == "script" and o[:1] != "~" and o.partition("=")[2] != "null"
                    for o in overrides)
     if not scripted and not _script_in_primary_config(overrides):
         return overrides
-    recipe = [o for o in overrides if _key_of(o).partition(".")[0] == "recipe"]
+    recipe = [o for o in overrides if key_of(o).partition(".")[0] == "recipe"]
     if recipe:
-        raise ConfigError([Problem(key=_key_of(o), value=o.partition("=")[2], message="a script takes the recipe's "
+        raise ConfigError([Problem(key=key_of(o), value=o.partition("=")[2], message="a script takes the recipe's "
                                    "place, so this would do nothing; drop it, or the script") for o in recipe])
     return [*overrides, "~recipe"]
 
@@ -145,7 +145,7 @@ def _script_without_recipe(overrides: list[str]) -> list[str]:
 def _script_in_primary_config(overrides: list[str]) -> bool:
     """A ``script`` that the user's own primary config (``--config-dir``, ``--config-name``) sets. dlaunch's own sets
     none, so it is not composed for this; a composition that fails is reported where it always was."""
-    if not CONFIG_DIRS and CONFIG_NAME == "config" or any(_key_of(o).partition(".")[0] == "script" for o in overrides):
+    if not CONFIG_DIRS and CONFIG_NAME == "config" or any(key_of(o).partition(".")[0] == "script" for o in overrides):
         return False
     try:
         return OmegaConf.select(compose(overrides), "script", default=None) is not None

@@ -43,7 +43,7 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     recipe = data.get("recipe")
     # a script is not imported here: it runs (once per worker) as __main__
     is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
-    quick = (bool(problems) or found) and overrides is not None and not any(_key_of(o).startswith("recipe") for o in overrides)
+    quick = (bool(problems) or found) and overrides is not None and not any(key_of(o).startswith("recipe") for o in overrides)
     loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
     if problems:
         raise ConfigError(problems)
@@ -53,7 +53,9 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     return spec
 
 
-def _key_of(override: str) -> str:
+def key_of(override: str) -> str:
+    """An override's key without Hydra's add/force/delete prefix (``++trainer.steps=5``: ``trainer.steps``), which
+    names the same setting however the user wrote it."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
