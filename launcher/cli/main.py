@@ -19,6 +19,8 @@ import os
 import sys
 from typing import Any
 
+from hydra.core.override_parser.types import Override
+
 from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, usage
 from launcher.cluster.env import full_errors
 from launcher.config import compose as composer
@@ -53,11 +55,11 @@ def _flags_first(argv: list[str], overrides: list[str]) -> list[str]:
     return [*flags, *overrides]
 
 
-def _job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The concrete override lists a run or sweep will compose (choice sweeps expanded)."""
-    if not multirun:
+def _job_overrides(overrides: list[str], parsed: list[Override] | None) -> list[list[str]]:
+    """The concrete override lists a run or sweep will compose (choice sweeps expanded); ``parsed``: a sweep's
+    ``overrides`` as ``composer.parse_overrides`` read them, None for one run."""
+    if parsed is None:
         return [overrides]
-    parsed = composer.parse_overrides(overrides)
     axes = []
     for ov in parsed:
         if ov.is_choice_sweep():
@@ -70,9 +72,9 @@ def _job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_PRECHECKED_JOBS)]
 
 
-def _unlisted_jobs(overrides: list[str]) -> bool:
-    """A sweep with jobs ``_job_overrides`` does not list: a range or interval axis, or a sweeper's own search."""
-    parsed = composer.parse_overrides(overrides)
+def _unlisted_jobs(parsed: list[Override]) -> bool:
+    """A sweep (its parsed overrides) with jobs ``_job_overrides`` does not list: a range or interval axis, or a
+    sweeper's own search."""
     return any(ov.is_sweep_override() and not ov.is_choice_sweep() for ov in parsed) or any(
         ov.key_or_group == "hydra/sweeper" for ov in parsed)
 
@@ -100,8 +102,9 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     # A SLURM job runs on nodes this machine cannot see: their devices are checked there.
     cuda = REMOTE_CUDA if scheduled.launcher_of(overrides) == "submitit_slurm" else job.cuda_devices()
     problems: list[Problem] = _check_output_dirs(overrides)
-    checked = sweep_jobs.check({job.job_key(o): o for o in _job_overrides(overrides, multirun)}, cuda, multirun,
-                               unlisted=multirun and _unlisted_jobs(overrides))
+    parsed = composer.parse_overrides(overrides) if multirun else None  # once, for both questions about the sweep
+    checked = sweep_jobs.check({job.job_key(o): o for o in _job_overrides(overrides, parsed)}, cuda, multirun,
+                               unlisted=parsed is not None and _unlisted_jobs(parsed))
     job.Status.validated.update({key: spec for key, spec in checked.valid.items() if not spec.deferred})  # others: in the job
     job.Status.invalid = checked.invalid  # a sweep's invalid combinations: each becomes a failed job with its reason
     problems.extend(p for p in checked.up_front if p not in problems)
