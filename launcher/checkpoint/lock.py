@@ -75,11 +75,32 @@ def directories(spec: Any, run_dir: Path) -> list[tuple[Path, str]]:
 
 @contextlib.contextmanager
 def held(spec: Any, run_dir: Path) -> Iterator[None]:
-    """Hold the run's directories for the duration; ``Busy`` names the live holder of any of them."""
+    """Hold the run's directories for the duration; ``Busy`` names the live holder of any of them.
+
+    A dry run (``launch.dry_run``) holds nothing and writes nothing: it leaves no directory or lock file behind
+    (``cli/dry_run.py``), and is only refused where a live run holds one of them (``check_free``).
+    """
+    if spec.launch.dry_run:
+        for directory, key in directories(spec, run_dir):
+            check_free(directory / file_name(spec), key)
+        yield
+        return
     with contextlib.ExitStack() as stack:
         for directory, key in directories(spec, run_dir):
             stack.enter_context(holding(directory, key, file_name(spec)))
         yield
+
+
+def check_free(path: Path, key: str) -> None:
+    """``Busy`` where a live run holds the lock file ``path``; nothing made or written (no file: no live holder)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        _lock(fd, path, key)
+    finally:
+        os.close(fd)  # drops the flock, if it took one
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ ahead it writes nothing into a directory that holds another run: Hydra's own rec
 (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``, which ``dlaunch resume`` and the sweep table
 read) is written here once the job starts (``hydra.output_subdir`` is null for Hydra). A refused job
 (a directory in use, a checkpoint it cannot go on from, an invalid sweep combination) leaves the
-directory as it was, and a sweep's table shows it refused under its own overrides.
+directory as it was, and a sweep's table shows it refused under its own overrides. A dry run writes
+nothing, refused or not: ``cli/dry_run.py`` then removes the directory Hydra made for it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import interrupts, output, scheduled, sweep, sweep_jobs
+from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jobs
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
@@ -83,7 +84,7 @@ def _job(cfg: Any) -> Any:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])
         return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
     except ConfigError as exc:
-        return _refused(run_dir, cfg, exc, console)
+        return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg))  # a dry run writes nothing
     if Status.codes and Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
         Status.stopped = f"job {run_dir.name} was stopped by {signal.Signals(Status.codes[-1] - 128).name}"
     return summary
@@ -160,9 +161,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     # A dry run reads the input files whole, and a ps plan runs the recipe's build(): either may refuse here.
     sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
-    if spec.launch.dry_run:  # the plan, and the config it would run where no run has written one: a run's files stay
-        if not spec.cluster.node_rank and not (run_dir / outputs.CONFIG).exists():
-            (run_dir / outputs.CONFIG).write_text(as_run(spec))
+    if spec.launch.dry_run:  # the plan alone: nothing written (cli/dry_run.py removes the directory Hydra made)
         Status.codes.append(0)
         return None
     before = outputs.snapshot_record(run_dir) if _resumes_itself(spec, run_dir, resume_from) else None

@@ -78,3 +78,13 @@ def test_the_lock_is_not_inherited_by_processes_the_holder_starts(tmp_path):
     finally:
         child.kill()
         child.wait(timeout=30)
+
+
+def test_a_dry_run_is_refused_where_a_live_run_holds_the_directory_and_writes_nothing(tmp_path, holder):
+    path = tmp_path / "run" / ".dlaunch.lock"
+    held_by = path.read_bytes()
+    with pytest.raises(lock.Busy, match=f"pid {holder.pid}"):
+        lock.check_free(path, "hydra.run.dir")
+    assert path.read_bytes() == held_by
+    lock.check_free(tmp_path / "elsewhere" / ".dlaunch.lock", "trainer.checkpoint.dir")  # no file: no live holder
+    assert not (tmp_path / "elsewhere").exists()

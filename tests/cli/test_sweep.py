@@ -152,11 +152,12 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
 
 
 def test_a_dry_run_sweep_shows_each_plan_and_no_failed_jobs(tmp_path):
-    """A preview runs no job: no sweep table of jobs 'failed' for want of a summary, exit 0, no Hydra record."""
+    """A preview runs no job: no sweep table of jobs 'failed' for want of a summary, exit 0, and no sweep directory
+    left behind (nor a Hydra record, a config.yaml or a log in it)."""
     proc = dlaunch("-m", "trainer.seed=1,2", "launch.dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "job 1 in" in proc.stdout and "failed" not in proc.stdout + proc.stderr
-    assert not (tmp_path / "sweep" / "0" / ".hydra").exists()
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.slow

@@ -115,8 +115,9 @@ def test_a_valid_config_is_accepted(overrides, places, monkeypatch, tmp_path, ca
     monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
     run_dir = tmp_path / "run"
     code = cli.main([*filled(overrides, places), "launch.dry_run=true", f"hydra.run.dir={run_dir}"])
-    assert code == 0, capsys.readouterr().err
-    assert run_dir.is_dir()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "dry run: nothing is started" in out and not run_dir.exists()  # the job ran, and left nothing behind
 
 
 def test_a_dry_run_that_cannot_count_a_file_names_it(places, monkeypatch, tmp_path, capsys):

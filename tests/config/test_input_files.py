@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from launcher.cli import job
 from launcher.cli.main import main
 from launcher.config import compose as composer
 from launcher.config.errors import ConfigError
@@ -104,9 +105,10 @@ def test_real_process_exit_code_for_a_glob_without_match(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-def test_the_saved_config_lists_the_resolved_files(run_dlaunch, tmp_path):
+def test_the_saved_config_lists_the_resolved_files(tmp_path, monkeypatch):
+    """A run's config.yaml (``job.as_run``; a dry run, which wrote it before, now writes nothing) lists the files."""
     shards(tmp_path / "data", 2)
-    proc, run_dir = run_dlaunch("input.files=data/train-*.jsonl", "launch.dry_run=true")
-    assert proc.returncode == 0, proc.stderr
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    spec = composer.compose_and_validate(["input.files=data/train-*.jsonl"], cuda_devices=0)
+    saved = yaml.safe_load(job.as_run(spec))
     assert saved["input"]["files"] == [str(tmp_path / "data" / f"train-{i}.jsonl") for i in range(2)]

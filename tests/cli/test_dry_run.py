@@ -1,0 +1,76 @@
+"""A dry run leaves nothing behind: no run directory (nor its parents, nor a checkpoint directory) after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from launcher.cli.dry_run import LeaveNothing
+from tests.conftest import dlaunch
+
+
+def test_a_dry_run_leaves_no_run_directory(tmp_path):
+    """The default run directory (outputs/DATE/TIME, which Hydra makes with its dlaunch.log before the job runs) goes
+    again; before, it stayed with config.yaml, dlaunch.log and .dlaunch.lock, and a checkpoint directory was made."""
+    proc = dlaunch("strategy=mirrored", "cluster=1x2", "trainer.checkpoint.every_steps=5",
+                   f"trainer.checkpoint.dir={tmp_path / 'checkpoints'}", "launch.dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dry run: nothing is started" in proc.stdout and str(tmp_path / "outputs") in proc.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def _config(run_dir, dry_run=True):
+    return OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}, "job": {"name": "dlaunch"}}, "launch": {"dry_run": dry_run}})
+
+
+def _run(callback, config, *files):
+    """What Hydra does around a job: the callback's start, the run directory with ``files``, the callback's end."""
+    callback.on_run_start(config)
+    run_dir = Path(config.hydra.run.dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        (run_dir / name).write_text("")
+    callback.on_run_end(config)
+
+
+def test_a_directory_that_was_there_before_stays(tmp_path):
+    (tmp_path / "run").mkdir()
+    _run(LeaveNothing(), _config(tmp_path / "run"), "dlaunch.log")
+    assert (tmp_path / "run").is_dir()
+
+
+def test_a_new_directory_in_which_anything_else_turned_up_stays_whole(tmp_path):
+    """Another command's run started in the same second, in the same directory: its files are not the dry run's."""
+    _run(LeaveNothing(), _config(tmp_path / "a" / "run"), "dlaunch.log", "summary.json")
+    assert sorted(p.name for p in (tmp_path / "a" / "run").iterdir()) == ["dlaunch.log", "summary.json"]
+
+
+def test_new_parents_go_too_but_not_one_that_holds_something_else(tmp_path):
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "earlier").mkdir()
+    _run(LeaveNothing(), _config(tmp_path / "outputs" / "day" / "time"), "dlaunch.log")
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["earlier"]
+
+
+def test_a_run_that_is_not_a_dry_run_keeps_its_directory(tmp_path):
+    _run(LeaveNothing(), _config(tmp_path / "run", dry_run=False), "dlaunch.log")
+    assert (tmp_path / "run" / "dlaunch.log").is_file()
+
+
+def test_a_dry_run_sweep_keeps_its_directory_where_a_job_recorded_something(tmp_path):
+    """A refused job's row (SWEEP_DIR/.dlaunch/refused-N.json) and the sweep's table say why it would not start."""
+    sweep = tmp_path / "sweep"
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "job": {"name": "dlaunch"}}, "launch": {"dry_run": True}})
+    callback = LeaveNothing()
+    callback.on_multirun_start(config)
+    for job in ("0", "1", ".dlaunch"):
+        (sweep / job).mkdir(parents=True)
+    for name in ("multirun.yaml", "0/dlaunch.log", "1/dlaunch.log", ".dlaunch/refused-1.json"):
+        (sweep / name).write_text("")
+    callback.on_multirun_end(config)
+    assert sorted(p.name for p in sweep.iterdir()) == [".dlaunch", "0", "1", "multirun.yaml"]
+    (sweep / ".dlaunch" / "refused-1.json").unlink()
+    (sweep / ".dlaunch").rmdir()
+    callback.on_multirun_end(config)
+    assert not sweep.exists()
