@@ -90,10 +90,13 @@ def build(cfg: Config, ctx: BuildContext) -> Parts:
     return Parts(model=model, optimizer=cfg.optimizer.build(model.parameters()), train_data=train_data, eval_data=eval_data)
 
 
-def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """One replica's share of a global batch -> its mean cross-entropy. dlaunch does backward and the update."""
+def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One replica's share of a global batch -> its mean cross-entropy, which dlaunch backpropagates before the
+    update, and the batch's accuracy, which dlaunch logs beside the loss (averaged over the replicas)."""
     images, labels = batch
-    return nn.functional.cross_entropy(model(images), labels)
+    logits = model(images)
+    accuracy = (logits.detach().argmax(dim=1) == labels).float().mean()
+    return {"loss": nn.functional.cross_entropy(logits, labels), "accuracy": accuracy}
 
 
 def evaluate(model: nn.Module, parts: Parts) -> dict[str, float]:

@@ -34,8 +34,7 @@ from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
 from launcher.input.position import DataStream, EpochBatchSampler, Position
 from launcher.input.tensor_rows import batched_reads
-from launcher.runtime import heartbeat, outputs
-from launcher.runtime import recipe as recipe_lib
+from launcher.runtime import heartbeat, outputs, recipe as recipe_lib
 from launcher.runtime.compiled import compile_model
 from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
@@ -369,13 +368,14 @@ class _Loop:
 
     def _log(self, step: int, per_replica: Any, lr: float | None, meter: Meter, progress: ProgressReporter,
              metrics_log: Any) -> float:
-        loss, norm, skipped = (float(v) for v in self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist())
+        loss, norm, skipped, *extras = self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist()
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             raise loss_not_finite(loss, step, self.spec.trainer.log_every)
         rate, eta = meter.window(step)
         progress.logged(step, loss, rate, eta)
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,
-                  **({} if norm == NOT_MEASURED else {"grad_norm": norm})}  # inf/NaN: null in metrics.jsonl
+                  **({} if norm == NOT_MEASURED else {"grad_norm": norm}),  # inf/NaN: null in metrics.jsonl
+                  **dict(zip(self.step.metric_names or (), extras))}  # the recipe's own, averaged over the replicas
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
             record["skipped_steps"] = self.skipped_steps

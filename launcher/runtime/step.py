@@ -36,6 +36,8 @@ from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
 _NOT_SETTINGS = ("params", "fused", "foreach", "capturable", "differentiable")  # a param group's keys a resume keeps
+# The keys of a metrics.jsonl training record that dlaunch writes: a recipe's own metrics take other names.
+RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
 NOT_MEASURED = -1.0  # the grad_norm of a step that took none (a norm is never negative, and a mean of -1s stays -1)
 
 
@@ -75,6 +77,7 @@ class ReplicaStep:
         self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
         self.skipped: torch.Tensor | None = None  # skipped updates so far, on the device (fp16-mixed)
         self.compile = trainer.compile if trainer.compile.enabled else None
+        self.metric_names: tuple[str, ...] | None = None  # a recipe's own metrics (its step returns a dict), once seen
         # The hyperparameters the recipe set (lr, momentum, weight decay, a schedule's initial_lr), before a
         # checkpoint's are loaded over them: this command's settings stand, the checkpoint restores the state.
         # The kernel flags stay the checkpoint's: torch placed the loaded state (Adam's step) for them.
@@ -96,23 +99,26 @@ class ReplicaStep:
     def _step(self, batch: Any, measure: bool) -> torch.Tensor:
         if self.manual:
             with self.autocast():
-                loss = self._checked(self.user_step(self.model, batch, self.optimizer))
-            return _metrics(loss.detach(), None, self.skipped) if measure else loss.detach()
+                loss, extra = self._checked(self.user_step(self.model, batch, self.optimizer), measure)
+            return _metrics(loss.detach(), None, self.skipped, extra) if measure else loss.detach()
         micro, shares = micro_batches(batch, self.accum) if self.accum > 1 else ((batch,), None)
-        total = None
+        total = extras = None
         for i, piece in enumerate(micro):
             with self._sync_on(i == len(micro) - 1):
                 with self.autocast():
-                    loss = self._checked(self.user_step(self.model, piece))
+                    loss, extra = self._checked(self.user_step(self.model, piece), measure)
                 if not loss.requires_grad:
                     raise self._no_graph()
                 scaled = loss if len(micro) == 1 else loss / len(micro) if shares is None else loss * shares[i]
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            share = 1.0 / len(micro) if shares is None else shares[i]  # the micro-batch's part of the batch's mean
             part = loss.detach() if shares is None else loss.detach() * shares[i]
             total = part if total is None else total + part
-        return self._update(total / len(micro) if shares is None and len(micro) > 1 else total, measure)
+            if extra is not None:
+                extras = extra * share if extras is None else extras + extra * share
+        return self._update(total / len(micro) if shares is None and len(micro) > 1 else total, measure, extras)
 
-    def _update(self, loss: torch.Tensor, measure: bool) -> torch.Tensor:
+    def _update(self, loss: torch.Tensor, measure: bool, extras: torch.Tensor | None = None) -> torch.Tensor:
         norm = None
         if self.scaler is not None and (measure or self.max_norm is not None):
             self.scaler.unscale_(self.optimizer)  # norms and clipping see true gradients
@@ -127,20 +133,44 @@ class ReplicaStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         # Only logged steps' results are read: the others skip building the metrics (a few kernels per step).
-        return _metrics(loss, norm, self.skipped) if measure else loss
+        return _metrics(loss, norm, self.skipped, extras) if measure else loss
 
     def _sync_on(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP all-reduces and FSDP2 reduce-scatters once per step: on the last micro-batch."""
         return contextlib.nullcontext() if last else no_sync(self.model)
 
-    def _checked(self, loss: Any) -> torch.Tensor:
+    def _checked(self, result: Any, measure: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The loss, and at a logged step the recipe's own metrics (a dict's other values) as one tensor."""
+        loss, metrics = (result.get("loss"), result) if isinstance(result, dict) else (result, None)
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-            return loss.float() if loss.dtype != torch.float32 else loss
-        got = described(loss, forgot="return loss")
+            loss = loss.float() if loss.dtype != torch.float32 else loss
+            return loss, self._metric_values(metrics, loss.device) if metrics is not None and measure else None
+        got = described(result, forgot="return loss") + (" (a dict without a scalar tensor \"loss\")" if metrics else "")
         raise StepError(
             f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
-            "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean())"
+            "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean()), or a dict of "
+            "it and metrics of its own to log, `{\"loss\": loss, \"accuracy\": acc}`"
         )
+
+    def _metric_values(self, metrics: dict[str, Any], device: torch.device) -> torch.Tensor:
+        """The metrics besides ``loss``, in the order of their names on the first logged step (the same every step)."""
+        names = tuple(sorted(k for k in metrics if k != "loss"))
+        if self.metric_names is None:
+            taken = [n for n in names if n in RESERVED_METRICS or not isinstance(n, str)]
+            if taken:
+                raise StepError(f"the recipe's {self.name}() ({where(self.user_step)}) returned metrics named {taken}; "
+                                f"dlaunch's records use {sorted(RESERVED_METRICS)}: name them otherwise")
+            self.metric_names = names
+        elif names != self.metric_names:
+            raise StepError(f"the recipe's {self.name}() ({where(self.user_step)}) returned the metrics {list(names)}, "
+                            f"and {list(self.metric_names)} at the first logged step: every step returns the same ones")
+        values = [metrics[n] for n in names]
+        bad = [n for n, v in zip(names, values) if not _scalar(v)]
+        if bad:
+            raise StepError(f"the recipe's {self.name}() ({where(self.user_step)}) returned metrics {bad} that are not "
+                            "numbers: each must be a number or a one-element tensor (e.g. `acc.mean()`, not a tensor per example)")
+        return torch.stack([v.detach().float().reshape(()).to(device) if isinstance(v, torch.Tensor)
+                            else torch.tensor(float(v), device=device) for v in values]) if values else torch.zeros(0, device=device)
 
 
     def _no_graph(self) -> StepError:
@@ -190,11 +220,19 @@ def _found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:
     return (sum(f.float() for f in found) > 0).float() if found else torch.zeros(())
 
 
-def _metrics(loss: torch.Tensor, norm: torch.Tensor | None, skipped: torch.Tensor | None) -> torch.Tensor:
+def _metrics(loss: torch.Tensor, norm: torch.Tensor | None, skipped: torch.Tensor | None,
+             extras: torch.Tensor | None = None) -> torch.Tensor:
+    """``[loss, grad_norm, skipped, *the recipe's metrics]``: one tensor, one reduction."""
     unmeasured = torch.full((), NOT_MEASURED, device=loss.device)
     parts = [loss.float(), unmeasured if norm is None else norm.float().to(loss.device),
-             torch.zeros((), device=loss.device) if skipped is None else skipped.float()]
-    return torch.stack(parts)
+             torch.zeros((), device=loss.device) if skipped is None else skipped.float().to(loss.device)]
+    return torch.stack(parts) if extras is None else torch.cat([torch.stack(parts), extras.to(loss.device)])
+
+
+def _scalar(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # ---------- the learning-rate schedule ----------

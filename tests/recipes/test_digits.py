@@ -42,8 +42,10 @@ def test_model_train_step_and_evaluate_shapes():
     train, held = digits.make_data(CFG, 0)
     images, labels = train.tensors
     assert model(images[:5]).shape == (5, 10)
-    loss = digits.train_step(model, (images[:48], labels[:48]))
+    step = digits.train_step(model, (images[:48], labels[:48]))
+    loss, accuracy = step["loss"], step["accuracy"]
     assert loss.shape == () and abs(loss.item() - math.log(10)) < 0.3  # starts near a guess
+    assert accuracy.shape == () and 0 <= accuracy.item() <= 0.4 and not accuracy.requires_grad
     with torch.no_grad():
         metrics = digits.evaluate(model, Parts(model=model, optimizer=None, train_data=train, eval_data=held))
     assert set(metrics) == {"eval_accuracy", "eval_loss"} and 0 <= metrics["eval_accuracy"] <= 1
@@ -58,6 +60,10 @@ def test_one_device_run_reaches_95_percent(tmp_path):
     # Measured (seed 0): eval_accuracy 0.975, eval_loss 0.085; seeds 1-3: 0.983-0.989.
     assert result["metrics"]["eval_accuracy"] >= 0.95, result["metrics"]
     assert result["final_loss"] < 0.1 * result["first_loss"], result
+    # train_step's own metric, logged beside the loss: a guess's accuracy at first, the held-out one's at the end
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    accuracy = [r["accuracy"] for r in logged if "loss" in r]
+    assert len(accuracy) == len([r for r in logged if "loss" in r]) and accuracy[0] < 0.3 and accuracy[-1] > 0.9, accuracy
 
 
 @pytest.mark.slow
@@ -68,3 +74,5 @@ def test_mirrored_two_replicas_reach_95_percent(run_dlaunch):
     assert result["status"] == "completed" and result["num_replicas_in_sync"] == 2 and result["per_replica_batch_size"] == 24
     # Measured (seed 0): eval_accuracy 0.975, eval_loss 0.084 (the same run as one device, split in two).
     assert result["metrics"]["eval_accuracy"] >= 0.95, result["metrics"]
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1 and 0 <= first["accuracy"] < 0.3  # the two replicas' batch accuracies, averaged

@@ -247,3 +247,53 @@ def test_a_loss_read_every_n_steps_says_since_when_it_may_have_been_bad():
     said = str(loss_not_finite(float("inf"), 30, 10))
     assert said.startswith("loss is inf at step 30 (read every 10 steps: it became inf after step 20; trainer.log_every=1")
     assert "after step 1;" in str(loss_not_finite(float("nan"), 10, 10))
+
+
+def step_with_metrics(model, batch):
+    x, y = batch
+    out = model(x)
+    return {"loss": torch.nn.functional.mse_loss(out, y), "abs_error": (out - y).abs().mean(), "rows": x.shape[0]}
+
+
+def test_a_step_that_returns_metrics_of_its_own_trains_as_one_that_returns_the_loss():
+    """[loss, grad_norm, skipped, abs_error, rows]: the recipe's metrics after dlaunch's, in their names' order; with
+    accumulation, averaged over the micro-batches as the loss is (4 rows each: the mean is 4, the error the batch's)."""
+    plain, plain_metrics, _ = run_steps(TrainerSpec())
+    full, metrics, step = run_steps(TrainerSpec(), user_step=step_with_metrics)
+    accumulated, acc_metrics, acc_step = run_steps(TrainerSpec(grad_accum_steps=4), user_step=step_with_metrics)
+    assert step.metric_names == acc_step.metric_names == ("abs_error", "rows")
+    for a, b in zip(plain.parameters(), full.parameters()):
+        assert torch.equal(a, b)
+    model, batch = model_and_batch()
+    x, y = batch
+    assert metrics[0].tolist()[:3] == plain_metrics[0].tolist()
+    torch.testing.assert_close(metrics[0][3], (model(x) - y).abs().mean().detach())  # before the first update
+    assert metrics[0][4] == 16 and acc_metrics[0][4] == 4
+    torch.testing.assert_close(acc_metrics[0][3], metrics[0][3], rtol=1e-6, atol=0)
+    assert step(batch, measure=False).dim() == 0  # a step that is not logged: the loss alone, no metrics built
+
+
+@pytest.mark.parametrize("returned, says", [
+    ({"lr": 0.1}, "named ['lr']; dlaunch's records use"),
+    ({"acc": torch.ones(3)}, "metrics ['acc'] that are not numbers"),
+    ({"acc": "high"}, "metrics ['acc'] that are not numbers"),
+])
+def test_metrics_a_step_cannot_log_are_named(returned, says):
+    def user_step(model, batch):
+        return {"loss": mse_step(model, batch), **returned}
+
+    with pytest.raises(StepError, match=re.escape(says)):
+        run_steps(TrainerSpec(), steps=1, user_step=user_step)
+
+
+def test_a_dict_without_the_loss_and_metrics_that_change_are_named():
+    with pytest.raises(StepError, match="a dict without a scalar tensor \"loss\""):
+        run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: {"acc": 1.0})
+    calls = []
+
+    def changing(model, batch):
+        calls.append(1)
+        return {"loss": mse_step(model, batch), **({"a": 1.0} if len(calls) == 1 else {"b": 1.0})}
+
+    with pytest.raises(StepError, match=re.escape("returned the metrics ['b'], and ['a'] at the first logged step")):
+        run_steps(TrainerSpec(), steps=2, user_step=changing)
