@@ -134,8 +134,8 @@ class StrategyExtended:
             raise RuntimeError("strategy.run() was called inside strategy.run(); call it from cross-replica context")
 
         frames, guards = self._replica_frames()
-        if self._num_local > 1:  # replica 0 runs in the caller's autocast, if any: the other threads enter it too
-            guards = self._in_callers_autocast(guards)
+        if self._num_local > 1:  # replica 0 runs in the caller's autocast and grad mode: the other threads too
+            guards = self._in_callers_modes(guards)
 
         def call(local_id: int) -> Any:
             # The replica's frame on its own thread's stack (what ``_enter`` does, without the objects).
@@ -167,13 +167,14 @@ class StrategyExtended:
             )
         return self._frames
 
-    def _in_callers_autocast(self, guards: list[Any]) -> list[Any]:
-        """The replica threads' guards, with the autocast the calling thread is in (autocast is per thread)."""
+    def _in_callers_modes(self, guards: list[Any]) -> list[Any]:
+        """The replica threads' guards, with the autocast the calling thread is in and its ``torch.no_grad()``
+        (both are per thread), as torch's ``parallel_apply`` carries them."""
         device_type = self._devices[0].type
-        dtype = inherited_autocast(device_type)
-        if dtype is None:
+        dtype, grad = inherited_autocast(device_type), torch.is_grad_enabled()
+        if dtype is None and grad:
             return guards
-        return [guards[0], *(functools.partial(_guarded_autocast, g, device_type, dtype) for g in guards[1:])]
+        return [guards[0], *(functools.partial(_guarded_modes, g, device_type, dtype, grad) for g in guards[1:])]
 
     def _replica_threads(self) -> ReplicaThreads:
         if self._threads is None:
@@ -362,7 +363,8 @@ def _check_same_shapes(parts: list[torch.Tensor]) -> None:
 
 
 @contextlib.contextmanager
-def _guarded_autocast(guard: Any, device_type: str, dtype: torch.dtype) -> Iterator[None]:
-    """A replica thread's device guard (if any), and inside it the caller's autocast."""
-    with guard() if guard is not None else contextlib.nullcontext(), torch.autocast(device_type, dtype=dtype):
+def _guarded_modes(guard: Any, device_type: str, dtype: torch.dtype | None, grad: bool) -> Iterator[None]:
+    """A replica thread's device guard (if any), and inside it the caller's autocast and grad mode."""
+    with guard() if guard is not None else contextlib.nullcontext(), torch.set_grad_enabled(grad), \
+            torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
         yield

@@ -10,6 +10,7 @@ on several devices of one process) enter the autocast their caller is in
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -31,3 +32,12 @@ def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler:
 def inherited_autocast(device_type: str) -> torch.dtype | None:
     """The autocast dtype the calling thread is in on ``device_type`` (None: none), for threads it starts work on."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def unscale_once(scaler: torch.amp.GradScaler, optimizer: Any) -> None:
+    """``scaler.unscale_(optimizer)``, unless it was called since the last ``update()`` (torch refuses a second)."""
+    try:
+        scaler.unscale_(optimizer)
+    except RuntimeError as exc:
+        if "unscale_() has already been called" not in str(exc):
+            raise

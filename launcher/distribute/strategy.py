@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -43,7 +43,8 @@ class Strategy:
 
     _is_user_strategy = True
     _precision = "fp32"  # trainer.precision, where dlaunch runs a script (``_use_precision``)
-    _autocast_used = _scaler_used = False  # whether the script asked for them (it is told if it did not)
+    _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
+    _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
 
     def __init__(self, extended: StrategyExtended, cluster_resolver: Any = None):
         self._extended = extended
@@ -220,29 +221,37 @@ class Strategy:
         """``trainer.precision`` of the run (``fp32``, ``bf16-mixed``, ``fp16-mixed``); ``fp32`` outside dlaunch."""
         return self._precision
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
         """``torch.autocast`` in the run's precision on this strategy's device; nothing under fp32. Enter it around
         the forward pass and the loss, in the function ``run`` runs or around ``run`` itself (replica threads
         enter it too)."""
         self._autocast_used = True
-        return precision.autocast(self.precision, self._extended._devices[0].type)
+        with precision.autocast(self.precision, self._extended._devices[0].type):
+            yield
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """fp16-mixed's ``torch.amp.GradScaler`` (``scaler.scale(loss).backward()``, ``scaler.step(optimizer)``,
-        ``scaler.update()``); a disabled one, which passes everything through, under any other precision."""
-        self._scaler_used = True
-        return precision.grad_scaler(self.precision, self._extended._devices[0].type)
+        ``scaler.update()``), the same one at every call, so its scale adapts over the steps; a disabled one, which
+        passes everything through, under any other precision."""
+        if self._scaler is None:
+            self._scaler = precision.grad_scaler(self.precision, self._extended._devices[0].type)
+        return self._scaler
 
-    def no_sync(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:
         """Backward passes inside do not sync gradients (DDP's ``no_sync``, FSDP2's gradient sync off): the
-        micro-steps of gradient accumulation, before one backward outside it syncs them all."""
-        return gradient_sync.no_sync(module)
+        micro-steps of gradient accumulation, before one backward outside it (or with ``enabled=False``) syncs
+        them all."""
+        return gradient_sync.no_sync(module) if enabled else contextlib.nullcontext()
 
     def clip_grad_norm_(self, module: torch.nn.Module, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:
         """The total norm of ``module``'s averaged gradients, a plain tensor (split DTensor gradients count whole;
         the mesh's optimizer averages them first), after which they are scaled to at most ``max_norm``
-        (None: measured only). Call it after backward and before ``optimizer.step()``; with fp16-mixed, after
-        ``scaler.unscale_(optimizer)``."""
+        (None: measured only); None where no parameter has a gradient. Call it after backward and before
+        ``optimizer.step()``. Under fp16-mixed it unscales them first (``grad_scaler().unscale_(optimizer)``,
+        unless the script did)."""
+        if self._scaler is not None and self._scaler.is_enabled():
+            precision.unscale_once(self._scaler, optimizer)
         return averaged_grad_norm(module, optimizer, max_norm)
 
     def _use_precision(self, name: str) -> None:

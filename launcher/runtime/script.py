@@ -109,7 +109,7 @@ def _say_if_precision_unused(strategy: Any) -> None:
         log.warning("trainer.precision=%s: the script never called strategy.autocast(), so its forward pass ran without "
                     "autocast; wrap the forward pass and the loss in `with strategy.autocast():` (docs/SCRIPTS.md)",
                     strategy.precision)
-    if strategy.precision == "fp16-mixed" and not strategy._scaler_used:
+    if strategy.precision == "fp16-mixed" and strategy._scaler is None:
         log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
                     "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
 

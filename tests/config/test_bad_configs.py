@@ -221,7 +221,12 @@ def test_a_config_dir_that_does_not_exist_is_named(capsys, tmp_path, monkeypatch
 def test_a_yaml_with_many_mistakes_names_every_key_in_one_screen(capsys, monkeypatch, tmp_path):
     """Six unknown keys: four in full, each section's allowed keys listed once, and the last two by name with what
     was meant (it said "... and 2 more" alone)."""
+    from launcher.config import compose as composer
+
     monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    # main() sets the primary config for the process: the later tests of this process compose dlaunch's own again
+    monkeypatch.setattr(composer, "CONFIG_DIRS", [])
+    monkeypatch.setattr(composer, "CONFIG_NAME", composer.CONFIG_NAME)
     (tmp_path / "bad.yaml").write_text("defaults:\n  - config\n  - _self_\ntrainer:\n  stepz: 5\n  precison: bf16-mixed\n"
                                        "  evl_every: 3\ninput:\n  global_bach_size: 4\ncluster:\n  devise: cpu\n"
                                        "launch:\n  dryrun: true\n")

@@ -45,3 +45,39 @@ def test_outside_dlaunch_the_default_strategy_is_fp32_and_its_scaler_passes_thro
 def test_an_unknown_precision_is_refused(strategy):
     with pytest.raises(ValueError, match="precision must be one of"):
         strategy._use_precision("bf16")
+
+
+def test_replica_threads_take_the_callers_no_grad_too(strategy):
+    with torch.no_grad():
+        inside = strategy.experimental_local_results(strategy.run(torch.is_grad_enabled))
+    assert inside == (False, False)
+    assert strategy.experimental_local_results(strategy.run(torch.is_grad_enabled)) == (True, True)
+
+
+def test_autocast_counts_as_used_only_once_entered(strategy):
+    strategy._use_precision("bf16-mixed")
+    made = strategy.autocast()
+    assert not strategy._autocast_used
+    with made:
+        assert strategy._autocast_used
+
+
+def test_the_scaler_is_one_per_strategy_and_clipping_unscales_under_fp16():
+    """A scaler made anew at each step would start at 2**16 each time and never adapt; a norm of scaled gradients
+    would be 2**16 times the true one, and clip the true gradients to almost nothing."""
+    strategy = dl.OneDeviceStrategy("cpu")
+    strategy._use_precision("fp16-mixed")
+    scaler = strategy.grad_scaler()
+    assert strategy.grad_scaler() is scaler and scaler.get_scale() == 2.0**16
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    model(x).pow(2).mean().backward()
+    true = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    model.zero_grad()
+    scaler.scale(model(x).pow(2).mean()).backward()
+    torch.testing.assert_close(strategy.clip_grad_norm_(model, optimizer, None), true, rtol=1e-6, atol=0)
+    torch.testing.assert_close(strategy.clip_grad_norm_(model, optimizer, None), true, rtol=1e-6, atol=0)  # once only
+    scaler.step(optimizer)
+    scaler.update()

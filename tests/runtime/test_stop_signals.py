@@ -33,14 +33,15 @@ def test_the_handler_raises_inside_and_the_previous_handlers_come_back():
 
 def test_only_the_handlers_replaces_accepts_give_way():
     mine = lambda signum, frame: None  # noqa: E731 - a handler someone else set
-    previous = signal.signal(signal.SIGHUP, mine)
+    previous, previous_term = signal.signal(signal.SIGHUP, mine), signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         with handling_stop_signals(_raise, (signal.SIGTERM, signal.SIGHUP), replaces=lambda h: h is signal.SIG_DFL):
             assert signal.getsignal(signal.SIGTERM) is _raise
             assert signal.getsignal(signal.SIGHUP) is mine
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    finally:
+    finally:  # an earlier test of this process (torch elastic's) may have set SIGTERM's handler: it comes back
         signal.signal(signal.SIGHUP, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 def test_off_the_main_thread_it_sets_nothing_rather_than_fail():
