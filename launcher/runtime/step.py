@@ -154,7 +154,7 @@ class ReplicaStep:
 
     def _metric_values(self, metrics: dict[str, Any], device: torch.device) -> torch.Tensor:
         """The metrics besides ``loss``, in the order of their names on the first logged step (the same every step)."""
-        names = tuple(sorted(k for k in metrics if k != "loss"))
+        names = tuple(sorted((k for k in metrics if k != "loss"), key=str))  # a key that is no string is named below
         if self.metric_names is None:
             taken = [n for n in names if n in RESERVED_METRICS or not isinstance(n, str)]
             if taken:
