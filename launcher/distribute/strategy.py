@@ -42,7 +42,7 @@ class Strategy:
     """Base of every strategy: the tf.distribute.Strategy API over a ``StrategyExtended``."""
 
     _is_user_strategy = True
-    _precision = "fp32"  # trainer.precision, where dlaunch runs a script (``_use_precision``)
+    _precision = "fp32"  # trainer.precision where dlaunch runs the script; the ``precision`` setter elsewhere
     _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
     _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
 
@@ -218,8 +218,18 @@ class Strategy:
     # ----- a custom loop's precision, accumulation and clipping, as dlaunch's loop does them -----
     @property
     def precision(self) -> str:
-        """``trainer.precision`` of the run (``fp32``, ``bf16-mixed``, ``fp16-mixed``); ``fp32`` outside dlaunch."""
+        """``trainer.precision`` of the run (``fp32``, ``bf16-mixed``, ``fp16-mixed``). Outside dlaunch it is ``fp32``
+        until set (``strategy.precision = "bf16-mixed"``), before ``grad_scaler()`` is first called."""
         return self._precision
+
+    @precision.setter
+    def precision(self, name: str) -> None:
+        if name not in precision.DTYPES:
+            raise ValueError(f"precision must be one of {list(precision.DTYPES)}, got {name!r}")
+        if self._scaler is not None and name != self._precision:
+            raise RuntimeError(f"precision is {self._precision!r} and grad_scaler() was made for it; set the "
+                               f"precision before the first grad_scaler() call")
+        self._precision = name
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -254,11 +264,11 @@ class Strategy:
             precision.unscale_once(self._scaler, optimizer)
         return averaged_grad_norm(module, optimizer, max_norm)
 
-    def _use_precision(self, name: str) -> None:
-        """The run's ``trainer.precision``, set by dlaunch for the script it runs."""
-        if name not in precision.DTYPES:
-            raise ValueError(f"precision must be one of {list(precision.DTYPES)}, got {name!r}")
-        self._precision = name
+    def _unused_precision_helpers(self) -> list[str]:
+        """The helpers the precision needs that the script never used: ``autocast`` (never entered) and, under
+        fp16-mixed, ``grad_scaler`` (never made). dlaunch tells a script's user at its end."""
+        unused = ["autocast"] if self._precision != "fp32" and not self._autocast_used else []
+        return unused + (["grad_scaler"] if self._precision == "fp16-mixed" and self._scaler is None else [])
 
     def __repr__(self) -> str:
         return (

@@ -105,11 +105,12 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
 def _say_if_precision_unused(strategy: Any) -> None:
     """``trainer.precision`` reaches a script through ``strategy.autocast()`` (and fp16's ``strategy.grad_scaler()``):
     a script that never asked for them did not train so, which the user should not have to find out from the speed."""
-    if strategy.precision != "fp32" and not strategy._autocast_used:
-        log.warning("trainer.precision=%s: the script never called strategy.autocast(), so its forward pass ran without "
-                    "autocast; wrap the forward pass and the loss in `with strategy.autocast():` (docs/SCRIPTS.md)",
-                    strategy.precision)
-    if strategy.precision == "fp16-mixed" and strategy._scaler is None:
+    unused = strategy._unused_precision_helpers()
+    if "autocast" in unused:
+        log.warning("trainer.precision=%s: the script never entered strategy.autocast(), so its forward pass ran "
+                    "without autocast; wrap the forward pass and the loss in `with strategy.autocast():` "
+                    "(docs/SCRIPTS.md)", strategy.precision)
+    if "grad_scaler" in unused:
         log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
                     "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
 

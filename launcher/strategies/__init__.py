@@ -81,7 +81,7 @@ def build(spec: Any, runtime: Runtime) -> "Strategy":
     lookup(spec.name)
     strategy = spec.build(runtime)
     if runtime.run_spec is not None:
-        strategy._use_precision(runtime.run_spec.trainer.precision)
+        strategy.precision = runtime.run_spec.trainer.precision
     return strategy
 
 

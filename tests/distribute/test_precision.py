@@ -21,7 +21,7 @@ def test_replica_threads_enter_the_autocast_that_run_is_called_in(strategy):
 
 @pytest.mark.parametrize("precision, dtype", [("fp32", "none"), ("bf16-mixed", "torch.bfloat16"), ("fp16-mixed", "torch.float16")])
 def test_the_strategy_autocasts_in_the_runs_precision(strategy, precision, dtype):
-    strategy._use_precision(precision)
+    strategy.precision = precision
     assert strategy.precision == precision
 
     def fn():
@@ -44,7 +44,7 @@ def test_outside_dlaunch_the_default_strategy_is_fp32_and_its_scaler_passes_thro
 
 def test_an_unknown_precision_is_refused(strategy):
     with pytest.raises(ValueError, match="precision must be one of"):
-        strategy._use_precision("bf16")
+        strategy.precision = "bf16"
 
 
 def test_replica_threads_take_the_callers_no_grad_too(strategy):
@@ -55,18 +55,29 @@ def test_replica_threads_take_the_callers_no_grad_too(strategy):
 
 
 def test_autocast_counts_as_used_only_once_entered(strategy):
-    strategy._use_precision("bf16-mixed")
+    strategy.precision = "bf16-mixed"
     made = strategy.autocast()
-    assert not strategy._autocast_used
+    assert strategy._unused_precision_helpers() == ["autocast"]
     with made:
-        assert strategy._autocast_used
+        assert strategy._unused_precision_helpers() == []
+
+
+def test_fp16_without_a_scaler_is_named_and_the_precision_is_set_before_the_scaler():
+    strategy = dl.OneDeviceStrategy("cpu")
+    strategy.precision = "fp16-mixed"
+    assert strategy._unused_precision_helpers() == ["autocast", "grad_scaler"]
+    scaler = strategy.grad_scaler()
+    assert strategy._unused_precision_helpers() == ["autocast"] and scaler.is_enabled()
+    strategy.precision = "fp16-mixed"  # the same: nothing changes
+    with pytest.raises(RuntimeError, match="set the precision before the first grad_scaler"):
+        strategy.precision = "bf16-mixed"  # the scaler made for fp16 would stay enabled
 
 
 def test_the_scaler_is_one_per_strategy_and_clipping_unscales_under_fp16():
     """A scaler made anew at each step would start at 2**16 each time and never adapt; a norm of scaled gradients
     would be 2**16 times the true one, and clip the true gradients to almost nothing."""
     strategy = dl.OneDeviceStrategy("cpu")
-    strategy._use_precision("fp16-mixed")
+    strategy.precision = "fp16-mixed"
     scaler = strategy.grad_scaler()
     assert strategy.grad_scaler() is scaler and scaler.get_scale() == 2.0**16
     torch.manual_seed(0)

@@ -291,7 +291,7 @@ def test_a_script_given_a_precision_it_never_asks_for_is_told(tmp_path):
     proc, _ = _run(tmp_path, "script=custom_loop.py", "trainer.precision=bf16-mixed", script_args=("--epochs", "1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = " ".join((proc.stdout + proc.stderr).split())
-    assert "trainer.precision=bf16-mixed: the script never called strategy.autocast(), so its forward pass ran without autocast" in said
+    assert "trainer.precision=bf16-mixed: the script never entered strategy.autocast(), so its forward pass ran without autocast" in said
     assert "grad_scaler" not in said
 
 
