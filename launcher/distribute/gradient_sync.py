@@ -5,12 +5,23 @@ A backward inside ``no_sync(model)`` leaves this rank's gradients unsynced
 syncs them all at once. Strategies that sync elsewhere need nothing here: the
 mesh's replicas average at the optimizer's step, replica threads of one process
 share their gradients, so for them it changes nothing.
+
+``watched(model)`` is the script API's form (``strategy.no_sync``): it also stops
+an ``optimizer.step()`` that would apply unsynced gradients, the one mistake of
+accumulation that no error shows (every micro-batch, the last too, inside it):
+DDP decides at forward time, so a step whose last training forward ran inside it
+would move each rank its own way; FSDP2 leaves the sharded gradients unset, so
+the step would change nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook  # torch.optim deletes its submodules' names
 
 
 def no_sync(model: Any) -> contextlib.AbstractContextManager:
@@ -31,3 +42,79 @@ def _no_gradient_sync(model: Any) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+
+
+class UnsyncedStep(RuntimeError):
+    """``optimizer.step()`` on gradients that ``strategy.no_sync`` kept from being synced."""
+
+
+def watched(model: Any) -> contextlib.AbstractContextManager:
+    """``no_sync(model)``, and a check at the optimizer's next step that the step's last backward synced."""
+    inner = no_sync(model)
+    if isinstance(inner, contextlib.nullcontext):  # nothing is synced here, so nothing can be left unsynced
+        return inner
+    watch = _WATCHES.get(model)
+    if watch is None:
+        watch = _WATCHES[model] = _Watch(model)
+    return watch.block(inner)
+
+
+class _Watch:
+    """What ``strategy.no_sync`` saw of one model since its optimizer last stepped."""
+
+    def __init__(self, model: Any):
+        self.ddp = hasattr(model, "no_sync")  # DDP reads the switch at forward, FSDP2 at backward
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ids = frozenset(id(p) for p in self.params)
+        self.open = 0  # no_sync blocks entered and not yet left
+        self.closed = False  # a block was left since the last step (FSDP2's check)
+        self.last_forward_unsynced = False  # DDP's check
+        if self.ddp:
+            model.register_forward_pre_hook(self._forward)
+        _install_step_hook()
+
+    @contextlib.contextmanager
+    def block(self, inner: contextlib.AbstractContextManager) -> Iterator[None]:
+        self.open += 1
+        try:
+            with inner:
+                yield
+        finally:
+            self.open -= 1
+            self.closed = True
+
+    @torch.compiler.disable
+    def _forward(self, module: Any, args: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            self.last_forward_unsynced = self.open > 0
+
+    def check(self) -> None:
+        """Called before the optimizer steps; the next step's checks start afresh."""
+        unsynced = self.last_forward_unsynced if self.ddp else self.closed and all(p.grad is None for p in self.params)
+        self.closed = self.last_forward_unsynced = False
+        if unsynced:
+            how = ("DDP synced no gradient: each rank would step on its own and the replicas drift apart" if self.ddp
+                   else "FSDP2 reduced no gradient into the sharded parameters: the step would change nothing")
+            raise UnsyncedStep(
+                f"optimizer.step() after a backward inside strategy.no_sync(model): {how}. Keep the last "
+                "micro-batch's forward and backward out of it, e.g. `with strategy.no_sync(model, enabled=not last):`")
+
+
+_WATCHES: "weakref.WeakKeyDictionary[Any, _Watch]" = weakref.WeakKeyDictionary()
+_hook: Any = None
+
+
+def _install_step_hook() -> None:
+    """One hook for every optimizer of the process: only those that step a watched model's parameters check."""
+    global _hook
+    if _hook is None:
+        _hook = register_optimizer_step_pre_hook(_before_step)
+
+
+def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if not _WATCHES:
+        return
+    firsts = {id(group["params"][0]) for group in optimizer.param_groups if group["params"]}
+    for watch in list(_WATCHES.values()):
+        if firsts & watch.ids:
+            watch.check()

@@ -1,0 +1,75 @@
+"""``strategy.no_sync``: accumulation with one gradient sync per step, and the step it refuses, in real gloo processes.
+
+Every micro-batch inside ``no_sync`` (the last one too) is the mistake no other error shows:
+under DDP each rank steps on its own gradients and the replicas drift apart; under FSDP2 the
+sharded parameters get no gradient and the step changes nothing. The optimizer's step raises
+``UnsyncedStep`` instead, and the right forms (the last micro-batch outside it) step as before.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher.launch.function import WorkerFailed, run_function
+
+pytestmark = pytest.mark.slow
+
+PATTERNS = ("last_outside", "enabled_not_last", "all_inside")
+
+
+def accumulate(strategy_name: str, pattern: str) -> dict:
+    """Two steps of two micro-batches each, rank-dependent data; the parameters' sum after them."""
+    import torch.distributed as dist
+
+    from launcher import distribute as dl
+    from launcher.distribute.gradient_sync import UnsyncedStep
+    from launcher.strategies.impl.fsdp import FSDPStrategy
+
+    strategy = FSDPStrategy(device_type="cpu") if strategy_name == "fsdp" else dl.MirroredStrategy(devices=["cpu"])
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    rank = dist.get_rank()
+    try:
+        for step in range(2):
+            for i in range(2):
+                x = torch.full((3, 4), float(rank + i + step))
+                last = i == 1
+                if pattern == "last_outside" and last:
+                    model(x).pow(2).mean().backward()
+                    continue
+                with strategy.no_sync(model, enabled=not last if pattern == "enabled_not_last" else True):
+                    model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    except UnsyncedStep as exc:
+        return {"error": str(exc)}
+    total = sum(float(p.full_tensor().sum() if hasattr(p, "full_tensor") else p.sum()) for p in model.parameters())
+    return {"sum": total}
+
+
+@pytest.mark.parametrize("strategy_name", ["mirrored", "fsdp"])
+def test_a_step_whose_every_backward_skipped_the_sync_is_refused_and_the_right_forms_agree(strategy_name):
+    results = {pattern: run_function(accumulate, args=(strategy_name, pattern), device="cpu", nproc=2)
+               for pattern in PATTERNS}
+    right = [results[p][r]["sum"] for p in ("last_outside", "enabled_not_last") for r in (0, 1)]
+    assert right == pytest.approx([right[0]] * 4, rel=1e-6)  # one sync per step: every rank the same model
+    for rank in (0, 1):
+        error = results["all_inside"][rank]["error"]
+        assert "optimizer.step() after a backward inside strategy.no_sync(model)" in error
+        assert ("drift apart" if strategy_name == "mirrored" else "change nothing") in error
+        assert "enabled=not last" in error
+
+
+def test_where_nothing_is_synced_no_sync_is_nothing_and_never_refuses(strategy):
+    """Replica threads of one process share their gradients: no_sync changes nothing there, and checks nothing."""
+    with strategy.scope():
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    with strategy.no_sync(model):
+        model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(model.weight.detach(), before)
