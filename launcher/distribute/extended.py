@@ -168,13 +168,15 @@ class StrategyExtended:
         return self._frames
 
     def _in_callers_modes(self, guards: list[Any]) -> list[Any]:
-        """The replica threads' guards, with the autocast the calling thread is in and its ``torch.no_grad()``
-        (both are per thread), as torch's ``parallel_apply`` carries them."""
+        """The replica threads' guards, with the autocast the calling thread is in, its ``torch.no_grad()`` and its
+        ``torch.inference_mode()`` (all are per thread), as torch's ``parallel_apply`` carries the first two."""
         device_type = self._devices[0].type
         dtype, grad = inherited_autocast(device_type), torch.is_grad_enabled()
-        if dtype is None and grad:
+        inference = torch.is_inference_mode_enabled()
+        if dtype is None and grad and not inference:
             return guards
-        return [guards[0], *(functools.partial(_guarded_modes, g, device_type, dtype, grad) for g in guards[1:])]
+        modes = (device_type, dtype, grad, inference)
+        return [guards[0], *(functools.partial(_guarded_modes, g, *modes) for g in guards[1:])]
 
     def _replica_threads(self) -> ReplicaThreads:
         if self._threads is None:
@@ -363,8 +365,9 @@ def _check_same_shapes(parts: list[torch.Tensor]) -> None:
 
 
 @contextlib.contextmanager
-def _guarded_modes(guard: Any, device_type: str, dtype: torch.dtype | None, grad: bool) -> Iterator[None]:
-    """A replica thread's device guard (if any), and inside it the caller's autocast and grad mode."""
-    with guard() if guard is not None else contextlib.nullcontext(), torch.set_grad_enabled(grad), \
+def _guarded_modes(guard: Any, device_type: str, dtype: torch.dtype | None, grad: bool, inference: bool) -> Iterator[None]:
+    """A replica thread's device guard (if any), and inside it the caller's autocast, grad and inference modes."""
+    with guard() if guard is not None else contextlib.nullcontext(), torch.inference_mode(inference), \
+            torch.set_grad_enabled(grad), \
             torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
         yield

@@ -54,6 +54,16 @@ def test_replica_threads_take_the_callers_no_grad_too(strategy):
     assert strategy.experimental_local_results(strategy.run(torch.is_grad_enabled)) == (True, True)
 
 
+def test_replica_threads_take_the_callers_inference_mode_too(strategy):
+    """An evaluation under ``torch.inference_mode()`` makes inference tensors on every replica, not on the first only."""
+    def made():
+        return torch.ones(1).is_inference()
+
+    with torch.inference_mode():
+        assert strategy.experimental_local_results(strategy.run(made)) == (True, True)
+    assert strategy.experimental_local_results(strategy.run(made)) == (False, False)
+
+
 def test_autocast_counts_as_used_only_once_entered(strategy):
     strategy.precision = "bf16-mixed"
     made = strategy.autocast()
