@@ -100,7 +100,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
-    facts, runs = device_facts(), []
+    facts, runs, stem = device_facts(), [], f"{c.timestamp()}-gpu"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for r in range(args.rounds):
@@ -113,9 +113,11 @@ def main() -> None:
             if "bf16+compile" in modes:
                 runs.append({"round": r, "mode": "bf16+compile, prefetch 0", "who": "dlaunch",
                              **dlaunch((*MODES["bf16+compile"][0], "input.prefetch=0"), args.steps, work)})
-    facts["params"] = next(run["params"] for run in runs if "params" in run)
-    c.publish(f"{c.timestamp()}-gpu", {"machine": c.machine(), "device": facts, "shape": SHAPE, "batch": BATCH, "runs": runs},
-              report(facts, runs, args))
+            facts["params"] = next(run["params"] for run in runs if "params" in run)
+            data = {"machine": c.machine(), "device": facts, "shape": SHAPE, "batch": BATCH, "runs": runs}
+            if r + 1 < args.rounds:  # a run cut off (a device call's time limit) still leaves its whole rounds
+                c.write_results(stem, data, report(facts, runs, argparse.Namespace(rounds=r + 1, steps=args.steps)))
+    c.publish(stem, data, report(facts, runs, args))
 
 
 def profile(mode: str, steps: int) -> None:

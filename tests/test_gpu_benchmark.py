@@ -56,3 +56,32 @@ def test_the_hand_loop_profiles_the_same_window_and_regions_as_dlaunch(tmp_path)
     assert table.startswith("trainer.profile: steps 33-37 of this command, hand")
     assert "dlaunch.data" in table and "dlaunch.step" in table
     assert json.loads(out.read_text())["steady_ms_per_step"] > 0
+
+
+def test_a_run_cut_off_after_its_first_round_leaves_that_rounds_results(tmp_path, monkeypatch):
+    """A device call has a time limit: the timings of every finished round are on disk before the next begins.
+    The GPU's runs are stood in for by fixed timings (there is no GPU here); the harness around them is gpu.py's own."""
+    gpu = load_gpu_benchmark()
+    monkeypatch.setattr(gpu.c, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu, "device_facts", lambda: {"gpu": "H100", "torch": "2.11.0", "cuda": "13.0", "bf16_peak_flops": 989.4e12})
+    calls = []
+
+    def timed(who):
+        def run(extra, steps, work):
+            calls.append(who)
+            if len(calls) > 3:  # the second round: the call's time limit kills the harness
+                raise KeyboardInterrupt
+            return {"steady_ms_per_step": 10.0 if who == "dlaunch" else 9.5, "params": 19_300_000}
+        return run
+
+    monkeypatch.setattr(gpu, "dlaunch", timed("dlaunch"))
+    monkeypatch.setattr(gpu, "hand", timed("hand"))
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--rounds", "3", "--modes", "bf16+compile"])
+    try:
+        gpu.main()
+    except KeyboardInterrupt:
+        pass
+    (md,) = tmp_path.glob("*-gpu.md")
+    text = md.read_text()
+    assert "1 round(s) x 150 steps" in text
+    assert "| bf16+compile | dlaunch | 10.00" in text and "0.950x" in text
