@@ -30,6 +30,7 @@ import torch.distributed as dist
 from launcher.checkpoint import layout, manifest, state
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
 from launcher.checkpoint.writer import storage_writer
+from launcher.cluster.process_group import comm_device
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
 
@@ -249,7 +250,7 @@ def agree(path: Path | None, step: int) -> None:
     """Every rank must resume from the same step: ranks that see different checkpoints cannot train together."""
     if not _distributed():
         return
-    mine = torch.tensor([step, -step])
+    mine = torch.tensor([step, -step], device=comm_device())  # nccl's default group takes no CPU tensor
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     if int(mine[0]) != -int(mine[1]):
         raise CheckpointError(

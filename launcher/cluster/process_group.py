@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,14 @@ def job_store(env: WorkerEnv, prefix: str, timeout_s: float) -> dist.Store:
 
 def default_backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
+
+
+def comm_device(group: Any = None) -> torch.device:
+    """Where a tensor for a collective of ``group`` (None: the default group) must be: the CPU where the group has
+    a backend for it (gloo), else the rank's current CUDA device (nccl takes no CPU tensor)."""
+    if "cpu:" in dist.get_backend_config(group):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def process_device(env: WorkerEnv | None, device_type: str | None = None) -> torch.device:

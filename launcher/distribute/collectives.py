@@ -14,6 +14,8 @@ from typing import Any, Callable, ContextManager
 import torch
 import torch.distributed as dist
 
+from launcher.cluster.process_group import comm_device
+
 
 class SingleProcess:
     """The process level when there is one process: every op is the identity."""
@@ -100,9 +102,7 @@ class ProcessCollectives:
         return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, lengths)], dim=axis).to(home)
 
     def _comm_device(self) -> torch.device:
-        if dist.get_backend(self.group) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        return comm_device(self.group)
 
 
 class ThreadRendezvous:
