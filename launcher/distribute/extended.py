@@ -90,6 +90,12 @@ class StrategyExtended:
         return self._device_names
 
     @property
+    def device_type(self) -> str:
+        """The type of device this process computes on (``cpu``, ``cuda``): what autocast and GradScaler take. It is
+        the strategy's own, which may differ from the cluster's (``strategy.device=cpu:0`` on a GPU machine)."""
+        return self._devices[0].type
+
+    @property
     def parameter_devices(self) -> tuple[str, ...]:
         """The devices that hold the parameters."""
         return self._parameter_device_names
@@ -170,7 +176,7 @@ class StrategyExtended:
     def _in_callers_modes(self, guards: list[Any]) -> list[Any]:
         """The replica threads' guards, with the autocast the calling thread is in, its ``torch.no_grad()`` and its
         ``torch.inference_mode()`` (all are per thread), as torch's ``parallel_apply`` carries the first two."""
-        device_type = self._devices[0].type
+        device_type = self.device_type
         dtype, grad = inherited_autocast(device_type), torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
         if dtype is None and grad and not inference:

@@ -237,7 +237,7 @@ class Strategy:
         the forward pass and the loss, in the function ``run`` runs or around ``run`` itself (replica threads
         enter it too)."""
         self._autocast_used = True
-        with precision.autocast(self.precision, self._extended._devices[0].type):
+        with precision.autocast(self.precision, self._extended.device_type):
             yield
 
     def grad_scaler(self) -> torch.amp.GradScaler:
@@ -245,7 +245,7 @@ class Strategy:
         ``scaler.update()``), the same one at every call, so its scale adapts over the steps; a disabled one, which
         passes everything through, under any other precision."""
         if self._scaler is None:
-            self._scaler = precision.grad_scaler(self.precision, self._extended._devices[0].type)
+            self._scaler = precision.grad_scaler(self.precision, self._extended.device_type)
         return self._scaler
 
     def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:

@@ -122,7 +122,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
     compile_model(model, spec.trainer.compile)
-    step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, runtime.device_type, loaded.manual)
+    step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, strategy.extended.device_type, loaded.manual)
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)),
                         spec.input.global_batch_size, read_ahead=spec.input.prefetch)
     own = strategy.extended.own_loop()
@@ -131,7 +131,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
-                 make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", runtime.device_type))
+                 make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", strategy.extended.device_type))
     attempt = env.restart_count if env else (task.attempt if task else 0)  # workers restarted by the launcher
     resumed_at = loop.resume(checkpoint.find(spec, run_dir, restarted=attempt > 0))
     if rank == 0:

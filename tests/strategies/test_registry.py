@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from launcher import strategies
@@ -26,6 +27,17 @@ def test_an_in_process_run_ignores_rank_variables_in_the_shell(monkeypatch):
     assert s.num_replicas_in_sync == 1 and not dist.is_initialized()
     assert s.cluster_resolver is None
 
+
+
+def test_a_strategy_on_the_cpu_of_a_gpu_job_autocasts_on_the_cpu(monkeypatch):
+    """``strategy.device=cpu:0`` where the cluster's device is cuda: the loop's autocast and GradScaler follow the
+    strategy's device (``extended.device_type``), not the cluster's; bf16 on the CPU under a cuda autocast was fp32."""
+    spec = compose_and_validate(["strategy=one_device", "strategy.device=cpu:0", "trainer.precision=bf16-mixed"], cuda_devices=0)
+    s = strategies.build(spec.strategy, strategies.Runtime(None, "cuda", "nccl"))  # the plan of a GPU machine
+    assert s.extended.device_type == "cpu"
+    s.precision = "bf16-mixed"
+    with s.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 # ---------- a strategy is one unit: its file, its torch side, its YAML ----------
 def _python(code: str, **env: str) -> str:
