@@ -42,9 +42,9 @@ class WorkerEnv:
         world = int(env["WORLD_SIZE"])
         return cls(
             rank=int(env["RANK"]),
-            local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+            local_rank=int(_first(env, _LOCAL_RANK, env["RANK"])),
             world_size=world,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            local_world_size=int(_first(env, _LOCAL_WORLD_SIZE, world)),
             group_rank=int(env.get("GROUP_RANK", 0)),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 0)),
@@ -53,6 +53,16 @@ class WorkerEnv:
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             device_type=env.get(DEVICE_VARIABLE) or None,
         )
+
+
+# Where a launcher other than torchrun (srun, mpirun) started the process: its own names for the rank on this node
+# (a GPU index) and the processes of this node. RANK alone would send rank 12 of a 2x8 job to cuda:12.
+_LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+_LOCAL_WORLD_SIZE = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...], default: object) -> object:
+    return next((env[n] for n in names if env.get(n, "").isdigit()), default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +80,16 @@ class PSTask:
 
 
 TASK_VARIABLES = ("DLAUNCH_TASK", "DLAUNCH_TASK_RANK", "DLAUNCH_ATTEMPT")
+
+
+def emulated_node_devices(node_rank: int, per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` for one emulated node of a CUDA job: its own ``per_node`` devices, the ``node_rank``-th
+    slice of those this process sees (its own ``CUDA_VISIBLE_DEVICES`` where set), so that every node's local ranks
+    0..per_node-1 name different GPUs."""
+    env = os.environ if environ is None else environ
+    seen = env.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in seen.split(",") if d.strip()] if seen else [str(i) for i in range((node_rank + 1) * per_node)]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[node_rank * per_node:(node_rank + 1) * per_node])}
 
 
 def ps_task(environ: Mapping[str, str] | None = None) -> PSTask | None:

@@ -53,6 +53,12 @@ class ClusterSpec:
             raise ValueError(f"no task with index {task_index} in job {job_name!r}")
         return tasks[task_index]
 
+    def index_on_host(self, task: tuple[str, int], among: list[tuple[str, int]]) -> int:
+        """``task``'s place among the tasks ``among`` on its own host (its GPU there): two tasks on ``localhost``
+        are 0 and 1, one task per machine is 0 on each."""
+        host = self.task_address(*task).rsplit(":", 1)[0]
+        return [t for t in among if self.task_address(*t).rsplit(":", 1)[0] == host].index(task)
+
     def job_tasks(self, job_name: str) -> list[str]:
         return [self._job(job_name)[i] for i in self.task_indices(job_name)]
 

@@ -348,6 +348,13 @@ def _devices_exist(spec: RunSpec, cuda: int) -> None:
             "cluster.devices_per_node", wanted,
             f"cluster {spec.cluster.shape} asks for {wanted} CUDA devices per node, but this machine has {cuda}",
         )
+    if spec.cluster.emulated and spec.cluster.world_size > cuda:  # each emulated node gets GPUs of its own
+        raise PlanError(
+            "cluster.nodes", spec.cluster.nodes,
+            f"cluster {spec.cluster.shape} emulates {spec.cluster.nodes} nodes on this machine, one CUDA device per "
+            f"process: {spec.cluster.nodes} x {wanted} = {spec.cluster.world_size}, but this machine has {cuda}; set "
+            "cluster.node_rank on each real node, or ask for fewer",
+        )
 
 
 def _backend_fits(spec: RunSpec, cuda: int) -> None:

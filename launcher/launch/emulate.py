@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+from launcher.cluster.env import emulated_node_devices
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, failures, rendezvous, report
@@ -37,19 +39,21 @@ def failures_file(run_dir: Path, node_rank: int) -> Path:
     return run_dir / outputs.STATE_DIR / f"node-{node_rank}.failures.json"
 
 
-def run(spec: RunSpec, run_dir: Path, job: Path) -> int:
+def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
     """Start every node's agent here; return the job's exit code."""
     c = spec.cluster
     sock = rendezvous.bind(c.master_addr, c.master_port)  # node 0's store serves on it: the port is known up front
     port = sock.getsockname()[1]
     run_id = f"dlaunch-{uuid.uuid4().hex[:12]}"
     log.info("emulating %d nodes on this machine: one elastic agent per node, rendezvous on %s:%d", c.nodes, c.master_addr, port)
-    procs = []
+    procs, cuda = [], plan.device_type == "cuda"
     with _stop_on_signals():
         try:
             for node in range(c.nodes):
                 args = [str(job), str(node), run_id, str(port), *([str(sock.fileno())] if node == 0 else [])]
-                procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], pass_fds=(sock.fileno(),) if node == 0 else ()))
+                env = {**os.environ, **emulated_node_devices(node, c.devices_per_node)} if cuda else None
+                procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], env=env,
+                                              pass_fds=(sock.fileno(),) if node == 0 else ()))
             codes = _wait(procs, spec.launch.shutdown_grace_s + 10)
         except _Stopped as stopped:
             _stop(procs, spec.launch.shutdown_grace_s + 5, stopped.signum)

@@ -64,7 +64,8 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
         except ChildFailedError as exc:
             causes = [failures.from_process_failure(r, f) for r, f in exc.failures.items()]
             raise WorkerFailed(failures.first(causes)) from None
-        return {rank: torch.load(work / f"result-{rank}.pt", weights_only=True) for rank in range(nproc)}
+        # map_location: results made on GPUs come back without initialising CUDA in this process
+        return {rank: torch.load(work / f"result-{rank}.pt", weights_only=True, map_location="cpu") for rank in range(nproc)}
 
 
 def _load_main(path: str) -> None:

@@ -87,7 +87,7 @@ class EmulatedNodes(_Workers):
     def start(self, spec: Any, plan: Any, run_dir: Path, job: Path) -> int:
         from launcher.launch import emulate
 
-        return emulate.run(spec, run_dir, job)
+        return emulate.run(spec, plan, run_dir, job)
 
 
 class Tasks(Launcher):

@@ -55,3 +55,27 @@ def test_a_users_interface_wins_and_several_nodes_use_the_network(monkeypatch):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
     assert worker_environment(single_node=True)["NCCL_SOCKET_IFNAME"] == "ib0"
     assert not set(LOOPBACK_INTERFACE_VARIABLES) & set(worker_environment(single_node=False))
+
+
+def test_each_emulated_node_of_a_cuda_job_sees_gpus_of_its_own():
+    """cluster=2x4 on one 8-GPU machine: node 1's local ranks 0-3 are GPUs 4-7, not node 0's again."""
+    from launcher.cluster.env import emulated_node_devices
+
+    assert [emulated_node_devices(n, 4, {}) for n in (0, 1)] == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+                                                                  {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}]
+    mine = {"CUDA_VISIBLE_DEVICES": "6,7,2,3"}  # the user's own choice: sliced, in its order
+    assert [emulated_node_devices(n, 2, mine) for n in (0, 1)] == [{"CUDA_VISIBLE_DEVICES": "6,7"},
+                                                                  {"CUDA_VISIBLE_DEVICES": "2,3"}]
+
+
+def test_a_worker_started_by_srun_or_mpirun_takes_its_rank_on_the_node_from_them():
+    """Rank 12 of a 2x8 job is local rank 4 (cuda:4), not cuda:12; RANK alone stands only where nothing else tells."""
+    from launcher.cluster.env import WorkerEnv
+
+    base = {"RANK": "12", "WORLD_SIZE": "16"}
+    srun = WorkerEnv.from_environ({**base, "SLURM_LOCALID": "4", "SLURM_NTASKS_PER_NODE": "8"})
+    mpirun = WorkerEnv.from_environ({**base, "OMPI_COMM_WORLD_LOCAL_RANK": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"})
+    torchrun = WorkerEnv.from_environ({**base, "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "8", "SLURM_LOCALID": "0"})
+    assert [(e.local_rank, e.local_world_size) for e in (srun, mpirun, torchrun)] == [(4, 8)] * 3
+    alone = WorkerEnv.from_environ(base)
+    assert (alone.local_rank, alone.local_world_size) == (12, 16)

@@ -110,3 +110,29 @@ def test_slurm_resolver_maps_procid_to_tasks():
 def test_slurm_resolver_outside_slurm():
     with pytest.raises(ValueError, match="not inside a SLURM job step"):
         SlurmClusterResolver(environ={})
+
+
+def test_tf_config_tasks_on_one_host_take_a_gpu_each_and_one_task_per_host_gpu_0():
+    """The module's own example puts two workers on localhost: on GPUs, cuda:0 and cuda:1, not cuda:0 twice."""
+
+    shared = ClusterSpec({"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]})
+    members = [("chief", 0), ("worker", 0), ("worker", 1)]
+    assert [shared.index_on_host(m, members) for m in members] == [0, 1, 2]
+    spread = ClusterSpec({"worker": ["a:1", "b:1", "a:2"]})
+    members = [("worker", 0), ("worker", 1), ("worker", 2)]
+    assert [spread.index_on_host(m, members) for m in members] == [0, 0, 1]
+
+
+
+def test_parameter_server_training_tasks_on_one_gpu_machine_take_a_gpu_each(monkeypatch):
+    """chief + 2 workers + 1 ps on one 4-GPU machine: cuda:0, 1, 2 (all three were on cuda:0); more tasks than
+    GPUs share them round-robin; the ps tasks and a CPU job keep the CPU."""
+    import torch
+
+    from launcher.strategies.impl.parameter_server import task_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # no GPU here: the count the task's machine has
+    spec = ClusterSpec({"chief": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{p}" for p in (2, 3, 4, 5)], "ps": ["127.0.0.1:6"]})
+    tasks = [("chief", 0), *(("worker", i) for i in range(4)), ("ps", 0)]
+    assert [task_device(spec, t, "cuda") for t in tasks] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cpu:0"]
+    assert task_device(spec, ("worker", 1), "cpu") == "cpu:0"

@@ -26,6 +26,16 @@ def test_more_cuda_devices_than_exist():
     assert "asks for 4 CUDA devices per node, but this machine has 2" in p.message
 
 
+
+def test_emulated_nodes_of_a_cuda_job_need_a_gpu_per_process_of_every_node():
+    """cluster=2x4 with no node_rank runs both nodes here: 8 processes, one GPU each (a real node sets node_rank)."""
+    (p,) = problems(["strategy=multi_worker_mirrored", "cluster=2x4", "cluster.device=cuda"], cuda_devices=4)
+    assert p.key == "cluster.nodes" and p.value == 2
+    assert "emulates 2 nodes on this machine" in p.message and "2 x 4 = 8, but this machine has 4" in p.message
+    composer.compose_and_validate(["strategy=multi_worker_mirrored", "cluster=2x4", "cluster.device=cuda"], cuda_devices=8)
+    composer.compose_and_validate(["strategy=multi_worker_mirrored", "cluster=2x4", "cluster.device=cuda",
+                                   "cluster.node_rank=1", "cluster.master_addr=10.0.0.1", "cluster.master_port=29500"], cuda_devices=4)
+
 def test_auto_device_uses_cuda_when_present():
     spec = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=2)
     assert spec.device_type(2) == "cuda" and spec.backend(2) == "nccl"

@@ -80,3 +80,4 @@ def test_dlaunch_multi_worker_mirrored_trains_like_one_device(run_dlaunch):
     a, b = (torch.load(d / "params.pt", weights_only=True) for d in (one, mw))
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+

@@ -24,6 +24,7 @@ import datetime
 import enum
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from launcher.cluster.env import WorkerEnv, tf_config
@@ -68,21 +69,28 @@ def default_resolver() -> Any:
     return TorchElasticClusterResolver(env) if env is not None else None
 
 
-def _join_tf_config_group(resolver: Any, backend: str, timeout_s: float) -> bool:
-    """Init the process group of the chief and worker tasks; False if this task is not one of them."""
+def _join_tf_config_group(resolver: Any, backend: str, timeout_s: float, kind: str) -> tuple[bool, torch.device | None]:
+    """Init the process group of the chief and worker tasks: whether there is one of several, and this task's device
+    (None: the default). False if this task is not one of them."""
     spec = resolver.cluster_spec()
     if resolver.task_type == "ps":
         raise ValueError("MultiWorkerMirroredStrategy has no ps tasks; parameter servers are strategy=parameter_server")
     members = [(job, i) for job in GROUP_JOBS if job in spec.jobs for i in spec.task_indices(job)]
-    if (resolver.task_type, resolver.task_id) not in members:
-        return False  # an evaluator: it trains nothing in sync
+    me = (resolver.task_type, resolver.task_id)
+    if me not in members:
+        return False, None  # an evaluator: it trains nothing in sync
     if dist.is_initialized():
-        return dist.get_world_size() > 1
-    rank = members.index((resolver.task_type, resolver.task_id))
+        return dist.get_world_size() > 1, None
+    device = torch.device("cuda", spec.index_on_host(me, members)) if kind == "cuda" else None
+    if device is not None:
+        torch.cuda.set_device(device)  # before the group: nccl's communicator and barriers use this GPU
+    rank = members.index(me)
     host, port = spec.task_address(*members[0]).rsplit(":", 1)
     store = _store(host, int(port), rank == 0, timeout_s)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=len(members), timeout=datetime.timedelta(seconds=timeout_s))
-    return len(members) > 1
+    dist.init_process_group(backend, store=store, rank=rank, world_size=len(members),
+                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device)
+    return len(members) > 1, device
+
 
 
 def _store(host: str, port: int, is_host: bool, timeout_s: float) -> dist.TCPStore:
@@ -112,17 +120,17 @@ class MultiWorkerMirroredStrategy(Strategy):
         resolver = cluster_resolver if cluster_resolver is not None else default_resolver()
         timeout_s = options.timeout_seconds or 300.0
         kind = device_type or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
-        grouped = False
+        grouped, task_device = False, None
         if resolver is not None:
             validate_task(resolver)
             backend = _backend(options, kind)
             if isinstance(resolver, TorchElasticClusterResolver):
                 grouped = ensure_process_group(resolver.env, backend, timeout_s, kind)
             elif resolver.cluster_spec():
-                grouped = _join_tf_config_group(resolver, backend, timeout_s)
+                grouped, task_device = _join_tf_config_group(resolver, backend, timeout_s, kind)
         if grouped:
             env = resolver.env if isinstance(resolver, TorchElasticClusterResolver) else None
-            device = devlib.canonical_name(process_device(env, kind))
+            device = devlib.canonical_name(task_device or process_device(env, kind))
             processes = ProcessCollectives()
             ops = cdo.for_processes(cross_device_ops, processes, env, devlib.to_torch(device))
             extended = _MirroredExtended([device], processes, ddp_options, ops)

@@ -127,10 +127,11 @@ class _PSExtended(StrategyExtended):
         if not leaves or self._proc.world_size == 1:
             return super()._reduce(reduce_op, value, axis)
         mine = [_local_part(leaf, axis) for leaf in leaves]
+        homes = [t.device for t, _ in mine]  # TensorPipe sends CPU tensors only (no device maps): back there after
         self._exchanges += 1
-        everyone = task_exchange.exchange(self._exchanges, self._proc.rank, mine, self._proc.world_size,
-                                          float(self._args["sync_timeout_s"]))
-        totals = iter([_combine(reduce_op, [parts[i] for parts in everyone]) for i in range(len(leaves))])
+        everyone = task_exchange.exchange(self._exchanges, self._proc.rank, [(t.cpu(), n) for t, n in mine],
+                                          self._proc.world_size, float(self._args["sync_timeout_s"]))
+        totals = iter([_combine(reduce_op, [parts[i] for parts in everyone]).to(home) for i, home in enumerate(homes)])
         return map_structure(lambda leaf: next(totals) if isinstance(leaf, PerReplica) else self._reduce_plain(reduce_op, leaf, axis), value)
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
@@ -307,7 +308,7 @@ def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
     cluster = runtime.run_spec.cluster
     task_type, index = runtime.task
     resolver = SimpleClusterResolver(ClusterSpec(cluster_def(cluster)), task_type=task_type, task_id=index)
-    device = "cuda:0" if runtime.device_type == "cuda" else "cpu:0"
+    device = task_device(resolver.cluster_spec(), (task_type, index), runtime.device_type)
     return ParameterServerStrategy(
         resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
         ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
@@ -315,3 +316,12 @@ def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
         reduce_over="this_task",  # the chief logs its own loss: workers do not stop to meet it
         sync_timeout_s=runtime.run_spec.launch.collective_timeout_s,
     )
+
+
+def task_device(cluster: ClusterSpec, task: tuple[str, int], device_type: str) -> str:
+    """A training task's device: on CUDA, a GPU of its own among the training tasks of its host (they share GPUs
+    round-robin only where there are more tasks than GPUs); the ps tasks keep variables on the CPU."""
+    if device_type != "cuda" or task[0] not in TRAINING_JOBS:
+        return "cpu:0"
+    training = [(job, i) for job in TRAINING_JOBS if job in cluster.jobs for i in cluster.task_indices(job)]
+    return f"cuda:{cluster.index_on_host(task, training) % max(1, torch.cuda.device_count())}"
