@@ -49,12 +49,21 @@ def _given(overrides: list[str], prefix: str = "hydra.launcher.") -> dict[str, s
 def resources(launcher: str, spec: Any, device: str = "cuda") -> dict[str, int]:
     """submitit's resources for one job of this cluster, whose nodes run on ``device`` (see ``slurm.device``)."""
     c = spec.cluster
-    if launcher == "submitit_local":  # one machine: each node is a task here
-        return {"nodes": 1, "tasks_per_node": c.nodes}
+    if launcher == "submitit_local":  # one machine: each node is a task here, with GPUs of its own (scheduler.placed)
+        local = {"nodes": 1, "tasks_per_node": c.nodes}
+        # submitit's local executor shows a task only the GPUs asked for: none unless this is set
+        return {**local, "gpus_per_node": c.nodes * c.devices_per_node} if device == "cuda" else local
     wanted = {"nodes": c.nodes, "tasks_per_node": 1}
     if device == "cuda":
         wanted["gpus_per_node"] = c.devices_per_node
     return wanted
+
+
+def _here(spec: Any) -> str:
+    """The device a submitit_local job's tasks run on: this machine's, as its plan resolves it."""
+    from launcher.cluster import gpus
+
+    return spec.device_type(gpus.count())
 
 
 def _one(launcher: str, what: str, values: set[str]) -> None:
@@ -109,7 +118,7 @@ def _request(launcher: str, overrides: list[str], specs: list[Any], query: Calla
         return [], ""
     given = _given(overrides)
     slurm_run = launcher == "submitit_slurm"
-    device, why, partition = _slurm_choice(specs, given.get("partition"), query) if slurm_run else (specs[0].cluster.device, "", None)
+    device, why, partition = _slurm_choice(specs, given.get("partition"), query) if slurm_run else (_here(specs[0]), "", None)
     wanted = resources(launcher, specs[0], device)
     problems = [
         Problem(key=f"hydra.launcher.{k}", value=given[k], message=f"cluster {specs[0].cluster.shape} needs {k}={v}; leave it to dlaunch")

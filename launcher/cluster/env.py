@@ -92,6 +92,13 @@ def emulated_node_devices(node_rank: int, per_node: int, environ: Mapping[str, s
     return {"CUDA_VISIBLE_DEVICES": ",".join(ids[node_rank * per_node:(node_rank + 1) * per_node])}
 
 
+def narrow_local_task_devices(node_rank: int, per_node: int) -> None:
+    """A ``submitit_local`` task (one node of several on this machine) keeps its own slice of the GPUs submitit
+    showed every task, before its workers start; a SLURM task's GPUs are its node's own already."""
+    if "SUBMITIT_LOCAL_GLOBALID" in os.environ and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        os.environ.update(emulated_node_devices(node_rank, per_node))
+
+
 def ps_task(environ: Mapping[str, str] | None = None) -> PSTask | None:
     """This process's parameter-server task, or None outside a parameter-server job."""
     env = os.environ if environ is None else environ

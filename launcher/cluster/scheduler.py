@@ -38,4 +38,5 @@ def placed(cluster: ClusterSpec) -> ClusterSpec:
     master = "127.0.0.1" if host == "localhost" else host
     port = cluster.master_port or PORT_BASE + int(tasks.get("SLURM_JOB_ID", "0") or 0) % PORT_SPAN
     log.info("scheduler task %d of %d: node %d, rendezvous at %s:%d", resolver.task_id, len(addresses), resolver.task_id, master, port)
+    env_lib.narrow_local_task_devices(resolver.task_id, cluster.devices_per_node)
     return cluster.model_copy(update={"node_rank": resolver.task_id, "master_addr": master, "master_port": port})

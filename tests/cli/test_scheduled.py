@@ -23,7 +23,9 @@ def test_slurm_gets_nodes_one_task_per_node_and_gpus():
     s = spec("cluster=2x8")
     assert scheduled.resources("submitit_slurm", s, "cuda") == {"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8}
     assert scheduled.resources("submitit_slurm", s, "cpu") == {"nodes": 2, "tasks_per_node": 1}
-    assert scheduled.resources("submitit_local", s) == {"nodes": 1, "tasks_per_node": 2}
+    # submitit_local shows each task only the GPUs asked for (none without gpus_per_node); each takes its slice
+    assert scheduled.resources("submitit_local", s) == {"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 16}
+    assert scheduled.resources("submitit_local", s, "cpu") == {"nodes": 1, "tasks_per_node": 2}
 
 
 def test_overrides_fill_in_what_the_user_left_out():

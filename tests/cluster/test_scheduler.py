@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from launcher.cluster.env import scheduler_tasks
@@ -38,6 +40,23 @@ def test_submitit_local_tasks_read_as_slurm_tasks():
     assert tasks == {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
                      "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "77"}
 
+
+
+def test_a_submitit_local_task_keeps_its_own_slice_of_the_gpus_and_a_slurm_task_its_nodes(monkeypatch):
+    """submitit_local shows every task all 2 x 4 GPUs (gpus_per_node=8); node 1 keeps 4-7. Under SLURM, a task's
+    GPUs are its own node's: nothing is narrowed."""
+    for key in SLURM:
+        monkeypatch.delenv(key, raising=False)
+    local = {"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    for key, value in local.items():
+        monkeypatch.setenv(key, value)
+    assert placed(ClusterSpec(nodes=2, devices_per_node=4)).node_rank == 1
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    monkeypatch.delenv("SUBMITIT_LOCAL_GLOBALID")
+    for key, value in {**SLURM, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}.items():
+        monkeypatch.setenv(key, value)
+    placed(ClusterSpec(nodes=2, devices_per_node=4))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
 
 def test_outside_a_scheduler_nothing_changes(monkeypatch):
     for key in (*SLURM, "SUBMITIT_LOCAL_GLOBALID"):
