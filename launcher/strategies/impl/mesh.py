@@ -98,7 +98,15 @@ class _MeshExtended(StrategyExtended):
             return steps
         replica = self.assignment.position(dist.get_rank())[0]
         src = self.assignment.rank(replica, 0)
-        return _broadcast_steps(steps if self._reads_input else None, self.mesh.get_group("logical"), src)
+        return _broadcast_steps(steps if self._reads_input else None, self._input_group(), src)
+
+    def _input_group(self) -> Any:
+        """The replica's logical devices as a gloo group of their own (every rank makes every replica's, in order):
+        under nccl, a broadcast of the next step's input would wait on the GPU's queue (the current step) and
+        read its size back on the host, so input could never be read while the GPU computes."""
+        a = self.assignment
+        ranks = [[a.rank(r, i) for i in range(a.num_cores_per_replica)] for r in range(a.num_replicas)]
+        return dist.new_subgroups_by_enumeration(ranks, backend="gloo")[0]
 
     def _logical_id(self) -> int:
         return self.assignment.position(dist.get_rank())[1]
