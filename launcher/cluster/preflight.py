@@ -40,7 +40,7 @@ class PreflightError(RuntimeError):
 def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, device_type: str, collective_timeout_s: float = 300) -> None:
     """Run every check on this rank; raise ``PreflightError`` naming what is wrong."""
     store = job_store(env, f"dlaunch/preflight/{env.run_id}/{env.restart_count}", timeout_s)
-    shared = _shared_part(spec)
+    shared = _shared_part(spec, backend, device_type)
     _announce(store, env, shared, backend)
     _wait_for_all(store, env, timeout_s)
     if env.world_size > env.local_world_size:  # several nodes
@@ -51,11 +51,13 @@ def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, 
     _all_reduce(env, device_type, timeout_s)
 
 
-def _shared_part(spec: dict[str, Any]) -> dict[str, Any]:
+def _shared_part(spec: dict[str, Any], backend: str, device_type: str) -> dict[str, Any]:
+    """What every node must agree on: the config but for its own keys, and what ``auto`` resolved to on it (a node
+    without GPUs would pick gloo where the others pick nccl, and the process group would never form)."""
     shared = json.loads(json.dumps(spec))
     for section, key in PER_NODE_KEYS:
         shared.get(section, {}).pop(key, None)
-    return shared
+    return {**shared, "resolved here (cluster.device/backend=auto)": {"device": device_type, "backend": backend}}
 
 
 def _digest(data: dict[str, Any]) -> str:

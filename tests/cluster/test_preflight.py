@@ -82,3 +82,24 @@ def test_a_rank_that_announces_itself_as_the_wait_gives_up_has_joined():
     store.inner.delete_key("rank1")
     with pytest.raises(preflight.PreflightError, match="1 of 2 ranks joined"):
         preflight._wait_for_all(store, env, 0.1)
+
+
+def test_nodes_whose_auto_device_resolved_differently_are_told_before_the_group_forms():
+    """Node 0 has GPUs (auto: cuda, nccl), node 1 none (auto: cpu, gloo), same command: the process group of nccl
+    and gloo ranks would never form. Each node announces what it resolved; the difference is named."""
+    import torch.distributed as dist
+
+    from launcher.cluster import preflight
+
+    store, spec = dist.HashStore(), {"trainer": {"steps": 10}, "cluster": {"nodes": 2, "node_rank": None, "device": "auto"}}
+    envs = [WorkerEnv(rank=r, local_rank=0, world_size=2, local_world_size=1, group_rank=r, master_addr="10.0.0.1",
+                      master_port=29500) for r in (0, 1)]
+    shared = [preflight._shared_part(spec, "nccl", "cuda"), preflight._shared_part(spec, "gloo", "cpu")]
+    for env, mine in zip(envs, shared):
+        preflight._announce(store, env, mine, "gloo")
+    store.set("read1", "1")  # node 1 has read the configs too
+    with pytest.raises(preflight.PreflightError) as info:
+        preflight._same_config(store, envs[0], shared[0])
+    text = str(info.value)
+    assert "device: 'cuda' on node 0, 'cpu' on node 1" in text and "backend: 'nccl' on node 0, 'gloo' on node 1" in text
+    assert "cluster.device/backend=auto" in text
