@@ -97,8 +97,8 @@ _SAME_AS = {
 }
 # What a flag means for a script, where that differs: a script runs its own loop (docs/SCRIPTS.md).
 _FOR_A_SCRIPT = {
-    "mixed_precision": "torch.autocast in the script itself: its loop is its own, so dlaunch does not cast it "
-                       "(a recipe gets trainer.precision=bf16-mixed or fp16-mixed)",
+    "mixed_precision": "trainer.precision=bf16-mixed (or fp16-mixed), which the script's own loop takes by "
+                       "entering `with strategy.autocast():` (and strategy.grad_scaler() under fp16; docs/SCRIPTS.md)",
 }
 
 
@@ -142,7 +142,7 @@ def flag_message(argv: list[str]) -> str | None:
             lines.append(f"  {given:<28} use {_FOR_A_SCRIPT[name]}")
         elif name in _SAME_AS:
             host, _, port = (value or "").rpartition(":") if ":" in (value or "") else (value, "", "")  # host:port
-            filled = _SAME_AS[name].format(v=value or "N", host=host or "HOST", port=port or "PORT")
+            filled = _SAME_AS[name].format(v=_count(value), host=host or "HOST", port=port or "PORT")
             lines.append(f"  {given:<28} use {filled}")
         else:
             lines.append(f"  {given:<28} {unknown}")
@@ -153,6 +153,16 @@ def flag_message(argv: list[str]) -> str | None:
     else:
         lines.append("e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)")
     return "\n".join(lines)
+
+
+def _count(value: str | None) -> str:
+    """A flag's number; torchrun's ``gpu``/``auto`` (every GPU here) as this machine's GPU count, which a cluster shape
+    names explicitly."""
+    if value in ("gpu", "auto"):
+        from launcher.cluster import gpus
+
+        return str(gpus.count() or "N")
+    return value or "N"
 
 
 def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str | None:

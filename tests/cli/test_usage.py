@@ -86,16 +86,20 @@ def test_a_torchrun_command_line_gets_the_same_run_in_dlaunch_words():
     node1 = flag_message(["--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--master_addr=10.0.0.1", "train.py"])
     assert "cluster=2x8 cluster.node_rank=1 cluster.master_addr=10.0.0.1" in node1
     assert "the same run" not in flag_message(["--nnodes=1:4", "--nproc_per_node=gpu", "train.py"])  # no plain sizes
+    from launcher.cluster import gpus
+
+    every = flag_message(["--nproc_per_node=gpu", "train.py"])  # torchrun's "every GPU here": a number in a shape
+    assert f"use cluster=NODESx{gpus.count() or 'N'} (devices per node)" in every and "xgpu" not in every
     after = flag_message(["script=train.py", "--nproc_per_node=2", "--", "--config", "cfg.py"])
     assert "script=cfg.py" not in after  # a .py after -- is the script's argument, not a script
 
 
-def test_accelerates_mixed_precision_with_a_script_points_at_autocast_not_trainer_precision():
-    """A script runs its own loop: trainer.precision would be refused for it (exit 2); a recipe gets it."""
+def test_accelerates_mixed_precision_with_a_script_points_at_trainer_precision_and_strategy_autocast():
+    """A script runs its own loop: it takes trainer.precision by entering strategy.autocast(); a recipe gets it as is."""
     from launcher.cli.usage import flag_message
 
     for argv in (["--num_processes=2", "--mixed_precision=bf16", "train.py"], ["--mixed_precision=bf16", "script=train.py"]):
         line = next(x for x in flag_message(argv).splitlines() if "--mixed_precision" in x)
-        assert "torch.autocast in the script" in line and "use trainer.precision" not in line, line
+        assert "use trainer.precision=bf16-mixed" in line and "strategy.autocast()" in line, line
     recipe = flag_message(["--num_processes=2", "--mixed_precision=bf16"])
     assert "use trainer.precision=bf16-mixed" in recipe
