@@ -177,3 +177,12 @@ class DataStream:
             "the training data yields no batch: it is smaller than one global batch "
             "(lower input.global_batch_size, or set input.drop_remainder=false)"
         )
+
+    def position_at(self, step: int) -> Position:
+        """Where the data stands after ``step`` global batches (epochs of the dataset's length)."""
+        try:
+            per_epoch = len(self._dataset)
+        except TypeError:
+            return Position(0, step)
+        return Position(step // per_epoch, step % per_epoch) if per_epoch else Position()
+

@@ -180,6 +180,32 @@ class Heartbeat:
         except OSError:
             pass  # a full or read-only disk must not stop training
 
+    # ----- work rank 0 alone does (its evaluation) while the others wait -----
+    def chief_alone(self, label: str, chief: bool) -> None:
+        """After ``label``, work that rank 0 alone did: rank 0 says it is done, the others wait for that here, outside
+        any collective (an evaluation may outlast a collective's timeout; nccl's watchdog would end the waiting
+        ranks). A rank 0 whose heartbeat stops (it died, or was stopped) ends the wait."""
+        if not self.enabled:
+            return
+        store, key = self._main_store(), f"done/{label}"
+        if chief:
+            store.set(key, "1")
+            return
+        with _Operation(self, f"waiting for rank 0's {label}"):
+            beat, seen = None, time.monotonic()
+            while not store.check([key]):
+                record = read_records(store, 1).get(0)
+                if record is not None and record.beat != beat:
+                    beat, seen = record.beat, time.monotonic()
+                elif time.monotonic() - seen > 3 * STALE_AFTER_S:
+                    raise RuntimeError(f"rank 0's heartbeat stopped during its {label} (rank 0 died or was stopped)")
+                time.sleep(self.interval_s / 4)
+
+    def _main_store(self) -> dist.Store:
+        if self.__dict__.get("_store") is None:  # the main thread's own client: the heartbeat thread has its own
+            self._store = job_store(self.env, self.prefix, STORE_TIMEOUT_S)
+        return self._store
+
     # ----- a collective timed out -----
     def timed_out(self, exc: BaseException) -> CollectiveTimeout:
         """``exc``, a timeout in the current operation, as a ``CollectiveTimeout`` naming the ranks that never came."""

@@ -32,7 +32,7 @@ from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.files import FileDataset
-from launcher.input.position import DataStream, EpochBatchSampler, Position
+from launcher.input.position import DataStream, EpochBatchSampler
 from launcher.input.tensor_rows import batched_reads
 from launcher.runtime import heartbeat, outputs, recipe as recipe_lib
 from launcher.runtime.compiled import compile_model
@@ -128,7 +128,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
-    evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or strategy.extended.collective_forward)
+    everywhere = strategy.extended.collective_forward
+    evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or everywhere, everywhere)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
                  make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", strategy.extended.device_type))
@@ -139,9 +140,9 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     loop_started = time.perf_counter()
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy):
         losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
-    loop_seconds = time.perf_counter() - loop_started
+        loop_seconds = time.perf_counter() - loop_started
+        metrics = loop.evaluation(watch, "evaluation at the end")
     warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps, rank)
-    metrics = evaluator()
     if metrics and rank == 0:
         log.info("eval: %s", _said(metrics))
         outputs.append_evaluation(run_dir / outputs.METRICS, spec.trainer.steps, metrics)
@@ -206,21 +207,13 @@ def _finishing(strategy: Any) -> Iterator[None]:
         raise
 
 
-def position_at(stream: DataStream, step: int) -> Position:
-    """Where the data stands after ``step`` global batches (epochs of the dataset's length)."""
-    try:
-        per_epoch = len(stream._dataset)
-    except TypeError:
-        return Position(0, step)
-    return Position(step // per_epoch, step % per_epoch) if per_epoch else Position()
-
-
 class _Evaluator:
     """The recipe's ``evaluate`` under the run's precision, with the model in eval mode; {} without one."""
 
-    def __init__(self, evaluate: Any, model: Any, parts: Any, step: ReplicaStep, here: bool):
+    def __init__(self, evaluate: Any, model: Any, parts: Any, step: ReplicaStep, here: bool, everywhere: bool):
         self.evaluate, self.model, self.parts, self.step = evaluate, model, parts, step
         self.here = evaluate is not None and here  # a split model's forward needs every rank
+        self.chief_alone = evaluate is not None and not everywhere  # the other ranks wait for rank 0's
 
     def __call__(self) -> dict[str, float]:
         if not self.here:
@@ -351,11 +344,10 @@ class _Loop:
         ``unread``: the step's loss where ``_log`` did not read it (checked before a save)."""
         steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
         if eval_every and step % eval_every == 0 and step < steps:
-            with watch.operation(f"evaluation at step {step}"), prof.region("dlaunch.eval"):
-                found = self.evaluate()
-                if found and self.chief:
-                    log.info("eval at step %d: %s", step, _said(found))
-                self._write({"step": step, **found}, metrics_log)
+            found = self.evaluation(watch, f"evaluation at step {step}")
+            if found and self.chief:
+                log.info("eval at step %d: %s", step, _said(found))
+            self._write({"step": step, **found}, metrics_log)
         if self.ckpt.due(step):
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
                 self._save(step, unread)
@@ -365,6 +357,14 @@ class _Loop:
             with watch.operation(f"checkpoint save on a stop signal after step {step}"):
                 saved = self._save(step, unread) if self.ckpt.enabled else None
             raise Preempted(signum, step, saved)
+
+    def evaluation(self, watch: heartbeat.Heartbeat, label: str) -> dict[str, float]:
+        """The recipe's evaluation; where rank 0 alone runs it, the other ranks wait for it without a timeout."""
+        with watch.operation(label), self.profiler.region("dlaunch.eval"):
+            found = self.evaluate()
+        if self.evaluate.chief_alone:
+            watch.chief_alone(label, self.chief)
+        return found
 
     def _log(self, step: int, per_replica: Any, lr: float | None, meter: Meter, progress: ProgressReporter,
              metrics_log: Any) -> float:

@@ -105,11 +105,9 @@ def _checkpoint_group(spec: RunSpec, task: PSTask) -> None:
 
 def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, run_dir: Path, name: str) -> dict[str, Any]:
     """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
-    from launcher.runtime import loop  # the plan imports this module (build_variables) without the loop
-
     start = strategy.global_step
     if start:
-        stream.seek(loop.position_at(stream, start))
+        stream.seek(stream.position_at(start))
     local = 0
     profiler = StepProfiler(spec.trainer.profile, run_dir, name.replace(":", ""), replica_step.device_type)  # worker0.*
     with StopRequests(distributed=False) as stop, profiler as prof:

@@ -90,6 +90,16 @@ def test_periodic_evaluation_is_logged(run_dlaunch):
     assert proc.returncode == 0 and [r["step"] for r in records(again) if "eval_loss" in r] == [10, 20, 30]
 
 
+
+def test_an_evaluation_on_rank_0_may_outlast_the_collective_timeout(run_dlaunch):
+    """Under DDP rank 0 alone evaluates; the other ranks wait for it outside any collective. They used to go on to
+    the next step's gradient all-reduce and time out there (gloo raises; nccl's watchdog kills the process), so an
+    evaluation longer than launch.collective_timeout_s ended the run, at a periodic evaluation or at the end."""
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.eval_sleep=7", "strategy=mirrored",
+                                "cluster=1x2", "trainer.steps=4", "trainer.eval_every=2", "launch.collective_timeout_s=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in records(run_dir) if "eval_loss" in r] == [2, 4]
+
 def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
     proc, run_dir = run_dlaunch(f"recipe.entry={FIXTURES / 'graph_break_recipe.py'}", "trainer.steps=3",
                                 "trainer.compile.enabled=true", "trainer.compile.fullgraph=true")
