@@ -202,7 +202,12 @@ def precision_runs_here(spec: "RunSpec", cuda: int) -> None:
         return
     import torch
 
-    if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+    if not torch.cuda.is_available():
+        return
+    # Not torch.cuda.is_bf16_supported(): by default it says True where bf16 is only emulated (a V100, a T4), slowly.
+    older = [i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_capability(i) < (8, 0)]
+    if older:
+        major, minor = torch.cuda.get_device_capability(older[0])
         raise PlanError("trainer.precision", "bf16-mixed",
-                        f"{torch.cuda.get_device_name(0)} does not compute in bf16 (it needs compute capability 8.0 or later); "
-                        "use trainer.precision=fp16-mixed or fp32")
+                        f"{torch.cuda.get_device_name(older[0])} (compute capability {major}.{minor}) does not compute in "
+                        "bf16 (it needs 8.0 or later: torch would only emulate it, slowly); use trainer.precision=fp16-mixed or fp32")

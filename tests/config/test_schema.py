@@ -112,3 +112,18 @@ def test_a_resume_path_is_checked_on_disk_by_the_parent_only(tmp_path):
     data = composer.compose_and_validate([f"trainer.resume={gone}"], cuda_devices=0).model_dump(mode="json")
     gone.rmdir()
     assert RunSpec.model_validate(data, context={"cuda_devices": 0}).trainer.resume == str(gone)  # as a worker validates
+
+
+def test_bf16_on_a_gpu_that_only_emulates_it_is_refused(monkeypatch):
+    """A V100 (7.0): torch.cuda.is_bf16_supported() says True there (emulation), so the capability decides. The
+    GPU is stood in for (there is none here); the rule and its message are dlaunch's own."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0) if i == 0 else (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: ["NVIDIA A100", "Tesla V100-SXM2-16GB"][i])
+    (p,) = problems(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)
+    assert p.key == "trainer.precision" and "Tesla V100-SXM2-16GB (compute capability 7.0) does not compute in bf16" in p.message
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    composer.compose_and_validate(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)
