@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import secrets
 import shutil
 import time
 import warnings
@@ -154,6 +155,32 @@ class Checkpointer:
             layout.begin_timeline(self.root, first_step)  # a restart may now resume from this command's newest
         if _distributed():
             dist.barrier()
+            self._shared_by_every_node()
+
+    def _shared_by_every_node(self) -> None:
+        """Several nodes save into one directory: one on each node's own disk would keep a part of every checkpoint
+        on each (and rank 0 would verify the part it sees), so no resume would find one whole. Every rank must
+        read the word rank 0 writes there; all raise together where one cannot."""
+        if self.spec.cluster.nodes <= 1:
+            return
+        word = torch.tensor([secrets.randbits(62) if self.rank == 0 else 0], device=comm_device())  # not torch's RNG
+        dist.all_reduce(word)  # rank 0's word, everywhere
+        marker = self.root / ".shared-by-every-node"
+        if self.rank == 0:
+            marker.write_text(str(int(word)))
+        dist.barrier()
+        try:
+            seen = marker.read_text() == str(int(word))
+        except OSError:
+            seen = False
+        node = self.rank // max(1, dist.get_world_size() // self.spec.cluster.nodes)
+        blind = torch.tensor([0 if seen else node + 1], device=comm_device())
+        dist.all_reduce(blind, op=dist.ReduceOp.MAX)
+        if int(blind):
+            raise CheckpointError(
+                f"the checkpoint directory {self.root} is not shared by the nodes: node {int(blind) - 1} does not see "
+                "what node 0 writes there, so each node would keep a part of every checkpoint and no resume would find "
+                "one whole; give every node the same directory on a shared file system (trainer.checkpoint.dir=...)")
 
     def save(self, step: int, position: Position, model: Any, optimizer: Any,
              loop: dict[str, torch.Tensor] | None = None) -> Path | None:

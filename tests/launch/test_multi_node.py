@@ -187,3 +187,16 @@ def test_nodes_with_their_own_run_directories_restart_from_the_same_shared_check
     assert "step-00000004" in outs[0].split("resumed from", 1)[1].splitlines()[0], outs[0][-3000:]  # rank 0's log
     s = summary(tmp_path / "node0")  # and both ranks agreed on it: the run went on to its end
     assert (s["status"], s["restarts"], s["resumed_from_step"]) == ("completed", 1, 4)
+
+
+def test_nodes_whose_checkpoint_directories_are_not_shared_stop_before_they_save_a_split_checkpoint(tmp_path):
+    """Two node commands with their own run directories and the default trainer.checkpoint.dir (RUN_DIR/checkpoints):
+    each node's ranks would write their part of every checkpoint to their own disk, and rank 0 would verify only its
+    own part. Every node must see the directory rank 0 writes to; here both stop, naming node 1, before step 1."""
+    port = free_port()
+    nodes = [node_command(tmp_path, n, port, "trainer.checkpoint.every_steps=10") for n in (1, 0)]
+    errs = [p.communicate(timeout=180)[1] for p in nodes]
+    assert [p.returncode for p in nodes] == [1, 1], errs[1][-3000:]
+    said = " ".join(errs[1].split())
+    assert "is not shared by the nodes: node 1 does not see what node 0 writes there" in said, said[-3000:]
+    assert not list((tmp_path / "node0" / "checkpoints").glob("step-*"))
