@@ -49,6 +49,11 @@ def count() -> int:
     return _torch_count()
 
 
+def cpu_torch_beside_gpus(device_file: Path = Path("/dev/nvidia0")) -> bool:
+    """This machine has an NVIDIA GPU (its driver's device file) that the installed torch, a CPU build, cannot use."""
+    return device_file.exists() and torch_build() == "cpu"
+
+
 def torch_build() -> str:
     """``cuda``, ``cpu`` or ``unknown``, from the files of the installed torch (without importing it)."""
     spec = importlib.util.find_spec("torch")

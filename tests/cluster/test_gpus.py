@@ -34,3 +34,14 @@ def test_the_driver_is_asked_in_a_child_that_answers_a_number():
     assert isinstance(told, int) and told >= 0
     if gpus.torch_build() == "cuda":  # a CPU wheel on a GPU machine sees none, whatever the driver says
         assert told == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_a_cpu_build_of_torch_beside_an_nvidia_gpu_is_told(tmp_path, monkeypatch):
+    """dlaunch warns before training on the CPU of a GPU machine because the installed torch cannot see its GPUs."""
+    device_file = tmp_path / "nvidia0"
+    monkeypatch.setattr(gpus, "torch_build", lambda: "cpu")
+    assert not gpus.cpu_torch_beside_gpus(device_file)  # no GPU: nothing to say
+    device_file.touch()
+    assert gpus.cpu_torch_beside_gpus(device_file)
+    monkeypatch.setattr(gpus, "torch_build", lambda: "cuda")
+    assert not gpus.cpu_torch_beside_gpus(device_file)
