@@ -33,6 +33,9 @@ class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware."""
 
     collective_forward = False  # True where a model's forward runs collectives (split layers): every rank evaluates
+    # True where _prepare puts the parameters on the device itself, a piece at a time (FSDP2 moves each unit as it
+    # shards it), so that prepare() does not first move the whole model there
+    places_itself = False
 
     def __init__(
         self, devices: Sequence[str], collectives: Any = None, parameter_devices: Sequence[str] | None = None,

@@ -209,7 +209,8 @@ class Strategy:
         given. Plain torch code then runs unchanged: ``loss.backward()`` and
         ``optimizer.step()`` inside ``run`` average gradients over replicas.
         """
-        placement.settle(module)  # called inside scope(): the parameters go to the device first
+        if not self._extended.places_itself:
+            placement.settle(module)  # called inside scope(): the parameters go to the device first
         if optimizer is not None:
             align_optimizer_state(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)

@@ -134,3 +134,27 @@ def test_an_optimizer_that_has_stepped_is_refused_one_built_with_state_is_not():
     adagrad = torch.optim.Adagrad(model.parameters(), lr=0.1)
     _rebind(adagrad, before, model)
     assert len(adagrad.state) == 2
+
+
+def test_prepare_leaves_placing_to_fully_shard_which_moves_one_unit_at_a_time():
+    """Under fsdp the whole model never sits on one GPU: prepare() does not move it before sharding, and
+    fully_shard moves each unit to the mesh's device as it shards it. A scope on the meta device stands in for a GPU:
+    the model reaches the strategy's _prepare where it was built; without the opt-out it arrived on meta."""
+    from launcher.distribute.extended import StrategyExtended
+    from launcher.distribute.strategy import Strategy
+    from launcher.strategies.impl.fsdp import _FSDPExtended
+
+    assert _FSDPExtended.places_itself
+    seen = []
+
+    class PlacesItself(StrategyExtended):
+        places_itself = True
+
+        def _prepare(self, module, optimizer):
+            seen.append(next(module.parameters()).device.type)
+            return module, optimizer
+
+    strategy = Strategy(PlacesItself(["meta"]))
+    with strategy.scope():
+        strategy.prepare(torch.nn.Linear(2, 2))
+    assert seen == ["cpu"]

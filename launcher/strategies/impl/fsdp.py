@@ -141,17 +141,17 @@ def _sharded_like(value: Any, param: Any) -> Any:
 
 class _FSDPExtended(StrategyExtended):
     collective_forward = True  # a forward all-gathers parameters: every rank evaluates
+    places_itself = True  # fully_shard moves each unit to the GPU as it shards it: the whole model is never there
 
     def __init__(self, device: str, collectives: Any, mesh: Any, options: dict, wrap: Sequence[str]):
         super().__init__([device], collectives)
         self.mesh, self.options, self.wrap = mesh, options, list(wrap)
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
-        module = module.to(self._devices[0])
         if self.mesh is None:
             wrapped_units(module, self.wrap)  # a bad name fails on one process too, before the first step
             log.warning("strategy=fsdp on one process shards nothing: it trains as strategy=one_device would")
-            return module, optimizer
+            return module.to(self._devices[0]), optimizer
         return shard(module, optimizer, self.mesh, self.options, self.wrap), optimizer
 
 
