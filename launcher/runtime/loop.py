@@ -350,12 +350,12 @@ class _Loop:
             self._write({"step": step, **found}, metrics_log)
         if self.ckpt.due(step):
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
-                self._save(step, unread)
+                self._save(step, watch, unread)
         with watch.operation(f"stop-signal agreement after step {step}"):
             signum = stop.agreed()
         if signum and step < steps:  # a signal during the last step: the run is complete
             with watch.operation(f"checkpoint save on a stop signal after step {step}"):
-                saved = self._save(step, unread) if self.ckpt.enabled else None
+                saved = self._save(step, watch, unread) if self.ckpt.enabled else None
             raise Preempted(signum, step, saved)
 
     def evaluation(self, watch: heartbeat.Heartbeat, label: str) -> dict[str, float]:
@@ -390,11 +390,14 @@ class _Loop:
         for logger in self.loggers:
             logger.log(record)
 
-    def _save(self, step: int, unread: Any = None) -> Path:
-        """A checkpoint never holds what a non-finite loss made: a loss no log line read is read first."""
+    def _save(self, step: int, watch: heartbeat.Heartbeat, unread: Any = None) -> Path:
+        """A checkpoint never holds what a non-finite loss made: a loss no log line read is read first. Rank 0 alone
+        verifies and commits it (it reads every rank's files back): the others wait for that outside any collective."""
         if unread is not None and self.step.scaler is None:
             loss = float(self.strategy.reduce(ReduceOp.MEAN, unread, axis=None))
             if not math.isfinite(loss):
                 raise LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); lower "
                                     "recipe.optimizer.lr or check the data")
-        return self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step))
+        saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step))
+        watch.chief_alone(f"checkpoint commit at step {step}", self.chief)
+        return saved

@@ -100,6 +100,34 @@ def test_an_evaluation_on_rank_0_may_outlast_the_collective_timeout(run_dlaunch)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in records(run_dir) if "eval_loss" in r] == [2, 4]
 
+
+def test_rank_0s_checkpoint_commit_may_outlast_the_collective_timeout(run_dlaunch, tmp_path):
+    """Rank 0 alone reads every rank's files back and commits the checkpoint (0.8 s per GiB): on a large model that
+    outlasts launch.collective_timeout_s, and the other ranks, gone on to the next step's gradient all-reduce, were
+    ended there. Here rank 0's commit of step 2 is held for 7 s against a 3 s timeout."""
+    import threading
+    import time
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "hold-save").write_text("2")
+
+    def release() -> None:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "saving").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(7)
+        (run_dir / "hold-save").unlink()
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.hold_saves=true", "strategy=mirrored",
+                                "cluster=1x2", "trainer.steps=4", "trainer.checkpoint.every_steps=2",
+                                "launch.collective_timeout_s=3")
+    releaser.join(timeout=5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run_dir / "saving").read_text() == "2" and summary(run_dir)["status"] == "completed"
+
 def test_a_model_that_does_not_compile_is_named_with_torchs_reason(run_dlaunch):
     proc, run_dir = run_dlaunch(f"recipe.entry={FIXTURES / 'graph_break_recipe.py'}", "trainer.steps=3",
                                 "trainer.compile.enabled=true", "trainer.compile.fullgraph=true")
