@@ -16,6 +16,7 @@ imports) is imported on the first save or load, not by a run without checkpoints
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import secrets
@@ -165,9 +166,11 @@ class Checkpointer:
             return
         word = torch.tensor([secrets.randbits(62) if self.rank == 0 else 0], device=comm_device())  # not torch's RNG
         dist.all_reduce(word)  # rank 0's word, everywhere
-        marker = self.root / ".shared-by-every-node"
+        marker = self.root / f".shared-{int(word)}"  # a new name each time: no cache can show an older one
         if self.rank == 0:
-            marker.write_text(str(int(word)))
+            with contextlib.suppress(OSError):  # then no rank sees it, and all say so below
+                self.root.mkdir(parents=True, exist_ok=True)
+                marker.write_text(str(int(word)))
         dist.barrier()
         try:
             seen = marker.read_text() == str(int(word))
@@ -175,7 +178,10 @@ class Checkpointer:
             seen = False
         node = self.rank // max(1, dist.get_world_size() // self.spec.cluster.nodes)
         blind = torch.tensor([0 if seen else node + 1], device=comm_device())
-        dist.all_reduce(blind, op=dist.ReduceOp.MAX)
+        dist.all_reduce(blind, op=dist.ReduceOp.MAX)  # every rank has read it by now
+        if self.rank == 0:
+            with contextlib.suppress(OSError):
+                marker.unlink(missing_ok=True)
         if int(blind):
             raise CheckpointError(
                 f"the checkpoint directory {self.root} is not shared by the nodes: node {int(blind) - 1} does not see "

@@ -34,7 +34,7 @@ class Rows:
         n, processes, device = plan.replicas, plan.processes, plan.device_type
         if device == "cuda":
             devices = ", ".join(f"cuda:{i}" for i in range(c.devices_per_node if n > 1 else 1))
-            if c.emulated:  # each emulated node sees its own slice (CUDA_VISIBLE_DEVICES) as cuda:0..M-1
+            if c.emulated and plan.cuda_devices >= c.world_size:  # each node here sees its own slice as cuda:0..M-1
                 devices = f"{devices} on each node: node i has this machine's GPUs {c.devices_per_node}i..{c.devices_per_node}i+{c.devices_per_node - 1}"
         else:
             devices = f"cpu x {processes}" if processes > 1 else "cpu"

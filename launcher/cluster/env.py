@@ -40,11 +40,12 @@ class WorkerEnv:
         if "RANK" not in env or "WORLD_SIZE" not in env:
             return None
         world = int(env["WORLD_SIZE"])
+        local = next((names for names in _LOCAL if env.get(names[0], "").isdigit()), None)
         return cls(
             rank=int(env["RANK"]),
-            local_rank=int(_first(env, _LOCAL_RANK, env["RANK"])),
+            local_rank=int(env[local[0]] if local else env["RANK"]),
             world_size=world,
-            local_world_size=int(_first(env, _LOCAL_WORLD_SIZE, world)),
+            local_world_size=int(env.get(local[1], world) if local else env.get("LOCAL_WORLD_SIZE", world)),
             group_rank=int(env.get("GROUP_RANK", 0)),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 0)),
@@ -56,13 +57,10 @@ class WorkerEnv:
 
 
 # Where a launcher other than torchrun (srun, mpirun) started the process: its own names for the rank on this node
-# (a GPU index) and the processes of this node. RANK alone would send rank 12 of a 2x8 job to cuda:12.
-_LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
-_LOCAL_WORLD_SIZE = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
-
-
-def _first(env: Mapping[str, str], names: tuple[str, ...], default: object) -> object:
-    return next((env[n] for n in names if env.get(n, "").isdigit()), default)
+# (a GPU index) and the processes of this node, both from the same launcher. RANK alone would send rank 12 of a
+# 2x8 job to cuda:12.
+_LOCAL = (("LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+          ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -205,7 +205,9 @@ def precision_runs_here(spec: "RunSpec", cuda: int) -> None:
     if not torch.cuda.is_available():
         return
     # Not torch.cuda.is_bf16_supported(): by default it says True where bf16 is only emulated (a V100, a T4), slowly.
-    older = [i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_capability(i) < (8, 0)]
+    c = spec.cluster  # the GPUs this job uses: each node's, or every emulated node's here
+    used = min(torch.cuda.device_count(), c.world_size if c.emulated else c.devices_per_node)
+    older = [i for i in range(used) if torch.cuda.get_device_capability(i) < (8, 0)]
     if older:
         major, minor = torch.cuda.get_device_capability(older[0])
         raise PlanError("trainer.precision", "bf16-mixed",

@@ -68,9 +68,9 @@ class _Watch:
         self.ids = frozenset(id(p) for p in self.params)
         self.open = 0  # no_sync blocks entered and not yet left
         self.closed = False  # a block was left since the last step (FSDP2's check)
-        self.last_forward_unsynced = False  # DDP's check
+        self.last_backward_unsynced = False  # DDP's check: whether the last backward ran through an unsynced forward
         if self.ddp:
-            model.register_forward_pre_hook(self._forward)
+            model.register_forward_hook(self._forward)
         _install_step_hook()
 
     @contextlib.contextmanager
@@ -84,20 +84,32 @@ class _Watch:
             self.closed = True
 
     @torch.compiler.disable
-    def _forward(self, module: Any, args: Any) -> None:
-        if module.training and torch.is_grad_enabled():
-            self.last_forward_unsynced = self.open > 0
+    def _forward(self, module: Any, args: Any, output: Any) -> None:
+        """DDP decides at forward whether the backward through it syncs; only a forward that is backpropagated counts
+        (one run under no_sync for a metric alone does not)."""
+        out = _first_tensor(output)
+        if out is not None and out.requires_grad:
+            unsynced = self.open > 0
+            out.register_hook(lambda grad: setattr(self, "last_backward_unsynced", unsynced))
 
     def check(self) -> None:
         """Called before the optimizer steps; the next step's checks start afresh."""
-        unsynced = self.last_forward_unsynced if self.ddp else self.closed and all(p.grad is None for p in self.params)
-        self.closed = self.last_forward_unsynced = False
+        unsynced = self.last_backward_unsynced if self.ddp else self.closed and all(p.grad is None for p in self.params)
+        self.closed = self.last_backward_unsynced = False
         if unsynced:
             how = ("DDP synced no gradient: each rank would step on its own and the replicas drift apart" if self.ddp
                    else "FSDP2 reduced no gradient into the sharded parameters: the step would change nothing")
             raise UnsyncedStep(
                 f"optimizer.step() after a backward inside strategy.no_sync(model): {how}. Keep the last "
                 "micro-batch's forward and backward out of it, e.g. `with strategy.no_sync(model, enabled=not last):`")
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    """The first tensor of a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return next((t for t in map(_first_tensor, items) if t is not None), None)
 
 
 _WATCHES: "weakref.WeakKeyDictionary[Any, _Watch]" = weakref.WeakKeyDictionary()

@@ -185,4 +185,3 @@ class DataStream:
         except TypeError:
             return Position(0, step)
         return Position(step // per_epoch, step % per_epoch) if per_epoch else Position()
-

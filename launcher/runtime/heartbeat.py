@@ -33,6 +33,7 @@ import sysconfig
 import threading
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -191,15 +192,18 @@ class Heartbeat:
         if chief:
             store.set(key, "1")
             return
+        # A dead rank 0 ends its job through the launcher within seconds; this is the backstop, with the patience
+        # of a collective (rank 0's heartbeat may have stopped on a store error while rank 0 works on).
+        patience = max(3 * STALE_AFTER_S, self.timeout_s)
         with _Operation(self, f"waiting for rank 0's {label}"):
             beat, seen = None, time.monotonic()
-            while not store.check([key]):
+            while not _done(store, key):
                 record = read_records(store, 1).get(0)
                 if record is not None and record.beat != beat:
                     beat, seen = record.beat, time.monotonic()
-                elif time.monotonic() - seen > 3 * STALE_AFTER_S:
-                    raise RuntimeError(f"rank 0's heartbeat stopped during its {label} (rank 0 died or was stopped)")
-                time.sleep(self.interval_s / 4)
+                elif time.monotonic() - seen > patience:
+                    raise RuntimeError(f"rank 0 sent no heartbeat for {patience:g} s during its {label} (it died, was "
+                                       "stopped, or lost the job's store)")
 
     def _main_store(self) -> dist.Store:
         if self.__dict__.get("_store") is None:  # the main thread's own client: the heartbeat thread has its own
@@ -257,6 +261,15 @@ class _Operation:
             return False
         finally:
             self.watch._op = self.outer
+
+
+def _done(store: dist.Store, key: str) -> bool:
+    """Whether ``key`` is set, waiting for it up to a second."""
+    try:
+        store.wait([key], timedelta(seconds=1))
+        return True
+    except RuntimeError:  # DistStoreError: not yet
+        return False
 
 
 # ----- what the launcher and the worker read -----

@@ -128,8 +128,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
-    everywhere = strategy.extended.collective_forward
-    evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0 or everywhere, everywhere)
+    evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0, strategy.extended.collective_forward)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
                  make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", strategy.extended.device_type))
@@ -210,9 +209,9 @@ def _finishing(strategy: Any) -> Iterator[None]:
 class _Evaluator:
     """The recipe's ``evaluate`` under the run's precision, with the model in eval mode; {} without one."""
 
-    def __init__(self, evaluate: Any, model: Any, parts: Any, step: ReplicaStep, here: bool, everywhere: bool):
+    def __init__(self, evaluate: Any, model: Any, parts: Any, step: ReplicaStep, chief: bool, everywhere: bool):
         self.evaluate, self.model, self.parts, self.step = evaluate, model, parts, step
-        self.here = evaluate is not None and here  # a split model's forward needs every rank
+        self.here = evaluate is not None and (chief or everywhere)  # a split model's forward needs every rank
         self.chief_alone = evaluate is not None and not everywhere  # the other ranks wait for rank 0's
 
     def __call__(self) -> dict[str, float]:

@@ -79,3 +79,11 @@ def test_a_worker_started_by_srun_or_mpirun_takes_its_rank_on_the_node_from_them
     assert [(e.local_rank, e.local_world_size) for e in (srun, mpirun, torchrun)] == [(4, 8)] * 3
     alone = WorkerEnv.from_environ(base)
     assert (alone.local_rank, alone.local_world_size) == (12, 16)
+
+
+def test_the_rank_on_the_node_and_the_processes_on_it_come_from_one_launcher():
+    """torchrun's LOCAL_RANK inside a SLURM allocation of one task per node: 8 processes here, not SLURM's 1."""
+    from launcher.cluster.env import WorkerEnv
+
+    env = WorkerEnv.from_environ({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "SLURM_NTASKS_PER_NODE": "1"})
+    assert (env.local_rank, env.local_world_size) == (3, 16)  # torchrun's size unset: the world, as before

@@ -123,7 +123,9 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0) if i == 0 else (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: ["NVIDIA A100", "Tesla V100-SXM2-16GB"][i])
-    (p,) = problems(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)
+    both = ["trainer.precision=bf16-mixed", "cluster.device=cuda", "strategy=mirrored", "cluster=1x2"]
+    (p,) = problems(both, cuda_devices=2)
     assert p.key == "trainer.precision" and "Tesla V100-SXM2-16GB (compute capability 7.0) does not compute in bf16" in p.message
+    composer.compose_and_validate(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)  # cuda:0 only
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
-    composer.compose_and_validate(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)
+    composer.compose_and_validate(both, cuda_devices=2)

@@ -15,7 +15,7 @@ from launcher.launch.function import WorkerFailed, run_function
 
 pytestmark = pytest.mark.slow
 
-PATTERNS = ("last_outside", "enabled_not_last", "all_inside")
+PATTERNS = ("last_outside", "enabled_not_last", "metric_forward", "all_inside")
 
 
 def accumulate(strategy_name: str, pattern: str) -> dict:
@@ -37,8 +37,11 @@ def accumulate(strategy_name: str, pattern: str) -> dict:
             for i in range(2):
                 x = torch.full((3, 4), float(rank + i + step))
                 last = i == 1
-                if pattern == "last_outside" and last:
+                if pattern in ("last_outside", "metric_forward") and last:
                     model(x).pow(2).mean().backward()
+                    if pattern == "metric_forward":  # a train-mode forward for a number alone, not backpropagated
+                        with strategy.no_sync(model):
+                            model(x).sum().item()
                     continue
                 with strategy.no_sync(model, enabled=not last if pattern == "enabled_not_last" else True):
                     model(x).pow(2).mean().backward()
@@ -54,8 +57,8 @@ def accumulate(strategy_name: str, pattern: str) -> dict:
 def test_a_step_whose_every_backward_skipped_the_sync_is_refused_and_the_right_forms_agree(strategy_name):
     results = {pattern: run_function(accumulate, args=(strategy_name, pattern), device="cpu", nproc=2)
                for pattern in PATTERNS}
-    right = [results[p][r]["sum"] for p in ("last_outside", "enabled_not_last") for r in (0, 1)]
-    assert right == pytest.approx([right[0]] * 4, rel=1e-6)  # one sync per step: every rank the same model
+    right = [results[p][r]["sum"] for p in ("last_outside", "enabled_not_last", "metric_forward") for r in (0, 1)]
+    assert right == pytest.approx([right[0]] * 6, rel=1e-6)  # one sync per step: every rank the same model
     for rank in (0, 1):
         error = results["all_inside"][rank]["error"]
         assert "optimizer.step() after a backward inside strategy.no_sync(model)" in error
@@ -64,12 +67,18 @@ def test_a_step_whose_every_backward_skipped_the_sync_is_refused_and_the_right_f
 
 
 def test_where_nothing_is_synced_no_sync_is_nothing_and_never_refuses(strategy):
-    """Replica threads of one process share their gradients: no_sync changes nothing there, and checks nothing."""
+    """Replica threads of one process share their gradients: no_sync changes nothing there, and checks nothing, even
+    on a step whose every backward ran inside it."""
     with strategy.scope():
         model = torch.nn.Linear(2, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = model.weight.detach().clone()
-    with strategy.no_sync(model):
-        model(torch.ones(1, 2)).sum().backward()
-    optimizer.step()
-    assert not torch.equal(model.weight.detach(), before)
+        model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    before = [r.weight.detach().clone() for r in model.replicas]
+
+    def step(x):
+        with strategy.no_sync(model):
+            model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    strategy.run(step, args=(torch.ones(2, 2),))
+    assert all(not torch.equal(r.weight.detach(), b) for r, b in zip(model.replicas, before))

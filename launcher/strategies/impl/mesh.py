@@ -101,12 +101,14 @@ class _MeshExtended(StrategyExtended):
         return _broadcast_steps(steps if self._reads_input else None, self._input_group(), src)
 
     def _input_group(self) -> Any:
-        """The replica's logical devices as a gloo group of their own (every rank makes every replica's, in order):
+        """The replica's logical devices as a gloo group, made once (every rank makes every replica's, in order):
         under nccl, a broadcast of the next step's input would wait on the GPU's queue (the current step) and
         read its size back on the host, so input could never be read while the GPU computes."""
-        a = self.assignment
-        ranks = [[a.rank(r, i) for i in range(a.num_cores_per_replica)] for r in range(a.num_replicas)]
-        return dist.new_subgroups_by_enumeration(ranks, backend="gloo")[0]
+        if self.__dict__.get("_gloo_inputs") is None:  # once: every pass over the data (an epoch, a seek) uses it
+            a = self.assignment
+            ranks = [[a.rank(r, i) for i in range(a.num_cores_per_replica)] for r in range(a.num_replicas)]
+            self._gloo_inputs = dist.new_subgroups_by_enumeration(ranks, backend="gloo")[0]
+        return self._gloo_inputs
 
     def _logical_id(self) -> int:
         return self.assignment.position(dist.get_rank())[1]

@@ -79,9 +79,10 @@ def _join_tf_config_group(resolver: Any, backend: str, timeout_s: float, kind: s
     me = (resolver.task_type, resolver.task_id)
     if me not in members:
         return False, None  # an evaluator: it trains nothing in sync
-    if dist.is_initialized():
-        return dist.get_world_size() > 1, None
-    device = torch.device("cuda", spec.index_on_host(me, members)) if kind == "cuda" else None
+    if dist.is_initialized():  # a second strategy in this task: the device the first one set
+        return dist.get_world_size() > 1, torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else None
+    local = spec.index_on_host(me, members)  # more tasks than GPUs on a host share them round-robin
+    device = torch.device("cuda", local % max(1, torch.cuda.device_count())) if kind == "cuda" else None
     if device is not None:
         torch.cuda.set_device(device)  # before the group: nccl's communicator and barriers use this GPU
     rank = members.index(me)
@@ -90,7 +91,6 @@ def _join_tf_config_group(resolver: Any, backend: str, timeout_s: float, kind: s
     dist.init_process_group(backend, store=store, rank=rank, world_size=len(members),
                             timeout=datetime.timedelta(seconds=timeout_s), device_id=device)
     return len(members) > 1, device
-
 
 
 def _store(host: str, port: int, is_host: bool, timeout_s: float) -> dist.TCPStore:
