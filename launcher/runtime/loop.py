@@ -40,7 +40,6 @@ from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
-from launcher.runtime.recipe import where
 from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, loop_state,
                                    loss_not_finite, make_schedule, restore_loop_state, warn_if_all_skipped)
 
@@ -225,27 +224,11 @@ class _Evaluator:
                 found = self.evaluate(module, self.parts)
         finally:
             module.train(was_training)
-        return _metric_values(found, self.evaluate)
+        return recipe_lib.checked_metrics(found, self.evaluate)
 
 
 def _said(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.6g}" for k, v in metrics.items())
-
-
-def _metric_values(found: Any, evaluate: Any) -> dict[str, float]:
-    """What ``evaluate`` returned, as names to floats; anything else named, with the function's file."""
-    head = f"the recipe's evaluate() ({where(evaluate)}) returned"
-    if not isinstance(found, dict):
-        raise recipe_lib.RecipeContractError(f"{head} {recipe_lib.described(found)}; it must return a dict of names to numbers, "
-                                  'e.g. {"eval_loss": loss.item()}')
-    out = {}
-    for key, value in found.items():
-        try:
-            out[str(key)] = float(value)
-        except (TypeError, ValueError, RuntimeError):
-            raise recipe_lib.RecipeContractError(f"{head} {recipe_lib.described(value, returned=False)} for {key!r}; each value must be a number "
-                                      "(a float, or a tensor of one element)") from None
-    return out
 
 
 @dataclasses.dataclass

@@ -119,6 +119,22 @@ def checked_parts(parts: Any, build: Any) -> Parts:
                               "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)")
 
 
+def checked_metrics(found: Any, evaluate: Any) -> dict[str, float]:
+    """What ``evaluate`` returned, as names to floats; anything else named, with the function's file."""
+    head = f"the recipe's evaluate() ({where(evaluate)}) returned"
+    if not isinstance(found, dict):
+        raise RecipeContractError(f"{head} {described(found)}; it must return a dict of names to numbers, "
+                                  'e.g. {"eval_loss": loss.item()}')
+    out = {}
+    for key, value in found.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise RecipeContractError(f"{head} {described(value, returned=False)} for {key!r}; each value must be a "
+                                      "number (a float, or a tensor of one element)") from None
+    return out
+
+
 def where(fn: Any) -> str:
     """``path/to/recipe.py:12``: where a function of the user's is defined (its name, where the source is unknown)."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
