@@ -50,7 +50,7 @@ class ProcessCollectives:
 
     def comm_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of ``tensor`` on the device this group's backend communicates from."""
-        return tensor.detach().to(self._comm_device(), copy=True).contiguous()
+        return tensor.detach().to(comm_device(self.group), copy=True).contiguous()
 
     def check_same_shape(self, tensor: torch.Tensor, all_reduce_max_: Callable[[torch.Tensor], Any] | None = None) -> None:
         """Every process must reduce the same shape (gloo would crash, nccl would hang).
@@ -63,7 +63,7 @@ class ProcessCollectives:
         if all_reduce_max_ is not None:
             all_reduce_max_(both)
         else:
-            both = both.to(self._comm_device())
+            both = both.to(comm_device(self.group))
             dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
         high, low = both[:9], both[9:].neg()
         if not torch.equal(low, high):
@@ -73,20 +73,20 @@ class ProcessCollectives:
             )
 
     def all_reduce_count(self, count: int) -> int:
-        t = torch.tensor([count], dtype=torch.int64, device=self._comm_device())
+        t = torch.tensor([count], dtype=torch.int64, device=comm_device(self.group))
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return int(t.item())
 
     def all_reduce_min(self, value: int) -> int:
         """The smallest ``value`` over the processes (e.g. how many batches every worker still has)."""
-        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
+        t = torch.tensor([value], dtype=torch.int64, device=comm_device(self.group))
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         """Concatenate every process's ``tensor`` along ``axis``; sizes along it may differ."""
         home = tensor.device
-        tensor = tensor.detach().to(self._comm_device()).contiguous()
+        tensor = tensor.detach().to(comm_device(self.group)).contiguous()
         axis = axis % max(tensor.dim(), 1)
         sizes = torch.tensor([tensor.shape[axis]], dtype=torch.int64, device=tensor.device)
         all_sizes = [torch.zeros_like(sizes) for _ in range(self.world_size)]
@@ -100,9 +100,6 @@ class ProcessCollectives:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(parts, tensor, group=self.group)
         return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, lengths)], dim=axis).to(home)
-
-    def _comm_device(self) -> torch.device:
-        return comm_device(self.group)
 
 
 class ThreadRendezvous:

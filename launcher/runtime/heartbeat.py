@@ -181,7 +181,7 @@ class Heartbeat:
         except OSError:
             pass  # a full or read-only disk must not stop training
 
-    # ----- work rank 0 alone does (its evaluation) while the others wait -----
+    # ----- work rank 0 alone does (its evaluation, its checkpoint commit) while the others wait -----
     def chief_alone(self, label: str, chief: bool) -> None:
         """After ``label``, work that rank 0 alone did: rank 0 says it is done, the others wait for that here, outside
         any collective (an evaluation may outlast a collective's timeout; nccl's watchdog would end the waiting

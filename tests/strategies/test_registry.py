@@ -30,8 +30,10 @@ def test_an_in_process_run_ignores_rank_variables_in_the_shell(monkeypatch):
 
 
 def test_a_strategy_on_the_cpu_of_a_gpu_job_autocasts_on_the_cpu(monkeypatch):
-    """``strategy.device=cpu:0`` where the cluster's device is cuda: the loop's autocast and GradScaler follow the
-    strategy's device (``extended.device_type``), not the cluster's; bf16 on the CPU under a cuda autocast was fp32."""
+    """``strategy.device=cpu:0`` where the cluster's device is cuda: ``extended.device_type`` is the strategy's device,
+    not the cluster's, and the strategy's autocast follows it. The loop's ReplicaStep and profiler now take it too
+    (it took the cluster's, so bf16 on the CPU ran under a cuda autocast, in fp32); that one argument in train() is
+    read, not run here: no CPU-only run has a cluster device other than the CPU."""
     spec = compose_and_validate(["strategy=one_device", "strategy.device=cpu:0", "trainer.precision=bf16-mixed"], cuda_devices=0)
     s = strategies.build(spec.strategy, strategies.Runtime(None, "cuda", "nccl"))  # the plan of a GPU machine
     assert s.extended.device_type == "cpu"
