@@ -297,6 +297,7 @@ class _Loop:
                         with prof.region("dlaunch.data"):
                             batch = next(self.stream)
                         with prof.region("dlaunch.step"):
+                            self.step.begin()
                             per_replica = self.strategy.run(self.step, args=(batch, logged))
                     lr = current_lr(self.optimizer)  # the lr this step used; the schedule moves on after it
                     if self.schedule is not None:
@@ -343,6 +344,7 @@ class _Loop:
     def evaluation(self, watch: heartbeat.Heartbeat, label: str) -> dict[str, float]:
         """The recipe's evaluation; where rank 0 alone runs it, the other ranks wait for it without a timeout."""
         with watch.operation(label), self.profiler.region("dlaunch.eval"):
+            self.step.begin()  # CUDA graphs: the evaluation's calls are one iteration, the training step's are done
             found = self.evaluate()
         if self.evaluate.chief_alone:
             watch.chief_alone(label, self.chief)

@@ -38,6 +38,7 @@ from launcher.runtime.recipe import described, where
 _NOT_SETTINGS = ("params", "fused", "foreach", "capturable", "differentiable")  # a param group's keys a resume keeps
 # The keys of a metrics.jsonl training record that dlaunch writes: a recipe's own metrics take other names.
 RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes that capture CUDA graphs
 NOT_MEASURED = -1.0  # the grad_norm of a step that took none (a norm is never negative, and a mean of -1s stays -1)
 
 
@@ -77,12 +78,22 @@ class ReplicaStep:
         self.scaler = torch.amp.GradScaler(device_type) if trainer.precision == "fp16-mixed" else None
         self.skipped: torch.Tensor | None = None  # skipped updates so far, on the device (fp16-mixed)
         self.compile = trainer.compile if trainer.compile.enabled else None
+        self.graphs = self.compile is not None and self.compile.mode in CUDA_GRAPH_MODES
         self.metric_names: tuple[str, ...] | None = None  # a recipe's own metrics (its step returns a dict), once seen
         # The hyperparameters the recipe set (lr, momentum, weight decay, a schedule's initial_lr), before a
         # checkpoint's are loaded over them: this command's settings stand, the checkpoint restores the state.
         # The kernel flags stay the checkpoint's: torch placed the loaded state (Adam's step) for them.
         self.recipe_groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in g.items() if k not in _NOT_SETTINGS}
                               for g in getattr(primary(optimizer), "param_groups", [])]
+
+    def begin(self) -> None:
+        """A training step (or an evaluation) starts. Under CUDA graphs (``trainer.compile.mode`` reduce-overhead
+        or max-autotune) the outputs of the graphs run since the last call may be overwritten from now on, and
+        not before: a step that calls the model twice, once under ``no_grad`` (a target, a teacher), keeps both
+        outputs. Torch's own guess, a new iteration at every call with no backward pending, would overwrite the
+        first output with the second. Once marked, torch takes only these marks."""
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast is per thread: each replica enters its own."""

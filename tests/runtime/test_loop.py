@@ -30,3 +30,20 @@ def test_an_inf_grad_norm_is_written_as_null_and_a_step_that_took_none_writes_no
     assert all(r["grad_norm"] > 0 for r in logged(tmp_path, "fp32", probe))
     manual = logged(tmp_path, "manual", f"recipe.entry={FIXTURES / 'manual_recipe.py'}")  # its own backward: no norm taken
     assert len(manual) == 3 and not any("grad_norm" in r for r in manual)
+
+
+def test_under_cuda_graphs_each_step_and_each_evaluation_begins_an_iteration(tmp_path):
+    """compile mode reduce-overhead: torch is told where each training step and each evaluation begins (its
+    count of the marks falls by one for each); on the CPU, inductor runs the same graphs without capturing."""
+    from torch._inductor.cudagraph_trees import MarkStepBox
+
+    before = MarkStepBox.mark_step_counter
+    try:
+        records = logged(tmp_path, "graphs", "trainer.compile.enabled=true", "trainer.compile.mode=reduce-overhead",
+                         "trainer.eval_every=2")
+        lines = (tmp_path / "graphs" / "metrics.jsonl").read_text().splitlines()
+        evaluations = sum("eval_loss" in json.loads(line) for line in lines)
+        assert [r["step"] for r in records] == [1, 2, 3] and evaluations >= 1
+        assert before - MarkStepBox.mark_step_counter == 3 + evaluations
+    finally:
+        MarkStepBox.mark_step_counter = before

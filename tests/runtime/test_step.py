@@ -115,6 +115,25 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights():
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+@pytest.mark.parametrize("mode, marks", [("default", 0), ("max-autotune-no-cudagraphs", 0), ("reduce-overhead", 1),
+                                         ("max-autotune", 1)])
+def test_a_step_under_cuda_graphs_marks_where_the_last_steps_outputs_die(mode, marks):
+    """CUDA graphs (compile modes reduce-overhead, max-autotune): each step tells torch that a new iteration
+    begins; torch counts the marks down from 0 (the count it then uses instead of its own guess)."""
+    from torch._inductor.cudagraph_trees import MarkStepBox
+
+    model, _ = model_and_batch()
+    trainer = TrainerSpec.model_validate({"compile": {"enabled": True, "mode": mode}})
+    step = ReplicaStep(mse_step, model, torch.optim.SGD(model.parameters(), lr=0.1), trainer, "cpu", manual=False)
+    before = MarkStepBox.mark_step_counter
+    try:
+        step.begin()
+        step.begin()
+        assert MarkStepBox.mark_step_counter == before - 2 * marks
+    finally:
+        MarkStepBox.mark_step_counter = before  # torch's own count, as the other tests found it
+
+
 @pytest.mark.parametrize("returned, said", [(None, "None (did it forget `return loss`?)"), (torch.ones(3), "a tensor of shape (3,)"), (1.5, "a float")])
 def test_a_step_that_returns_no_scalar_loss_names_the_function(returned, said):
     with pytest.raises(StepError, match=r"train_step\(\) \(.*test_step.py:\d+\) returned " + re.escape(said)):
