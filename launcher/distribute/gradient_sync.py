@@ -7,11 +7,11 @@ mesh's replicas average at the optimizer's step, replica threads of one process
 share their gradients, so for them it changes nothing.
 
 ``watched(model)`` is the script API's form (``strategy.no_sync``): it also stops
-an ``optimizer.step()`` that would apply unsynced gradients, the one mistake of
-accumulation that no error shows (every micro-batch, the last too, inside it):
-DDP decides at forward time, so a step whose last training forward ran inside it
-would move each rank its own way; FSDP2 leaves the sharded gradients unset, so
-the step would change nothing.
+an ``optimizer.step()`` whose last backward did not sync, the one mistake of
+accumulation that no error shows (the last micro-batch inside it too): DDP
+decides at forward time, so a step whose last training forward ran inside it
+would move each rank its own way; FSDP2 decides at backward and would leave that
+backward's gradients out of the sharded ones (all of them: a step that changes nothing).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ class UnsyncedStep(RuntimeError):
     """``optimizer.step()`` on gradients that ``strategy.no_sync`` kept from being synced."""
 
 
-def watched(model: Any) -> contextlib.AbstractContextManager:
-    """``no_sync(model)``, and a check at the optimizer's next step that the step's last backward synced."""
+def watched(model: Any, check: bool = True) -> contextlib.AbstractContextManager:
+    """``no_sync(model)``, and (``check``) a check at the optimizer's next step that the step's last backward synced."""
     inner = no_sync(model)
-    if isinstance(inner, contextlib.nullcontext):  # nothing is synced here, so nothing can be left unsynced
+    if not check or isinstance(inner, contextlib.nullcontext):  # nothing synced here: nothing can be left unsynced
         return inner
     watch = _WATCHES.get(model)
     if watch is None:
@@ -60,17 +60,14 @@ def watched(model: Any) -> contextlib.AbstractContextManager:
 
 
 class _Watch:
-    """What ``strategy.no_sync`` saw of one model since its optimizer last stepped."""
+    """Whether the last backward through one model, since its optimizer last stepped, ran without its sync."""
 
     def __init__(self, model: Any):
-        self.ddp = hasattr(model, "no_sync")  # DDP reads the switch at forward, FSDP2 at backward
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.ids = frozenset(id(p) for p in self.params)
+        self.at_forward = hasattr(model, "no_sync")  # DDP reads the switch at forward, FSDP2 at backward
+        self.ids = frozenset(id(p) for p in model.parameters() if p.requires_grad)
         self.open = 0  # no_sync blocks entered and not yet left
-        self.closed = False  # a block was left since the last step (FSDP2's check)
-        self.last_backward_unsynced = False  # DDP's check: whether the last backward ran through an unsynced forward
-        if self.ddp:
-            model.register_forward_hook(self._forward)
+        self.last_backward_unsynced = False
+        model.register_forward_hook(self._forward)
         _install_step_hook()
 
     @contextlib.contextmanager
@@ -81,27 +78,29 @@ class _Watch:
                 yield
         finally:
             self.open -= 1
-            self.closed = True
 
     @torch.compiler.disable
     def _forward(self, module: Any, args: Any, output: Any) -> None:
-        """DDP decides at forward whether the backward through it syncs; only a forward that is backpropagated counts
-        (one run under no_sync for a metric alone does not)."""
+        """Only a forward that is backpropagated counts (one run under no_sync for a metric alone does not). Its
+        output's gradient arrives as the backward through the model starts: DDP's switch as it was at the forward,
+        FSDP2's as it is now, is whether that backward syncs."""
         out = _first_tensor(output)
         if out is not None and out.requires_grad:
-            unsynced = self.open > 0
-            out.register_hook(lambda grad: setattr(self, "last_backward_unsynced", unsynced))
+            at_forward = self.open > 0
+            out.register_hook(lambda grad: setattr(self, "last_backward_unsynced",
+                                                   at_forward if self.at_forward else self.open > 0))
 
     def check(self) -> None:
-        """Called before the optimizer steps; the next step's checks start afresh."""
-        unsynced = self.last_backward_unsynced if self.ddp else self.closed and all(p.grad is None for p in self.params)
-        self.closed = self.last_backward_unsynced = False
+        """Called before the optimizer steps; the next step's check starts afresh."""
+        unsynced, self.last_backward_unsynced = self.last_backward_unsynced, False
         if unsynced:
-            how = ("DDP synced no gradient: each rank would step on its own and the replicas drift apart" if self.ddp
-                   else "FSDP2 reduced no gradient into the sharded parameters: the step would change nothing")
+            how = ("DDP synced none of its gradients: each rank would step on its own and the replicas drift apart"
+                   if self.at_forward else "FSDP2 reduced none of its gradients into the sharded parameters: "
+                   "the step would leave them out")
             raise UnsyncedStep(
                 f"optimizer.step() after a backward inside strategy.no_sync(model): {how}. Keep the last "
-                "micro-batch's forward and backward out of it, e.g. `with strategy.no_sync(model, enabled=not last):`")
+                "micro-batch's forward and backward out of it, e.g. `with strategy.no_sync(model, enabled=not last):` "
+                "(a script that all-reduces the gradients itself: `strategy.no_sync(model, check=False)`)")
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:

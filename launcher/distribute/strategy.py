@@ -249,12 +249,12 @@ class Strategy:
             self._scaler = precision.grad_scaler(self.precision, self._extended.device_type)
         return self._scaler
 
-    def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:
+    def no_sync(self, module: torch.nn.Module, enabled: bool = True, check: bool = True) -> contextlib.AbstractContextManager:
         """Backward passes inside do not sync gradients (DDP's ``no_sync``, FSDP2's gradient sync off): the
         micro-steps of gradient accumulation, before one backward outside it (or with ``enabled=False``) syncs
-        them all. An ``optimizer.step()`` whose gradients none synced (the last micro-batch inside it too) raises
-        ``UnsyncedStep`` rather than let the replicas drift apart."""
-        return gradient_sync.watched(module) if enabled else contextlib.nullcontext()
+        them all. An ``optimizer.step()`` whose last backward ran inside it raises ``UnsyncedStep`` rather than
+        let the replicas drift apart; ``check=False``, for a script that syncs the gradients itself, does not."""
+        return gradient_sync.watched(module, check) if enabled else contextlib.nullcontext()
 
     def clip_grad_norm_(self, module: torch.nn.Module, optimizer: Any, max_norm: float | None) -> torch.Tensor | None:
         """The total norm of ``module``'s averaged gradients, a plain tensor (split DTensor gradients count whole;

@@ -1,9 +1,10 @@
 """``strategy.no_sync``: accumulation with one gradient sync per step, and the step it refuses, in real gloo processes.
 
-Every micro-batch inside ``no_sync`` (the last one too) is the mistake no other error shows:
-under DDP each rank steps on its own gradients and the replicas drift apart; under FSDP2 the
-sharded parameters get no gradient and the step changes nothing. The optimizer's step raises
-``UnsyncedStep`` instead, and the right forms (the last micro-batch outside it) step as before.
+The last micro-batch inside ``no_sync`` is the mistake no other error shows: under DDP each rank
+steps on its own gradients and the replicas drift apart; under FSDP2 that backward's gradients
+miss the sharded parameters. The optimizer's step raises ``UnsyncedStep`` instead; the right forms
+(the last micro-batch outside it), a step with no backward, and ``check=False`` (a script that
+averages the gradients itself) step as before.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from launcher.launch.function import WorkerFailed, run_function
 
 pytestmark = pytest.mark.slow
 
-PATTERNS = ("last_outside", "enabled_not_last", "metric_forward", "all_inside")
+PATTERNS = ("last_outside", "enabled_not_last", "metric_forward", "all_inside", "last_inside", "no_backward",
+            "synced_by_hand")
 
 
 def accumulate(strategy_name: str, pattern: str) -> dict:
@@ -43,8 +45,19 @@ def accumulate(strategy_name: str, pattern: str) -> dict:
                         with strategy.no_sync(model):
                             model(x).sum().item()
                     continue
-                with strategy.no_sync(model, enabled=not last if pattern == "enabled_not_last" else True):
+                if pattern == "last_inside" and not last:  # synced, then the last one not: as wrong as all inside
                     model(x).pow(2).mean().backward()
+                    continue
+                if pattern == "no_backward" and step == 1:  # a skipped batch: no backward at all before the step
+                    with strategy.no_sync(model):
+                        model(x).sum().item()
+                    continue
+                with strategy.no_sync(model, enabled=not last if pattern in ("enabled_not_last", "no_backward") else True,
+                                      check=pattern != "synced_by_hand"):
+                    model(x).pow(2).mean().backward()
+            if pattern == "synced_by_hand":  # every backward unsynced, then the average taken by the script
+                for p in model.parameters():
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
             optimizer.step()
             optimizer.zero_grad()
     except UnsyncedStep as exc:
@@ -54,16 +67,22 @@ def accumulate(strategy_name: str, pattern: str) -> dict:
 
 
 @pytest.mark.parametrize("strategy_name", ["mirrored", "fsdp"])
-def test_a_step_whose_every_backward_skipped_the_sync_is_refused_and_the_right_forms_agree(strategy_name):
+def test_a_step_whose_last_backward_skipped_the_sync_is_refused_and_the_right_forms_agree(strategy_name):
+    patterns = [p for p in PATTERNS if strategy_name == "mirrored" or p != "synced_by_hand"]  # FSDP2: no .grad to sync
     results = {pattern: run_function(accumulate, args=(strategy_name, pattern), device="cpu", nproc=2)
-               for pattern in PATTERNS}
+               for pattern in patterns}
     right = [results[p][r]["sum"] for p in ("last_outside", "enabled_not_last", "metric_forward") for r in (0, 1)]
     assert right == pytest.approx([right[0]] * 6, rel=1e-6)  # one sync per step: every rank the same model
-    for rank in (0, 1):
-        error = results["all_inside"][rank]["error"]
-        assert "optimizer.step() after a backward inside strategy.no_sync(model)" in error
-        assert ("drift apart" if strategy_name == "mirrored" else "change nothing") in error
-        assert "enabled=not last" in error
+    if strategy_name == "mirrored":  # check=False: the script's own all-reduce, the same average
+        assert [results["synced_by_hand"][r]["sum"] for r in (0, 1)] == pytest.approx(right[:2], rel=1e-6)
+    # a step without a backward steps on nothing, no_sync or not: not refused, and every rank agrees
+    assert results["no_backward"][0]["sum"] == pytest.approx(results["no_backward"][1]["sum"], rel=1e-6)
+    for pattern in ("all_inside", "last_inside"):
+        for rank in (0, 1):
+            error = results[pattern][rank]["error"]
+            assert "optimizer.step() after a backward inside strategy.no_sync(model)" in error
+            assert ("drift apart" if strategy_name == "mirrored" else "leave them out") in error
+            assert "enabled=not last" in error and "check=False" in error
 
 
 def test_where_nothing_is_synced_no_sync_is_nothing_and_never_refuses(strategy):
