@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.checkpoint import layout, manifest, state
+from launcher.checkpoint import integrity, layout, manifest, state
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
 from launcher.checkpoint.writer import storage_writer
 from launcher.cluster.process_group import comm_device
@@ -202,10 +202,13 @@ class Checkpointer:
         try:
             partial.mkdir(parents=True, exist_ok=True)
             progress = (step, position.epoch, position.offset)
+            read_back = None
             if self.strategy is None or not self.strategy.save_checkpoint(model, partial, progress):
                 self._save_here(partial, step, position, model, optimizer, loop or {})
+                read_back = _read_back(partial, self.rank)
             if self.rank == 0:  # DCP returned: every rank's files are written
-                layout.commit(partial, manifest.build(self.spec, step, position), self.spec.trainer.checkpoint.keep)
+                saved = {**manifest.build(self.spec, step, position), "files": read_back or {}}
+                layout.commit(partial, saved, self.spec.trainer.checkpoint.keep)
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             if not isinstance(_cause(exc), OSError):  # only a storage failure is this method's to report
                 raise
@@ -290,6 +293,19 @@ def agree(path: Path | None, step: int) -> None:
             f"the ranks found different checkpoints to resume from (steps {-int(mine[1])} to {int(mine[0])}; this rank: "
             f"{path or 'none'}); every node must see the same trainer.checkpoint.dir (a shared file system)"
         )
+
+
+def _read_back(partial: Path, rank: int) -> dict[str, Any] | None:
+    """Collective after a DCP save: each rank's digests of its own files, gathered on rank 0 (None elsewhere)."""
+    if not _distributed() or dist.get_world_size() == 1:
+        return None
+    try:
+        mine = integrity.own_files(partial, rank)
+    except OSError:  # rank 0 reads them instead, or says what it cannot read
+        mine = {}
+    found: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(mine, found, dst=0)
+    return {name: rec for records in found for name, rec in records.items()} if found is not None else None
 
 
 def _saved_keys(path: Path, prefix: str) -> set[str]:

@@ -1,7 +1,8 @@
 """Each checkpoint file's size and sha256, recorded at the save and checked before a resume.
 
-Rank 0 reads back every file of a finished save (DCP's ``.metadata`` and each
-rank's ``.distcp``) and ``manifest.json`` lists them under ``files``. Before
+Every rank reads back the ``.distcp`` files it wrote, rank 0 gathers their
+digests and reads the rest (DCP's ``.metadata``, any file no rank claimed), and
+``manifest.json`` lists them all under ``files``. Before
 a run resumes, the launcher checks sizes and digests, so a truncated,
 bit-flipped or missing file is found before any worker starts; workers, which
 load the checkpoint the launcher chose, recheck sizes only.
@@ -34,13 +35,23 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def fingerprint(directory: Path) -> dict[str, dict[str, Any]]:
-    """``{file name: {"size": bytes, "sha256": hex}}`` for every file a save left in ``directory``."""
-    return {
-        p.name: {"size": p.stat().st_size, ALGORITHM: digest(p)}
-        for p in sorted(directory.iterdir())
-        if p.is_file() and p.name not in _NOT_RECORDED
-    }
+def fingerprint(directory: Path, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """``{file name: {"size": bytes, "sha256": hex}}`` for every file a save left in ``directory``; those in
+    ``known`` (the other ranks' own files, read back by them) are not read again."""
+    known = known or {}
+    here = {p.name: known.get(p.name) or record(p) for p in directory.iterdir()
+            if p.is_file() and p.name not in _NOT_RECORDED}
+    return dict(sorted({**known, **here}.items()))  # one this rank cannot see yet (a lagging file system) still counts
+
+
+def own_files(directory: Path, rank: int) -> dict[str, dict[str, Any]]:
+    """The records of the files DCP's writer names for ``rank`` (``__RANK_N.distcp``): each rank reads back what
+    it wrote, in parallel with the others and from its own page cache, so a save's digests take 1/N of the time."""
+    return {p.name: record(p) for p in sorted(directory.glob(f"__{rank}_*.distcp"))}
+
+
+def record(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, ALGORITHM: digest(path)}
 
 
 def damage(directory: Path, files: dict[str, Any], full: bool = True) -> str | None:

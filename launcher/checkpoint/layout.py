@@ -197,8 +197,9 @@ def put_back_set_aside(root: Path) -> None:
 
 
 def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
-    """Rank 0, once every rank's files are written: manifest (with the files' digests), rename, ``latest``, retention."""
-    manifest = {**manifest, "files": integrity.fingerprint(partial)}
+    """Rank 0, once every rank's files are written: manifest (with the files' digests: those of ``manifest``'s
+    ``files`` the other ranks read back, the rest read here), rename, ``latest``, retention."""
+    manifest = {**manifest, "files": integrity.fingerprint(partial, manifest.get("files"))}
     _write_synced(partial / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     _fsync_dir(partial)  # its entries are on disk before the rename says the step is complete
     final = step_dir(partial.parent, manifest["step"])

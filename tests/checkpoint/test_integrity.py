@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,45 @@ def test_setting_aside_repoints_a_latest_that_named_a_missing_step(tmp_path):
     layout.set_aside_after(root, 30)  # what the run resuming from step 30 does first
     assert (root / "latest").read_text() == "step-00000030\n"
     assert layout.choose(root) == layout.Choice(thirty)
+
+
+def _read_back_in(root: str) -> dict:
+    """Each rank writes its own DCP-named file in a directory of its own, then the collective read-back."""
+    import torch.distributed as dist
+
+    from launcher.checkpoint import _read_back
+    from launcher.cluster.env import WorkerEnv
+    from launcher.cluster.process_group import ensure_process_group
+
+    ensure_process_group(WorkerEnv.from_environ(), device_type="cpu")
+    rank = dist.get_rank()
+    mine = Path(root) / f"rank{rank}"
+    mine.mkdir()
+    (mine / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * (1000 + rank))
+    (mine / f"__{rank}_1.distcp").write_bytes(b"second file")
+    return {"found": _read_back(mine, rank)}
+
+
+def test_each_rank_reads_back_its_own_files_and_rank_0_gathers_them(tmp_path):
+    """Two real gloo processes, each seeing only its own directory: rank 0's records of rank 1's files can only have
+    come from rank 1 (a save's digests take 1/N of the time)."""
+    from launcher.launch.function import run_function
+
+    results = run_function(_read_back_in, args=(str(tmp_path),), device="cpu", nproc=2)
+    assert results[1]["found"] is None
+    found = results[0]["found"]
+    assert sorted(found) == ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp"]
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}" / f"__{rank}_0.distcp"
+        assert found[path.name] == {"size": 1000 + rank, "sha256": integrity.digest(path)}
+
+
+def test_a_two_rank_save_lists_every_file_with_the_digest_of_its_bytes(run_dlaunch):
+    proc, run_dir = run_dlaunch("strategy=mirrored", "cluster=1x2", "trainer.steps=4", "trainer.checkpoint.every_steps=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = layout.latest(run_dir / "checkpoints")
+    files = layout.read_manifest(path)["files"]
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(files)
+    assert sorted(files) == sorted(p.name for p in path.iterdir() if p.name != "manifest.json")
+    for name, record in files.items():
+        assert record == {"size": (path / name).stat().st_size, "sha256": integrity.digest(path / name)}
