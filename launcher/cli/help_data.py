@@ -79,7 +79,11 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
             ('preflight_timeout_s', '60', 'how long each rank waits for every other before training'),
             ('collective_timeout_s', '300', 'a collective that takes longer is reported as hung, naming the ranks'),
             ('monitor_interval_s', '0.1', 'how often the elastic agent checks its workers'),
-            ('shutdown_grace_s', '5', 'after a stop signal, seconds the workers have to save and exit before SIGKILL'),
+            ('shutdown_grace_s', '5', 'after a failure, seconds the other workers have to exit before SIGKILL'),
+            ('stop_grace_s',
+             '25',
+             'after a stop signal, seconds the workers have to save a checkpoint and exit before SIGKILL (a '
+             "scheduler's own grace, often 30 s, bounds it too)"),
             ('warm_workers', 'True', 'local CPU workers fork from a process that imported them while dlaunch planned')],
  'cluster': [('device', 'auto', ''),
              ('backend', 'auto', ''),

@@ -193,7 +193,9 @@ class LaunchSpec(Strict):
     preflight_timeout_s: PositiveInt = Field(60, description="how long each rank waits for every other before training")
     collective_timeout_s: PositiveInt = Field(300, description="a collective that takes longer is reported as hung, naming the ranks")
     monitor_interval_s: Annotated[float, Field(gt=0, le=10, description="how often the elastic agent checks its workers")] = 0.1
-    shutdown_grace_s: PositiveInt = Field(5, description="after a stop signal, seconds the workers have to save and exit before SIGKILL")
+    shutdown_grace_s: PositiveInt = Field(5, description="after a failure, seconds the other workers have to exit before SIGKILL")
+    stop_grace_s: PositiveInt = Field(25, description="after a stop signal, seconds the workers have to save a checkpoint and "
+                                      "exit before SIGKILL (a scheduler's own grace, often 30 s, bounds it too)")
     warm_workers: bool = Field(True, description="local CPU workers fork from a process that imported them while dlaunch planned")
 
 

@@ -56,7 +56,7 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
                                               pass_fds=(sock.fileno(),) if node == 0 else ()))
             codes = _wait(procs, spec.launch.shutdown_grace_s + 10)
         except _Stopped as stopped:
-            _stop(procs, spec.launch.shutdown_grace_s + 5, stopped.signum)
+            _stop(procs, spec.launch.stop_grace_s + 5, stopped.signum)
             log.warning("stopped by %s; every node's workers were shut down", signal.Signals(stopped.signum).name)
             return 128 + stopped.signum
     return _outcome(spec, run_dir, codes)

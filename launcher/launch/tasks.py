@@ -75,7 +75,7 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
             fatal = _wait(procs, spec)
             stopped = _stop_the_rest(procs, spec.launch.shutdown_grace_s + 5) if fatal else set()
         except emulate._Stopped as signalled:
-            emulate._stop(list(procs.values()), spec.launch.shutdown_grace_s + 5, signalled.signum)
+            emulate._stop(list(procs.values()), spec.launch.stop_grace_s + 5, signalled.signum)
             log.warning("stopped by signal %d; every task was shut down", signalled.signum)
             return 128 + signalled.signum, []
     # A task dlaunch stopped ended as told (a ps that waits for the chief's save is killed): not a cause
@@ -174,7 +174,7 @@ def task_main(argv: list[str]) -> int:
     config = elastic.local_config(
         1, run_dir / "logs" / f"{task.type}{task.index}", max_restarts=0, join_timeout_s=spec.launch.rdzv_timeout_s,
         monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
-        run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
+        stop_grace_s=spec.launch.stop_grace_s, run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
     )
     try:
         elastic.start_workers(config, elastic.WORKER_MODULE, Path(job_path), single_node=spec.cluster.loopback,

@@ -69,9 +69,31 @@ def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path, re
 
 def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_path):
     run_dir = tmp_path / "run"
-    code, gone, out = stop_with(run_dir, signal.SIGTERM, "+recipe.ignore_signals=true", "launch.shutdown_grace_s=3")
+    code, gone, out = stop_with(run_dir, signal.SIGTERM, "+recipe.ignore_signals=true", "launch.stop_grace_s=3")
     assert code == 143, out[-3000:]
     assert 2.5 < gone < 10, f"{gone:.1f} s"
+
+
+def test_a_save_on_a_stop_signal_gets_the_stop_grace_not_the_failure_grace(tmp_path):
+    """A large model's save outlasts launch.shutdown_grace_s (the teardown after a failure); on a stop signal the
+    workers have launch.stop_grace_s (25 s) to save. Rank 0 holds its save's commit 4 s, past a 2 s shutdown grace."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "hold-save").write_text("1")  # the probe recipe holds any save while this file is there
+    proc = start(run_dir, *LONG, "+recipe.hold_saves=true", "launch.shutdown_grace_s=2")
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and worker_pids(run_dir), 120, "training")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: (run_dir / "saving").exists(), 30, "the save on the signal")
+        time.sleep(4)
+        (run_dir / "hold-save").unlink()
+        wait_for(lambda: proc.poll() is not None, 30, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 143, out[-3000:]
+    saved = layout.latest(run_dir / "checkpoints")
+    assert saved is not None and layout.step_of(saved) == int((run_dir / "saving").read_text()), out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["checkpoint_step"] == layout.step_of(saved)
 
 
 def test_one_device_in_process_saves_on_sigterm_and_resumes(tmp_path):
