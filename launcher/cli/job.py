@@ -76,9 +76,11 @@ def _job(cfg: Any) -> Any:
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
         spec = Status.validated.get(key) or composer.validate(cfg, cuda)
-        spec = admission.with_token(scheduled.placed(spec), scheduled=bool(scheduler_tasks()))
+        spec = scheduled.placed(spec)
         _checkpoint_dir_writable(spec, run_dir)
         with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
+            kept = None if dry_run.is_dry_run(cfg) else run_dir / outputs.STATE_DIR / outputs.TOKEN  # a dry run writes nothing
+            spec = admission.with_token(spec, scheduled=bool(scheduler_tasks()), kept=kept)
             summary = _locked_job(spec, cfg, run_dir, cuda, console)
     except lock.Busy as exc:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])

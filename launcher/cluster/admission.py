@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
+from pathlib import Path
 from typing import Any
 
 NO_TOKEN = "none"
@@ -59,12 +61,34 @@ def needs_token(spec: Any, scheduled: bool) -> bool:
             and not c.tasks and not scheduled)
 
 
-def with_token(spec: Any, scheduled: bool) -> Any:
-    """``spec``, with a fresh token for the job when node 0 must make one."""
+def with_token(spec: Any, scheduled: bool, kept: Path | None = None) -> Any:
+    """``spec``, with a token for the job when node 0 must make one.
+
+    ``kept``: the file (readable by its owner alone) where node 0 keeps the token it made for its run directory.
+    A resume there (``trainer.resume`` other than never: ``dlaunch resume RUN_DIR`` on every node) takes it
+    again, so the other nodes' resumes, which give the token they were first started with, are admitted.
+    """
     if not needs_token(spec, scheduled):
         return spec
-    cluster = spec.cluster.model_copy(update={"token": secrets.token_urlsafe(16)})
+    token = _kept(kept) if kept is not None and spec.trainer.resume != "never" else None
+    if token is None:
+        token = secrets.token_urlsafe(16)
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.unlink(missing_ok=True)  # a new file is made with the owner-only mode; an old one would keep its own
+            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(token + "\n")
+    cluster = spec.cluster.model_copy(update={"token": token})
     return spec.model_copy(update={"cluster": cluster})
+
+
+def _kept(path: Path) -> str | None:
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        return None
+    return token or None
 
 
 def describe(spec: Any) -> str:

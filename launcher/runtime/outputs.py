@@ -19,6 +19,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
+TOKEN = "token"  # in STATE_DIR, owner-only: the cluster.token node 0 made, taken again when the run resumes
 HISTORY = "history.jsonl"  # in STATE_DIR: each command and each start of the workers since the run began afresh
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import subprocess
 
 from launcher.cluster import admission
@@ -34,6 +35,24 @@ def test_node_0_of_nodes_started_by_hand_makes_a_token_and_shows_it():
     assert admission.with_token(spec("cluster.node_rank=0"), scheduled=True).cluster.token is None  # every task runs one command
     assert admission.with_token(spec("cluster.node_rank=1"), scheduled=False).cluster.token is None
     assert admission.with_token(spec("cluster.node_rank=0", f"cluster.token={TOKEN}"), scheduled=False).cluster.token == TOKEN
+
+
+def test_node_0_keeps_the_token_it_made_for_its_runs_resumes(tmp_path):
+    """``dlaunch resume RUN_DIR`` on every node: node 1 gives the token it was first started with, so node 0 takes
+    the one it made again (kept owner-only in its run directory); a run begun afresh makes a new one."""
+    def spec(*more: str):
+        return composer.compose_and_validate(["strategy=mirrored", "cluster=2x1", "cluster.master_addr=10.0.0.1",
+                                              "cluster.master_port=29500", "cluster.node_rank=0", *more], cuda_devices=0)
+
+    kept = tmp_path / ".dlaunch" / "token"
+    first = admission.with_token(spec(), scheduled=False, kept=kept).cluster.token
+    assert kept.read_text().strip() == first and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert admission.with_token(spec(), scheduled=False, kept=kept).cluster.token == first  # trainer.resume=auto
+    afresh = admission.with_token(spec("trainer.resume=never"), scheduled=False, kept=kept).cluster.token
+    assert afresh != first and kept.read_text().strip() == afresh
+    given = admission.with_token(spec(f"cluster.token={TOKEN}"), scheduled=False, kept=tmp_path / "other")
+    assert given.cluster.token == TOKEN and not (tmp_path / "other").exists()  # a token given is never written
+    assert admission.with_token(spec(), scheduled=False).cluster.token not in (None, first)  # nowhere to keep it
 
 
 def node(tmp_path, rank: int, port: int, *extra: str) -> subprocess.Popen:
