@@ -45,11 +45,17 @@ class FSDPSpec(StrategyUnit, FSDPOptions):
                      "use recipe.optimizer.implementation=foreach",
     }
 
+    init_from: Literal["every_rank", "rank0"] = Field(
+        "every_rank", description="every_rank: each rank builds the whole model on the CPU from the same seed; rank0: "
+                                  "rank 0 alone does, the others build it on the meta device and get rank 0's values "
+                                  "once it is sharded (one copy in host memory, not one per rank)")
+
     def replicas(self, cluster: Any) -> int:
         return cluster.world_size
 
     def describe(self) -> str:
-        return f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {self.describe_units()})"
+        built = "; built on rank 0, sent to the others" if self.init_from == "rank0" else ""
+        return f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {self.describe_units()}{built})"
 
     def own_rows(self, spec: Any, run_dir: Any) -> list[tuple[str, str]]:
         """The memory row: this recipe's parameter, gradient and optimizer bytes per rank, against DDP's. None for a

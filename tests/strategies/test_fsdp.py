@@ -158,3 +158,76 @@ def test_prepare_leaves_placing_to_fully_shard_which_moves_one_unit_at_a_time():
     with strategy.scope():
         strategy.prepare(torch.nn.Linear(2, 2))
     assert seen == ["cpu"]
+
+
+class _WithBuffers(torch.nn.Module):
+    """Layers, a buffer in the state dict, and one kept out of it (``persistent=False``: a rotary table, a mask)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.register_buffer("scale", torch.rand(4))
+        self.register_buffer("table", torch.randn(3, 4), persistent=False)
+
+    def forward(self, x):
+        return self.second(self.first(x).relu()) * self.scale + self.table.sum(0)
+
+
+def built_on_rank0(optimizer_name: str) -> dict:
+    import torch.distributed as dist
+
+    from launcher.strategies.fsdp import FSDPStrategy
+
+    strategy = FSDPStrategy(wrap=["Linear"], device_type="cpu", init_from="rank0")
+    torch.manual_seed(dist.get_rank())  # a rank's own seed would show if its values were its own
+    with strategy.scope():
+        model = _WithBuffers()
+        before = {name: t.device.type for name, t in [*model.named_parameters(), *model.named_buffers()]}
+        optimizer = getattr(torch.optim, optimizer_name)(model.parameters(), lr=0.1)
+        try:
+            model, optimizer = strategy.prepare(model, optimizer)
+        except ValueError as exc:
+            return {"error": str(exc)}
+    values = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+              for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    return {"before": before, "values": values, "sharded": type(model.first.weight).__name__}
+
+
+@pytest.mark.slow
+def test_init_from_rank0_builds_on_meta_elsewhere_and_sends_rank0s_values():
+    """strategy.init_from=rank0: rank 1 builds on the meta device (no host copy), then holds rank 0's values (seeded
+    differently here, so its own would show), buffers kept out of the state dict too; it trains from there."""
+    results = run_function(built_on_rank0, args=("AdamW",), device="cpu", nproc=2)
+    assert set(results[0]["before"].values()) == {"cpu"} and set(results[1]["before"].values()) == {"meta"}
+    torch.manual_seed(0)
+    reference = _WithBuffers()
+    expected = dict([*reference.named_parameters(), *reference.named_buffers()])
+    for rank in (0, 1):
+        assert results[rank]["sharded"] == "DTensor"
+        for name, value in results[rank]["values"].items():
+            assert torch.equal(value, expected[name].detach()), (rank, name)
+
+
+def test_init_from_rank0_refuses_an_optimizer_with_state_from_its_construction():
+    results = run_function(built_on_rank0, args=("Adagrad",), device="cpu", nproc=2)
+    for rank in (0, 1):
+        assert "strategy.init_from=rank0: Adagrad made state when it was built" in results[rank]["error"]
+        assert "use strategy.init_from=every_rank" in results[rank]["error"]
+
+
+@pytest.mark.slow
+def test_init_from_rank0_trains_bit_for_bit_as_every_rank_does(run_dlaunch):
+    """The same seed, so the same values either way: rank 0's, sent, are what every rank would have built."""
+    common = ("recipe=charlm", "strategy=fsdp", "cluster=1x2", "strategy.wrap=[TransformerEncoderLayer]",
+              "trainer.steps=10", "trainer.checkpoint.every_steps=10", "recipe.sample_chars=0")
+    proc, every = run_dlaunch(*common, name="every")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, rank0 = run_dlaunch(*common, "strategy.init_from=rank0", name="rank0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "built on rank 0, sent to the others" in proc.stdout
+    from tests.checkpoint.test_resume import assert_bitwise_equal, final_state
+
+    for a, b in zip(final_state(every), final_state(rank0)):
+        assert_bitwise_equal(a, b)

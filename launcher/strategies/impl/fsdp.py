@@ -31,6 +31,7 @@ import torch
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.extended import StrategyExtended
+from launcher.distribute.meta_scope import MetaScope
 from launcher.distribute.strategy import Strategy
 from launcher.strategies import Runtime
 
@@ -143,16 +144,50 @@ class _FSDPExtended(StrategyExtended):
     collective_forward = True  # a forward all-gathers parameters: every rank evaluates
     places_itself = True  # fully_shard moves each unit to the GPU as it shards it: the whole model is never there
 
-    def __init__(self, device: str, collectives: Any, mesh: Any, options: dict, wrap: Sequence[str]):
+    def __init__(self, device: str, collectives: Any, mesh: Any, options: dict, wrap: Sequence[str],
+                 init_from: str = "every_rank"):
         super().__init__([device], collectives)
-        self.mesh, self.options, self.wrap = mesh, options, list(wrap)
+        self.mesh, self.options, self.wrap, self.init_from = mesh, options, list(wrap), init_from
+
+    @property
+    def _from_rank0(self) -> bool:
+        return self.init_from == "rank0" and self.mesh is not None
+
+    def _scope(self) -> Any:
+        if self._from_rank0 and self._proc.rank != 0:  # rank 0's values are sent here after sharding
+            return MetaScope(super()._scope())
+        return super()._scope()
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         if self.mesh is None:
             wrapped_units(module, self.wrap)  # a bad name fails on one process too, before the first step
             log.warning("strategy=fsdp on one process shards nothing: it trains as strategy=one_device would")
             return module.to(self._devices[0]), optimizer
-        return shard(module, optimizer, self.mesh, self.options, self.wrap), optimizer
+        if not self._from_rank0:
+            return shard(module, optimizer, self.mesh, self.options, self.wrap), optimizer
+        if optimizer is not None and optimizer.state:
+            raise ValueError(f"strategy.init_from=rank0: {type(optimizer).__name__} made state when it was built, which "
+                             "the other ranks (built on the meta device) cannot have; use strategy.init_from=every_rank")
+        full = {k: v.detach() for k, v in module.state_dict().items()} if self._proc.rank == 0 else {}
+        sharded = shard(module, optimizer, self.mesh, self.options, self.wrap)
+        fill_from_rank0(sharded, full, self._devices[0], self._proc.rank)
+        return sharded, optimizer
+
+
+def fill_from_rank0(module: torch.nn.Module, full: dict[str, torch.Tensor], device: torch.device, rank: int) -> None:
+    """The other ranks built ``module`` on the meta device: their shards are made on ``device`` and filled from
+    rank 0's whole tensors (``full``; empty elsewhere), as torch's ``set_model_state_dict`` broadcasts them. Buffers
+    kept out of the state dict (``persistent=False``) are broadcast one by one."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if rank != 0:
+        module.to_empty(device=device)
+    saved = set(module.state_dict())
+    set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for name, buffer in module.named_buffers():
+        if name not in saved:
+            dist.broadcast(buffer, src=0)
 
 
 def fsdp_options(reshard_after_forward: bool, param_dtype: torch.dtype | None) -> dict[str, Any]:
@@ -191,12 +226,15 @@ class FSDPStrategy(Strategy):
         param_dtype: compute dtype of the gathered parameters (bf16 for mixed precision);
             gradients are reduced in fp32 and the sharded master weights stay fp32.
         device_type: "cpu" or "cuda"; default: CUDA when visible.
+        init_from: "every_rank" (each rank builds the whole model on the CPU, from the same seed) or "rank0"
+            (rank 0 alone does; the others build it on the meta device and get rank 0's values once it is
+            sharded: one copy of the model in host memory, not one per rank).
         env: where this process sits in the job; default: what the launcher put in the environment.
     """
 
     def __init__(self, reshard_after_forward: bool = True, wrap: Sequence[str] = (), *,
                  param_dtype: torch.dtype | None = None, device_type: str | None = None,
-                 timeout_s: float = 300.0, env: Any = "from-environment"):
+                 timeout_s: float = 300.0, env: Any = "from-environment", init_from: str = "every_rank"):
         from launcher.cluster.env import WorkerEnv
         from launcher.cluster.process_group import ensure_process_group, process_device
 
@@ -212,7 +250,7 @@ class FSDPStrategy(Strategy):
             mesh = init_device_mesh(kind, (dist.get_world_size(),), mesh_dim_names=("shard",))
             collectives = ProcessCollectives()
         device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
-        super().__init__(_FSDPExtended(device, collectives, mesh, options, wrap))
+        super().__init__(_FSDPExtended(device, collectives, mesh, options, wrap, init_from))
 
     @property
     def mesh(self) -> Any:
@@ -228,4 +266,5 @@ def param_dtype(runtime: Runtime) -> torch.dtype | None:
 
 def from_spec(spec: Any, runtime: Runtime) -> FSDPStrategy:
     return FSDPStrategy(spec.reshard_after_forward, spec.wrap, param_dtype=param_dtype(runtime),
-                        device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env)
+                        device_type=runtime.device_type, timeout_s=runtime.collective_timeout_s, env=runtime.env,
+                        init_from=spec.init_from)
