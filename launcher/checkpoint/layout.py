@@ -160,6 +160,7 @@ def resolve(resume: str, root: Path, full: bool = True) -> Choice:
 # The manifest's keys that resuming reads, and their JSON types.
 _MANIFEST_KEYS = {"format": int, "step": int, "data_position": dict, "world_size": int, "num_replicas": int, "strategy": str,
                   "cluster": str, "global_batch_size": int, "per_replica_batch_size": int, "input": dict, "recipe": dict}
+_SCRIPT_KEYS = {"format": int, "step": int, "world_size": int}  # a script's own (launcher/checkpoint/scripts.py)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -167,7 +168,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         data = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read {path / MANIFEST}: {exc}") from None
-    bad = [k for k, kind in _MANIFEST_KEYS.items() if not isinstance(data, dict) or not isinstance(data.get(k), kind)]
+    keys = _SCRIPT_KEYS if isinstance(data, dict) and data.get("kind") == "script" else _MANIFEST_KEYS
+    bad = [k for k, kind in keys.items() if not isinstance(data, dict) or not isinstance(data.get(k), kind)]
     if "files" in data and not isinstance(data["files"], dict):
         bad.append("files")
     if bad:

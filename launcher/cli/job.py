@@ -277,6 +277,8 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
     root = spec.trainer.checkpoint.root(run_dir)
     if spec.trainer.resume == "never" or (spec.trainer.resume == "auto" and not root.exists()):
         return None  # nothing to read: no need for torch.distributed.checkpoint in this process
+    if spec.script is not None:  # a script restores its own (launcher/checkpoint/scripts.py): nothing to choose here
+        return None
     from launcher import checkpoint
     from launcher.checkpoint.errors import START_AFRESH
 

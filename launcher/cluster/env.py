@@ -169,6 +169,12 @@ def torchrun_single_process(port: int) -> dict[str, str]:
 RUN_DIR_VARIABLE = "DLAUNCH_RUN_DIR"  # a script's run directory (absolute), in every process that runs it
 
 
+def script_run_dir() -> Path | None:
+    """A script's run directory, from ``DLAUNCH_RUN_DIR`` (None outside dlaunch)."""
+    value = os.environ.get(RUN_DIR_VARIABLE)
+    return Path(value) if value else None
+
+
 def script_environment(run_dir: Path) -> dict[str, str]:
     """What a script finds in its environment besides torchrun's variables: ``DLAUNCH_RUN_DIR``, where it writes its
     own files (``metrics.jsonl`` for ``dlaunch report``, its checkpoints)."""
