@@ -79,8 +79,8 @@ def _job(cfg: Any) -> Any:
         spec = scheduled.placed(spec)
         _checkpoint_dir_writable(spec, run_dir)
         with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
-            kept = None if dry_run.is_dry_run(cfg) else run_dir / outputs.STATE_DIR / outputs.TOKEN  # a dry run writes nothing
-            spec = admission.with_token(spec, scheduled=bool(scheduler_tasks()), kept=kept)
+            spec = admission.with_token(spec, scheduled=bool(scheduler_tasks()), kept=run_dir / outputs.STATE_DIR / outputs.TOKEN,
+                                        write=not dry_run.is_dry_run(cfg))  # a dry run shows the kept one, writes none
             summary = _locked_job(spec, cfg, run_dir, cuda, console)
     except lock.Busy as exc:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])

@@ -61,19 +61,20 @@ def needs_token(spec: Any, scheduled: bool) -> bool:
             and not c.tasks and not scheduled)
 
 
-def with_token(spec: Any, scheduled: bool, kept: Path | None = None) -> Any:
+def with_token(spec: Any, scheduled: bool, kept: Path | None = None, write: bool = True) -> Any:
     """``spec``, with a token for the job when node 0 must make one.
 
     ``kept``: the file (readable by its owner alone) where node 0 keeps the token it made for its run directory.
     A resume there (``trainer.resume`` other than never: ``dlaunch resume RUN_DIR`` on every node) takes it
     again, so the other nodes' resumes, which give the token they were first started with, are admitted.
+    ``write=False`` (a dry run) shows the token the run would use and writes none.
     """
     if not needs_token(spec, scheduled):
         return spec
     token = _kept(kept) if kept is not None and spec.trainer.resume != "never" else None
     if token is None:
         token = secrets.token_urlsafe(16)
-        if kept is not None:
+        if kept is not None and write:
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.unlink(missing_ok=True)  # a new file is made with the owner-only mode; an old one would keep its own
             fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

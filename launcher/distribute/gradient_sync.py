@@ -84,11 +84,11 @@ class _Watch:
         """Only a forward that is backpropagated counts (one run under no_sync for a metric alone does not). Its
         output's gradient arrives as the backward through the model starts: DDP's switch as it was at the forward,
         FSDP2's as it is now, is whether that backward syncs."""
-        out = _first_tensor(output)
-        if out is not None and out.requires_grad:
-            at_forward = self.open > 0
-            out.register_hook(lambda grad: setattr(self, "last_backward_unsynced",
-                                                   at_forward if self.at_forward else self.open > 0))
+        at_forward = self.open > 0
+        for out in _tensors(output):  # every output that trains: the loss may come from any of them
+            if out.requires_grad:
+                out.register_hook(lambda grad: setattr(self, "last_backward_unsynced",
+                                                       at_forward if self.at_forward else self.open > 0))
 
     def check(self) -> None:
         """Called before the optimizer steps; the next step's check starts afresh."""
@@ -103,12 +103,14 @@ class _Watch:
                 "(a script that all-reduces the gradients itself: `strategy.no_sync(model, check=False)`)")
 
 
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    """The first tensor of a module's output (a tensor, or tuples, lists and dicts of them)."""
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or tuples, lists and dicts of them)."""
     if isinstance(output, torch.Tensor):
-        return output
+        yield output
+        return
     items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    return next((t for t in map(_first_tensor, items) if t is not None), None)
+    for item in items:
+        yield from _tensors(item)
 
 
 _WATCHES: "weakref.WeakKeyDictionary[Any, _Watch]" = weakref.WeakKeyDictionary()

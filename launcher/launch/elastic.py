@@ -69,8 +69,14 @@ def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None
         addr=c.master_addr, port=c.master_port,
         max_restarts=spec.launch.max_restarts, join_timeout_s=spec.launch.rdzv_timeout_s,
         monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
-        stop_grace_s=spec.launch.stop_grace_s, nodes=c.nodes, node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
+        stop_grace_s=spec.launch.stop_grace_s, teardown_marker=teardown_marker(run_dir), nodes=c.nodes, node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
     )
+
+
+def teardown_marker(run_dir: Path) -> Path:
+    """Made by dlaunch before it stops the node agents (or tasks) that outlived another's failure: their SIGTERM is
+    then a teardown (``launch.shutdown_grace_s``), not a stop whose workers save (``launch.stop_grace_s``)."""
+    return run_dir / outputs.STATE_DIR / "teardown"
 
 
 def _local_addr(spec: RunSpec, node_rank: int) -> str | None:
@@ -88,7 +94,7 @@ def _local_addr(spec: RunSpec, node_rank: int) -> str | None:
 def local_config(
     nproc: int, log_dir: Path, *, addr: str = "127.0.0.1", port: int = 0, max_restarts: int = 0,
     join_timeout_s: int = 120, monitor_interval_s: float = 0.1, shutdown_grace_s: int = 5, stop_grace_s: int = 25,
-    nodes: int = 1, node_rank: int | None = None, run_id: str | None = None, listen_fd: int | None = None,
+    teardown_marker: Path | None = None, nodes: int = 1, node_rank: int | None = None, run_id: str | None = None, listen_fd: int | None = None,
     local_addr: str | None = "127.0.0.1", label: str | None = None,
 ) -> LaunchConfig:
     """``nproc`` workers of node ``node_rank`` (of ``nodes``), rendezvous on ``addr:port`` (0: a free port).
@@ -123,6 +129,7 @@ def local_config(
     )
     config.dlaunch_grace_s = shutdown_grace_s  # where torch has no shutdown_timeout, _Agent still bounds the stop
     config.dlaunch_stop_grace_s = stop_grace_s  # a stop signal's: the workers save a checkpoint before they exit
+    config.dlaunch_teardown_marker = teardown_marker  # while it exists, a SIGTERM is a failure's teardown, not a stop
     return config
 
 
@@ -252,6 +259,7 @@ class _Agent(LocalElasticAgent):
 
     grace_s: float = 30.0  # set per launch by _graceful_agent
     stop_grace_s: float = 30.0
+    teardown_marker: Path | None = None
     _last: Any = None  # the last RunResult seen: what a restart follows
 
     def _monitor_workers(self, worker_group: Any) -> Any:
@@ -274,12 +282,13 @@ class _Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         started = super()._start_workers(worker_group)
-        pcontext, grace, stop_grace = self._pcontext, self.grace_s, self.stop_grace_s
+        pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
         close = pcontext.close
 
         def graceful_close(death_sig: Any = None, timeout: float = grace) -> None:
-            # torch's agent closes from its `except SignalException` on a stop signal, and after a failure from none
-            stopping = isinstance(sys.exc_info()[1], SignalException)
+            # torch's agent closes from its `except SignalException` on a stop signal, and after a failure from none;
+            # a SIGTERM from dlaunch's parent process after another node failed comes with the marker
+            stopping = isinstance(sys.exc_info()[1], SignalException) and not (marker is not None and marker.exists())
             close(death_sig, stop_grace if stopping else min(timeout, grace))
 
         pcontext.close = graceful_close
@@ -320,10 +329,11 @@ def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
 
 
 @contextlib.contextmanager
-def _graceful_agent(grace_s: float, stop_grace_s: float) -> Iterator[None]:
+def _graceful_agent(grace_s: float, stop_grace_s: float, teardown_marker: Path | None) -> Iterator[None]:
     """``elastic_launch`` builds its agent from this module attribute; the swap lasts one launch."""
     saved = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = type("_Agent", (_Agent,), {"grace_s": grace_s, "stop_grace_s": stop_grace_s})
+    launcher_api.LocalElasticAgent = type("_Agent", (_Agent,), {"grace_s": grace_s, "stop_grace_s": stop_grace_s,
+                                                                "teardown_marker": teardown_marker})
     try:
         yield
     finally:
@@ -341,7 +351,8 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     _quiet_agent()
     route = None if single_node or master_addr is None else node_route(master_addr)
     variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
-    with worker_env_set({**variables, **(extra_env or {})}), _graceful_agent(config.dlaunch_grace_s, config.dlaunch_stop_grace_s):
+    with worker_env_set({**variables, **(extra_env or {})}), _graceful_agent(
+            config.dlaunch_grace_s, config.dlaunch_stop_grace_s, config.dlaunch_teardown_marker):
         if module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
             from launcher.runtime.worker import run_job  # imported by the forkserver already
 

@@ -47,6 +47,7 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
     run_id = f"dlaunch-{uuid.uuid4().hex[:12]}"
     log.info("emulating %d nodes on this machine: one elastic agent per node, rendezvous on %s:%d", c.nodes, c.master_addr, port)
     procs, cuda = [], plan.device_type == "cuda"
+    elastic.teardown_marker(run_dir).unlink(missing_ok=True)  # an earlier command's
     with _stop_on_signals():
         try:
             for node in range(c.nodes):
@@ -54,7 +55,7 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
                 env = {**os.environ, **emulated_node_devices(node, c.devices_per_node)} if cuda else None
                 procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], env=env,
                                               pass_fds=(sock.fileno(),) if node == 0 else ()))
-            codes = _wait(procs, spec.launch.shutdown_grace_s + 10)
+            codes = _wait(procs, spec.launch.shutdown_grace_s + 10, elastic.teardown_marker(run_dir))
         except _Stopped as stopped:
             _stop(procs, spec.launch.stop_grace_s + 5, stopped.signum)
             log.warning("stopped by %s; every node's workers were shut down", signal.Signals(stopped.signum).name)
@@ -82,17 +83,24 @@ def _stop_on_signals() -> Iterator[None]:
         yield
 
 
-def _wait(procs: list[subprocess.Popen], grace_s: float) -> list[int]:
-    """Every node's exit code; once one fails, the others get ``grace_s`` to fail or finish on their own."""
+def _wait(procs: list[subprocess.Popen], grace_s: float, marker: Path) -> list[int]:
+    """Every node's exit code; once one fails, the others get ``grace_s`` to fail or finish on their own, then
+    are torn down (``marker``: their agents take the SIGTERM as a failure's teardown, not as a stop)."""
     deadline = None
     while any(p.poll() is None for p in procs):
         failed = any(p.returncode not in (None, 0) for p in procs)
         if failed and deadline is None:
             deadline = time.monotonic() + grace_s
         if deadline is not None and time.monotonic() > deadline:
+            mark_teardown(marker)
             _stop(procs, grace_s)
         time.sleep(0.05)
     return [p.returncode for p in procs]
+
+
+def mark_teardown(marker: Path) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float, signum: int = signal.SIGTERM) -> None:

@@ -66,14 +66,15 @@ def launch(spec: RunSpec, run_dir: Path, plan: Plan) -> int:
 
 
 def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -> tuple[int, list[failures.RootCause]]:
-    procs = {}
+    procs, marker = {}, elastic.teardown_marker(run_dir)
+    marker.unlink(missing_ok=True)  # an earlier attempt's
     with emulate._stop_on_signals():
         try:
             for t in tasks:
                 args = [str(job), t.type, str(t.index), str(t.attempt)]
                 procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
             fatal = _wait(procs, spec)
-            stopped = _stop_the_rest(procs, spec.launch.shutdown_grace_s + 5) if fatal else set()
+            stopped = _stop_the_rest(procs, spec.launch.stop_grace_s + 5, marker) if fatal else set()
         except emulate._Stopped as signalled:
             emulate._stop(list(procs.values()), spec.launch.stop_grace_s + 5, signalled.signum)
             log.warning("stopped by signal %d; every task was shut down", signalled.signum)
@@ -118,14 +119,17 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
         time.sleep(0.05)
 
 
-def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float) -> set[PSTask]:
+def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float, marker: Path) -> set[PSTask]:
     """The others cannot go on without the chief or a ps: a moment to end on their own, then stopped as a signal
-    to dlaunch stops them (a chief that can still save has ``grace_s`` to); returns those stopped."""
+    to dlaunch stops them (a chief that can still save has ``grace_s`` to; without one, ``marker`` tells the
+    agents it is a teardown); returns those stopped."""
     deadline = time.monotonic() + STOP_OTHERS_AFTER_S
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     running = {t for t, p in procs.items() if p.poll() is None}
     saving = any(t.type == "chief" for t in running)  # else no one saves, and a ps serves on until it is killed
+    if not saving:
+        emulate.mark_teardown(marker)
     emulate._stop([procs[t] for t in running], grace_s if saving else STOP_OTHERS_AFTER_S)
     return running
 
@@ -174,7 +178,7 @@ def task_main(argv: list[str]) -> int:
     config = elastic.local_config(
         1, run_dir / "logs" / f"{task.type}{task.index}", max_restarts=0, join_timeout_s=spec.launch.rdzv_timeout_s,
         monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
-        stop_grace_s=spec.launch.stop_grace_s, run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
+        stop_grace_s=spec.launch.stop_grace_s, teardown_marker=elastic.teardown_marker(run_dir), run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
     )
     try:
         elastic.start_workers(config, elastic.WORKER_MODULE, Path(job_path), single_node=spec.cluster.loopback,

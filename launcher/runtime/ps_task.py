@@ -84,11 +84,12 @@ def serve(spec: RunSpec, task: PSTask, run_dir: Path) -> None:
 def _serving_through_stop_signals(task: PSTask) -> Iterator[None]:
     """A stop signal reaches every task at once; a ps serves on, so that the chief can save the variables it holds.
 
-    The chief ends the job after its save; if it is gone instead, the agent's shutdown grace ends this task.
+    The chief ends the job after its save; if it is gone instead, dlaunch tears this task down (its agent's
+    ``launch.shutdown_grace_s``, the teardown marker telling it that no save comes).
     """
     def note(signum: int, frame: object) -> None:
         # Also what a ps sees when dlaunch stops the job after the chief or another ps failed: then no save comes,
-        # and the stop's grace ends this task. The message holds in both cases.
+        # and the teardown's grace ends this task. The message holds in both cases.
         log.warning("%s: %s received; serving on, so that a chief that is saving can read the variables held here "
                     "(this task ends with the job)", task.name, signal.Signals(signum).name)
 

@@ -123,7 +123,8 @@ class ReplicaStep:
                 scaled = loss if len(micro) == 1 else loss / len(micro) if shares is None else loss * shares[i]
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             share = 1.0 / len(micro) if shares is None else shares[i]  # the micro-batch's part of the batch's mean
-            part = loss.detach() if shares is None else loss.detach() * shares[i]
+            kept = loss.detach().clone() if self.graphs else loss.detach()  # a graph's output is overwritten later
+            part = kept if shares is None else kept * shares[i]
             total = part if total is None else total + part
             if extra is not None:
                 extras = extra * share if extras is None else extras + extra * share

@@ -157,6 +157,7 @@ def _read_back_in(root: str) -> dict:
     return {"found": _read_back(mine, rank)}
 
 
+@pytest.mark.slow
 def test_each_rank_reads_back_its_own_files_and_rank_0_gathers_them(tmp_path):
     """Two real gloo processes, each seeing only its own directory: rank 0's records of rank 1's files can only have
     come from rank 1 (a save's digests take 1/N of the time)."""
@@ -171,6 +172,7 @@ def test_each_rank_reads_back_its_own_files_and_rank_0_gathers_them(tmp_path):
         assert found[path.name] == {"size": 1000 + rank, "sha256": integrity.digest(path)}
 
 
+@pytest.mark.slow
 def test_a_two_rank_save_lists_every_file_with_the_digest_of_its_bytes(run_dlaunch):
     proc, run_dir = run_dlaunch("strategy=mirrored", "cluster=1x2", "trainer.steps=4", "trainer.checkpoint.every_steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]

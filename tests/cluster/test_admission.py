@@ -53,6 +53,10 @@ def test_node_0_keeps_the_token_it_made_for_its_runs_resumes(tmp_path):
     given = admission.with_token(spec(f"cluster.token={TOKEN}"), scheduled=False, kept=tmp_path / "other")
     assert given.cluster.token == TOKEN and not (tmp_path / "other").exists()  # a token given is never written
     assert admission.with_token(spec(), scheduled=False).cluster.token not in (None, first)  # nowhere to keep it
+    assert admission.with_token(spec(), scheduled=False, kept=kept, write=False).cluster.token == afresh
+    kept.unlink()
+    dry = admission.with_token(spec(), scheduled=False, kept=kept, write=False).cluster.token  # launch.dry_run
+    assert dry and not kept.exists()
 
 
 def node(tmp_path, rank: int, port: int, *extra: str) -> subprocess.Popen:

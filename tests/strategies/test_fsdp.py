@@ -192,7 +192,8 @@ def built_on_rank0(optimizer_name: str) -> dict:
               for name, t in [*model.named_parameters(), *model.named_buffers()]}
     model(torch.ones(2, 8)).sum().backward()
     optimizer.step()
-    return {"before": before, "values": values, "sharded": type(model.first.weight).__name__}
+    drawn = torch.rand(3)  # what a recipe draws after its model (its data, a split): rank 0's generator went on
+    return {"before": before, "values": values, "sharded": type(model.first.weight).__name__, "drawn": drawn}
 
 
 @pytest.mark.slow
@@ -204,12 +205,14 @@ def test_init_from_rank0_builds_on_meta_elsewhere_and_sends_rank0s_values():
     torch.manual_seed(0)
     reference = _WithBuffers()
     expected = dict([*reference.named_parameters(), *reference.named_buffers()])
+    assert torch.equal(results[0]["drawn"], results[1]["drawn"])
     for rank in (0, 1):
         assert results[rank]["sharded"] == "DTensor"
         for name, value in results[rank]["values"].items():
             assert torch.equal(value, expected[name].detach()), (rank, name)
 
 
+@pytest.mark.slow
 def test_init_from_rank0_refuses_an_optimizer_with_state_from_its_construction():
     results = run_function(built_on_rank0, args=("Adagrad",), device="cpu", nproc=2)
     for rank in (0, 1):

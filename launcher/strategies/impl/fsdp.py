@@ -177,7 +177,8 @@ class _FSDPExtended(StrategyExtended):
 def fill_from_rank0(module: torch.nn.Module, full: dict[str, torch.Tensor], device: torch.device, rank: int) -> None:
     """The other ranks built ``module`` on the meta device: their shards are made on ``device`` and filled from
     rank 0's whole tensors (``full``; empty elsewhere), as torch's ``set_model_state_dict`` broadcasts them. Buffers
-    kept out of the state dict (``persistent=False``) are broadcast one by one."""
+    kept out of the state dict (``persistent=False``) are broadcast one by one, and rank 0's CPU generator, which
+    drew the values, so that what the recipe draws after the model (its data, a split) is the same on every rank."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -188,6 +189,9 @@ def fill_from_rank0(module: torch.nn.Module, full: dict[str, torch.Tensor], devi
     for name, buffer in module.named_buffers():
         if name not in saved:
             dist.broadcast(buffer, src=0)
+    rng = [torch.get_rng_state()]  # rank 0 drew the initial values: every rank's next draws are its draws again
+    dist.broadcast_object_list(rng, src=0)
+    torch.set_rng_state(rng[0])
 
 
 def fsdp_options(reshard_after_forward: bool, param_dtype: torch.dtype | None) -> dict[str, Any]:
