@@ -114,14 +114,20 @@ def main() -> None:
                 runs.append({"round": r, "mode": mode, "who": "hand", **hand(loop_args, args.steps, work)})
                 print(f"round {r + 1}/{args.rounds} {mode}: dlaunch {runs[-2]['steady_ms_per_step']:.2f} ms/step, "
                       f"hand {runs[-1]['steady_ms_per_step']:.2f}", flush=True)
+                data = so_far(stem, facts, runs, r, args)  # a run cut off (a device call's time limit) keeps these
             if "bf16+compile" in modes:
                 runs.append({"round": r, "mode": "bf16+compile, prefetch 0", "who": "dlaunch",
                              **dlaunch((*MODES["bf16+compile"][0], "input.prefetch=0"), args.steps, work)})
-            facts["params"] = next(run["params"] for run in runs if "params" in run)
-            data = {"machine": c.machine(), "device": facts, "shape": SHAPE, "batch": BATCH, "runs": runs}
-            if r + 1 < args.rounds:  # a run cut off (a device call's time limit) still leaves its whole rounds
-                c.write_results(stem, data, report(facts, runs, argparse.Namespace(rounds=r + 1, steps=args.steps)))
+                data = so_far(stem, facts, runs, r, args)
     c.publish(stem, data, report(facts, runs, args))
+
+
+def so_far(stem: str, facts: dict[str, Any], runs: list[dict[str, Any]], r: int, args: argparse.Namespace) -> dict:
+    """The results so far, written after every pair of runs: a run cut off by a device call's time limit keeps them."""
+    facts["params"] = next(run["params"] for run in runs if "params" in run)
+    data = {"machine": c.machine(), "device": facts, "shape": SHAPE, "batch": BATCH, "runs": runs}
+    c.write_results(stem, data, report(facts, runs, argparse.Namespace(rounds=f"{r + 1} (so far)", steps=args.steps)))
+    return data
 
 
 def profile(mode: str, steps: int) -> None:

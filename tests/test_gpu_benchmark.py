@@ -59,7 +59,7 @@ def test_the_hand_loop_profiles_the_same_window_and_regions_as_dlaunch(tmp_path)
 
 
 def test_a_run_cut_off_after_its_first_round_leaves_that_rounds_results(tmp_path, monkeypatch):
-    """A device call has a time limit: the timings of every finished round are on disk before the next begins.
+    """A device call has a time limit: the timings of every finished pair of runs are on disk before the next begins.
     The GPU's runs are stood in for by fixed timings (there is no GPU here); the harness around them is gpu.py's own."""
     gpu = load_gpu_benchmark()
     monkeypatch.setattr(gpu.c, "RESULTS", tmp_path)
@@ -83,5 +83,5 @@ def test_a_run_cut_off_after_its_first_round_leaves_that_rounds_results(tmp_path
         pass
     (md,) = tmp_path.glob("*-gpu.md")
     text = md.read_text()
-    assert "1 round(s) x 150 steps" in text
+    assert "1 (so far) round(s) x 150 steps" in text
     assert "| bf16+compile | dlaunch | 10.00" in text and "0.950x" in text
