@@ -89,7 +89,8 @@ class ScriptCheckpoints:
         path = layout.step_dir(self.root, chosen)
         problem = layout.check(path, full=False)
         if problem:  # rank 0 read it whole: this rank's view of it differs (a file system that lags?)
-            raise CheckpointError(f"rank {self.rank} cannot use {path}, which rank 0 chose: {problem}")
+            raise CheckpointError(f"rank {self.rank} cannot use {path}, which rank 0 chose: {problem}; every node must "
+                                  "see the same directory: ScriptCheckpoints(directory) on a shared file system")
         tensors: dict[str, Any] = {**_model_state(model, optimizer), "progress": state.progress(0, 0, 0)}
         if "optim" in tensors:
             state.drop_unsaved_settings(tensors["optim"], _saved(path, "optim.param_groups."))

@@ -41,7 +41,8 @@ def saved(spec: Any, run_dir: Path) -> Path | None:
 def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -> str:
     """The lines shown when a run stopped on a signal: what was saved (``checkpoint``), and how to go on."""
     if spec.script is not None:
-        return (f"stopped (exit {code}); the script saves its own checkpoints (ScriptStopped reached it); "
+        return (f"stopped (exit {code}); the script saves its own checkpoints (ScriptStopped reached it; its "
+                f"ScriptCheckpoints.restore, if it calls one, goes on from its newest save); "
                 f"{command(run_dir)} runs it again with the same arguments")
     if checkpoint is None:
         why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"

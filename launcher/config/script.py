@@ -85,7 +85,8 @@ def apply(data: dict[str, Any]) -> None:
 INSTEAD = {
     "steps": "the script runs as long as its own loop does: pass its length after -- (e.g. -- --steps N)",
     "log_every": "dlaunch's loop writes metrics.jsonl; a script writes its own to $DLAUNCH_RUN_DIR (docs/SCRIPTS.md)",
-    "checkpoint": "a script saves its own checkpoints (torch.save, torch.distributed.checkpoint): dlaunch cannot know its state",
+    "checkpoint": "a script saves its own checkpoints (launcher.checkpoint.scripts.ScriptCheckpoints, or torch.save): "
+                  "dlaunch's loop cannot know its state",
     "resume": "a script resumes from its own checkpoints: load one in the script",
     "loggers": "log from the script (e.g. torch.utils.tensorboard's SummaryWriter on rank 0)",
     "compile": "torch.compile the model in your script",
