@@ -115,6 +115,8 @@ class ReplicaStep:
         micro, shares = micro_batches(batch, self.accum) if self.accum > 1 else ((batch,), None)
         total = extras = None
         for i, piece in enumerate(micro):
+            if i:  # each micro-batch's graphs replay the first one's; its loss is kept (a clone, under CUDA graphs)
+                self.begin()
             with self._sync_on(i == len(micro) - 1):
                 with self.autocast():
                     loss, extra = self._checked(self.user_step(self.model, piece), measure)

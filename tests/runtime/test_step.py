@@ -130,6 +130,10 @@ def test_a_step_under_cuda_graphs_marks_where_the_last_steps_outputs_die(mode, m
         step.begin()
         step.begin()
         assert MarkStepBox.mark_step_counter == before - 2 * marks
+        accumulating = ReplicaStep(mse_step, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                   trainer.model_copy(update={"grad_accum_steps": 3}), "cpu", manual=False)
+        accumulating(model_and_batch()[1])  # the loop marks the first micro-batch; the step, the two after it
+        assert MarkStepBox.mark_step_counter == before - 4 * marks
     finally:
         MarkStepBox.mark_step_counter = before  # torch's own count, as the other tests found it
 
