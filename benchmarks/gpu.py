@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     # the two ratios first (fp32, bf16+compile), so a run cut off by a device call's limit has them
     parser.add_argument("--modes", default="fp32,bf16+compile,bf16+graphs,bf16",
-                        help="comma-separated subset of %(default)s, run in that order (fewer modes: more rounds in the same time)")
+                        help="comma-separated subset of %(default)s, run in that order "
+                             "(fewer modes: more rounds in the same time)")
     parser.add_argument("--profile", metavar="MODE", choices=list(MODES), help="profile one run of each in MODE instead")
     args = parser.parse_args()
     if args.profile:

@@ -4,7 +4,8 @@
 
 What a careful user writes by hand: the recipe's model and data, AdamW (fused on CUDA), a DataLoader
 with pinned memory and ``non_blocking`` copies, optional bf16 autocast and
-``torch.compile`` (``--compile-mode reduce-overhead``: with CUDA graphs). Losses are read (``.item()``) only at the steps dlaunch logs,
+``torch.compile`` (``--compile-mode reduce-overhead``: with CUDA graphs).
+Losses are read (``.item()``) only at the steps dlaunch logs,
 and step times are taken the same way as dlaunch's ``steady_ms_per_step``
 (median wall time per step from step 20 on), so the two are measured alike.
 
@@ -59,7 +60,8 @@ def main() -> None:
     loader = DataLoader(train, batch_size=args.batch, shuffle=True, drop_last=True, pin_memory=device.type == "cuda",
                         generator=torch.Generator().manual_seed(0))
     graphs = args.compile_mode in ("reduce-overhead", "max-autotune")
-    forward = torch.compile(model, mode=None if args.compile_mode == "default" else args.compile_mode) if args.compile else model
+    mode = None if args.compile_mode == "default" else args.compile_mode
+    forward = torch.compile(model, mode=mode) if args.compile else model
     dtype = torch.bfloat16 if args.precision == "bf16" else None
 
     batches = iter(loader)

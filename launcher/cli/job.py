@@ -79,8 +79,9 @@ def _job(cfg: Any) -> Any:
         spec = scheduled.placed(spec)
         _checkpoint_dir_writable(spec, run_dir)
         with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
-            spec = admission.with_token(spec, scheduled=bool(scheduler_tasks()), kept=run_dir / outputs.STATE_DIR / outputs.TOKEN,
-                                        write=not dry_run.is_dry_run(cfg))  # a dry run shows the kept one, writes none
+            kept = run_dir / outputs.STATE_DIR / outputs.TOKEN  # a dry run shows the kept token and writes none
+            spec = admission.with_token(spec, scheduled=bool(scheduler_tasks()), kept=kept,
+                                        write=not dry_run.is_dry_run(cfg))
             summary = _locked_job(spec, cfg, run_dir, cuda, console)
     except lock.Busy as exc:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])

@@ -87,7 +87,7 @@ INSTEAD = {
     "log_every": "dlaunch's loop writes metrics.jsonl; a script writes its own to $DLAUNCH_RUN_DIR (docs/SCRIPTS.md)",
     "checkpoint": "a script saves its own checkpoints (launcher.checkpoint.scripts.ScriptCheckpoints, or torch.save): "
                   "dlaunch's loop cannot know its state",
-    "resume": "a script resumes from its own checkpoints: load one in the script",
+    "resume": "a script resumes from its own checkpoints: load one in the script (ScriptCheckpoints.restore)",
     "loggers": "log from the script (e.g. torch.utils.tensorboard's SummaryWriter on rank 0)",
     "compile": "torch.compile the model in your script",
     "grad_accum_steps": "accumulate in your script: backward under `with strategy.no_sync(model):` on all but the "

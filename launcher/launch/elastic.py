@@ -69,7 +69,8 @@ def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None
         addr=c.master_addr, port=c.master_port,
         max_restarts=spec.launch.max_restarts, join_timeout_s=spec.launch.rdzv_timeout_s,
         monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
-        stop_grace_s=spec.launch.stop_grace_s, teardown_marker=teardown_marker(run_dir), nodes=c.nodes, node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
+        stop_grace_s=spec.launch.stop_grace_s, teardown_marker=teardown_marker(run_dir), nodes=c.nodes,
+        node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
     )
 
 
@@ -94,7 +95,8 @@ def _local_addr(spec: RunSpec, node_rank: int) -> str | None:
 def local_config(
     nproc: int, log_dir: Path, *, addr: str = "127.0.0.1", port: int = 0, max_restarts: int = 0,
     join_timeout_s: int = 120, monitor_interval_s: float = 0.1, shutdown_grace_s: int = 5, stop_grace_s: int = 25,
-    teardown_marker: Path | None = None, nodes: int = 1, node_rank: int | None = None, run_id: str | None = None, listen_fd: int | None = None,
+    teardown_marker: Path | None = None, nodes: int = 1, node_rank: int | None = None, run_id: str | None = None,
+    listen_fd: int | None = None,
     local_addr: str | None = "127.0.0.1", label: str | None = None,
 ) -> LaunchConfig:
     """``nproc`` workers of node ``node_rank`` (of ``nodes``), rendezvous on ``addr:port`` (0: a free port).

@@ -178,7 +178,8 @@ def task_main(argv: list[str]) -> int:
     config = elastic.local_config(
         1, run_dir / "logs" / f"{task.type}{task.index}", max_restarts=0, join_timeout_s=spec.launch.rdzv_timeout_s,
         monitor_interval_s=spec.launch.monitor_interval_s, shutdown_grace_s=spec.launch.shutdown_grace_s,
-        stop_grace_s=spec.launch.stop_grace_s, teardown_marker=elastic.teardown_marker(run_dir), run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
+        stop_grace_s=spec.launch.stop_grace_s, teardown_marker=elastic.teardown_marker(run_dir),
+        run_id=f"dlaunch-{task.type}{task.index}-{uuid.uuid4().hex[:8]}", label=None if task.type == "chief" else task.name,
     )
     try:
         elastic.start_workers(config, elastic.WORKER_MODULE, Path(job_path), single_node=spec.cluster.loopback,

@@ -38,7 +38,8 @@ class ScriptStopped(Preempted):
 
     def __init__(self, signum: int):
         super().__init__(signum, step=None)
-        self.args = (f"stopped by {signal.Signals(signum).name}; a script saves its own checkpoints (ScriptCheckpoints)",)
+        self.args = (f"stopped by {signal.Signals(signum).name}; a script saves its own checkpoints "
+                     "(ScriptCheckpoints)",)
 
 
 class ScriptExit(Exception):
