@@ -204,8 +204,7 @@ class Checkpointer:
             progress = (step, position.epoch, position.offset)
             read_back = None
             if self.strategy is None or not self.strategy.save_checkpoint(model, partial, progress):
-                self._save_here(partial, step, position, model, optimizer, loop or {})
-                read_back = _read_back(partial, self.rank)
+                read_back = self._save_here(partial, step, position, model, optimizer, loop or {})
             if self.rank == 0:  # DCP returned: every rank's files are written
                 saved = {**manifest.build(self.spec, step, position), "files": read_back or {}}
                 layout.commit(partial, saved, self.spec.trainer.checkpoint.keep)
@@ -236,18 +235,14 @@ class Checkpointer:
                               "train on without this save")
 
     def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any,
-                   loop: dict[str, torch.Tensor]) -> None:
+                   loop: dict[str, torch.Tensor]) -> dict[str, Any] | None:
         tensors = {
             **state.model_and_optimizer(model, optimizer),
             "progress": state.progress(step, position.epoch, position.offset),
             "rng": {f"rank{self.rank}": state.rng_state()},
             **({"loop": loop} if loop else {}),
         }
-        import torch.distributed.checkpoint as dcp
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
-            dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed())
+        return write_shards(partial, step, tensors, self.rank)
 
     def load(self, path: Path, model: Any, optimizer: Any, loop: dict[str, torch.Tensor] | None = None) -> tuple[int, Position]:
         """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position).
@@ -293,6 +288,17 @@ def agree(path: Path | None, step: int) -> None:
             f"the ranks found different checkpoints to resume from (steps {-int(mine[1])} to {int(mine[0])}; this rank: "
             f"{path or 'none'}); every node must see the same trainer.checkpoint.dir (a shared file system)"
         )
+
+
+def write_shards(partial: Path, step: int, tensors: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """Collective: every rank's part of ``tensors`` into ``partial`` (DCP), then read back by the rank that wrote
+    it; the files' records on rank 0 (None elsewhere, and in one process: rank 0's commit reads them all)."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
+        dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed())
+    return _read_back(partial, rank)
 
 
 def _read_back(partial: Path, rank: int) -> dict[str, Any] | None:

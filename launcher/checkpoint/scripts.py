@@ -23,18 +23,15 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from launcher.checkpoint import _distributed, _load, _read_back, layout, skipped_line, state
+from launcher.checkpoint import _distributed, _load, _saved_keys, layout, skipped_line, state, write_shards
 from launcher.checkpoint.errors import CheckpointError
-from launcher.checkpoint.writer import storage_writer
 from launcher.cluster.env import script_run_dir
-from launcher.cluster.process_group import comm_device
 
 log = logging.getLogger("dlaunch")
 KIND = "script"  # manifest.json's "kind": a script's checkpoint, whose manifest has no recipe or data position
@@ -64,12 +61,7 @@ class ScriptCheckpoints:
         partial.mkdir(parents=True, exist_ok=True)
         tensors = {**_model_state(model, optimizer), "progress": state.progress(step, 0, 0),
                    "rng": {f"rank{self.rank}": state.rng_state()}, **({"extra": extra} if extra else {})}
-        import torch.distributed.checkpoint as dcp
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
-            dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed())
-        read_back = _read_back(partial, self.rank)
+        read_back = write_shards(partial, step, tensors, self.rank)
         if self.rank == 0:
             world = dist.get_world_size() if _distributed() else 1
             manifest = {"format": 1, "kind": KIND, "step": step, "world_size": world, "files": read_back or {},
@@ -93,8 +85,8 @@ class ScriptCheckpoints:
                                   "see the same directory: ScriptCheckpoints(directory) on a shared file system")
         tensors: dict[str, Any] = {**_model_state(model, optimizer), "progress": state.progress(0, 0, 0)}
         if "optim" in tensors:
-            state.drop_unsaved_settings(tensors["optim"], _saved(path, "optim.param_groups."))
-        rng = state.rng_template(_saved(path, f"rng.rank{self.rank}."))
+            state.drop_unsaved_settings(tensors["optim"], _saved_keys(path, "optim.param_groups."))
+        rng = state.rng_template(_saved_keys(path, f"rng.rank{self.rank}."))
         if rng:
             tensors["rng"] = {f"rank{self.rank}": rng}
         if extra:
@@ -134,12 +126,6 @@ def _model_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
     return {"model": get_model_state_dict(state.unwrap(model))}
 
 
-def _saved(path: Path, prefix: str) -> set[str]:
-    from launcher.checkpoint import _saved_keys
-
-    return _saved_keys(path, prefix)
-
-
 def _barrier() -> None:
     if _distributed():
-        dist.all_reduce(torch.zeros(1, device=comm_device()))  # a barrier any backend runs (nccl: on the GPU)
+        dist.barrier()
