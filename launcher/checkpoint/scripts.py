@@ -3,14 +3,16 @@
     from launcher.checkpoint.scripts import ScriptCheckpoints
 
     ckpt = ScriptCheckpoints(keep=3)              # $DLAUNCH_RUN_DIR/checkpoints (plain python: ./checkpoints)
-    start = ckpt.restore(model, optimizer)        # the newest intact step, loaded (0: none): every rank calls it
+    start = ckpt.restore(model, optimizer, objects={"schedule": schedule})  # the newest intact step (0: none)
     for step in range(start + 1, steps + 1):
         ...
-        if step % 100 == 0:
-            ckpt.save(step, model, optimizer)     # collective: every rank writes its own part
+        if step % 100 == 0:                       # collective: every rank writes its own part
+            ckpt.save(step, model, optimizer, objects={"schedule": schedule})
 
 A save holds the model and the optimizer (through torch's ``get_state_dict``: a DDP module, an FSDP2 one, DTensor
-layers and mirrored copies alike), the step, every rank's RNG states, and the script's own tensors (``extra``).
+layers and mirrored copies alike), the step, every rank's RNG states, the script's own tensors (``extra``), and
+the ``state_dict()`` of each of its ``objects`` (an LR scheduler, a GradScaler, a stateful data loader: anything
+with ``state_dict`` and ``load_state_dict``), each rank's own, as plain data that loads with ``weights_only=True``.
 It is written with torch.distributed.checkpoint into ``.step-N.partial/``, each rank's files read back by that
 rank, and renamed to ``step-N`` once ``manifest.json`` lists every file's size and sha256
 (``launcher/checkpoint/layout.py``). ``restore`` takes the newest intact step (rank 0 checks the digests, the
@@ -52,15 +54,17 @@ class ScriptCheckpoints:
         return dist.get_rank() if _distributed() else 0
 
     def save(self, step: int, model: torch.nn.Module, optimizer: Any = None,
-             extra: dict[str, torch.Tensor] | None = None) -> Path:
+             extra: dict[str, torch.Tensor] | None = None, objects: dict[str, Any] | None = None) -> Path:
         """Save ``step``; returns ``step-N``'s path once it is complete (on every rank)."""
         started, partial = time.perf_counter(), layout.partial_dir(self.root, step)
+        own = {name: obj.state_dict() for name, obj in _named(objects).items()}  # before any rank writes
         if self.rank == 0:  # a save of this step that a killed process left half written
             shutil.rmtree(partial, ignore_errors=True)
         _barrier()
         partial.mkdir(parents=True, exist_ok=True)
         tensors = {**_model_state(model, optimizer), "progress": state.progress(step, 0, 0),
-                   "rng": {f"rank{self.rank}": state.rng_state()}, **({"extra": extra} if extra else {})}
+                   "rng": {f"rank{self.rank}": state.rng_state()}, **({"extra": extra} if extra else {}),
+                   **({"objects": {f"rank{self.rank}": own}} if own else {})}
         read_back = write_shards(partial, step, tensors, self.rank)
         if self.rank == 0:
             world = dist.get_world_size() if _distributed() else 1
@@ -72,9 +76,11 @@ class ScriptCheckpoints:
         _barrier()  # no rank goes on (to a restore, or the next save) before the commit
         return layout.step_dir(self.root, step)
 
-    def restore(self, model: torch.nn.Module, optimizer: Any = None, extra: dict[str, torch.Tensor] | None = None) -> int:
-        """Load the newest intact checkpoint into ``model``, ``optimizer``, this rank's RNGs and ``extra`` (tensors
-        filled in place); return its step, or 0 where there is none."""
+    def restore(self, model: torch.nn.Module, optimizer: Any = None, extra: dict[str, torch.Tensor] | None = None,
+                objects: dict[str, Any] | None = None) -> int:
+        """Load the newest intact checkpoint into ``model``, ``optimizer``, this rank's RNGs, ``extra`` (tensors
+        filled in place) and ``objects`` (``load_state_dict``); return its step, or 0 where there is none."""
+        objects = _named(objects)
         chosen = self._agreed_choice()
         if chosen is None:
             return 0
@@ -91,6 +97,9 @@ class ScriptCheckpoints:
             tensors["rng"] = {f"rank{self.rank}": rng}
         if extra:
             tensors["extra"] = extra
+        source, templates = self._object_templates(path, objects)
+        if templates:
+            tensors["objects"] = {source: templates}
         _load(tensors, path)
         if optimizer is not None:
             state.load_model_and_optimizer(model, optimizer, tensors)
@@ -100,9 +109,28 @@ class ScriptCheckpoints:
             set_model_state_dict(state.unwrap(model), tensors["model"])
         if rng:
             state.set_rng_state(tensors["rng"][f"rank{self.rank}"])
+        for name, loaded in templates.items():
+            objects[name].load_state_dict(loaded)
         if self.rank == 0:
             log.info("restored %s: step %d", path, chosen)
         return int(tensors["progress"]["step"])
+
+    def _object_templates(self, path: Path, objects: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Which rank's saved objects this rank loads (its own; rank 0's where the saving run had fewer ranks), and
+        a template of each object that has state (a disabled GradScaler has none)."""
+        saved: dict[str, set[str]] = {}  # "rankR" -> the names of the objects it saved
+        for key in _saved_keys(path, "objects."):
+            rank, name = key.split(".")[:2]
+            saved.setdefault(rank, set()).add(name)
+        source = f"rank{self.rank}" if f"rank{self.rank}" in saved else "rank0"
+        templates = {name: obj.state_dict() for name, obj in objects.items()}
+        templates = {name: template for name, template in templates.items() if template}
+        missing = sorted(set(templates) - saved.get(source, set()))
+        if missing:
+            has = ", ".join(sorted(saved.get(source, set()))) or "none"
+            raise CheckpointError(f"{path} has no saved state for objects {', '.join(missing)} (it has: {has}); "
+                                  "restore with the objects that save was given")
+        return source, templates
 
     def _agreed_choice(self) -> int | None:
         """Rank 0's choice (digests checked), told to every rank; damaged steps passed over are said once."""
@@ -116,6 +144,16 @@ class ScriptCheckpoints:
         if _distributed():
             dist.broadcast_object_list(found, src=0)
         return found[0]
+
+
+def _named(objects: dict[str, Any] | None) -> dict[str, Any]:
+    """``objects``, each checked to have ``state_dict`` and ``load_state_dict``, under a name without dots."""
+    for name, obj in (objects or {}).items():
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(f"objects: name {name!r} must be a non-empty string without dots")
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"objects[{name!r}]: a {type(obj).__name__} has no state_dict() and load_state_dict()")
+    return dict(objects or {})
 
 
 def _model_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
+from launcher.checkpoint.errors import CheckpointError
+from launcher.checkpoint.scripts import ScriptCheckpoints
 from tests.conftest import FIXTURES, dlaunch
 
-pytestmark = pytest.mark.slow
 SCRIPT = FIXTURES / "checkpointed_loop.py"
 
 
@@ -22,16 +23,21 @@ def run(tmp_path, run_dir, *args: str, resume: bool = False):
     return proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_script_stopped_after_a_save_resumes_bit_for_bit(tmp_path):
     """7 steps straight, against 4 steps then `dlaunch resume RUN_DIR -- 7`: the same step-6 checkpoint, bit for bit
-    (model, AdamW's state, the RNG that draws the noise), and the script's own tensor restored."""
+    (model, AdamW's state, the RNG that draws the noise), the script's own tensor and its LR schedule restored, and
+    the same losses and lrs printed for steps 5-7."""
     shutil.copy(SCRIPT, tmp_path / "loop.py")
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     out = run(tmp_path, straight, "7")
     assert "starting after step 0, 0 draws seen" in out
     run(tmp_path, stopped, "4")
-    out = run(tmp_path, stopped, "7", resume=True)
-    assert "starting after step 4, 4 draws seen" in out and "step 5: loss" in out and "step 4: loss" not in out
+    resumed = run(tmp_path, stopped, "7", resume=True)
+    assert "starting after step 4, 4 draws seen" in resumed and "step 4: loss" not in resumed
+    later = [line for line in out.splitlines() if line.startswith(("step 5:", "step 6:", "step 7:"))]
+    assert len(later) == 3 and "lr 0.0025" in later[-1]  # halved after steps 3 and 6
+    assert later == [line for line in resumed.splitlines() if line.startswith(("step 5:", "step 6:", "step 7:"))]
     # keep=2: steps 4 and 6 are kept, 2 pruned; every file listed with its digest
     assert [p.name for p in layout.complete_steps(stopped / "checkpoints")] == ["step-00000004", "step-00000006"]
     for directory in (straight, stopped):
@@ -42,6 +48,7 @@ def test_a_script_stopped_after_a_save_resumes_bit_for_bit(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), prefix
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_save_is_passed_over_for_the_one_before(tmp_path):
     shutil.copy(SCRIPT, tmp_path / "loop.py")
     run_dir = tmp_path / "run"
@@ -58,3 +65,52 @@ def test_the_docs_show_the_script_that_the_test_runs():
     from tests.conftest import ROOT
 
     assert SCRIPT.read_text().strip() in (ROOT / "docs" / "SCRIPTS.md").read_text()
+
+
+def _trained(lr: float = 0.1):
+    """A model, its optimizer and a warm-up-then-cosine schedule, at step 0."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    warm = torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=3)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 10)
+    return model, optimizer, torch.optim.lr_scheduler.SequentialLR(optimizer, [warm, cosine], milestones=[3])
+
+
+def test_objects_come_back_as_they_were_saved_in_one_process(tmp_path):
+    """A schedule inside a schedule, a GradScaler with a grown scale, and a disabled one (no state) in plain python."""
+    model, optimizer, schedule = _trained()
+    scaler, off = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1), torch.amp.GradScaler("cpu", enabled=False)
+    for _ in range(5):
+        optimizer.step()
+        schedule.step()
+    scaler.scale(torch.ones(()))
+    scaler.update(16.0)  # a scale of its own, not the 8.0 it began with
+    ckpt = ScriptCheckpoints(tmp_path)
+    ckpt.save(5, model, optimizer, objects={"schedule": schedule, "scaler": scaler, "off": off})
+    model2, optimizer2, schedule2 = _trained(lr=0.5)
+    scaler2 = torch.amp.GradScaler("cpu")
+    assert ckpt.restore(model2, optimizer2, objects={"schedule": schedule2, "scaler": scaler2, "off": off}) == 5
+    assert schedule2.state_dict() == schedule.state_dict() and scaler2.state_dict() == scaler.state_dict()
+    optimizer2.step()
+    schedule2.step()
+    optimizer.step()
+    schedule.step()
+    assert schedule2.get_last_lr() == schedule.get_last_lr()
+
+
+def test_an_object_the_save_lacks_is_named(tmp_path):
+    model, optimizer, schedule = _trained()
+    ckpt = ScriptCheckpoints(tmp_path)
+    ckpt.save(1, model, optimizer, objects={"schedule": schedule})
+    with pytest.raises(CheckpointError, match=r"no saved state for objects scaler \(it has: schedule\)"):
+        ckpt.restore(model, optimizer, objects={"scaler": torch.amp.GradScaler("cpu"), "schedule": schedule})
+
+
+@pytest.mark.parametrize("objects, error", [({"a.b": torch.amp.GradScaler("cpu")}, "without dots"),
+                                            ({"model": torch.zeros(1)}, "a Tensor has no state_dict")])
+def test_objects_that_cannot_be_saved_are_refused_before_writing(tmp_path, objects, error):
+    model, optimizer, _ = _trained()
+    with pytest.raises((ValueError, TypeError), match=error):
+        ScriptCheckpoints(tmp_path).save(1, model, optimizer, objects=objects)
+    assert not list(tmp_path.iterdir())
