@@ -95,6 +95,32 @@ def test_sizes_only_checks_miss_a_flipped_bit_but_not_a_truncation(tmp_path):
     assert "truncated" in layout.check(path, full=False)
 
 
+def test_digests_are_computed_by_threads_at_once_and_a_late_flipped_bit_is_found(tmp_path, monkeypatch):
+    """Eight ranks' files: two digests must be under way together (the barrier breaks if they run one by one),
+    and a bit flipped in the last file is named."""
+    import threading
+
+    for rank in range(8):
+        (tmp_path / f"__{rank}_0.distcp").write_bytes(bytes(range(256)) * 64 * (rank + 1))
+    files = integrity.fingerprint(tmp_path)
+    together, digest = threading.Barrier(2, timeout=30), integrity.digest
+
+    def observed(path):
+        if path.name in ("__0_0.distcp", "__1_0.distcp"):
+            together.wait()
+        return digest(path)
+
+    monkeypatch.setattr(integrity, "_READERS", 2)
+    monkeypatch.setattr(integrity, "digest", observed)
+    assert integrity.damage(tmp_path, files) is None
+    last = tmp_path / "__7_0.distcp"
+    data = bytearray(last.read_bytes())
+    data[-1] ^= 1
+    last.write_bytes(bytes(data))
+    together.reset()
+    assert integrity.damage(tmp_path, files) == "__7_0.distcp does not match its sha256 (its bytes changed after the save)"
+
+
 def test_when_every_checkpoint_is_damaged_select_lists_them_all(tmp_path):
     paths = save_steps(tmp_path, 10, 20)
     truncate(paths[0])
