@@ -34,6 +34,7 @@ import torch.distributed as dist
 from launcher.checkpoint import _distributed, _load, _saved_keys, layout, skipped_line, state, write_shards
 from launcher.checkpoint.errors import CheckpointError
 from launcher.cluster.env import script_run_dir
+from launcher.runtime import outputs
 
 log = logging.getLogger("dlaunch")
 KIND = "script"  # manifest.json's "kind": a script's checkpoint, whose manifest has no recipe or data position
@@ -111,9 +112,12 @@ class ScriptCheckpoints:
             state.set_rng_state(tensors["rng"][f"rank{self.rank}"])
         for name, loaded in templates.items():
             objects[name].load_state_dict(loaded)
+        step = int(tensors["progress"]["step"])
         if self.rank == 0:
             log.info("restored %s: step %d", path, chosen)
-        return int(tensors["progress"]["step"])
+            if script_run_dir() is not None:  # under dlaunch: the run's history counts the resume
+                outputs.record_resume(script_run_dir(), step)
+        return step
 
     def _object_templates(self, path: Path, objects: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Which rank's saved objects this rank loads (its own; rank 0's where the saving run had fewer ranks), and

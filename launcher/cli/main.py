@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     try:
         composer.primary_config_usable(args.config_path, args.config_name)
-        chosen = composer.choose_user_recipes(args.overrides)
+        chosen = composer.choose_user_recipes(script_config.path_beside_keys(args.overrides))
         argv = [dict(zip(args.overrides, chosen)).get(a, a) for a in argv] + chosen[len(args.overrides):]
         args.overrides = chosen
         if informational:

@@ -95,6 +95,7 @@ _SAME_AS = {
     "rdzv_id": "nothing: dlaunch names each run itself",
     "multi_gpu": "strategy=mirrored cluster=1xM",
 }
+_PRECISIONS = {"bf16": "bf16-mixed", "fp16": "fp16-mixed"}  # Accelerate's --mixed_precision, as trainer.precision
 # What a flag means for a script, where that differs: a script runs its own loop (docs/SCRIPTS.md).
 _FOR_A_SCRIPT = {
     "mixed_precision": "trainer.precision=bf16-mixed (or fp16-mixed), which the script's own loop takes by "
@@ -178,6 +179,8 @@ def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str
         words += ["strategy=" + ("mirrored" if nodes == "1" else "multi_worker_mirrored"), f"cluster={nodes}x{per_node}"]
     words += [_SAME_AS[name].format(v=value) for name, value in flags.items()
               if value and name in ("node_rank", "machine_rank", "master_addr", "main_process_ip", "master_port", "main_process_port")]
+    precision = _PRECISIONS.get(flags.get("mixed_precision") or "")
+    words += [f"trainer.precision={precision}"] if precision else []
     args = [a for a in args if a != "--"]
     return " ".join([*words, *(["--", *args] if args else [])])
 

@@ -40,10 +40,17 @@ class UserCodeError(ConfigError):
     hint = "Fix it in the recipe's file; `dlaunch recipes validate DIR` checks a recipe directory without training."
 
 
+# Other tools' words for dlaunch's values: torchrun's and Accelerate's devices, precisions and strategies.
+_SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "ddp": "mirrored", "bfloat16": "bf16-mixed", "bf16-true": "bf16-mixed",
+             "float16": "fp16-mixed", "half": "fp16-mixed", "16-mixed": "fp16-mixed", "float32": "fp32", "32-true": "fp32"}
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """The candidate ``word`` was probably meant as: the same but for case (``SGD``), the one it begins (``bf16`` for
     ``bf16-mixed``), else the closest spelling."""
     options = sorted(set(map(str, candidates)))
+    if _SYNONYMS.get(str(word).lower()) in options:  # another tool's word for one of these (gpu: cuda)
+        return _SYNONYMS[str(word).lower()]
     for same in ([c for c in options if c.lower() == str(word).lower()], [c for c in options if c.startswith(str(word))]):
         if len(same) == 1 and str(word):
             return same[0]

@@ -60,6 +60,17 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
+def path_beside_keys(overrides: list[str]) -> list[str]:
+    """``script=PATH`` beside a ``script.KEY=`` override (``script.args=[...]``, a sweep over a script's arguments)
+    as ``script.path=PATH``: Hydra would let the later of the two replace the other whole."""
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    if not any(key(o).startswith("script.") for o in overrides):
+        return overrides
+    return [f"script.path={o.split('=', 1)[1]}" if "=" in o and key(o) == "script" else o for o in overrides]
+
+
 def apply(data: dict[str, Any]) -> None:
     """Fill in the script's arguments, and let the script stand in the recipe's place (composed data, before validation)."""
     script = data.get("script")

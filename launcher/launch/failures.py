@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import runpy
 import signal
 import socket
 import sys
+import sysconfig
 import time
 import traceback
 from pathlib import Path
@@ -184,7 +186,8 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     else:  # a log file (a scheduler's, error.txt): no box padding every line to the longest one
         console.print(title + "\n" + "\n".join(f"  {line}" if line else "" for line in body.split("\n")))
     for other in sorted(others, key=lambda c: c.rank):
-        what = f": {escape(_one_line(other.exception))}" if other.exception else " (stopped by dlaunch)"
+        what = f": {escape(_one_line(_SOURCE.sub('', other.exception)))}{_where(other.traceback)}" \
+            if other.exception else " (stopped by dlaunch)"
         console.print(f"  {other.who}: {other.exit}{what}")
 
 
@@ -198,6 +201,17 @@ def as_text(root: RootCause, others: list[RootCause], last_logged: int | None, w
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 _RECIPES_DIR = str(Path(_PACKAGE_DIR) / "recipes")  # shipped recipes are user-level code
 _RUNPY = (runpy.__file__, "<frozen runpy>")
+
+
+_SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp|cu):\d+\] ")  # gloo's "[/__w/.../unbound_buffer.cc:78] "
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_LIBRARIES = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+
+
+def _where(traceback_text: str) -> str:
+    """`` (at train.py:23)``: the innermost frame of the rank's own code, not torch's or Python's (none: "")."""
+    own = [(f, line) for f, line in _FRAME.findall(traceback_text) if not f.startswith(("<", *_LIBRARIES))]
+    return f" (at {Path(own[-1][0]).name}:{own[-1][1]})" if own else ""
 
 
 def _one_line(text: str, limit: int = 110) -> str:

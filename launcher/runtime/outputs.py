@@ -21,16 +21,20 @@ ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed i
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 TOKEN = "token"  # in STATE_DIR, owner-only: the cluster.token node 0 made, taken again when the run resumes
 HISTORY = "history.jsonl"  # in STATE_DIR: each command and each start of the workers since the run began afresh
+# The keys of a metrics.jsonl training record that dlaunch writes: a recipe's own metrics take other names.
+RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
 
 
-def start_run(run_dir: Path, resuming: bool = False) -> None:
+def start_run(run_dir: Path, resuming: bool = False, script: bool = False) -> None:
     """A reused run directory must not show the previous run's results as this one's.
 
-    A run that resumes from a checkpoint keeps its metrics: the curve continues.
+    A run that resumes from a checkpoint keeps its metrics: the curve continues. A script's run keeps them and its
+    history always: ``metrics.jsonl`` is the script's own file, and only the script knows whether it resumes
+    (``ScriptCheckpoints.restore`` records it when it does).
     """
     (run_dir / SUMMARY).unlink(missing_ok=True)
     (run_dir / ERROR).unlink(missing_ok=True)
-    if not resuming:
+    if not resuming and not script:
         (run_dir / METRICS).unlink(missing_ok=True)
         (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)
 
@@ -69,6 +73,11 @@ def record_start(run_dir: Path, restart: int, resumed_from_step: int) -> None:
     _append_history(run_dir, {"event": "start", "restart": restart, "resumed_from_step": resumed_from_step, "time": time.time()})
 
 
+def record_resume(run_dir: Path, step: int) -> None:
+    """A script's workers restored its checkpoint of ``step`` (``ScriptCheckpoints.restore``, on rank 0)."""
+    _append_history(run_dir, {"event": "resumed", "step": step, "time": time.time()})
+
+
 def history(run_dir: Path) -> dict[str, int]:
     """What it took to get here since the run began afresh, for summary.json.
 
@@ -81,7 +90,8 @@ def history(run_dir: Path) -> dict[str, int]:
     return {
         "commands": sum(e.get("event") == "command" for e in events),
         "restarts": sum(bool(e.get("restart")) for e in starts),
-        "resumes": sum(bool(e.get("resumed_from_step")) for e in starts),
+        "resumes": sum(bool(e.get("resumed_from_step")) for e in starts)
+                   + sum(e.get("event") == "resumed" for e in events),  # a script's, from ScriptCheckpoints
     }
 
 
@@ -211,6 +221,47 @@ def read_records(path: Path, tail: int = 0) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return records
+
+
+def latest_timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a run's last timeline. A resumed script logs steps again from its checkpoint on: a record of
+    an earlier step than the last one logged (or of the same step with the same keys) replaces the records of later
+    steps, and of its step with its keys. dlaunch's own loop drops them itself when it resumes (``MetricsLog``)."""
+    kept: list[dict[str, Any]] = []
+    last: dict[str, Any] | None = None  # the last record with a step
+    for record in records:
+        if _is_number(record.get("step")):
+            if last is not None and _replaces(record, last):
+                kept = [r for r in kept if not _replaces(record, r)]
+            last = record
+        kept.append(record)
+    return kept
+
+
+def _replaces(record: dict[str, Any], earlier: dict[str, Any]) -> bool:
+    step, before = record["step"], earlier.get("step")
+    return _is_number(before) and (before > step or (before == step and earlier.keys() == record.keys()))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def script_results(run_dir: Path) -> dict[str, Any]:
+    """What a script's own ``metrics.jsonl`` says of its run, for its summary (a sweep's table and objective read
+    them as a recipe run's): the last ``loss`` and its step, and the last value of each key of the script's own
+    (``eval_accuracy``; not dlaunch's ``lr`` or ``grad_norm``)."""
+    results: dict[str, Any] = {}
+    metrics: dict[str, float] = {}
+    for record in latest_timeline(read_records(run_dir / METRICS)):
+        if _finite_number(record.get("loss")) and _finite_number(record.get("step")):
+            results.update(final_loss=record["loss"], last_logged_step=record["step"])
+        metrics.update({k: v for k, v in record.items() if k not in RESERVED_METRICS and _finite_number(v)})
+    return {**results, **({"metrics": metrics} if metrics else {})}
+
+
+def _finite_number(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
 
 
 def completion_marker(run_dir: Path, rank: int) -> Path:

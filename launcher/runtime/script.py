@@ -42,6 +42,11 @@ class ScriptStopped(Preempted):
                      "(ScriptCheckpoints)",)
 
 
+class ScriptInterrupted(ScriptStopped, KeyboardInterrupt):
+    """SIGINT (Ctrl-C): a ``KeyboardInterrupt`` too, as under ``python`` and ``torchrun``, so a script's own
+    ``except KeyboardInterrupt:`` (a last save, a clean-up) runs under dlaunch as it does there."""
+
+
 class ScriptExit(Exception):
     """The script called ``sys.exit`` with a failure code (argparse does for a bad argument: its message is above)."""
 
@@ -97,6 +102,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         "restarts": env.restart_count if env else 0,
         "wall_seconds": time.perf_counter() - started,
         "history": outputs.history(run_dir),
+        **(outputs.script_results(run_dir) if rank == 0 else {}),  # from its own metrics.jsonl, if it writes one
     }
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
@@ -108,9 +114,9 @@ def _say_if_precision_unused(strategy: Any) -> None:
     a script that never asked for them did not train so, which the user should not have to find out from the speed."""
     unused = strategy._unused_precision_helpers()
     if "autocast" in unused:
-        log.warning("trainer.precision=%s: the script never entered strategy.autocast(), so its forward pass ran "
-                    "without autocast; wrap the forward pass and the loss in `with strategy.autocast():` "
-                    "(docs/SCRIPTS.md)", strategy.precision)
+        log.warning("trainer.precision=%s: the script never entered strategy.autocast(), so unless it enters "
+                    "torch.autocast itself, its forward pass ran without autocast; wrap the forward pass and the loss "
+                    "in `with strategy.autocast():` (docs/SCRIPTS.md)", strategy.precision)
     if "grad_scaler" in unused:
         log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
                     "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
@@ -179,7 +185,8 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGHUP end the script with ``ScriptStopped`` (exit 128 + N), as they end a recipe run.
+    """SIGTERM, SIGINT and SIGHUP end the script with ``ScriptStopped`` (exit 128 + N), as they end a recipe run;
+    SIGINT's is a ``KeyboardInterrupt`` too (``ScriptInterrupted``).
 
     A recipe stops between steps; a script's steps are its own, so it stops where it is.
     """
@@ -188,7 +195,7 @@ def _stop_signals_raise() -> Iterator[None]:
     def stop(signum: int, frame: Any) -> None:
         if not received:  # once: Ctrl-C reaches a worker both from the terminal and forwarded by its agent
             received.append(signum)
-            raise ScriptStopped(signum)
+            raise (ScriptInterrupted if signum == signal.SIGINT else ScriptStopped)(signum)
 
     with handling_stop_signals(stop):
         yield

@@ -32,12 +32,11 @@ from launcher.distribute.gradient_sync import no_sync
 from launcher.distribute.precision import autocast
 from launcher.input.split import batch_size_of, slice_batch
 from launcher.runtime.compiled import compile_error
+from launcher.runtime.outputs import RESERVED_METRICS
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
 _NOT_SETTINGS = ("params", "fused", "foreach", "capturable", "differentiable")  # a param group's keys a resume keeps
-# The keys of a metrics.jsonl training record that dlaunch writes: a recipe's own metrics take other names.
-RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes that capture CUDA graphs
 NOT_MEASURED = -1.0  # the grad_norm of a step that took none (a norm is never negative, and a mean of -1s stays -1)
 

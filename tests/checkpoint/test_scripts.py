@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -38,6 +39,8 @@ def test_a_script_stopped_after_a_save_resumes_bit_for_bit(tmp_path):
     later = [line for line in out.splitlines() if line.startswith(("step 5:", "step 6:", "step 7:"))]
     assert len(later) == 3 and "lr 0.0025" in later[-1]  # halved after steps 3 and 6
     assert later == [line for line in resumed.splitlines() if line.startswith(("step 5:", "step 6:", "step 7:"))]
+    history = json.loads((stopped / "summary.json").read_text())["history"]
+    assert (history["commands"], history["resumes"]) == (2, 1)  # ScriptCheckpoints.restore counted its resume
     # keep=2: steps 4 and 6 are kept, 2 pruned; every file listed with its digest
     assert [p.name for p in layout.complete_steps(stopped / "checkpoints")] == ["step-00000004", "step-00000006"]
     for directory in (straight, stopped):

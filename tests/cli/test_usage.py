@@ -103,3 +103,6 @@ def test_accelerates_mixed_precision_with_a_script_points_at_trainer_precision_a
         assert "use trainer.precision=bf16-mixed" in line and "strategy.autocast()" in line, line
     recipe = flag_message(["--num_processes=2", "--mixed_precision=bf16"])
     assert "use trainer.precision=bf16-mixed" in recipe
+    same = flag_message(["--mixed_precision=fp16", "--num_processes=2", "train.py", "--steps", "5"])
+    assert "the same run: dlaunch script=train.py strategy=mirrored cluster=1x2 trainer.precision=fp16-mixed -- --steps 5" in same
+    assert "trainer.precision" not in flag_message(["--mixed_precision=no", "train.py"]).split("the same run")[1]

@@ -55,6 +55,10 @@ CASES = [
     ([f"recipe.entry={FIXTURES / 'probe_recipe.py'}", "+recipe.label=null"], "recipe.label", "null reads as no value"),
     (["trainer.precision=bf16"], "trainer.precision", "did you mean bf16-mixed?"),
     (["recipe.optimizer.name=SGD"], "recipe.optimizer.name", "did you mean sgd?"),
+    # other tools' words for dlaunch's values
+    (["cluster.device=gpu"], "cluster.device", "did you mean cuda?"),
+    (["strategy=ddp"], "strategy", "did you mean mirrored?"),
+    (["trainer.precision=16-mixed"], "trainer.precision", "did you mean fp16-mixed?"),
     (["trainer.steps=0"], "trainer.steps", "greater than 0"),
     (["trainer.steps=abc"], "trainer.steps", "valid integer"),
     (["trainer.seed=-1"], "trainer.seed", "greater than or equal to 0"),

@@ -51,6 +51,27 @@ def test_render_shows_the_root_cause_once(tmp_path):
     assert "rank 0: signal SIGTERM (stopped by dlaunch)" in text
 
 
+def _waits_for_a_peer():
+    raise RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                       "waiting 15000ms for recv operation to complete")
+
+
+def test_another_ranks_line_names_where_its_own_code_was_without_gloos_source_path(tmp_path):
+    """A rank that timed out in a collective: its line says what and where in the user's code, not gloo's C++ file."""
+    root = failures.from_process_failure(1, process_failure(tmp_path, 1, 1, ValueError("bad batch"), 1.0))
+    try:
+        _waits_for_a_peer()
+    except RuntimeError as exc:
+        waiting = exc
+    other = failures.from_process_failure(0, process_failure(tmp_path, 0, 1, waiting, 2.0))
+    console = Console(record=True, width=200)
+    failures.render(root, [other], last_logged=None, console=console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("  rank 0:"))
+    raised_at = _waits_for_a_peer.__code__.co_firstlineno + 1
+    assert line == ("  rank 0: exit code 1: RuntimeError: Timed out waiting 15000ms for recv operation to complete "
+                    f"(at test_failures.py:{raised_at})"), line
+
+
 def test_the_root_cause_shows_the_last_completed_step_its_rank_recorded(tmp_path):
     failed = process_failure(tmp_path, 1, 1, ValueError("bad batch"), 1.0, extra={"last_step": 11, "operation": "train step 12"})
     root = failures.from_process_failure(1, failed)

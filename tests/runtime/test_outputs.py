@@ -33,3 +33,38 @@ def test_the_history_counts_commands_restarts_and_resumes_until_a_fresh_start(tm
     assert outputs.history(tmp_path)["commands"] == 2
     outputs.start_run(tmp_path, resuming=False)
     assert outputs.history(tmp_path) == {"commands": 0, "restarts": 0, "resumes": 0}
+
+
+def test_a_script_run_keeps_its_own_metrics_and_history_and_counts_its_resumes(tmp_path):
+    """metrics.jsonl is a script's own file; only its ScriptCheckpoints.restore knows that it resumed."""
+    (tmp_path / outputs.METRICS).write_text('{"step": 1, "loss": 2.0}\n')
+    (tmp_path / outputs.SUMMARY).write_text("{}\n")
+    outputs.record_command(tmp_path)
+    outputs.start_run(tmp_path, script=True)
+    outputs.record_command(tmp_path)
+    outputs.record_resume(tmp_path, 10)
+    assert (tmp_path / outputs.METRICS).read_text() == '{"step": 1, "loss": 2.0}\n'
+    assert not (tmp_path / outputs.SUMMARY).exists()
+    assert outputs.history(tmp_path) == {"commands": 2, "restarts": 0, "resumes": 1}
+
+
+def test_the_latest_timeline_replaces_the_steps_a_resumed_script_logs_again():
+    """Logged to step 13, resumed from step 10: steps 11-13 come again and replace the first ones. An evaluation's
+    record at the step of a training record is the same timeline; a record without a step is kept."""
+    first = [{"step": s, "loss": 10.0 - s} for s in range(1, 14)] + [{"note": "no step"}]
+    again = [{"step": 10, "eval_loss": 4.0}, *({"step": s, "loss": 20.0 - s} for s in range(11, 16))]
+    kept = outputs.latest_timeline(first + again)
+    assert [(r.get("step"), r.get("loss")) for r in kept if "loss" in r] == \
+        [*((s, 10.0 - s) for s in range(1, 11)), *((s, 20.0 - s) for s in range(11, 16))]
+    assert {"step": 10, "eval_loss": 4.0} in kept and {"note": "no step"} in kept
+    logged_twice = [{"step": 20, "loss": 1.0}, {"step": 20, "loss": 0.5}]  # log_every 10, resumed from step 15
+    assert outputs.latest_timeline(logged_twice) == [{"step": 20, "loss": 0.5}]
+
+
+def test_a_scripts_summary_takes_its_last_loss_and_its_own_metrics_from_its_records(tmp_path):
+    (tmp_path / outputs.METRICS).write_text(
+        '{"step": 1, "loss": 3.0, "lr": 0.1}\n{"step": 2, "loss": 2.0, "acc": 0.5, "note": "x"}\n'
+        '{"step": 2, "eval_accuracy": 0.75}\n{"step": 3, "loss": NaN}\n')
+    assert outputs.script_results(tmp_path) == {"final_loss": 2.0, "last_logged_step": 2,
+                                                "metrics": {"acc": 0.5, "eval_accuracy": 0.75}}
+    assert outputs.script_results(tmp_path / "none") == {}

@@ -150,29 +150,36 @@ def test_only_the_workers_run_the_script_the_plan_does_not(strategy, tmp_path):
         assert sorted((tmp_path / "ran.txt").read_text().split()) == ["0", "1"]
 
 
-SLEEPER = """import os, pathlib, sys, time
-pathlib.Path(sys.argv[1], f"rank{os.environ.get('RANK', '0')}").touch()
-while True:
-    time.sleep(0.05)
+STOPPABLE = """import os, pathlib, sys, time
+out, rank = pathlib.Path(sys.argv[1]), os.environ.get('RANK', '0')
+(out / f"rank{rank}").touch()
+try:
+    while True:
+        time.sleep(0.05)
+except KeyboardInterrupt:  # as under python and torchrun: a script's own last words on Ctrl-C
+    (out / f"interrupted{rank}").touch()
+    raise
 """
 
 
 @pytest.mark.slow
-def test_sigterm_stops_every_script_process(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_stops_every_script_process_and_ctrl_c_is_a_keyboard_interrupt_there(signum, code, tmp_path):
     from tests.launch.test_restarts import finish, run_processes, start, wait_for
 
-    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "stoppable.py").write_text(STOPPABLE)
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"script={tmp_path / 'sleeper.py'}", "strategy=mirrored", "cluster=1x2", "--", str(tmp_path),
-                 common=())  # the probe recipe's trainer keys: a script is refused them
+    proc = start(run_dir, f"script={tmp_path / 'stoppable.py'}", "strategy=mirrored", "cluster=1x2", "--",
+                 str(tmp_path), common=())  # the probe recipe's trainer keys: a script is refused them
     try:
         wait_for(lambda: (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), 120, "both ranks in the script")
-        proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, 10, "every process to end (no orphans)")
+        proc.send_signal(signum)
+        wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, 30, "every process to end (no orphans)")
     finally:
         out = finish(proc, timeout=30)
-    assert proc.returncode == 143, out[-3000:]
-    assert "stopped by SIGTERM; a script saves its own checkpoints" in out
+    assert proc.returncode == code, out[-3000:]
+    assert [(tmp_path / f"interrupted{r}").exists() for r in (0, 1)] == [signum == signal.SIGINT] * 2, out[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}; a script saves its own checkpoints" in out
     assert "runs it again with the same arguments" in " ".join(out.split()) and "trainer.checkpoint.every_steps" not in out
 
 
@@ -241,6 +248,16 @@ def test_only_the_chief_writes_metrics_into_dlaunch_run_dir_and_the_report_chart
     assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["loss"] < records[0]["loss"]  # one writer
     shown = dlaunch("report", str(run_dir), cwd=tmp_path, device=None)
     assert shown.returncode == 0 and (run_dir / "loss.png").exists(), shown.stderr
+    done = summary(run_dir)  # a sweep's table and objective read a script's last loss as a recipe run's
+    assert (done["final_loss"], done["last_logged_step"]) == (records[-1]["loss"], 4)
+    if name == "one_device":  # a second command in the directory keeps the script's own file, and its summary reads on
+        again = dlaunch("resume", str(run_dir), "--", "--steps", "6", cwd=tmp_path, device=None)
+        assert again.returncode == 0, again.stderr[-3000:]
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]  # the script starts afresh: no checkpoint
+        done = summary(run_dir)
+        assert (done["final_loss"], done["last_logged_step"], done["history"]) == \
+            (records[-1]["loss"], 6, {"commands": 2, "restarts": 0, "resumes": 0})
 
 
 def test_the_docs_show_the_chief_script_that_the_test_runs():
@@ -291,9 +308,24 @@ def test_a_script_given_a_precision_it_never_asks_for_is_told(tmp_path):
     proc, _ = _run(tmp_path, "script=custom_loop.py", "trainer.precision=bf16-mixed", script_args=("--epochs", "1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = " ".join((proc.stdout + proc.stderr).split())
-    assert "trainer.precision=bf16-mixed: the script never entered strategy.autocast(), so its forward pass ran without autocast" in said
+    assert ("trainer.precision=bf16-mixed: the script never entered strategy.autocast(), so unless it enters "
+            "torch.autocast itself, its forward pass ran without autocast") in said
     assert "grad_scaler" not in said
 
 
 def test_the_docs_show_the_own_loop_that_the_test_runs():
     assert OWN_LOOP.read_text().strip() in (ROOT / "docs" / "SCRIPTS.md").read_text()
+
+
+def test_a_sweep_over_a_scripts_arguments_ranks_its_jobs_by_the_loss_the_script_logged(tmp_path):
+    """`script=PATH` beside `script.args=...` (Hydra alone would let one replace the other), swept; each job's
+    summary takes its final loss from the script's own metrics.jsonl, so the sweep's table has it."""
+    shutil.copy(CHIEF, tmp_path / "chief_metrics.py")
+    sweep_dir = tmp_path / "sweep"
+    proc = dlaunch("-m", "script=chief_metrics.py", "script.args=[--steps,2],[--steps,3]",
+                   f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    logged = [json.loads((sweep_dir / str(j) / "metrics.jsonl").read_text().splitlines()[-1]) for j in (0, 1)]
+    assert [(j["status"], j["final_loss"]) for j in jobs] == [("completed", r["loss"]) for r in logged]
+    assert [r["step"] for r in logged] == [2, 3]

@@ -116,7 +116,8 @@ def load(path: Path, name: str) -> Job:
     except OSError:
         root_cause = ""
     return Job(name=name, path=path, overrides=_overrides(path),
-               records=[r for r in outputs.read_records(path / outputs.METRICS) if isinstance(r, dict)],
+               records=outputs.latest_timeline([r for r in outputs.read_records(path / outputs.METRICS)
+                                                if isinstance(r, dict)]),
                summary=_summary(path), root_cause=root_cause)
 
 
