@@ -335,6 +335,11 @@ def _load(tensors: dict[str, Any], path: Path) -> None:
     except CheckpointError:
         raise
     except (CheckpointException, Exception) as exc:  # DCP's own errors (per rank), reworded with the path
+        from launcher.runtime.preemption import Preempted
+
+        cause = _cause(exc)
+        if isinstance(cause, (KeyboardInterrupt, Preempted)):  # a stop signal during the load: not the checkpoint's fault
+            raise cause from None
         raise _explain(exc, path) from None
 
 

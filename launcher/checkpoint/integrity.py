@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,21 @@ _NOT_RECORDED = frozenset({"manifest.json"})  # written after the digests, and c
 _READERS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def digest(path: Path) -> str:
+def digest(path: Path, stop: threading.Event | None = None) -> str:
+    """``path``'s sha256; ``stop``: give up (``Abandoned``) within a chunk once it is set."""
     h = hashlib.new(ALGORITHM)
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     with path.open("rb", buffering=0) as fh:
         while n := fh.readinto(buf):
+            if stop is not None and stop.is_set():
+                raise Abandoned(path)
             h.update(view[:n])
     return h.hexdigest()
+
+
+class Abandoned(Exception):
+    """A digest no longer needed: another file was found damaged, or the check was interrupted."""
 
 
 def fingerprint(directory: Path, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
@@ -72,8 +80,13 @@ def damage(directory: Path, files: dict[str, Any], full: bool = True) -> str | N
     hashed = [(directory / name, record[ALGORITHM]) for name, record in sorted(files.items()) if ALGORITHM in record]
     if not full or not hashed:
         return None
-    with ThreadPoolExecutor(max_workers=min(_READERS, len(hashed))) as pool:
-        return next((why for why in pool.map(_digest_mismatch, hashed) if why), None)
+    stop = threading.Event()  # set on the way out: a damaged file found, or Ctrl-C, ends the other threads' reads
+    pool = ThreadPoolExecutor(max_workers=min(_READERS, len(hashed)))
+    try:
+        return next((why for why in pool.map(lambda item: _digest_mismatch(item, stop), hashed) if why), None)
+    finally:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _size_mismatch(path: Path, expected: Any) -> str | None:
@@ -89,10 +102,10 @@ def _size_mismatch(path: Path, expected: Any) -> str | None:
     return None
 
 
-def _digest_mismatch(item: tuple[Path, str]) -> str | None:
+def _digest_mismatch(item: tuple[Path, str], stop: threading.Event) -> str | None:
     path, expected = item
     try:
-        actual = digest(path)
+        actual = digest(path, stop)
     except OSError as exc:
         return f"{path.name} cannot be read ({exc.strerror})"
     return None if actual == expected else f"{path.name} does not match its {ALGORITHM} (its bytes changed after the save)"

@@ -11,8 +11,9 @@
 
 A save holds the model and the optimizer (through torch's ``get_state_dict``: a DDP module, an FSDP2 one, DTensor
 layers and mirrored copies alike), the step, every rank's RNG states, the script's own tensors (``extra``), and
-the ``state_dict()`` of each of its ``objects`` (an LR scheduler, a GradScaler, a stateful data loader: anything
-with ``state_dict`` and ``load_state_dict``), each rank's own, as plain data that loads with ``weights_only=True``.
+the ``state_dict()`` of each of its ``objects`` (an LR scheduler, a GradScaler, another optimizer, a stateful data
+loader: anything with ``state_dict`` and ``load_state_dict`` whose state is tensors and plain data), each rank's
+own, whole, as a blob that loads with ``weights_only=True``.
 It is written with torch.distributed.checkpoint into ``.step-N.partial/``, each rank's files read back by that
 rank, and renamed to ``step-N`` once ``manifest.json`` lists every file's size and sha256
 (``launcher/checkpoint/layout.py``). ``restore`` takes the newest intact step (rank 0 checks the digests, the
@@ -22,7 +23,9 @@ runs the script again with its arguments; its ``restore`` goes on from there.
 
 from __future__ import annotations
 
+import io
 import logging
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -58,7 +61,7 @@ class ScriptCheckpoints:
              extra: dict[str, torch.Tensor] | None = None, objects: dict[str, Any] | None = None) -> Path:
         """Save ``step``; returns ``step-N``'s path once it is complete (on every rank)."""
         started, partial = time.perf_counter(), layout.partial_dir(self.root, step)
-        own = {name: obj.state_dict() for name, obj in _named(objects).items()}  # before any rank writes
+        own = _packed(_named(objects))  # before any rank writes: a state that could not be restored is refused here
         if self.rank == 0:  # a save of this step that a killed process left half written
             shutil.rmtree(partial, ignore_errors=True)
         _barrier()
@@ -98,9 +101,9 @@ class ScriptCheckpoints:
             tensors["rng"] = {f"rank{self.rank}": rng}
         if extra:
             tensors["extra"] = extra
-        source, templates = self._object_templates(path, objects)
-        if templates:
-            tensors["objects"] = {source: templates}
+        source = self._objects_source(path, objects)
+        if objects:
+            tensors["objects"] = {source: {name: b"" for name in objects}}
         _load(tensors, path)
         if optimizer is not None:
             state.load_model_and_optimizer(model, optimizer, tensors)
@@ -110,8 +113,10 @@ class ScriptCheckpoints:
             set_model_state_dict(state.unwrap(model), tensors["model"])
         if rng:
             state.set_rng_state(tensors["rng"][f"rank{self.rank}"])
-        for name, loaded in templates.items():
-            objects[name].load_state_dict(loaded)
+        for name, obj in objects.items():
+            saved = torch.load(io.BytesIO(tensors["objects"][source][name]), weights_only=True, map_location="cpu")
+            if saved:  # a disabled GradScaler has no state, and refuses an empty one
+                obj.load_state_dict(saved)
         step = int(tensors["progress"]["step"])
         if self.rank == 0:
             log.info("restored %s: step %d", path, chosen)
@@ -119,22 +124,27 @@ class ScriptCheckpoints:
                 outputs.record_resume(script_run_dir(), step)
         return step
 
-    def _object_templates(self, path: Path, objects: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Which rank's saved objects this rank loads (its own; rank 0's where the saving run had fewer ranks), and
-        a template of each object that has state (a disabled GradScaler has none)."""
+    def _objects_source(self, path: Path, objects: dict[str, Any]) -> str:
+        """Whose saved objects this rank restores: its own, or rank 0's where the saving run had fewer ranks (said
+        once, as is the state of ranks this run does not have)."""
         saved: dict[str, set[str]] = {}  # "rankR" -> the names of the objects it saved
-        for key in _saved_keys(path, "objects."):
+        for key in _saved_keys(path, "objects.") if objects else ():
             rank, name = key.split(".")[:2]
             saved.setdefault(rank, set()).add(name)
         source = f"rank{self.rank}" if f"rank{self.rank}" in saved else "rank0"
-        templates = {name: obj.state_dict() for name, obj in objects.items()}
-        templates = {name: template for name, template in templates.items() if template}
-        missing = sorted(set(templates) - saved.get(source, set()))
+        missing = sorted(set(objects) - saved.get(source, set()))
         if missing:
             has = ", ".join(sorted(saved.get(source, set()))) or "none"
             raise CheckpointError(f"{path} has no saved state for objects {', '.join(missing)} (it has: {has}); "
                                   "restore with the objects that save was given")
-        return source, templates
+        world, then = dist.get_world_size() if _distributed() else 1, len(saved)
+        if objects and then < world and self.rank == then:
+            log.warning("objects %s: ranks %d-%d were not in the saving run (%d ranks) and take rank 0's saved state",
+                        ", ".join(sorted(objects)), then, world - 1, then)
+        if objects and then > world and self.rank == 0:
+            log.warning("objects %s: the saved state of ranks %d-%d is not restored (this run has %d ranks)",
+                        ", ".join(sorted(objects)), world, then - 1, world)
+        return source
 
     def _agreed_choice(self) -> int | None:
         """Rank 0's choice (digests checked), told to every rank; damaged steps passed over are said once."""
@@ -148,6 +158,24 @@ class ScriptCheckpoints:
         if _distributed():
             dist.broadcast_object_list(found, src=0)
         return found[0]
+
+
+def _packed(objects: dict[str, Any]) -> dict[str, bytes]:
+    """Each object's ``state_dict()``, whole, as one blob that loads with ``weights_only=True``: a restore takes the
+    state as it was saved, whatever a fresh object's own ``state_dict()`` lacks (a second optimizer's moments)."""
+    packed = {}
+    for name, obj in objects.items():
+        buffer = io.BytesIO()
+        torch.save(obj.state_dict(), buffer)
+        try:
+            torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            lines = str(exc).splitlines()
+            why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+            raise TypeError(f"objects[{name!r}]: its state_dict() holds more than tensors and plain data, so a "
+                            f"restore could not load it without running code ({why}); save that state otherwise") from None
+        packed[name] = buffer.getvalue()
+    return packed
 
 
 def _named(objects: dict[str, Any] | None) -> dict[str, Any]:

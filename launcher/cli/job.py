@@ -178,7 +178,8 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             with interrupts.held():  # a run's record is written whole, or a stop's summary would name a run not there
                 record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
                 if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
-                    outputs.start_run(run_dir, resuming=resume_from is not None, script=spec.script is not None)
+                    outputs.start_run(run_dir, resuming=resume_from is not None,
+                                      script=spec.script is not None and outputs.same_script(run_dir, spec.script.path))
                     (run_dir / outputs.CONFIG).write_text(as_run(spec))
                     outputs.record_command(run_dir)
             code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)

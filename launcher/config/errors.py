@@ -41,7 +41,7 @@ class UserCodeError(ConfigError):
 
 
 # Other tools' words for dlaunch's values: torchrun's and Accelerate's devices, precisions and strategies.
-_SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "ddp": "mirrored", "bfloat16": "bf16-mixed", "bf16-true": "bf16-mixed",
+_SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "ddp": "mirrored", "bfloat16": "bf16-mixed",
              "float16": "fp16-mixed", "half": "fp16-mixed", "16-mixed": "fp16-mixed", "float32": "fp32", "32-true": "fp32"}
 
 

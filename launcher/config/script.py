@@ -68,7 +68,8 @@ def path_beside_keys(overrides: list[str]) -> list[str]:
 
     if not any(key(o).startswith("script.") for o in overrides):
         return overrides
-    return [f"script.path={o.split('=', 1)[1]}" if "=" in o and key(o) == "script" else o for o in overrides]
+    return [f"script.path={o.split('=', 1)[1]}" if "=" in o and key(o) == "script" and not o.startswith("~") else o
+            for o in overrides]
 
 
 def apply(data: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import runpy
 import signal
+import site
 import socket
 import sys
 import sysconfig
@@ -205,12 +206,14 @@ _RUNPY = (runpy.__file__, "<frozen runpy>")
 
 _SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp|cu):\d+\] ")  # gloo's "[/__w/.../unbound_buffer.cc:78] "
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-_LIBRARIES = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+_LIBRARIES = (*(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")), *site.getsitepackages(),
+              site.getusersitepackages(), "/usr/lib/python3/dist-packages")  # Debian's: torch, numpy
 
 
 def _where(traceback_text: str) -> str:
     """`` (at train.py:23)``: the innermost frame of the rank's own code, not torch's or Python's (none: "")."""
-    own = [(f, line) for f, line in _FRAME.findall(traceback_text) if not f.startswith(("<", *_LIBRARIES))]
+    own = [(f, line) for f, line in _FRAME.findall(traceback_text)
+           if not f.startswith(("<", *_LIBRARIES)) and not _is_dlaunch_frame(f)]
     return f" (at {Path(own[-1][0]).name}:{own[-1][1]})" if own else ""
 
 

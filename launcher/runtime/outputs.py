@@ -28,15 +28,27 @@ RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_s
 def start_run(run_dir: Path, resuming: bool = False, script: bool = False) -> None:
     """A reused run directory must not show the previous run's results as this one's.
 
-    A run that resumes from a checkpoint keeps its metrics: the curve continues. A script's run keeps them and its
-    history always: ``metrics.jsonl`` is the script's own file, and only the script knows whether it resumes
-    (``ScriptCheckpoints.restore`` records it when it does).
+    A run that resumes from a checkpoint keeps its metrics: the curve continues. ``script``: the directory's last run
+    was of the same script, which keeps them and the history: ``metrics.jsonl`` is the script's own file, and only
+    the script knows whether it resumes (``ScriptCheckpoints.restore`` records it when it does).
     """
     (run_dir / SUMMARY).unlink(missing_ok=True)
     (run_dir / ERROR).unlink(missing_ok=True)
     if not resuming and not script:
         (run_dir / METRICS).unlink(missing_ok=True)
         (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)
+
+
+def same_script(run_dir: Path, path: str) -> bool:
+    """Whether the run recorded in ``run_dir`` (its ``config.yaml``) ran the script at ``path``."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    script = config.get("script") if isinstance(config, dict) else None
+    return isinstance(script, dict) and script.get("path") == path
 
 
 def snapshot_record(run_dir: Path) -> dict[Path, bytes | None] | None:
@@ -224,23 +236,20 @@ def read_records(path: Path, tail: int = 0) -> list[dict[str, Any]]:
 
 
 def latest_timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of a run's last timeline. A resumed script logs steps again from its checkpoint on: a record of
-    an earlier step than the last one logged (or of the same step with the same keys) replaces the records of later
-    steps, and of its step with its keys. dlaunch's own loop drops them itself when it resumes (``MetricsLog``)."""
+    """The records of a run's last timeline. A resumed script logs steps again from its checkpoint on: a record whose
+    step is not past the last one of records with its keys replaces those of its keys from its step on. Records of
+    other keys (an epoch's evaluation beside the steps' losses) count their steps apart. dlaunch's own loop drops
+    them itself when it resumes (``MetricsLog``)."""
     kept: list[dict[str, Any]] = []
-    last: dict[str, Any] | None = None  # the last record with a step
+    last: dict[frozenset[str], float] = {}  # the last step logged with each set of keys
     for record in records:
-        if _is_number(record.get("step")):
-            if last is not None and _replaces(record, last):
-                kept = [r for r in kept if not _replaces(record, r)]
-            last = record
+        step, keys = record.get("step"), frozenset(record)
+        if _is_number(step):
+            if keys in last and step <= last[keys]:
+                kept = [r for r in kept if not (frozenset(r) == keys and r["step"] >= step)]
+            last[keys] = step
         kept.append(record)
     return kept
-
-
-def _replaces(record: dict[str, Any], earlier: dict[str, Any]) -> bool:
-    step, before = record["step"], earlier.get("step")
-    return _is_number(before) and (before > step or (before == step and earlier.keys() == record.keys()))
 
 
 def _is_number(value: Any) -> bool:

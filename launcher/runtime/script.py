@@ -44,7 +44,8 @@ class ScriptStopped(Preempted):
 
 class ScriptInterrupted(ScriptStopped, KeyboardInterrupt):
     """SIGINT (Ctrl-C): a ``KeyboardInterrupt`` too, as under ``python`` and ``torchrun``, so a script's own
-    ``except KeyboardInterrupt:`` (a last save, a clean-up) runs under dlaunch as it does there."""
+    ``except KeyboardInterrupt:`` (a clean-up, a rank-0 note) runs under dlaunch as it does there. A collective save
+    from there can wait on a rank stopped elsewhere (docs/SCRIPTS.md): save every N steps instead."""
 
 
 class ScriptExit(Exception):

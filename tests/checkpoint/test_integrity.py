@@ -105,10 +105,10 @@ def test_digests_are_computed_by_threads_at_once_and_a_late_flipped_bit_is_found
     files = integrity.fingerprint(tmp_path)
     together, digest = threading.Barrier(2, timeout=30), integrity.digest
 
-    def observed(path):
+    def observed(path, stop=None):
         if path.name in ("__0_0.distcp", "__1_0.distcp"):
             together.wait()
-        return digest(path)
+        return digest(path, stop)
 
     monkeypatch.setattr(integrity, "_READERS", 2)
     monkeypatch.setattr(integrity, "digest", observed)
@@ -208,3 +208,15 @@ def test_a_two_rank_save_lists_every_file_with_the_digest_of_its_bytes(run_dlaun
     assert sorted(files) == sorted(p.name for p in path.iterdir() if p.name != "manifest.json")
     for name, record in files.items():
         assert record == {"size": (path / name).stat().st_size, "sha256": integrity.digest(path / name)}
+
+
+def test_a_digest_no_longer_needed_stops_within_a_chunk(tmp_path):
+    import threading
+
+    path = tmp_path / "__0_0.distcp"
+    path.write_bytes(bytes(3 * integrity._CHUNK))
+    stop = threading.Event()
+    assert integrity.digest(path, stop) == integrity.digest(path)
+    stop.set()
+    with pytest.raises(integrity.Abandoned):
+        integrity.digest(path, stop)

@@ -102,6 +102,22 @@ def test_objects_come_back_as_they_were_saved_in_one_process(tmp_path):
     assert schedule2.get_last_lr() == schedule.get_last_lr()
 
 
+def test_an_objects_state_comes_back_whole_where_a_fresh_one_has_less(tmp_path):
+    """A second optimizer (a GAN's discriminator): a fresh one's state_dict() has no moments yet; the saved ones load."""
+    model, optimizer, _ = _trained()
+    critic = torch.nn.Linear(3, 1)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=0.01)
+    critic(torch.ones(2, 3)).sum().backward()
+    critic_optimizer.step()
+    ScriptCheckpoints(tmp_path).save(1, model, optimizer, objects={"critic": critic_optimizer})
+    fresh = torch.optim.Adam(critic.parameters(), lr=0.5)
+    assert fresh.state_dict()["state"] == {}
+    ScriptCheckpoints(tmp_path).restore(model, optimizer, objects={"critic": fresh})
+    saved, restored = critic_optimizer.state_dict(), fresh.state_dict()
+    assert restored["param_groups"][0]["lr"] == 0.01 and restored["state"].keys() == saved["state"].keys()
+    assert all(torch.equal(restored["state"][0][k], saved["state"][0][k]) for k in ("exp_avg", "exp_avg_sq"))
+
+
 def test_an_object_the_save_lacks_is_named(tmp_path):
     model, optimizer, schedule = _trained()
     ckpt = ScriptCheckpoints(tmp_path)
@@ -110,10 +126,43 @@ def test_an_object_the_save_lacks_is_named(tmp_path):
         ckpt.restore(model, optimizer, objects={"scaler": torch.amp.GradScaler("cpu"), "schedule": schedule})
 
 
+class _NumpyRandom:
+    """A sampler whose state is numpy's RNG tuple: a restore could not load it without unpickling code."""
+
+    def state_dict(self):
+        import numpy as np
+
+        return {"rng": np.random.get_state()}
+
+    def load_state_dict(self, state):
+        raise AssertionError("never restored")
+
+
 @pytest.mark.parametrize("objects, error", [({"a.b": torch.amp.GradScaler("cpu")}, "without dots"),
-                                            ({"model": torch.zeros(1)}, "a Tensor has no state_dict")])
+                                            ({"model": torch.zeros(1)}, "a Tensor has no state_dict"),
+                                            ({"sampler": _NumpyRandom()}, "holds more than tensors and plain data")])
 def test_objects_that_cannot_be_saved_are_refused_before_writing(tmp_path, objects, error):
     model, optimizer, _ = _trained()
     with pytest.raises((ValueError, TypeError), match=error):
         ScriptCheckpoints(tmp_path).save(1, model, optimizer, objects=objects)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_stop_signal_during_a_restore_stays_a_stop_not_a_checkpoint_error(tmp_path, monkeypatch):
+    """DCP wraps whatever a rank raised while it loaded; Ctrl-C there is a KeyboardInterrupt (exit 130), not a
+    damaged checkpoint (exit 1), and reaches a script's own `except KeyboardInterrupt:`."""
+    import signal
+
+    from launcher.checkpoint.safe import SafeLoadPlanner
+    from launcher.runtime.script import ScriptInterrupted
+
+    model, optimizer, schedule = _trained()
+    ckpt = ScriptCheckpoints(tmp_path)
+    ckpt.save(1, model, optimizer, objects={"schedule": schedule})
+
+    def interrupted(self, read_item, value):
+        raise ScriptInterrupted(signal.SIGINT)
+
+    monkeypatch.setattr(SafeLoadPlanner, "load_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.restore(model, optimizer, objects={"schedule": schedule})

@@ -58,7 +58,7 @@ CASES = [
     # other tools' words for dlaunch's values
     (["cluster.device=gpu"], "cluster.device", "did you mean cuda?"),
     (["strategy=ddp"], "strategy", "did you mean mirrored?"),
-    (["trainer.precision=16-mixed"], "trainer.precision", "did you mean fp16-mixed?"),
+    (["trainer.precision=half"], "trainer.precision", "did you mean fp16-mixed?"),
     (["trainer.steps=0"], "trainer.steps", "greater than 0"),
     (["trainer.steps=abc"], "trainer.steps", "valid integer"),
     (["trainer.seed=-1"], "trainer.seed", "greater than or equal to 0"),

@@ -75,3 +75,14 @@ def test_a_script_in_the_users_own_primary_config_takes_the_recipes_place_too(tm
     proc = dlaunch("--config-dir", "cfg", "--config-name", "myrun", "launch.dry_run=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "custom_loop.py --epochs 1 (as __main__" in proc.stdout
+
+
+def test_script_path_beside_script_keys_is_set_as_script_path():
+    """Hydra lets the later of `script=PATH` and `script.args=[...]` replace the other whole; a delete stays one."""
+    from launcher.config.script import path_beside_keys
+
+    assert path_beside_keys(["script=a.py", "script.args=[--lr,1],[--lr,2]"]) == \
+        ["script.path=a.py", "script.args=[--lr,1],[--lr,2]"]
+    assert path_beside_keys(["+script=a.py", "script.args=[]"])[0] == "script.path=a.py"
+    for kept in (["script=a.py", "trainer.seed=1"], ["~script=a.py", "script.args=[]"], ["~script", "script.args=[]"]):
+        assert path_beside_keys(kept) == kept

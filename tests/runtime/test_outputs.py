@@ -36,7 +36,8 @@ def test_the_history_counts_commands_restarts_and_resumes_until_a_fresh_start(tm
 
 
 def test_a_script_run_keeps_its_own_metrics_and_history_and_counts_its_resumes(tmp_path):
-    """metrics.jsonl is a script's own file; only its ScriptCheckpoints.restore knows that it resumed."""
+    """metrics.jsonl is a script's own file (start_run(script=True): the directory's last run was of that script);
+    only its ScriptCheckpoints.restore knows that it resumed."""
     (tmp_path / outputs.METRICS).write_text('{"step": 1, "loss": 2.0}\n')
     (tmp_path / outputs.SUMMARY).write_text("{}\n")
     outputs.record_command(tmp_path)
@@ -59,6 +60,16 @@ def test_the_latest_timeline_replaces_the_steps_a_resumed_script_logs_again():
     assert {"step": 10, "eval_loss": 4.0} in kept and {"note": "no step"} in kept
     logged_twice = [{"step": 20, "loss": 1.0}, {"step": 20, "loss": 0.5}]  # log_every 10, resumed from step 15
     assert outputs.latest_timeline(logged_twice) == [{"step": 20, "loss": 0.5}]
+    by_epoch = [{"step": 100, "loss": 1.0}, {"step": 1, "val_loss": 2.0}, {"step": 200, "loss": 0.5},
+                {"step": 2, "val_loss": 1.5}]  # an epoch's step is not a step back from the steps' own
+    assert outputs.latest_timeline(by_epoch) == by_epoch
+
+
+def test_a_script_run_keeps_the_directory_s_records_only_after_a_run_of_the_same_script(tmp_path):
+    (tmp_path / outputs.CONFIG).write_text("script:\n  path: /work/train.py\n  args: []\n")
+    assert outputs.same_script(tmp_path, "/work/train.py") and not outputs.same_script(tmp_path, "/work/other.py")
+    (tmp_path / outputs.CONFIG).write_text("script: null\nrecipe:\n  name: linear\n")
+    assert not outputs.same_script(tmp_path, "/work/train.py") and not outputs.same_script(tmp_path / "none", "x")
 
 
 def test_a_scripts_summary_takes_its_last_loss_and_its_own_metrics_from_its_records(tmp_path):
