@@ -221,7 +221,12 @@ def as_run(spec: Any) -> str:
     data = spec.model_dump(mode="json")
     if spec.script is None:
         data["recipe"] = recipe_lib.as_read(data["recipe"])  # the module the validation imported
-    return OmegaConf.to_yaml(data)
+        return OmegaConf.to_yaml(data)
+    return SCRIPT_RUN + OmegaConf.to_yaml(data)
+
+
+SCRIPT_RUN = ("# A script's run: `script` ran in place of a recipe and its loop. `recipe` only names it; of `trainer`,\n"
+              "# a script takes seed and precision (docs/SCRIPTS.md), the other keys are dlaunch's loop's.\n")
 
 
 def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:

@@ -88,6 +88,13 @@ class StrategyExtended:
         return None
 
     @property
+    def should_save_summary(self) -> bool:
+        """Whether this process writes the files every process would write the same (metrics, samples, a log): true
+        in exactly one process of a run, rank 0 (Accelerate's ``is_main_process``, Fabric's ``is_global_zero``).
+        Not for ``ScriptCheckpoints``, whose save every rank calls."""
+        return self._proc.rank == 0
+
+    @property
     def worker_devices(self) -> tuple[str, ...]:
         """The devices this process runs replicas on."""
         return self._device_names

@@ -22,6 +22,12 @@ def test_num_replicas_in_sync_counts_local_devices(strategy):
     assert strategy.cluster_resolver is None
 
 
+def test_the_one_process_of_replica_threads_saves_the_summary(strategy):
+    """Two replica threads, one process: it writes the shared files (tests/runtime/test_script.py: one of two
+    processes does)."""
+    assert strategy.extended.should_save_summary is True
+
+
 def test_module_built_in_scope_is_tracked(strategy):
     with strategy.scope():
         model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))

@@ -39,6 +39,7 @@ def test_the_documented_loop_runs_under_each_strategy(name, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     replicas = 1 if name == "one_device" else 2
     assert f": {replicas} replica(s) in sync" in proc.stdout
+    assert (run_dir / "config.yaml").read_text().startswith("# A script's run: `script` ran in place of a recipe")
     losses = _losses(proc.stdout)
     # The same global batches in the same order: the mean loss is one device's, whatever the strategy.
     assert losses == pytest.approx([2.724006, 0.101431], abs=2e-6)
