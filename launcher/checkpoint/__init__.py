@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.checkpoint import integrity, layout, manifest, state
+from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
 from launcher.checkpoint.writer import storage_writer
 from launcher.cluster.process_group import comm_device
@@ -129,10 +130,12 @@ def _distributed() -> bool:
 class Checkpointer:
     """One worker's side of saving and loading; ``save`` and ``load`` are collective."""
 
-    def __init__(self, spec: RunSpec, run_dir: Path, rank: int, strategy: Any = None):
-        """``strategy``: the ``StrategyExtended`` whose hooks may save and load the variables themselves."""
+    def __init__(self, spec: RunSpec, run_dir: Path, rank: int, strategy: Any = None, objects: dict[str, Any] | None = None):
+        """``strategy``: the ``StrategyExtended`` whose hooks may save and load the variables themselves.
+        ``objects``: the recipe's own (``Parts.objects``), saved and restored with the rest."""
         self.spec, self.rank = spec, rank
         self.strategy = strategy
+        self.objects = saved_objects.checked(objects or {}, strategy, rank, spec.trainer.checkpoint.every_steps > 0)
         self.root = root_of(spec, run_dir)
         self.every = spec.trainer.checkpoint.every_steps
         self._saved: tuple[int, Path] | None = None  # the last step saved, and where
@@ -241,6 +244,7 @@ class Checkpointer:
             "progress": state.progress(step, position.epoch, position.offset),
             "rng": {f"rank{self.rank}": state.rng_state()},
             **({"loop": loop} if loop else {}),
+            **saved_objects.packed(self.objects, self.rank),
         }
         return write_shards(partial, step, tensors, self.rank)
 
@@ -264,7 +268,9 @@ class Checkpointer:
         saved_loop = _saved_keys(path, "loop.") if loop else set()
         if saved_loop:
             tensors["loop"] = {k: v for k, v in loop.items() if k in saved_loop}
+        tensors.update(saved_objects.template(path, self.objects, self.rank, dist.get_world_size() if _distributed() else 1))
         _load(tensors, path)
+        saved_objects.restore(tensors, self.objects)
         self.loaded_loop = tensors.get("loop", {})
         state.load_model_and_optimizer(model, optimizer, tensors)
         if rng:

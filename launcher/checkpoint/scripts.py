@@ -23,9 +23,7 @@ runs the script again with its arguments; its ``restore`` goes on from there.
 
 from __future__ import annotations
 
-import io
 import logging
-import pickle
 import shutil
 import time
 from pathlib import Path
@@ -35,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.checkpoint import _distributed, _load, _saved_keys, layout, skipped_line, state, write_shards
+from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.errors import CheckpointError
 from launcher.cluster.env import script_run_dir
 from launcher.runtime import outputs
@@ -61,14 +60,14 @@ class ScriptCheckpoints:
              extra: dict[str, torch.Tensor] | None = None, objects: dict[str, Any] | None = None) -> Path:
         """Save ``step``; returns ``step-N``'s path once it is complete (on every rank)."""
         started, partial = time.perf_counter(), layout.partial_dir(self.root, step)
-        own = _packed(_named(objects))  # before any rank writes: a state that could not be restored is refused here
+        own = saved_objects.packed(saved_objects.named(objects), self.rank)  # refused before any rank writes
         if self.rank == 0:  # a save of this step that a killed process left half written
             shutil.rmtree(partial, ignore_errors=True)
         _barrier()
         partial.mkdir(parents=True, exist_ok=True)
         tensors = {**_model_state(model, optimizer), "progress": state.progress(step, 0, 0),
                    "rng": {f"rank{self.rank}": state.rng_state()}, **({"extra": extra} if extra else {}),
-                   **({"objects": {f"rank{self.rank}": own}} if own else {})}
+                   **own}
         read_back = write_shards(partial, step, tensors, self.rank)
         if self.rank == 0:
             world = dist.get_world_size() if _distributed() else 1
@@ -84,7 +83,7 @@ class ScriptCheckpoints:
                 objects: dict[str, Any] | None = None) -> int:
         """Load the newest intact checkpoint into ``model``, ``optimizer``, this rank's RNGs, ``extra`` (tensors
         filled in place) and ``objects`` (``load_state_dict``); return its step, or 0 where there is none."""
-        objects = _named(objects)
+        objects = saved_objects.named(objects)
         chosen = self._agreed_choice()
         if chosen is None:
             return 0
@@ -101,9 +100,8 @@ class ScriptCheckpoints:
             tensors["rng"] = {f"rank{self.rank}": rng}
         if extra:
             tensors["extra"] = extra
-        source = self._objects_source(path, objects)
-        if objects:
-            tensors["objects"] = {source: {name: b"" for name in objects}}
+        world = dist.get_world_size() if _distributed() else 1
+        tensors.update(saved_objects.template(path, objects, self.rank, world))
         _load(tensors, path)
         if optimizer is not None:
             state.load_model_and_optimizer(model, optimizer, tensors)
@@ -113,38 +111,13 @@ class ScriptCheckpoints:
             set_model_state_dict(state.unwrap(model), tensors["model"])
         if rng:
             state.set_rng_state(tensors["rng"][f"rank{self.rank}"])
-        for name, obj in objects.items():
-            saved = torch.load(io.BytesIO(tensors["objects"][source][name]), weights_only=True, map_location="cpu")
-            if saved:  # a disabled GradScaler has no state, and refuses an empty one
-                obj.load_state_dict(saved)
+        saved_objects.restore(tensors, objects)
         step = int(tensors["progress"]["step"])
         if self.rank == 0:
             log.info("restored %s: step %d", path, chosen)
             if script_run_dir() is not None:  # under dlaunch: the run's history counts the resume
                 outputs.record_resume(script_run_dir(), step)
         return step
-
-    def _objects_source(self, path: Path, objects: dict[str, Any]) -> str:
-        """Whose saved objects this rank restores: its own, or rank 0's where the saving run had fewer ranks (said
-        once, as is the state of ranks this run does not have)."""
-        saved: dict[str, set[str]] = {}  # "rankR" -> the names of the objects it saved
-        for key in _saved_keys(path, "objects.") if objects else ():
-            rank, name = key.split(".")[:2]
-            saved.setdefault(rank, set()).add(name)
-        source = f"rank{self.rank}" if f"rank{self.rank}" in saved else "rank0"
-        missing = sorted(set(objects) - saved.get(source, set()))
-        if missing:
-            has = ", ".join(sorted(saved.get(source, set()))) or "none"
-            raise CheckpointError(f"{path} has no saved state for objects {', '.join(missing)} (it has: {has}); "
-                                  "restore with the objects that save was given")
-        world, then = dist.get_world_size() if _distributed() else 1, len(saved)
-        if objects and then < world and self.rank == then:
-            log.warning("objects %s: ranks %d-%d were not in the saving run (%d ranks) and take rank 0's saved state",
-                        ", ".join(sorted(objects)), then, world - 1, then)
-        if objects and then > world and self.rank == 0:
-            log.warning("objects %s: the saved state of ranks %d-%d is not restored (this run has %d ranks)",
-                        ", ".join(sorted(objects)), world, then - 1, world)
-        return source
 
     def _agreed_choice(self) -> int | None:
         """Rank 0's choice (digests checked), told to every rank; damaged steps passed over are said once."""
@@ -158,34 +131,6 @@ class ScriptCheckpoints:
         if _distributed():
             dist.broadcast_object_list(found, src=0)
         return found[0]
-
-
-def _packed(objects: dict[str, Any]) -> dict[str, bytes]:
-    """Each object's ``state_dict()``, whole, as one blob that loads with ``weights_only=True``: a restore takes the
-    state as it was saved, whatever a fresh object's own ``state_dict()`` lacks (a second optimizer's moments)."""
-    packed = {}
-    for name, obj in objects.items():
-        buffer = io.BytesIO()
-        torch.save(obj.state_dict(), buffer)
-        try:
-            torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
-        except pickle.UnpicklingError as exc:
-            lines = str(exc).splitlines()
-            why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
-            raise TypeError(f"objects[{name!r}]: its state_dict() holds more than tensors and plain data, so a "
-                            f"restore could not load it without running code ({why}); save that state otherwise") from None
-        packed[name] = buffer.getvalue()
-    return packed
-
-
-def _named(objects: dict[str, Any] | None) -> dict[str, Any]:
-    """``objects``, each checked to have ``state_dict`` and ``load_state_dict``, under a name without dots."""
-    for name, obj in (objects or {}).items():
-        if not isinstance(name, str) or not name or "." in name:
-            raise ValueError(f"objects: name {name!r} must be a non-empty string without dots")
-        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-            raise TypeError(f"objects[{name!r}]: a {type(obj).__name__} has no state_dict() and load_state_dict()")
-    return dict(objects or {})
 
 
 def _model_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:

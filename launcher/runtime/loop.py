@@ -128,7 +128,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
     evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0, strategy.extended.collective_forward)
-    checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended)
+    checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended, parts.objects)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
                  make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", strategy.extended.device_type))
     attempt = env.restart_count if env else (task.attempt if task else 0)  # workers restarted by the launcher

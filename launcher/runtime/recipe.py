@@ -96,13 +96,17 @@ class Parts:
 
     ``train_data`` is a map-style ``torch.utils.data.Dataset`` (dlaunch batches,
     shuffles and splits it), the ``FileDataset`` of ``ctx.input_files`` (dlaunch
-    shards it across workers), or an iterable of global batches.
+    shards it across workers), or an iterable of global batches. ``objects``: the recipe's own state that a resume
+    must find as it was (an EMA copy, a sampler, a scheduler its ``train_step`` steps): anything with
+    ``state_dict()`` and ``load_state_dict()`` whose state is tensors and plain data, by name; every checkpoint
+    saves each rank's, and a resume restores it (``launcher/checkpoint/objects.py``).
     """
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     train_data: Any
     eval_data: Any = None
+    objects: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class RecipeContractError(TypeError):
@@ -114,6 +118,12 @@ class RecipeContractError(TypeError):
 def checked_parts(parts: Any, build: Any) -> Parts:
     """What ``build`` returned, if it is ``Parts``."""
     if isinstance(parts, Parts):
+        from launcher.checkpoint.objects import named
+
+        try:
+            named(parts.objects)
+        except (TypeError, ValueError) as exc:
+            raise RecipeContractError(f"the recipe's build() ({where(build)}) returned Parts with {exc}") from None
         return parts
     raise RecipeContractError(f"the recipe's build() ({where(build)}) returned {described(parts)}; it must return "
                               "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)")

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from launcher.checkpoint.errors import CheckpointError
 from launcher.checkpoint.scripts import ScriptCheckpoints
 from tests.conftest import FIXTURES, dlaunch
 
@@ -118,12 +117,15 @@ def test_an_objects_state_comes_back_whole_where_a_fresh_one_has_less(tmp_path):
     assert all(torch.equal(restored["state"][0][k], saved["state"][0][k]) for k in ("exp_avg", "exp_avg_sq"))
 
 
-def test_an_object_the_save_lacks_is_named(tmp_path):
+def test_an_object_the_save_lacks_keeps_its_own_state_and_is_named(tmp_path, caplog):
+    """A run that adopts objects resumes from a checkpoint saved without them: those start as built, said once."""
     model, optimizer, schedule = _trained()
     ckpt = ScriptCheckpoints(tmp_path)
     ckpt.save(1, model, optimizer, objects={"schedule": schedule})
-    with pytest.raises(CheckpointError, match=r"no saved state for objects scaler \(it has: schedule\)"):
-        ckpt.restore(model, optimizer, objects={"scaler": torch.amp.GradScaler("cpu"), "schedule": schedule})
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    assert ckpt.restore(model, optimizer, objects={"scaler": scaler, "schedule": schedule}) == 1
+    assert scaler.get_scale() == 4.0
+    assert "has no saved state for objects scaler (it has: schedule): they keep the state they were built with" in caplog.text
 
 
 class _NumpyRandom:

@@ -1,0 +1,99 @@
+"""Objects of the user's in a checkpoint: anything with ``state_dict()`` and ``load_state_dict()``.
+
+A script passes them to ``ScriptCheckpoints.save/restore(objects=...)``, a recipe returns them in
+``Parts(objects=...)``: an LR scheduler of its own, a GradScaler, an EMA copy, a second optimizer, a stateful
+sampler. Each rank saves its own, whole: one blob per object (``torch.save`` of its state dict) under
+``objects.rankR.NAME``, checked at the save to load with ``weights_only=True``. A restore therefore takes the state
+as saved, whatever a fresh object's ``state_dict()`` lacks (a second optimizer has no moments before its first
+step), and a state that would need code to load is refused when it is saved, not days later when it is needed.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("dlaunch")
+KEY = "objects"
+
+
+def named(objects: dict[str, Any] | None) -> dict[str, Any]:
+    """``objects``, each checked to have ``state_dict`` and ``load_state_dict``, under a name without dots."""
+    for name, obj in (objects or {}).items():
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(f"objects: name {name!r} must be a non-empty string without dots")
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"objects[{name!r}]: a {type(obj).__name__} has no state_dict() and load_state_dict()")
+    return dict(objects or {})
+
+
+def checked(objects: dict[str, Any], strategy: Any, rank: int, saving: bool) -> dict[str, Any]:
+    """A recipe's ``Parts.objects``, refused before the first step where a checkpoint could not hold them: a strategy
+    that saves its variables itself (parameter servers, on their ps tasks), or a state that needs code to load."""
+    from launcher.distribute.extended import StrategyExtended
+
+    if objects and strategy is not None and type(strategy).save_checkpoint is not StrategyExtended.save_checkpoint:
+        raise TypeError(f"Parts.objects ({', '.join(sorted(objects))}): this strategy saves its variables itself, "
+                        "where the recipe's objects cannot go; keep that state in the model (a buffer) instead")
+    if saving:
+        packed(objects, rank)
+    return objects
+
+
+def packed(objects: dict[str, Any], rank: int) -> dict[str, Any]:
+    """This rank's part of a checkpoint's tensors: each object's state, whole, as a blob (none: ``{}``)."""
+    blobs = {}
+    for name, obj in objects.items():
+        buffer = io.BytesIO()
+        torch.save(obj.state_dict(), buffer)
+        try:
+            torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            lines = str(exc).splitlines()
+            why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+            raise TypeError(f"objects[{name!r}]: its state_dict() holds more than tensors and plain data, so a "
+                            f"restore could not load it without running code ({why}); save that state otherwise") from None
+        blobs[name] = buffer.getvalue()
+    return {KEY: {f"rank{rank}": blobs}} if blobs else {}
+
+
+def template(path: Path, objects: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """What to load for ``objects`` from the checkpoint at ``path``: this rank's own saved state, or rank 0's where
+    the saving run had fewer ranks. An object the checkpoint has no state for keeps its own (a warning says so)."""
+    if not objects:
+        return {}
+    from launcher.checkpoint.safe import SafeReader
+
+    saved: dict[str, set[str]] = {}  # "rankR" -> the names of the objects it saved
+    for key in SafeReader(str(path)).read_metadata().state_dict_metadata:
+        if key.startswith(f"{KEY}."):
+            _, owner, name = key.split(".")[:3]
+            saved.setdefault(owner, set()).add(name)
+    source = f"rank{rank}" if f"rank{rank}" in saved else "rank0"
+    missing = sorted(set(objects) - saved.get(source, set()))
+    then, names = len(saved), ", ".join(sorted(objects))
+    if rank == 0 and missing:
+        log.warning("%s has no saved state for objects %s (it has: %s): they keep the state they were built with",
+                    path, ", ".join(missing), ", ".join(sorted(saved.get(source, set()))) or "none")
+    if 0 < then < world and rank == then:
+        log.warning("objects %s: ranks %d-%d were not in the saving run (%d ranks) and take rank 0's saved state",
+                    names, then, world - 1, then)
+    if then > world and rank == 0:
+        log.warning("objects %s: the saved state of ranks %d-%d is not restored (this run has %d ranks)",
+                    names, world, then - 1, world)
+    found = {name: b"" for name in objects if name not in missing}
+    return {KEY: {source: found}} if found else {}
+
+
+def restore(loaded: dict[str, Any], objects: dict[str, Any]) -> None:
+    """Each object's saved state, from what ``template`` had loaded (onto the CPU: ``load_state_dict`` places it)."""
+    for blobs in loaded.get(KEY, {}).values():
+        for name, blob in blobs.items():
+            state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+            if state:  # a disabled GradScaler has no state, and refuses an empty one
+                objects[name].load_state_dict(state)
