@@ -81,13 +81,17 @@ def template(path: Path, objects: dict[str, Any], rank: int, world: int) -> dict
         log.warning("%s has no saved state for objects %s (it has: %s): they keep the state they were built with",
                     path, ", ".join(missing), ", ".join(sorted(saved.get(source, set()))) or "none")
     if 0 < then < world and rank == then:
-        log.warning("objects %s: ranks %d-%d were not in the saving run (%d ranks) and take rank 0's saved state",
-                    names, then, world - 1, then)
+        log.warning("objects %s: restored from rank 0's saved state on %s, which the saving run (%d rank(s)) did "
+                    "not have", names, _ranks(then, world - 1), then)
     if then > world and rank == 0:
-        log.warning("objects %s: the saved state of ranks %d-%d is not restored (this run has %d ranks)",
-                    names, world, then - 1, world)
+        log.warning("objects %s: the saved state of %s is not restored (this run has %d rank(s))",
+                    names, _ranks(world, then - 1), world)
     found = {name: b"" for name in objects if name not in missing}
     return {KEY: {source: found}} if found else {}
+
+
+def _ranks(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
 
 def restore(loaded: dict[str, Any], objects: dict[str, Any]) -> None:

@@ -34,3 +34,20 @@ def test_cuda_checkpoint_holds_the_cuda_rng(tmp_path):
     expected = torch.rand(3, device="cuda")
     state.set_rng_state(rng)
     assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+def test_a_recipes_objects_on_cuda_resume_as_they_were(run_dlaunch, tmp_path):
+    """Parts.objects loads onto the CPU and each load_state_dict places it: an AveragedModel of CUDA weights."""
+    from launcher.checkpoint import layout
+    from tests.checkpoint.test_objects import EMA, _saved
+    from tests.conftest import dlaunch
+
+    common = (f"recipe.entry={EMA}", "trainer.checkpoint.every_steps=3", *CUDA)
+    dirs = {}
+    for name, steps in (("straight", 6), ("stopped", 3)):
+        proc, dirs[name] = run_dlaunch(*common, f"trainer.steps={steps}", name=name, device="cuda")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = dlaunch("resume", str(dirs["stopped"]), "trainer.steps=6", cwd=tmp_path, device=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (_saved(layout.step_dir(dirs[n] / "checkpoints", 6), "ema") for n in ("straight", "stopped"))
+    assert int(a["n_averaged"]) == 6 and all(torch.equal(a[k], b[k]) for k in a)

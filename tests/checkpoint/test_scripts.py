@@ -51,6 +51,20 @@ def test_a_script_stopped_after_a_save_resumes_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_scripts_one_process_save_resumes_on_two_ranks_with_rank_0s_objects(tmp_path):
+    """DCP reshards the model; the schedule, saved by the one rank there was, goes to both, and a warning says so."""
+    shutil.copy(SCRIPT, tmp_path / "loop.py")
+    run_dir = tmp_path / "run"
+    proc = dlaunch(f"script={tmp_path / 'loop.py'}", f"hydra.run.dir={run_dir}", "--", "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = dlaunch("resume", str(run_dir), "strategy=mirrored", "cluster=1x2", "--", "6", cwd=tmp_path, device=None)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "starting after step 4, 4 draws seen" in out, out[-3000:]
+    assert ("objects schedule: restored from rank 0's saved state on rank 1, which the saving run (1 rank(s)) did "
+            "not have") in " ".join(out.split())
+
+
 def test_a_damaged_newest_save_is_passed_over_for_the_one_before(tmp_path):
     shutil.copy(SCRIPT, tmp_path / "loop.py")
     run_dir = tmp_path / "run"
