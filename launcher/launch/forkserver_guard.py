@@ -1,5 +1,5 @@
-"""The warm forkserver's first import (``warm.PRELOAD``), and nobody else's: the server dies with dlaunch, and
-a Ctrl-C while it is still importing ends it quietly.
+"""The warm forkserver's first import (``warm.PRELOAD``), and nobody else's: the server dies with dlaunch, a
+Ctrl-C while it is still importing ends it quietly, and SIGTERM or SIGHUP leave it be.
 
 Without the first, a SIGKILLed dlaunch leaves the server to notice the end of its
 keep-alive pipe and exit through a full interpreter shutdown (torch imported):
@@ -13,6 +13,13 @@ multiprocessing ignores SIGINT in the server only once its imports are done. dla
 itself reports the stop. The workers the server forks get this handler back as theirs
 (multiprocessing restores what the server had before), and in them it raises
 ``KeyboardInterrupt``, as Python's default handler does.
+
+Without the third, SIGTERM to dlaunch's whole process group (``timeout``, ``kill -TERM -PGID``, a scheduler that
+preempts every process of a job step) killed the server at once, and with it, through their parent-death signal,
+the workers it had forked, while they saved the checkpoint of the step they had agreed to stop after: the steps
+since the last periodic save were lost, and a save under way was left half written. The server ends with dlaunch
+(its keep-alive pipe, or its own parent-death signal); a worker takes the default action back as it starts
+(``worker.run_job``).
 """
 
 import os
@@ -29,7 +36,16 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _stays(signum: int, frame: object) -> None:
+    if os.getpid() == _SERVER:
+        return  # its workers are saving: it ends with dlaunch
+    signal.signal(signum, signal.SIG_DFL)  # a worker forked before it took the default back: as the default would
+    os.kill(os.getpid(), signum)
+
+
 die_with_parent()
 signal.signal(signal.SIGINT, _interrupted)
+for _signum in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_signum, _stays)
 # blocked since the server was started (warm._sigint_blocked): a Ctrl-C held back meanwhile ends it now
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -124,6 +125,8 @@ def run_job(job_path: str) -> int:
     Success returns 0 to the agent (the forkserver's child then leaves with
     ``os._exit`` itself); a failure leaves at once with its exit code, as ``main``.
     """
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # the default action back, in place of the server's guard
+        signal.signal(signum, signal.SIG_DFL)
     release_forkserver()
     fresh_start_method()
     code = _run_flushed(Path(job_path))

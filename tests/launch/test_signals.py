@@ -10,7 +10,7 @@ import time
 import pytest
 
 from launcher.checkpoint import layout
-from tests.launch.test_restarts import finish, logged_steps, run_processes, start, wait_for, worker_pids
+from tests.launch.test_restarts import COMMON, finish, logged_steps, run_processes, start, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 LONG = ("trainer.steps=100000", "trainer.checkpoint.every_steps=100000", "+recipe.step_sleep=0.05")
@@ -43,6 +43,39 @@ def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
     summary = json.loads((run_dir / "summary.json").read_text())  # `dlaunch report` marks the run stopped, not failed
     assert (summary["status"], summary["stopped_by"], summary["exit_code"]) == ("stopped", signal.Signals(signum).name, 128 + signum)
     assert (summary["checkpoint"], summary["checkpoint_step"]) == (str(saved), layout.step_of(saved))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_to_dlaunchs_whole_process_group_saves_before_anything_ends(tmp_path, signum):
+    """`timeout`, `kill -TERM -PGID`, a scheduler preempting a job step: every process gets it, the warm forkserver
+    too. The server stays until dlaunch ends, so the workers it forked save the step they stop after."""
+    import subprocess
+
+    from tests.conftest import command
+
+    run_dir = tmp_path / "run"
+    args = (*COMMON, "strategy=mirrored", "cluster=1x2", *LONG, f"hydra.run.dir={run_dir}")
+    proc = subprocess.Popen(command(*args), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}, start_new_session=True)
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, 120, "training")
+        os.killpg(proc.pid, signum)
+        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 128 + signum, out[-3000:]
+    saved = layout.latest(run_dir / "checkpoints")
+    assert saved is not None and layout.read_manifest(saved)["step"] >= 3, out[-3000:]  # periodic saves: never
+    assert not list((run_dir / "checkpoints").glob(".step-*.partial")), out[-3000:]
+    wait_for(lambda: not _alive_in_group(proc.pid), 10, "every process of the group to end (no orphans)")
+
+
+def _alive_in_group(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 @pytest.mark.parametrize("restarts", [0, 2])
