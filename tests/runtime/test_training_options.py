@@ -99,6 +99,9 @@ def test_an_evaluation_on_rank_0_may_outlast_the_collective_timeout(run_dlaunch)
                                 "cluster=1x2", "trainer.steps=4", "trainer.eval_every=2", "launch.collective_timeout_s=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in records(run_dir) if "eval_loss" in r] == [2, 4]
+    # the waiting rank looks for rank 0's word without a store wait that times out: torch's client logged each one
+    assert "likely a timeout" not in proc.stdout + proc.stderr + "".join(
+        p.read_text() for p in (run_dir / "logs").rglob("*.log"))
 
 
 def test_rank_0s_checkpoint_commit_may_outlast_the_collective_timeout(run_dlaunch, tmp_path):
