@@ -31,13 +31,15 @@ import torch.distributed as dist
 
 from launcher.checkpoint import integrity, layout, manifest, state
 from launcher.checkpoint import objects as saved_objects
+from launcher.checkpoint.objects import read as read_object
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
 from launcher.checkpoint.writer import storage_writer
 from launcher.cluster.process_group import comm_device
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
 
-__all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors"]
+__all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors",
+           "read_object"]
 log = logging.getLogger("dlaunch")
 # What to do about the storage, by the error it gave (any other: "Mend the storage").
 _REMEDY = {errno.ENOSPC: "Free space there", errno.EDQUOT: "Free space there (or raise the quota)",

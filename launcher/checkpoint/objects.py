@@ -101,3 +101,19 @@ def restore(loaded: dict[str, Any], objects: dict[str, Any]) -> None:
             state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
             if state:  # a disabled GradScaler has no state, and refuses an empty one
                 objects[name].load_state_dict(state)
+
+
+def read(path: str | Path, name: str, rank: int = 0) -> dict[str, Any]:
+    """The saved state of object ``name`` on ``rank``, as its ``state_dict()`` returned it, in one process, on CPU:
+    ``AveragedModel(model).load_state_dict(read_object(step_dir, "ema"))``."""
+    from launcher.checkpoint import _load
+    from launcher.checkpoint.errors import CheckpointError
+    from launcher.checkpoint.safe import SafeReader
+
+    key = f"{KEY}.rank{rank}.{name}"
+    found = [k for k in SafeReader(str(path)).read_metadata().state_dict_metadata if k.startswith(f"{KEY}.")]
+    if key not in found:
+        raise CheckpointError(f"{path} has no object {name!r} of rank {rank} (it has: {', '.join(sorted(found)) or 'none'})")
+    tensors = {KEY: {f"rank{rank}": {name: b""}}}
+    _load(tensors, Path(path))
+    return torch.load(io.BytesIO(tensors[KEY][f"rank{rank}"][name]), weights_only=True, map_location="cpu")

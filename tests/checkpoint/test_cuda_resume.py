@@ -39,7 +39,8 @@ def test_cuda_checkpoint_holds_the_cuda_rng(tmp_path):
 def test_a_recipes_objects_on_cuda_resume_as_they_were(run_dlaunch, tmp_path):
     """Parts.objects loads onto the CPU and each load_state_dict places it: an AveragedModel of CUDA weights."""
     from launcher.checkpoint import layout
-    from tests.checkpoint.test_objects import EMA, _saved
+    from launcher.checkpoint import read_object
+    from tests.checkpoint.test_objects import EMA
     from tests.conftest import dlaunch
 
     common = (f"recipe.entry={EMA}", "trainer.checkpoint.every_steps=3", *CUDA)
@@ -49,5 +50,5 @@ def test_a_recipes_objects_on_cuda_resume_as_they_were(run_dlaunch, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
     proc = dlaunch("resume", str(dirs["stopped"]), "trainer.steps=6", cwd=tmp_path, device=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = (_saved(layout.step_dir(dirs[n] / "checkpoints", 6), "ema") for n in ("straight", "stopped"))
+    a, b = (read_object(layout.step_dir(dirs[n] / "checkpoints", 6), "ema") for n in ("straight", "stopped"))
     assert int(a["n_averaged"]) == 6 and all(torch.equal(a[k], b[k]) for k in a)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
-from launcher.checkpoint import _load, layout
+from launcher.checkpoint import layout, read_object
 from launcher.checkpoint import objects as saved_objects
 from launcher.distribute.extended import StrategyExtended
 from tests.conftest import FIXTURES, dlaunch
@@ -15,18 +13,13 @@ from tests.conftest import FIXTURES, dlaunch
 EMA = FIXTURES / "ema_recipe.py"
 
 
-def _saved(step_dir, name: str, rank: int = 0) -> dict:
-    tensors = {"objects": {f"rank{rank}": {name: b""}}}
-    _load(tensors, step_dir)
-    return torch.load(io.BytesIO(tensors["objects"][f"rank{rank}"][name]), weights_only=True)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [(), ("strategy=mirrored", "cluster=1x2")])
 def test_a_resumed_recipe_finds_its_moving_average_as_it_was(run_dlaunch, tmp_path, shape):
     """6 steps straight, against 3 steps then `dlaunch resume RUN_DIR trainer.steps=6`: the same EMA at step 6 (torch's
-    AveragedModel, which the recipe's train_step updates), in one process and in each of two."""
-    common = (f"recipe.entry={EMA}", "trainer.checkpoint.every_steps=3", *shape)
+    AveragedModel, which torch's optimizer step hook updates once a step, micro-batches or not), in one process and in
+    each of two."""
+    common = (f"recipe.entry={EMA}", "trainer.checkpoint.every_steps=3", "trainer.grad_accum_steps=2", *shape)
     proc, straight = run_dlaunch(*common, "trainer.steps=6", name="straight")
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc, stopped = run_dlaunch(*common, "trainer.steps=3", name="stopped")
@@ -34,8 +27,8 @@ def test_a_resumed_recipe_finds_its_moving_average_as_it_was(run_dlaunch, tmp_pa
     proc = dlaunch("resume", str(stopped), "trainer.steps=6", cwd=tmp_path, device=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in range(2 if shape else 1):  # mirrored 1x2: both ranks saved their own
-        a = _saved(layout.step_dir(straight / "checkpoints", 6), "ema", rank)
-        b = _saved(layout.step_dir(stopped / "checkpoints", 6), "ema", rank)
+        a = read_object(layout.step_dir(straight / "checkpoints", 6), "ema", rank)
+        b = read_object(layout.step_dir(stopped / "checkpoints", 6), "ema", rank)
         assert int(a["n_averaged"]) == 6 and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -74,3 +67,21 @@ def test_a_recipe_whose_parts_name_an_object_badly_is_told_which():
 
 def _a_build():
     """Stands for a recipe's build() in the message."""
+
+
+def test_read_object_names_what_a_checkpoint_holds_when_the_name_is_not_there(tmp_path):
+    from launcher.checkpoint import CheckpointError
+    from launcher.checkpoint.scripts import ScriptCheckpoints
+
+    model = torch.nn.Linear(2, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    path = ScriptCheckpoints(tmp_path).save(1, model, objects={"scaler": scaler})
+    assert read_object(path, "scaler")["scale"] == 8.0
+    with pytest.raises(CheckpointError, match=r"has no object 'ema' of rank 0 \(it has: objects.rank0.scaler\)"):
+        read_object(path, "ema")
+
+
+def test_the_docs_show_the_recipe_that_the_test_runs():
+    from tests.conftest import ROOT
+
+    assert EMA.read_text().strip() in (ROOT / "docs" / "RECIPES.md").read_text()
