@@ -283,6 +283,15 @@ def _value_text(ov: Override) -> Any:
         return None
 
 
+def _in_a_section(node: Any, keys: list[str], part: str) -> str | None:
+    """``trainer.warmup_steps``: the section under ``node`` that has the key (``lr_schedule.warmup_steps``)."""
+    for key in keys:
+        child = node._get_node(key)  # not node[key]: a leaf's interpolation would be resolved (and may fail)
+        if isinstance(child, DictConfig) and part in child:
+            return f"{key}.{part}"
+    return None
+
+
 def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | None:
     """None if ``dotted`` exists in ``tree``; otherwise a problem naming the nearest key."""
     parts = dotted.split(".")
@@ -293,7 +302,7 @@ def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | 
             continue
         siblings = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
         prefix = ".".join(parts[:i])
-        guess = did_you_mean(part, siblings)
+        guess = did_you_mean(part, siblings) or _in_a_section(node, siblings, part)
         suggestion = ".".join([*parts[:i], guess, *parts[i + 1 :]]) if guess else None
         where = f" under {prefix}" if prefix else ""
         return Problem(

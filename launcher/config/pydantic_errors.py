@@ -116,7 +116,7 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
     kind = err["type"]
     fields = tuple(parent.model_fields) if parent else ()
     if kind == "extra_forbidden":
-        guess = did_you_mean(path[-1], fields)
+        guess = did_you_mean(path[-1], fields) or _in_a_section(path[-1], parent)
         suggestion = ".".join((*path[:-1], guess)) if guess else None
         return Problem(key=key, value=err.get("input"), message="unknown key", allowed=fields, suggestion=suggestion)
     if kind == "missing":
@@ -149,6 +149,15 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
     if kind == "list_type" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         message += f"; a list of one: {key}=[{spelled(value)}]"
     return Problem(key=key, value=value, message=message)
+
+
+def _in_a_section(name: str, parent: type[BaseModel] | None) -> str | None:
+    """``trainer.warmup_steps``: the section of ``parent`` that has the key (``lr_schedule.warmup_steps``)."""
+    for field_name, field in (parent.model_fields.items() if parent else ()):
+        models = _models(field.annotation)
+        if len(models) == 1 and name in models[0].model_fields:
+            return f"{field_name}.{name}"
+    return None
 
 
 def _closest_key(key: str, value: Any, section: type[BaseModel]) -> str | None:
