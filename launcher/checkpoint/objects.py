@@ -52,14 +52,24 @@ def packed(objects: dict[str, Any], rank: int) -> dict[str, Any]:
         buffer = io.BytesIO()
         torch.save(obj.state_dict(), buffer)
         try:
-            torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+            state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True, map_location="cpu")
         except pickle.UnpicklingError as exc:
             lines = str(exc).splitlines()
             why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
             raise TypeError(f"objects[{name!r}]: its state_dict() holds more than tensors and plain data, so a "
                             f"restore could not load it without running code ({why}); save that state otherwise") from None
+        if _has_meta(state):
+            raise TypeError(f"objects[{name!r}]: its state holds tensors on the meta device, which hold no values (an "
+                            "object build() made under fsdp's strategy.init_from=rank0 on a rank other than 0)")
         blobs[name] = buffer.getvalue()
     return {KEY: {f"rank{rank}": blobs}} if blobs else {}
+
+
+def _has_meta(state: Any) -> bool:
+    if isinstance(state, torch.Tensor):
+        return state.is_meta
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else ()
+    return any(_has_meta(v) for v in values)
 
 
 def template(path: Path, objects: dict[str, Any], rank: int, world: int) -> dict[str, Any]:

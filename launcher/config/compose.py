@@ -287,7 +287,7 @@ def _in_a_section(node: Any, keys: list[str], part: str) -> str | None:
     """``trainer.warmup_steps``: the section under ``node`` that has the key (``lr_schedule.warmup_steps``)."""
     for key in keys:
         child = node._get_node(key)  # not node[key]: a leaf's interpolation would be resolved (and may fail)
-        if isinstance(child, DictConfig) and part in child:
+        if key != "hydra" and isinstance(child, DictConfig) and part in child.keys():  # keys(): a ??? one too
             return f"{key}.{part}"
     return None
 

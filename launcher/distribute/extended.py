@@ -15,6 +15,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
 from launcher.distribute import devices as devlib
 from launcher.distribute import cross_device_ops as cdo
@@ -91,8 +92,9 @@ class StrategyExtended:
     def should_save_summary(self) -> bool:
         """Whether this process writes the files every process would write the same (metrics, samples, a log): true
         in exactly one process of a run, rank 0 (Accelerate's ``is_main_process``, Fabric's ``is_global_zero``).
-        Not for ``ScriptCheckpoints``, whose save every rank calls."""
-        return self._proc.rank == 0
+        Not for ``ScriptCheckpoints``, whose save every rank calls. The job's rank, not the replica's: under ``mesh``
+        the processes of one replica (a model split over them) share a replica rank."""
+        return not dist.is_initialized() or dist.get_rank() == 0
 
     @property
     def worker_devices(self) -> tuple[str, ...]:

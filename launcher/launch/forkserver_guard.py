@@ -43,9 +43,18 @@ def _stays(signum: int, frame: object) -> None:
     os.kill(os.getpid(), signum)
 
 
+def restore_stop_signals() -> None:
+    """In a forked worker (``worker.run_job``): SIGTERM and SIGHUP as the server had them before this module (the
+    default, or ignored under ``nohup``)."""
+    for signum, handler in BEFORE.items():
+        signal.signal(signum, handler)
+
+
 die_with_parent()
 signal.signal(signal.SIGINT, _interrupted)
-for _signum in (signal.SIGTERM, signal.SIGHUP):
-    signal.signal(_signum, _stays)
+BEFORE = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+for _signum, _handler in BEFORE.items():
+    if _handler == signal.SIG_DFL:  # one ignored (nohup's SIGHUP) stays ignored
+        signal.signal(_signum, _stays)
 # blocked since the server was started (warm._sigint_blocked): a Ctrl-C held back meanwhile ends it now
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -231,7 +231,7 @@ class Heartbeat:
             records = read_records(store, self.env.world_size)
             if time.monotonic() >= deadline or not _undecided(records, me, time.time()):
                 return records
-            time.sleep(0.25)
+            time.sleep(0.1)
 
 
 class _Operation:
@@ -263,14 +263,14 @@ class _Operation:
 
 
 def _done(store: dist.Store, key: str) -> bool:
-    """Whether ``key`` is set, looking for it 4 times a second for up to a second. Not ``store.wait`` with a timeout:
+    """Whether ``key`` is set, looking for it 10 times a second for up to a second. Not ``store.wait`` with a timeout:
     each that ran out made torch's store client log a warning ("waitForInput ... likely a timeout"), a line a second
     on every waiting rank during a long evaluation, which read as a fault."""
     deadline = time.monotonic() + 1.0
     while not store.check([key]):
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.25)
+        time.sleep(0.1)
     return True
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -125,8 +124,9 @@ def run_job(job_path: str) -> int:
     Success returns 0 to the agent (the forkserver's child then leaves with
     ``os._exit`` itself); a failure leaves at once with its exit code, as ``main``.
     """
-    for signum in (signal.SIGTERM, signal.SIGHUP):  # the default action back, in place of the server's guard
-        signal.signal(signum, signal.SIG_DFL)
+    guard = sys.modules.get("launcher.launch.forkserver_guard")  # the server's, imported there before the fork
+    if guard is not None:
+        guard.restore_stop_signals()
     release_forkserver()
     fresh_start_method()
     code = _run_flushed(Path(job_path))

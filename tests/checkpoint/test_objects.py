@@ -54,6 +54,9 @@ def test_objects_are_refused_before_the_first_step_where_no_checkpoint_could_hol
 
     with pytest.raises(TypeError, match="holds more than tensors and plain data"):
         saved_objects.checked({"sampler": NumpyState()}, None, rank=0, saving=True)
+    on_meta = torch.optim.swa_utils.AveragedModel(torch.nn.Linear(2, 1, device="meta"))  # init_from=rank0, rank 1
+    with pytest.raises(TypeError, match="tensors on the meta device, which hold no values"):
+        saved_objects.checked({"ema": on_meta}, None, rank=1, saving=True)
     assert saved_objects.checked({"sampler": NumpyState()}, None, rank=0, saving=False)  # no checkpoints: no need
 
 

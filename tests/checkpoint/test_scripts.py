@@ -51,7 +51,6 @@ def test_a_script_stopped_after_a_save_resumes_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_scripts_one_process_save_resumes_on_two_ranks_with_rank_0s_objects(tmp_path):
     """DCP reshards the model; the schedule, saved by the one rank there was, goes to both, and a warning says so."""
     shutil.copy(SCRIPT, tmp_path / "loop.py")
@@ -65,6 +64,7 @@ def test_a_scripts_one_process_save_resumes_on_two_ranks_with_rank_0s_objects(tm
             "not have") in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_save_is_passed_over_for_the_one_before(tmp_path):
     shutil.copy(SCRIPT, tmp_path / "loop.py")
     run_dir = tmp_path / "run"

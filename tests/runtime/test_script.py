@@ -237,7 +237,7 @@ CHIEF = FIXTURES / "chief_metrics.py"
 
 @pytest.mark.parametrize("name", ["one_device", "mirrored"])
 def test_only_the_chief_writes_metrics_into_dlaunch_run_dir_and_the_report_charts_them(name, tmp_path):
-    """DLAUNCH_RUN_DIR in every process; ``not dist.is_initialized() or dist.get_rank() == 0`` (SCRIPTS.md's
+    """DLAUNCH_RUN_DIR in every process; ``strategy.extended.should_save_summary`` (SCRIPTS.md's
     accelerator.is_main_process) is true in one process of each run: one_device has no process group."""
     shutil.copy(CHIEF, tmp_path / "chief_metrics.py")
     proc, run_dir = _run(tmp_path, "script=chief_metrics.py", *SHAPES[name], script_args=("--steps", "4"))

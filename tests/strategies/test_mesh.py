@@ -50,6 +50,15 @@ def seed_examples() -> dict:
     }
 
 
+def _saves_summary() -> bool:
+    return _strategy([1, 1, 1, 2], 1).extended.should_save_summary
+
+
+def test_one_process_saves_the_summary_when_a_replica_spans_two():
+    """One replica split over two processes: both are replica 0, and one alone writes the run's shared files."""
+    assert run_function(_saves_summary, device="cpu", nproc=2) == {0: True, 1: False}
+
+
 def test_two_logical_devices_by_four_replicas_follow_the_seed():
     results = run_function(seed_examples, device="cpu", nproc=8)
     for rank, r in results.items():
