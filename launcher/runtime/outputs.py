@@ -147,6 +147,8 @@ def ranking_metric(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
     named = isinstance(overrides, list) and any(str(o).lstrip("+").startswith("sweep.objective=") for o in overrides)
     if isinstance(objective, str) and (objective != DEFAULT_OBJECTIVE or named):
         return objective
+    if isinstance(config, dict) and config.get("script"):  # its metrics come in the order it logged them (an epoch
+        return None                                        # count first, maybe): its final loss ranks it
     metrics = (summary or {}).get("metrics")
     return next(iter(metrics), None) if isinstance(metrics, dict) else None
 

@@ -79,3 +79,16 @@ def test_a_scripts_summary_takes_its_last_loss_and_its_own_metrics_from_its_reco
     assert outputs.script_results(tmp_path) == {"final_loss": 2.0, "last_logged_step": 2,
                                                 "metrics": {"acc": 0.5, "eval_accuracy": 0.75}}
     assert outputs.script_results(tmp_path / "none") == {}
+
+
+def test_a_scripts_jobs_rank_by_their_final_loss_unless_an_objective_is_named(tmp_path):
+    """A recipe's evaluate() orders its metrics on purpose; a script's come in the order it logged them."""
+    summary = {"final_loss": 0.5, "metrics": {"epoch": 3, "accuracy": 0.9}}
+    (tmp_path / outputs.HYDRA_RECORD).mkdir()
+    (tmp_path / outputs.HYDRA_RECORD / "overrides.yaml").write_text("[]\n")
+    (tmp_path / outputs.CONFIG).write_text("script:\n  path: /work/train.py\nsweep:\n  objective: final_loss\n")
+    assert outputs.ranking_metric(tmp_path, summary) is None
+    (tmp_path / outputs.CONFIG).write_text("script:\n  path: /work/train.py\nsweep:\n  objective: accuracy\n")
+    assert outputs.ranking_metric(tmp_path, summary) == "accuracy"
+    (tmp_path / outputs.CONFIG).write_text("script: null\nsweep:\n  objective: final_loss\n")
+    assert outputs.ranking_metric(tmp_path, summary) == "epoch"  # a recipe's first metric, as before
