@@ -270,7 +270,7 @@ class Checkpointer:
         saved_loop = _saved_keys(path, "loop.") if loop else set()
         if saved_loop:
             tensors["loop"] = {k: v for k, v in loop.items() if k in saved_loop}
-        tensors.update(saved_objects.template(path, self.objects, self.rank, dist.get_world_size() if _distributed() else 1))
+        tensors.update(saved_objects.template(path, self.objects, self.rank))
         _load(tensors, path)
         saved_objects.restore(tensors, self.objects)
         self.loaded_loop = tensors.get("loop", {})

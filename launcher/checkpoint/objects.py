@@ -72,13 +72,16 @@ def _has_meta(state: Any) -> bool:
     return any(_has_meta(v) for v in values)
 
 
-def template(path: Path, objects: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+def template(path: Path, objects: dict[str, Any], rank: int) -> dict[str, Any]:
     """What to load for ``objects`` from the checkpoint at ``path``: this rank's own saved state, or rank 0's where
     the saving run had fewer ranks. An object the checkpoint has no state for keeps its own (a warning says so)."""
     if not objects:
         return {}
     from launcher.checkpoint.safe import SafeReader
 
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     saved: dict[str, set[str]] = {}  # "rankR" -> the names of the objects it saved
     for key in SafeReader(str(path)).read_metadata().state_dict_metadata:
         if key.startswith(f"{KEY}."):

@@ -100,8 +100,7 @@ class ScriptCheckpoints:
             tensors["rng"] = {f"rank{self.rank}": rng}
         if extra:
             tensors["extra"] = extra
-        world = dist.get_world_size() if _distributed() else 1
-        tensors.update(saved_objects.template(path, objects, self.rank, world))
+        tensors.update(saved_objects.template(path, objects, self.rank))
         _load(tensors, path)
         if optimizer is not None:
             state.load_model_and_optimizer(model, optimizer, tensors)
@@ -115,8 +114,9 @@ class ScriptCheckpoints:
         step = int(tensors["progress"]["step"])
         if self.rank == 0:
             log.info("restored %s: step %d", path, chosen)
-            if script_run_dir() is not None:  # under dlaunch: the run's history counts the resume
-                outputs.record_resume(script_run_dir(), step)
+            run_dir = script_run_dir()
+            if run_dir is not None:  # under dlaunch: the run's history counts the resume
+                outputs.record_resume(run_dir, step)
         return step
 
     def _agreed_choice(self) -> int | None:
