@@ -200,16 +200,15 @@ def precision_runs_here(spec: "RunSpec", cuda: int) -> None:
     """bf16 needs a GPU that computes in it (Ampere or later); the CPU always can."""
     if spec.trainer.precision != "bf16-mixed" or spec.device_type(cuda) != "cuda" or cuda <= 0:
         return
-    import torch
+    from launcher.cluster import gpus
 
-    if not torch.cuda.is_available():
-        return
     # Not torch.cuda.is_bf16_supported(): by default it says True where bf16 is only emulated (a V100, a T4), slowly.
+    # The driver says, from a child process: the parent never initialises CUDA.
     c = spec.cluster  # the GPUs this job uses: each node's, or every emulated node's here
-    used = min(torch.cuda.device_count(), c.world_size if c.emulated else c.devices_per_node)
-    older = [i for i in range(used) if torch.cuda.get_device_capability(i) < (8, 0)]
+    found = gpus.devices()
+    used = found[:c.world_size if c.emulated else c.devices_per_node]
+    older = [d for d in used if d.capability < (8, 0)]
     if older:
-        major, minor = torch.cuda.get_device_capability(older[0])
         raise PlanError("trainer.precision", "bf16-mixed",
-                        f"{torch.cuda.get_device_name(older[0])} (compute capability {major}.{minor}) does not compute in "
+                        f"{older[0].name} (compute capability {older[0].major}.{older[0].minor}) does not compute in "
                         "bf16 (it needs 8.0 or later: torch would only emulate it, slowly); use trainer.precision=fp16-mixed or fp32")

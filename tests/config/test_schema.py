@@ -116,16 +116,14 @@ def test_a_resume_path_is_checked_on_disk_by_the_parent_only(tmp_path):
 
 def test_bf16_on_a_gpu_that_only_emulates_it_is_refused(monkeypatch):
     """A V100 (7.0): torch.cuda.is_bf16_supported() says True there (emulation), so the capability decides. The
-    GPU is stood in for (there is none here); the rule and its message are dlaunch's own."""
-    import torch
+    GPU is stood in for (there is none here); the rule and its message are dlaunch's own. The parent asks the
+    driver (``gpus.devices``, tested against torch in tests/cluster/test_gpus.py), never torch.cuda."""
+    from launcher.cluster import gpus
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0) if i == 0 else (7, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: ["NVIDIA A100", "Tesla V100-SXM2-16GB"][i])
+    monkeypatch.setattr(gpus, "devices", lambda: (gpus.Device(8, 0, "NVIDIA A100"), gpus.Device(7, 0, "Tesla V100-SXM2-16GB")))
     both = ["trainer.precision=bf16-mixed", "cluster.device=cuda", "strategy=mirrored", "cluster=1x2"]
     (p,) = problems(both, cuda_devices=2)
     assert p.key == "trainer.precision" and "Tesla V100-SXM2-16GB (compute capability 7.0) does not compute in bf16" in p.message
     composer.compose_and_validate(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)  # cuda:0 only
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    monkeypatch.setattr(gpus, "devices", lambda: (gpus.Device(9, 0, "NVIDIA H100"),) * 2)
     composer.compose_and_validate(both, cuda_devices=2)
