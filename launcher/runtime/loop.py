@@ -185,8 +185,10 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
 
 
 def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, loop: "_Loop") -> float | None:
-    """This command's throughput after its first step (compile, warm-up); a resume with nothing left: the last logged."""
+    """This command's training throughput after its first step (compile, warm-up), evaluations and saves left out; a
+    resume with nothing left: the last logged."""
     ran, first = spec.trainer.steps - resumed_at, loop.step_seconds[:1]
+    loop_seconds -= loop.aside_seconds
     if ran > 1 and first:
         ran, loop_seconds = ran - 1, loop_seconds - first[0]
     if ran > 0:
@@ -251,6 +253,7 @@ class _Loop:
     curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
     loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
     step_seconds: list[float] = dataclasses.field(default_factory=list)  # wall time of each step this process ran
+    aside_seconds: float = 0.0  # of that, in evaluations and checkpoint saves: not training, so no examples/s
     skipped_steps: int = 0  # fp16-mixed: updates skipped for inf/NaN gradients, as of the last log
 
     def steady_ms_per_step(self) -> float | None:
@@ -285,7 +288,7 @@ class _Loop:
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
-        meter = Meter(self.stream, steps, start, self.step_seconds)
+        meter = Meter(self.stream, steps, start, self.step_seconds, aside=lambda: self.aside_seconds)
         losses: list[float] = []
         try:
             stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested)
@@ -326,6 +329,7 @@ class _Loop:
         """After step ``step``: evaluate, checkpoint, and stop (after a save) on an agreed signal.
         ``unread``: the step's loss where ``_log`` did not read it (checked before a save)."""
         steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
+        began = time.perf_counter()
         if eval_every and step % eval_every == 0 and step < steps:
             found = self.evaluation(watch, f"evaluation at step {step}")
             if found and self.chief:
@@ -334,6 +338,7 @@ class _Loop:
         if self.ckpt.due(step):
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
                 self._save(step, watch, unread)
+        self.aside_seconds += time.perf_counter() - began
         with watch.operation(f"stop-signal agreement after step {step}"):
             signum = stop.agreed()
         if signum and step < steps:  # a signal during the last step: the run is complete

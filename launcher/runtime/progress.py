@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -115,20 +115,24 @@ class Meter:
     """Throughput between log points (steps x the rows of ``stream``'s global batches) and the time left.
 
     ``step_seconds``: the wall time of each step this command has finished (the loop's list). The time left goes
-    by the steps after the first: a first step that compiled the model for a minute predicts nothing.
+    by the steps after the first: a first step that compiled the model for a minute predicts nothing. ``aside``: the
+    seconds spent so far outside training (evaluations, checkpoint saves), which the throughput leaves out: an
+    evaluation that compiles its own graph would otherwise read as a slow training step. The time left counts them.
     """
 
-    def __init__(self, stream: Any, total_steps: int, first_step: int = 0, step_seconds: list[float] | None = None):
-        self.stream, self.total = stream, total_steps
-        self.mark = time.perf_counter()
+    def __init__(self, stream: Any, total_steps: int, first_step: int = 0, step_seconds: list[float] | None = None,
+                 aside: Callable[[], float] = lambda: 0.0):
+        self.stream, self.total, self.aside = stream, total_steps, aside
+        self.mark, self.mark_aside = time.perf_counter(), aside()
         self.mark_step = first_step  # the examples/s window starts after it
         self.step_seconds = step_seconds if step_seconds is not None else []
         self._warm, self._summed = 0.0, 1  # the seconds of steps 2.. summed so far, and up to which index
 
     def window(self, step: int) -> tuple[float, float | None]:
-        now = time.perf_counter()
-        rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(now - self.mark, 1e-9)
-        self.mark, self.mark_step = now, step
+        now, aside = time.perf_counter(), self.aside()
+        trained = now - self.mark - (aside - self.mark_aside)
+        rate = (step - self.mark_step) * (self.stream.rows_per_batch or 0) / max(trained, 1e-9)
+        self.mark, self.mark_aside, self.mark_step = now, aside, step
         ended = len(self.step_seconds)  # the step being logged has not ended: it is not in the list yet
         if ended > self._summed:  # only what ended since the last log: a long run's logs stay cheap
             self._warm += sum(self.step_seconds[self._summed:ended])

@@ -1,5 +1,6 @@
 """The meter behind the step log: examples/s between log points, and a time left that a slow first step does not skew."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -22,3 +23,21 @@ def test_a_resumed_command_counts_from_its_own_first_step():
     meter = Meter(SimpleNamespace(rows_per_batch=8), total_steps=60, first_step=40, step_seconds=seconds)
     _, eta = meter.window(42)
     assert eta == pytest.approx(0.2 * 18)
+
+
+def test_time_spent_aside_is_not_in_the_examples_per_second():
+    """An evaluation or a checkpoint save between two log points is not training: under torch.compile an
+    evaluation compiles its own graph, and counted in, it read as a training step several times slower."""
+    aside = [0.0]
+    meter = Meter(SimpleNamespace(rows_per_batch=64), total_steps=100, first_step=0, aside=lambda: aside[0])
+    meter.window(1)
+    start = meter.mark
+    time.sleep(0.6)
+    aside[0] = 0.5  # half a second of that evaluating, the rest nine more steps
+    rate, _ = meter.window(10)
+    assert rate == pytest.approx(9 * 64 / max(meter.mark - start - 0.5, 1e-9))
+    start = meter.mark
+    time.sleep(0.3)
+    aside[0] = 0.75
+    rate, _ = meter.window(12)
+    assert rate == pytest.approx(2 * 64 / max(meter.mark - start - 0.25, 1e-9))  # only what was aside since step 10

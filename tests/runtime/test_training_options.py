@@ -91,6 +91,19 @@ def test_periodic_evaluation_is_logged(run_dlaunch):
 
 
 
+def test_evaluations_are_not_counted_as_training_time(run_dlaunch):
+    """examples/s measures training: a 2 s evaluation between two log points (a compiled model's evaluation
+    compiles its own graph at first) made those steps read 2 s slower, and so the whole run's rate in summary.json."""
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.eval_sleep=2", "trainer.steps=6",
+                                "trainer.eval_every=2", "trainer.log_every=1", "cluster.device=cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    batch = summary(run_dir)["global_batch_size"]
+    rates = {r["step"]: r["examples_per_sec"] for r in records(run_dir) if "examples_per_sec" in r}
+    # steps 3 and 5 follow an evaluation: counted in, their window was over 2 s for one batch
+    assert rates[3] > 4 * batch / 2 and rates[5] > 4 * batch / 2, rates
+    assert summary(run_dir)["examples_per_sec"] > 4 * 5 * batch / (2 * 2)  # 5 steps after the first, 2 evaluations
+
+
 def test_an_evaluation_on_rank_0_may_outlast_the_collective_timeout(run_dlaunch):
     """Under DDP rank 0 alone evaluates; the other ranks wait for it outside any collective. They used to go on to
     the next step's gradient all-reduce and time out there (gloo raises; nccl's watchdog kills the process), so an
