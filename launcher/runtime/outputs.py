@@ -107,6 +107,13 @@ def history(run_dir: Path) -> dict[str, int]:
     }
 
 
+def resumed_steps(run_dir: Path) -> list[int]:
+    """The step each start of the workers continued from (a script's restore included), in order."""
+    events = read_records(run_dir / STATE_DIR / HISTORY)
+    return [int(e["resumed_from_step"] if e.get("event") == "start" else e["step"]) for e in events
+            if (e.get("event") == "start" and e.get("resumed_from_step")) or (e.get("event") == "resumed" and "step" in e)]
+
+
 def command_restarts(run_dir: Path) -> int:
     """Elastic restarts of the workers in this dlaunch command (summary.json's ``restarts``, as a completed run's)."""
     events = read_records(run_dir / STATE_DIR / HISTORY)

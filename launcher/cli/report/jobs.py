@@ -79,6 +79,16 @@ class Job:
             found = [f or b for f, b in zip(found, fallback)]
         return " · ".join(str(f) for f in found if f)
 
+    def evaluation_losses(self) -> list[str]:
+        """The losses the recipe's ``evaluate`` returned (``eval_loss``): keys ending in ``loss`` of the records
+        that hold no training loss (an evaluation's record is its step and its metrics)."""
+        found = {k for r in self.records if "loss" not in r for k in r if k.endswith("loss")}
+        return sorted(k for k in found if any(_number(r.get(k)) is not None for r in self.records))
+
+    def resumes(self) -> list[int]:
+        """The steps this run's commands resumed from, since it began afresh."""
+        return outputs.resumed_steps(self.path)
+
     def curve(self, key: str) -> tuple[list[float], list[float]]:
         """(steps, values) of one metrics.jsonl key; a null value is a gap (nan). Records without the key
         (an evaluation's among the training steps') are not points of its curve."""

@@ -22,13 +22,21 @@ OTHER_COLOR = "tab:blue"
 
 
 def run_loss(job: Job) -> Figure:
-    """Loss vs step of one run, titled with its recipe, strategy and cluster."""
+    """Loss vs step of one run, titled with its recipe, strategy and cluster; the evaluation's losses on the same
+    axes, and a dotted line where a command resumed from a checkpoint."""
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
     steps, losses = job.curve("loss")
-    ax.plot(steps, losses, marker="o" if len(steps) <= 50 else None, markersize=3, label="train loss",
-            linestyle="-" if job.completed or job.summary is None else FAILED_STYLE)
-    _step_axis(ax, losses)
+    style = "-" if job.completed or job.summary is None else FAILED_STYLE
+    ax.plot(steps, losses, marker="o" if len(steps) <= 50 else None, markersize=3, label="train loss", linestyle=style)
+    shown = list(losses)
+    for key in job.evaluation_losses():
+        xs, ys = job.curve(key)
+        ax.plot(xs, ys, marker="s", markersize=4, linestyle=style, label=key.replace("_", " "))
+        shown += ys
+    for i, step in enumerate(job.resumes()):
+        ax.axvline(step, color="grey", linestyle=":", linewidth=1, label="resumed" if i == 0 else None)
+    _step_axis(ax, shown)
     what = job.describe()
     failed = "" if job.completed or job.summary is None else f" ({job.status})"
     ax.set(ylabel="loss", title=f"loss: {what}{failed}\n{job.name}" if what else f"loss: {job.name}{failed}")
@@ -43,7 +51,7 @@ def run_metrics(job: Job) -> Figure | None:
         return None
     cols = min(3, len(keys))
     rows = math.ceil(len(keys) / cols)
-    fig = Figure(figsize=(4.5 * cols, 3.5 * rows + 0.5))
+    fig = Figure(figsize=(4.5 * cols, 3.5 * rows + 0.5), layout="constrained")  # no label over a title
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, keys):
         xs, ys = job.curve(key)

@@ -12,6 +12,7 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from launcher.cli.report import jobs, plots  # noqa: E402
+from launcher.runtime import outputs  # noqa: E402
 from tests.cli.report.runs import assert_real_png, write_run  # noqa: E402
 
 
@@ -56,6 +57,30 @@ def test_a_killed_run_is_named_from_its_config_and_drawn_dashed(tmp_path):
     ax = plots.run_loss(failed).axes[0]
     assert ax.get_title().startswith("loss: linear · mirrored · 1x2 (failed)")
     assert ax.lines[0].get_linestyle() == "--"
+
+
+def test_a_runs_evaluation_loss_and_its_resumes_are_on_the_loss_chart(tmp_path):
+    """Train and evaluation loss on one pair of axes (where they part, the model overfits), and a dotted line at
+    each step a command resumed from: the curve is joined there, and a user should see where."""
+    import json
+
+    write_run(tmp_path / "run", lr=0.05)
+    evaluations = [{"step": s, "eval_loss": 2.0 / s, "eval_accuracy": 0.5} for s in (50, 100, 200)]
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in evaluations)
+    history = tmp_path / "run" / outputs.STATE_DIR / outputs.HISTORY
+    history.parent.mkdir()
+    history.write_text("".join(json.dumps(e) + "\n" for e in (
+        {"event": "command"}, {"event": "start", "restart": 0, "resumed_from_step": 0},
+        {"event": "command"}, {"event": "start", "restart": 0, "resumed_from_step": 120})))
+    (job,) = loaded(tmp_path / "run")
+
+    (ax,) = plots.run_loss(job).axes
+
+    assert [line.get_label() for line in ax.lines] == ["train loss", "eval loss", "resumed"]
+    assert list(ax.lines[1].get_xdata()) == [50, 100, 200] and list(ax.lines[2].get_xdata()) == [120, 120]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train loss", "eval loss", "resumed"]
+    assert_real_png(plots.save(plots.run_metrics(job), tmp_path / "metrics.png"))  # eval_accuracy is there
 
 
 def test_a_runs_metrics_draw_lr_and_grad_norm(tmp_path):
