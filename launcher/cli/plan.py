@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from launcher.config.errors import ConfigError, Problem
 from launcher.config.plan import Plan
@@ -247,7 +248,7 @@ def _common_dir(files: list[str]) -> str:
     return os.path.commonpath([os.path.dirname(f) for f in files])
 
 
-def shard_table(spec: RunSpec, count: bool = True) -> Table | None:
+def shard_table(spec: RunSpec, count: bool = True) -> Group | None:
     """Which worker reads which files (or which share of the elements); None without input.files.
 
     Counting elements reads every file, so a real run (whose workers read them anyway) skips it.
@@ -261,16 +262,18 @@ def shard_table(spec: RunSpec, count: bool = True) -> Table | None:
     names = [os.path.relpath(f, base) for f in inp.files]
     counts = [_count(f, inp.file_format) for f in inp.files] if count else None
     nodes, per_node = (spec.cluster.nodes, spec.cluster.devices_per_node) if workers > 1 else (1, 1)
-    total = f"{sum(counts)} elements" if counts is not None else "element counts: launch.dry_run=true"
-    table = Table(
-        title=f"input shards ({policy.value}, {total})", caption=_uneven_note(spec, policy, counts) if counts else None,
-        title_justify="left", caption_justify="left", box=None, padding=(0, 2),
-    )
-    for column in ("rank", "node", "reads", "elements"):
+    if counts is None:  # a real run: no column left empty, and the way to the counts said once
+        title = f"input shards ({policy.value}; launch.dry_run=true counts each worker's elements)"
+    else:
+        title = f"input shards ({policy.value}, {sum(counts)} elements)"
+    table = Table(box=None, padding=(0, 2))
+    columns = ("rank", "node", "reads", "elements") if counts is not None else ("rank", "node", "reads")
+    for column in columns:
         table.add_column(column, justify="right" if column == "elements" else "left")
     for row in shard_rows(policy, names, counts, nodes, per_node):
-        table.add_row(*row)
-    return table
+        table.add_row(*row[:len(columns)])
+    note = _uneven_note(spec, policy, counts) if counts else None
+    return Group(Text(title), table, *([Text(note)] if note else []))  # lines as wide as the terminal, not the table
 
 
 def _count(path: str, fmt: str) -> int:
@@ -295,7 +298,7 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
         return None
     left_out = sum(sizes) - steps * local * workers
     return (
-        f"uneven shards: each epoch ends with the shortest worker, after {steps} steps; "
+        f"uneven shards: each epoch ends with the shortest worker, after {steps} step{'' if steps == 1 else 's'}; "
         f"{left_out} of {sum(sizes)} elements are left out of each epoch (equal-sized files, a multiple of {workers} of them, avoid this)"
     )
 
