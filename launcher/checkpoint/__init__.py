@@ -246,7 +246,7 @@ class Checkpointer:
             "progress": state.progress(step, position.epoch, position.offset),
             "rng": {f"rank{self.rank}": state.rng_state()},
             **({"loop": loop} if loop else {}),
-            **saved_objects.packed(self.objects, self.rank),
+            **saved_objects.packed(self.objects, self.rank, share=True),
         }
         return write_shards(partial, step, tensors, self.rank)
 

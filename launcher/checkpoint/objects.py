@@ -3,13 +3,16 @@
 A script passes them to ``ScriptCheckpoints.save/restore(objects=...)``, a recipe returns them in
 ``Parts(objects=...)``: an LR scheduler of its own, a GradScaler, an EMA copy, a second optimizer, a stateful
 sampler. Each rank saves its own, whole: one blob per object (``torch.save`` of its state dict) under
-``objects.rankR.NAME``, checked at the save to load with ``weights_only=True``. A restore therefore takes the state
+``objects.rankR.NAME``, checked at the save to load with ``weights_only=True``; a rank whose blob is rank 0's
+byte for byte saves only a mark, ``objects.rankR.NAME.rank0`` (``packed``), and a restore follows it. A restore therefore takes the state
 as saved, whatever a fresh object's ``state_dict()`` lacks (a second optimizer has no moments before its first
 step), and a state that would need code to load is refused when it is saved, not days later when it is needed.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import io
 import logging
 import pickle
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 log = logging.getLogger("dlaunch")
 KEY = "objects"
@@ -45,24 +49,65 @@ def checked(objects: dict[str, Any], strategy: Any, rank: int, saving: bool) -> 
     return objects
 
 
-def packed(objects: dict[str, Any], rank: int) -> dict[str, Any]:
-    """This rank's part of a checkpoint's tensors: each object's state, whole, as a blob (none: ``{}``)."""
-    blobs = {}
-    for name, obj in objects.items():
-        buffer = io.BytesIO()
-        torch.save(obj.state_dict(), buffer)
-        try:
-            state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True, map_location="cpu")
-        except pickle.UnpicklingError as exc:
-            lines = str(exc).splitlines()
-            why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
-            raise TypeError(f"objects[{name!r}]: its state_dict() holds more than tensors and plain data, so a "
-                            f"restore could not load it without running code ({why}); save that state otherwise") from None
-        if _has_meta(state):
-            raise TypeError(f"objects[{name!r}]: its state holds tensors on the meta device, which hold no values (an "
-                            "object build() made under fsdp's strategy.init_from=rank0 on a rank other than 0)")
-        blobs[name] = buffer.getvalue()
+def packed(objects: dict[str, Any], rank: int, share: bool = False) -> dict[str, Any]:
+    """This rank's part of a checkpoint's tensors: each object's state, whole, as a blob (none: ``{}``).
+
+    ``share`` (a save, on every rank of the job at once): the ranks compare their blobs' digests, and a rank whose
+    blob is rank 0's byte for byte (an EMA of DDP's replicated weights) saves a mark (``NAME.rank0``) in its place,
+    so that a checkpoint holds one copy and not one per rank. Tensors are saved from the CPU, so that copies on
+    ``cuda:0`` and ``cuda:1`` compare equal. A rank whose state cannot be saved says so to the others in the same
+    exchange, so that every rank stops with the cause instead of waiting for the one that left."""
+    blobs, failure = {}, None
+    try:
+        blobs = {name: _blob(name, obj) for name, obj in objects.items()}
+    except TypeError as exc:
+        if not share:
+            raise
+        failure = exc
+    if share and _world() > 1:
+        digests = {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()}
+        every: list[Any] = [None] * _world()
+        dist.all_gather_object(every, str(failure) if failure else digests)
+        failed = next((r for r, d in enumerate(every) if isinstance(d, str)), None)
+        if failure is not None or failed is not None:
+            raise failure or TypeError(f"rank {failed} could not save its objects: {every[failed]}")
+        if rank != 0:
+            blobs = {name: ({"rank0": b""} if every[0].get(name) == digest else blobs[name])
+                     for name, digest in digests.items()}
+    elif failure is not None:
+        raise failure
     return {KEY: {f"rank{rank}": blobs}} if blobs else {}
+
+
+def _blob(name: str, obj: Any) -> bytes:
+    """``obj``'s state saved with ``torch.save``, its tensors moved to the CPU; checked to load with weights_only."""
+    buffer = io.BytesIO()
+    torch.save(_on_cpu(obj.state_dict()), buffer)
+    try:
+        state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        lines = str(exc).splitlines()
+        why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+        raise TypeError(f"objects[{name!r}]: its state_dict() holds more than tensors and plain data, so a "
+                        f"restore could not load it without running code ({why}); save that state otherwise") from None
+    if _has_meta(state):
+        raise TypeError(f"objects[{name!r}]: its state holds tensors on the meta device, which hold no values (an "
+                        "object build() made under fsdp's strategy.init_from=rank0 on a rank other than 0)")
+    return buffer.getvalue()
+
+
+def _on_cpu(state: Any) -> Any:
+    """``state`` with its tensors on the CPU (where torch.save copies them anyway), in plain dicts, lists, tuples."""
+    if isinstance(state, torch.Tensor):
+        return state if state.is_meta else state.detach().cpu()
+    if type(state) in (dict, collections.OrderedDict, list, tuple):
+        items = state.items() if isinstance(state, dict) else state
+        return type(state)((k, _on_cpu(v)) for k, v in items) if isinstance(state, dict) else type(state)(map(_on_cpu, items))
+    return state
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _has_meta(state: Any) -> bool:
@@ -79,28 +124,29 @@ def template(path: Path, objects: dict[str, Any], rank: int) -> dict[str, Any]:
         return {}
     from launcher.checkpoint.safe import SafeReader
 
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    saved: dict[str, set[str]] = {}  # "rankR" -> the names of the objects it saved
+    world = _world()
+    saved: dict[str, dict[str, str]] = {}  # "rankR" -> {name: the rank whose blob holds its state}
     for key in SafeReader(str(path)).read_metadata().state_dict_metadata:
         if key.startswith(f"{KEY}."):
-            _, owner, name = key.split(".")[:3]
-            saved.setdefault(owner, set()).add(name)
+            _, owner, name, *same = key.split(".")
+            saved.setdefault(owner, {})[name] = same[0] if same else owner
     source = f"rank{rank}" if f"rank{rank}" in saved else "rank0"
-    missing = sorted(set(objects) - saved.get(source, set()))
+    missing = sorted(set(objects) - set(saved.get(source, {})))
     then, names = len(saved), ", ".join(sorted(objects))
     if rank == 0 and missing:
         log.warning("%s has no saved state for objects %s (it has: %s): they keep the state they were built with",
-                    path, ", ".join(missing), ", ".join(sorted(saved.get(source, set()))) or "none")
+                    path, ", ".join(missing), ", ".join(sorted(saved.get(source, {}))) or "none")
     if 0 < then < world and rank == then:
         log.warning("objects %s: restored from rank 0's saved state on %s, which the saving run (%d rank(s)) did "
                     "not have", names, _ranks(then, world - 1), then)
     if then > world and rank == 0:
         log.warning("objects %s: the saved state of %s is not restored (this run has %d rank(s))",
                     names, _ranks(world, then - 1), world)
-    found = {name: b"" for name in objects if name not in missing}
-    return {KEY: {source: found}} if found else {}
+    found: dict[str, dict[str, bytes]] = {}
+    for name in objects:
+        if name not in missing:
+            found.setdefault(saved[source][name], {})[name] = b""
+    return {KEY: found} if found else {}
 
 
 def _ranks(first: int, last: int) -> str:
@@ -125,6 +171,8 @@ def read(path: str | Path, name: str, rank: int = 0) -> dict[str, Any]:
 
     key = f"{KEY}.rank{rank}.{name}"
     found = [k for k in SafeReader(str(path)).read_metadata().state_dict_metadata if k.startswith(f"{KEY}.")]
+    if f"{key}.rank0" in found:  # the same as rank 0's, which the checkpoint holds once
+        return read(path, name, 0)
     if key not in found:
         raise CheckpointError(f"{path} has no object {name!r} of rank {rank} (it has: {', '.join(sorted(found)) or 'none'})")
     tensors = {KEY: {f"rank{rank}": {name: b""}}}

@@ -60,7 +60,7 @@ class ScriptCheckpoints:
              extra: dict[str, torch.Tensor] | None = None, objects: dict[str, Any] | None = None) -> Path:
         """Save ``step``; returns ``step-N``'s path once it is complete (on every rank)."""
         started, partial = time.perf_counter(), layout.partial_dir(self.root, step)
-        own = saved_objects.packed(saved_objects.named(objects), self.rank)  # refused before any rank writes
+        own = saved_objects.packed(saved_objects.named(objects), self.rank, share=True)  # refused before any rank writes
         if self.rank == 0:  # a save of this step that a killed process left half written
             shutil.rmtree(partial, ignore_errors=True)
         _barrier()
