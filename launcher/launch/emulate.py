@@ -87,7 +87,7 @@ def _wait(procs: list[subprocess.Popen], grace_s: float, marker: Path) -> list[i
     """Every node's exit code; once one fails, the others get ``grace_s`` to fail or finish on their own, then
     are torn down (``marker``: their agents take the SIGTERM as a failure's teardown, not as a stop)."""
     deadline = None
-    while any(p.poll() is None for p in procs):
+    while [p.poll() for p in procs].count(None):  # every node polled: any() stopped at the first one running
         failed = any(p.returncode not in (None, 0) for p in procs)
         if failed and deadline is None:
             deadline = time.monotonic() + grace_s
