@@ -38,6 +38,14 @@ log = logging.getLogger("dlaunch")
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
+class Unusable(Exception):
+    """The directory cannot be made, or the lock file in it written; ``key`` is the setting that chose it."""
+
+    def __init__(self, directory: Path, key: str, cause: OSError):
+        self.directory, self.key = directory, key
+        super().__init__(f"{directory} cannot be written: {cause.strerror or cause}; give this run another {key}")
+
+
 class Busy(Exception):
     """A live run holds the directory; ``key`` is the setting that chose it."""
 
@@ -106,9 +114,12 @@ def check_free(path: Path, key: str) -> None:
 @contextlib.contextmanager
 def holding(directory: Path, key: str, name: str = ".dlaunch.lock") -> Iterator[None]:
     """Hold one directory (made if missing); ``key``: the setting that chose it, for ``Busy``'s message."""
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the processes this one starts
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the processes this one starts
+    except OSError as exc:  # what the checks before could not foresee (/proc/x as root, a read-only mount)
+        raise Unusable(directory, key, exc) from None
     try:
         if not _lock(fd, path, key):
             yield

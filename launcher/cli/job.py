@@ -83,7 +83,7 @@ def _job(cfg: Any) -> Any:
             spec = admission.with_token(spec, scheduled=bool(scheduler_tasks()), kept=kept,
                                         write=not dry_run.is_dry_run(cfg))
             summary = _locked_job(spec, cfg, run_dir, cuda, console)
-    except lock.Busy as exc:
+    except (lock.Busy, lock.Unusable) as exc:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])
         return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
     except ConfigError as exc:

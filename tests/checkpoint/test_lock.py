@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from launcher.checkpoint import lock
 HOLDER = """
 import sys, time
 from pathlib import Path
+from pathlib import Path  # noqa: E402
+
 from launcher.checkpoint import lock
 with lock.holding(Path(sys.argv[1]), "hydra.run.dir"):
     print("held", flush=True)
@@ -88,3 +91,15 @@ def test_a_dry_run_is_refused_where_a_live_run_holds_the_directory_and_writes_no
     assert path.read_bytes() == held_by
     lock.check_free(tmp_path / "elsewhere" / ".dlaunch.lock", "trainer.checkpoint.dir")  # no file: no live holder
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_directory_that_cannot_be_made_is_a_config_error_not_a_traceback(run_dlaunch):
+    """The checks before the lock pass /proc/x as root (a writable-looking parent), but mkdir fails there: that was
+    a Hydra traceback and exit 1. Now it names the key and exits 2, like any directory dlaunch cannot use."""
+    with pytest.raises(lock.Unusable, match="/proc/dlaunch-nowhere cannot be written"):
+        with lock.holding(Path("/proc/dlaunch-nowhere"), "trainer.checkpoint.dir"):
+            pass
+    proc, _ = run_dlaunch("trainer.checkpoint.dir=/proc/dlaunch-nowhere", "trainer.checkpoint.every_steps=5",
+                          "cluster.device=cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "trainer.checkpoint.dir = /proc/dlaunch-nowhere" in proc.stderr
