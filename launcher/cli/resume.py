@@ -17,6 +17,7 @@ resumes, the jobs not started start, and a completed job has nothing left to tra
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -100,9 +101,10 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     extra, args = script_config.split_argv(extra)
     hydra_dir = run_dir / outputs.HYDRA_RECORD
     if (run_dir / SWEEP_FILE).exists() and not hydra_dir.exists():  # a sweep: every job again, each from its checkpoint
-        recorded = OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides
-        own = user_recipes.as_typed([str(o) for o in recorded.task])
-        hydra_own = [str(o) for o in recorded.hydra
+        # unresolved: ${hydra:job.num} means each job's own number again, in the sweep that replays it
+        recorded = OmegaConf.to_container(OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides, resolve=False)
+        own = user_recipes.as_typed([str(o) for o in recorded["task"]])
+        hydra_own = [str(o) for o in recorded["hydra"]
                      if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir")]
         jobs = sorted(run_dir.glob(f"*/{outputs.HYDRA_RECORD}/{outputs.SCRIPT_ARGS}"))  # the same in every job
         return [*_config_args(run_dir / SWEEP_FILE), "-m", *hydra_own, *_rerun(own, extra), f"hydra.sweep.dir={run_dir}",
@@ -110,9 +112,29 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     if not (hydra_dir / "overrides.yaml").exists():
         raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
                          f"nor {run_dir / SWEEP_FILE} exists")
-    own = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
+    own = _pinned([str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")], run_dir / outputs.CONFIG)
     return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra, _resumes_from(run_dir, own)), f"hydra.run.dir={run_dir}",
             *_script_tail(args if given else _recorded([hydra_dir / outputs.SCRIPT_ARGS]))]
+
+
+def _pinned(own: list[str], config: Path) -> list[str]:
+    """``own`` with each interpolated value (``trainer.checkpoint.dir=/ckpt/${hydra:job.num}``, which a sweep's job
+    records escaped) replaced by what it resolved to in the job, from its ``config.yaml``: run alone, the job has
+    no job number, and it would look for its checkpoints elsewhere and train again from step 0."""
+    from omegaconf import OmegaConf
+
+    if not config.is_file() or not any("${" in o or "$\\{" in o for o in own):
+        return own
+    resolved = OmegaConf.load(config)
+    pinned = []
+    for o in own:
+        value = OmegaConf.select(resolved, _key(o), default=None) if ("${" in o or "$\\{" in o) else None
+        keep = value is None or not isinstance(value, (str, int, float, bool))
+        text = value
+        if isinstance(value, str) and not re.fullmatch(r"[\w./@+-]+", value):  # Hydra's grammar: quoted, escaped
+            text = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        pinned.append(o if keep else f"{o.split('=', 1)[0]}={text}")
+    return pinned
 
 
 def _recorded(records: list[Path]) -> list[str]:

@@ -239,3 +239,23 @@ def test_resume_runs_a_script_again_with_its_arguments_unless_given_new_ones(tmp
     assert new.returncode == 0, new.stderr[-3000:]
     seen = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
     assert seen == [["--epochs", "5", "--name", "a b", "--fmt", "${x}"]] * 2 + [["--epochs", "7"]]
+
+
+@pytest.mark.slow
+def test_a_sweeps_jobs_keep_their_own_checkpoint_dirs_on_resume(tmp_path):
+    """OPERATIONS.md gives each sweep job its own checkpoints with ``trainer.checkpoint.dir=.../${hydra:job.num}``.
+    `dlaunch resume SWEEP` failed on it ("Unsupported interpolation type hydra"), and `dlaunch resume SWEEP/0`
+    replayed it without a job number: /ckpt/None, no checkpoint there, and job 0 trained again from step 0."""
+    sweep = tmp_path / "sweep"
+    first = dlaunch("-m", "trainer.steps=4", "trainer.checkpoint.every_steps=2", "trainer.seed=1,2",
+                    f"hydra.sweep.dir={sweep}", "trainer.checkpoint.dir=" + str(tmp_path / "ck" / "${hydra:job.num}"),
+                    cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    proc = dlaunch("resume", str(sweep), "trainer.steps=6", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [summary(sweep / n)["resumed_from_step"] for n in "01"] == [4, 4]
+    proc = dlaunch("resume", str(sweep / "1"), "trainer.steps=8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(sweep / "1")["resumed_from_step"] == 6
+    assert [p.name for p in layout.complete_steps(tmp_path / "ck" / "1")][-1] == "step-00000008"
+    assert not (tmp_path / "ck" / "None").exists()
