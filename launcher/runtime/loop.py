@@ -118,6 +118,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     )
     with strategy.scope():
         parts = recipe_lib.checked_parts(loaded.module.build(loaded.config, ctx), loaded.module.build)
+        recipe_lib.warn_if_files_unused(parts, ctx, spec.recipe.name)
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
     compile_model(model, spec.trainer.compile)

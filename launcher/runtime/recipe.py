@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import logging
 import re
 import sys
 import traceback
@@ -181,6 +182,18 @@ class BuildContext:
     run_dir: Path
     is_chief: bool
     input_files: Any = None
+
+
+def warn_if_files_unused(parts: "Parts", ctx: BuildContext, recipe: str) -> None:
+    """``input.files`` set, but ``build`` returned other ``train_data``: the run would train on the recipe's own data
+    while the plan lists the files (rank 0 says so once)."""
+    from launcher.input.files import FileDataset
+
+    if ctx.input_files is not None and ctx.is_chief and not isinstance(parts.train_data, FileDataset):
+        logging.getLogger("dlaunch").warning(
+            "input.files is set, but recipe %s's build() returned train_data of its own (%s), not ctx.input_files: "
+            "dlaunch neither reads nor shards the files, and the recipe trains on that data", recipe,
+            type(parts.train_data).__name__)
 
 
 class RecipeError(Exception):

@@ -143,3 +143,20 @@ def test_the_optimizer_takes_betas_eps_and_parameter_groups():
     assert OptimizerConfig(name="adagrad").build(model.parameters()).param_groups[0]["eps"] == 1e-10  # torch's own
     with pytest.raises(ValueError, match="at least 2 items"):
         OptimizerConfig(betas=[0.9])
+
+
+def test_files_that_the_recipe_does_not_train_on_are_said_to_be_unused(run_dlaunch, tmp_path):
+    """The plan lists input.files and their shards; a recipe whose build() ignores ctx.input_files trained on its
+    own data without a word. linear reads them; digits does not."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "launcher.recipes.linear", str(tmp_path / "data"), "--shards", "2"],
+                   check=True, capture_output=True)
+    files = f"input.files={tmp_path / 'data'}/train-*.jsonl"
+    proc, _ = run_dlaunch("recipe=digits", files, "trainer.steps=2", "cluster.device=cpu", name="digits")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = " ".join(proc.stderr.split())
+    assert ("input.files is set, but recipe digits's build() returned train_data of its own (TensorDataset), not "
+            "ctx.input_files") in said
+    proc, _ = run_dlaunch("recipe=linear", files, "trainer.steps=2", "cluster.device=cpu", name="linear")
+    assert proc.returncode == 0 and "input.files is set" not in proc.stderr, proc.stderr[-2000:]
