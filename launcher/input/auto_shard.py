@@ -63,7 +63,7 @@ class TooFewFilesError(ValueError):
 def too_few_files(num_files: int, num_workers: int) -> str:
     return (
         f"{num_files} file{'s' if num_files != 1 else ''} for {num_workers} workers: FILE sharding needs at least "
-        f"one file per worker; use DATA (every worker reads every file and keeps every {num_workers}th element) "
+        f"one file per worker; use DATA (every worker reads every file and keeps one element in {num_workers}) "
         "or OFF (no sharding), or write more files"
     )
 
@@ -95,7 +95,7 @@ def warn_data_once(num_files: int, num_workers: int) -> None:
         return
     _warned_data = True
     log.warning(
-        "auto_shard_policy DATA: every one of the %d workers reads all %d file(s) and keeps every %dth element; "
+        "auto_shard_policy DATA: every one of the %d workers reads all %d file(s) and keeps one element in %d; "
         "FILE sharding (at least one file per worker) avoids the redundant reads",
         num_workers, num_files, num_workers,
     )
