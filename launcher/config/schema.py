@@ -289,7 +289,8 @@ def _recipe_supports(spec: RunSpec, cuda: int) -> None:
     if declared and spec.strategy.name not in declared:
         raise PlanError(
             "strategy", spec.strategy.name,
-            f"recipe {spec.recipe.name} declares strategies {', '.join(declared)}; {spec.strategy.name} is not among them",
+            f"recipe {spec.recipe.name} declares strategies {', '.join(declared)}; {spec.strategy.name} is not among them "
+            f"(to run it anyway: 'recipe.strategies=[{spec.strategy.name}]')",
         )
 
 

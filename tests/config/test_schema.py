@@ -85,6 +85,9 @@ def test_a_task_that_is_not_in_the_list():
 def test_a_strategy_the_recipe_does_not_declare():
     (p,) = problems(["recipe.strategies=[one_device]", "strategy=mirrored", "cluster=1x2"])
     assert p.key == "strategy" and "declares strategies one_device" in p.message
+    assert p.message.endswith(f"(to run it anyway: 'recipe.strategies=[{p.value}]')")  # the way past it, which runs:
+    composer.compose_and_validate(["recipe.strategies=[mirrored]", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu"],
+                                  cuda_devices=0)
 
 
 def test_all_problems_are_reported_together():
