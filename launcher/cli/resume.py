@@ -123,17 +123,16 @@ def _pinned(own: list[str], config: Path) -> list[str]:
     no job number, and it would look for its checkpoints elsewhere and train again from step 0."""
     from omegaconf import OmegaConf
 
-    if not config.is_file() or not any("${" in o or "$\\{" in o for o in own):
+    interpolated = [o for o in own if "${" in o or "$\\{" in o]
+    if not interpolated or not config.is_file():
         return own
     resolved = OmegaConf.load(config)
     pinned = []
     for o in own:
-        value = OmegaConf.select(resolved, _key(o), default=None) if ("${" in o or "$\\{" in o) else None
-        keep = value is None or not isinstance(value, (str, int, float, bool))
-        text = value
+        value = OmegaConf.select(resolved, _key(o), default=None) if o in interpolated else None
         if isinstance(value, str) and not re.fullmatch(r"[\w./@+-]+", value):  # Hydra's grammar: quoted, escaped
-            text = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-        pinned.append(o if keep else f"{o.split('=', 1)[0]}={text}")
+            value = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        pinned.append(f"{o.split('=', 1)[0]}={value}" if isinstance(value, (str, int, float, bool)) else o)
     return pinned
 
 
