@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jo
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
+from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
 from launcher.runtime import outputs
@@ -271,7 +271,7 @@ def _optimizing_sweeper() -> str:
 
 def _checkpoint_dir_writable(spec: Any, run_dir: Path) -> None:
     root = spec.trainer.checkpoint.root(run_dir)
-    why = unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
+    why = disk.unusable_dir(str(root)) if spec.trainer.checkpoint.every_steps else None
     if why:
         raise ConfigError([Problem(key="trainer.checkpoint.dir", value=str(root), message=why)])
 
@@ -310,18 +310,3 @@ def _resuming_from(spec: Any, path: Path | None) -> Any:
     if path is None:
         return spec
     return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"resume": str(path)})})
-
-
-def unusable_dir(value: str) -> str | None:
-    """Why a run directory cannot be made at ``value`` (up to its first interpolation); None if it can."""
-    fixed = value.split("${")[0]
-    path = Path(fixed or ".").expanduser()
-    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
-    if existing.is_dir():
-        if os.access(existing, os.W_OK | os.X_OK):
-            return None
-        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
-        return f"cannot write under {existing} ({'read-only file system' if read_only else 'permission denied'})"
-    if existing == path and fixed == value:
-        return f"{path} exists and is not a directory"
-    return f"{existing} is not a directory, so nothing can be made under it"

@@ -24,6 +24,7 @@ from hydra.core.override_parser.types import Override
 from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, usage
 from launcher.cluster.env import full_errors
 from launcher.config import compose as composer
+from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
 
@@ -90,7 +91,7 @@ def _check_output_dirs(overrides: list[str]) -> list[Problem]:
         key, value = key.lstrip("+"), value.strip().strip("'\"")
         if key not in _OUTPUT_DIRS:
             continue
-        why = "must name a directory" if not value else job.unusable_dir(value)
+        why = "must name a directory" if not value else disk.unusable_dir(value)
         if why:
             problems.append(Problem(key=key, value=value, message=why))
     return problems

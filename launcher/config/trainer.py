@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from launcher.config import disk
 from launcher.config.base import PlanError, PlanErrors, PositiveInt, Strict
 
 if TYPE_CHECKING:
@@ -28,6 +29,14 @@ class CheckpointSpec(Strict):
     @classmethod
     def _absolute(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else _absolute_path(value, info)
+
+    @model_validator(mode="after")
+    def _dir_usable(self, info: ValidationInfo) -> "CheckpointSpec":
+        """The parent asks the disk (``check_files``), beside every other problem: not after them, in the job."""
+        why = self.dir and self.every_steps and (info.context or {}).get("check_files") and disk.unusable_dir(self.dir)
+        if why:
+            raise PlanError("trainer.checkpoint.dir", self.dir, why)
+        return self
 
     def root(self, run_dir: Path) -> Path:
         """Where the run's checkpoints live: ``dir``, else ``RUN_DIR/checkpoints``."""

@@ -312,6 +312,10 @@ def screen_cases() -> Iterator[Case]:
         yield Case("run directory", (*flag, f"{key}=@DATA@/ok.jsonl"), key, "not a directory")
         yield Case("run directory", (*flag, f"{key}=@DATA@/ok.jsonl/run"), key, "not a directory")
         yield Case("run directory", (*flag, f"{key}=''"), key, "must name a directory")
+    every = "trainer.checkpoint.every_steps=5"
+    for where, why in (("@DATA@/ok.jsonl", "not a directory"), ("@DATA@/ok.jsonl/ckpt", "not a directory"),
+                       ("/proc/dlaunch-nowhere", "cannot make a directory under /proc")):
+        yield Case("run directory", (every, f"trainer.checkpoint.dir={where}"), "trainer.checkpoint.dir", why)
 
 
 def invalid_cases() -> list[Case]:

@@ -183,6 +183,20 @@ def test_an_override_that_does_not_parse_or_resolve_does_not_hide_the_other_prob
     assert "input.global_batch_size = 0" in err
 
 
+def test_a_checkpoint_directory_that_cannot_be_made_is_named_beside_the_other_problems(capsys, monkeypatch, tmp_path):
+    """The disk is asked with the schema, not after it passes: one attempt shows a typo and the directory."""
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert main(["trainer.steps=abc", "trainer.checkpoint.every_steps=5", f"trainer.checkpoint.dir={a_file}/ckpt"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (2 problems)" in err and "trainer.steps = abc" in err, err
+    assert "trainer.checkpoint.dir = " in err and "is not a directory" in err
+    # checkpoints off: the directory is never made, so it is no problem
+    assert main(["trainer.steps=abc", f"trainer.checkpoint.dir={a_file}/ckpt"]) == 2
+    assert "(1 problem)" in capsys.readouterr().err
+
+
 def test_an_unknown_key_does_not_hide_the_other_problems_of_the_command(tmp_path):
     """The command line's pre-check names every mistake at once: an unknown key, a bad value, a recipe's unknown
     field and a rule, not only the unknown key that stopped Hydra's composition."""
