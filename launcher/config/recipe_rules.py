@@ -2,7 +2,8 @@
 
 The validation imports the recipe once (to check its ``Config``); these rules read that module:
 a ``train_step`` that does its own backward and update (manual mode) leaves dlaunch nothing to add to
-them, ``trainer.eval_every`` needs an ``evaluate``, and fused SGD or Adagrad kernels need plain tensors.
+them, ``trainer.eval_every`` needs an ``evaluate``, fused SGD or Adagrad kernels need plain tensors, and an
+optimizer that makes its state when it is built needs every rank to hold real parameters.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from launcher.config.errors import ConfigError, Problem
 
 def check(spec: Any, loaded: Any) -> None:
     """Every problem of ``spec`` with the recipe ``loaded`` (a ``LoadedRecipe``), in one ``ConfigError``."""
-    problems = [*_manual_step(spec, loaded), *_evaluation(spec, loaded), *_fused_kernels(spec, loaded)]
+    problems = [*_manual_step(spec, loaded), *_evaluation(spec, loaded), *_fused_kernels(spec, loaded),
+                *_state_at_build(spec, loaded)]
     if problems:
         raise ConfigError(problems)
 
@@ -51,3 +53,18 @@ def _fused_kernels(spec: Any, loaded: Any) -> list[Problem]:
         return []
     return [Problem(key="recipe.optimizer.implementation", value="fused",
                     message=f"fused {optimizer.name} cannot run under strategy {spec.strategy.name}: {why}")]
+
+
+_STATE_AT_BUILD = ("adagrad",)  # torch optimizers whose __init__ makes per-parameter state
+
+
+def _state_at_build(spec: Any, loaded: Any) -> list[Problem]:
+    """An optimizer that makes state when it is built, under a strategy whose ranks cannot hold it then (fsdp's
+    ``init_from=rank0``). A recipe that builds its own optimizer is checked when the strategy prepares it."""
+    name = getattr(getattr(loaded.config, "optimizer", None), "name", None)
+    why = spec.strategy.refusal("state-at-build", spec) if name in _STATE_AT_BUILD else None
+    if why is None:
+        return []
+    return [Problem(key="recipe.optimizer.name", value=name,
+                    message=f"{name} makes its state when it is built: strategy {spec.strategy.name} cannot run it "
+                    f"here ({why})")]

@@ -42,6 +42,11 @@ class StrategyUnit(Strict):
     refuses: ClassVar[dict[str, str]] = {}
     runs_scripts: ClassVar[bool] = True  # a script= can replace the recipe and loop under it
 
+    def refusal(self, feature: str, spec: Any) -> str | None:
+        """Why it cannot honour ``feature`` in the run ``spec`` (None: it can): ``refuses``, and rules that depend
+        on its own settings (``state-at-build``: an optimizer that makes its state when it is built)."""
+        return self.refuses.get(feature)
+
     # ----- process shape -----
     def replicas(self, cluster: Any) -> int:
         """Replicas in sync: each reads its share of every global batch."""

@@ -53,6 +53,12 @@ class FSDPSpec(StrategyUnit, FSDPOptions):
     def replicas(self, cluster: Any) -> int:
         return cluster.world_size
 
+    def refusal(self, feature: str, spec: Any) -> str | None:
+        if feature == "state-at-build" and self.init_from == "rank0" and spec.num_replicas > 1:
+            return ("with strategy.init_from=rank0 the ranks other than 0 build the model on the meta device, where "
+                    "that state cannot be made; use strategy.init_from=every_rank, or an optimizer such as adamw")
+        return super().refusal(feature, spec)
+
     def describe(self) -> str:
         built = "; built on rank 0, sent to the others" if self.init_from == "rank0" else ""
         return f"fsdp (FSDP2 fully_shard on a 1-D DeviceMesh: {self.describe_units()}{built})"

@@ -49,6 +49,8 @@ CASES = [
     (["recipe=bench_mlp", "trainer.eval_every=10"], "trainer.eval_every", "recipe bench_mlp has no evaluate(model, parts)"),
     (["strategy=mesh", "recipe=tp_mlp", "cluster=1x2", "recipe.optimizer.implementation=fused"], "recipe.optimizer.implementation",
      "fused sgd cannot run under strategy mesh: the split layers' parameters are DTensors"),
+    (["strategy=fsdp", "cluster=1x2", "strategy.init_from=rank0", "recipe.optimizer.name=adagrad"], "recipe.optimizer.name",
+     "adagrad makes its state when it is built: strategy fsdp cannot run it here (with strategy.init_from=rank0"),
     (["recipe.optimizer.implementation=fast"], "recipe.optimizer.implementation", "for_loop, foreach, fused"),
     (["trainer.steps=-5"], "trainer.steps", "greater than 0"),
     # what Hydra types from the command line, and near misses of an allowed value
