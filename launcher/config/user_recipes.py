@@ -28,6 +28,7 @@ GROUP = "user"  # the options live at recipe/user/NAME: no file a user writes is
 SUFFIXES = (".py", ".yaml", ".yml")
 OPTIONS: dict[str, Path] = {}  # option (user/NAME) -> the file it was read from
 TYPED: dict[str, str] = {}  # option -> what a later command types to choose it: the --config-dir name, or the absolute path
+YAMLS: dict[str, Path] = {}  # a user recipe's resolved entry -> the YAML its settings were read from (to name it in errors)
 
 
 def is_path(value: str) -> bool:
@@ -58,13 +59,15 @@ def find(value: str, config_dirs: Iterable[str]) -> Path | None:
 
 def node(path: Path, shipped: dict[str, Path]) -> DictConfig:
     """The recipe file as the config a run composes: ``recipe.name`` (the file's stem unless set) and ``entry`` resolved."""
+    yaml_path = path.with_suffix(".yaml") if path.suffix == ".py" else path
     if path.suffix == ".py":
-        beside = path.with_suffix(".yaml")
-        data = _read_yaml(beside) if beside.is_file() else {"recipe": {}}
+        data = _read_yaml(yaml_path) if yaml_path.is_file() else {"recipe": {}}
         data["recipe"]["entry"] = str(path)
     else:
         data = _read_yaml(path)
         data["recipe"]["entry"] = _entry(path, data["recipe"].get("entry"), shipped)
+    if yaml_path.is_file() and path not in shipped.values():
+        YAMLS[data["recipe"]["entry"]] = yaml_path
     data["recipe"].setdefault("name", path.stem)
     return OmegaConf.create(data)
 

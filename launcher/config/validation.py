@@ -7,12 +7,13 @@ are independent; so are interpolations that do not resolve (``trainer.steps=${no
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
-from launcher.config import pydantic_errors, recipe_rules
+from launcher.config import pydantic_errors, recipe_rules, user_recipes
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, UserCodeError
 from launcher.config.schema import RunSpec
@@ -46,7 +47,7 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     quick = (bool(problems) or found) and overrides is not None and not any(key_of(o).startswith("recipe") for o in overrides)
     loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_named_with_their_yaml(problems, recipe, overrides))
     if loaded is not None:
         recipe_rules.check(spec, loaded)
     spec._deferred = tuple(deferred)
@@ -57,6 +58,18 @@ def key_of(override: str) -> str:
     """An override's key without Hydra's add/force/delete prefix (``++trainer.steps=5``: ``trainer.steps``), which
     names the same setting however the user wrote it."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: list[str] | None) -> list[Problem]:
+    """An unknown key that a user recipe's YAML sets and the command line did not type: say which file."""
+    entry = recipe.get("entry") if isinstance(recipe, dict) else None
+    yaml_path = user_recipes.YAMLS.get(entry) if isinstance(entry, str) else None
+    if yaml_path is None:
+        return problems
+    typed, text = {key_of(o) for o in overrides or ()}, OmegaConf.load(yaml_path)
+    return [dataclasses.replace(p, message=f"{p.message}, set in {yaml_path}")
+            if p.message.startswith("unknown key") and p.key not in typed and OmegaConf.select(text, p.key, default=None) is not None
+            else p for p in problems]
 
 
 def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:

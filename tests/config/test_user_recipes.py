@@ -101,6 +101,20 @@ def test_bad_recipe_files_name_the_file(tmp_path, config_dirs, monkeypatch):
     assert "unknown recipe" in text and "--config-dir" in text
 
 
+def test_an_unknown_key_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, capsys, monkeypatch):
+    """A typo in the YAML is not on the command line: the screen says which file to edit; a typed one is not blamed
+    on the file."""
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    capsys.readouterr()
+    yaml_path = tmp_path / "mine" / "recipe" / "linear.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("  noise:", "  nois:").replace("  steps:", "  stepz:"))
+    monkeypatch.chdir(tmp_path)
+    text = problems_of(["recipe=mine/recipe/linear.yaml", "recipe.featurs=3"])
+    assert f"recipe.nois = 0.1: unknown key, set in {yaml_path}" in text, text
+    assert f"trainer.stepz = 200: unknown key, set in {yaml_path}" in text, text
+    assert "recipe.featurs = 3: unknown key\n" in text + "\n", text
+
+
 def test_a_recipe_that_raises_at_import_is_the_users_code_failing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken.py").write_text("import math\n\nraise RuntimeError('no data here')\n")
