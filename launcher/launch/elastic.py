@@ -55,6 +55,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
             for stale in state.glob(pattern):
                 stale.unlink()
         (spec.trainer.checkpoint.root(run_dir) / layout.TIMELINE).unlink(missing_ok=True)  # this command saved nothing yet
+        teardown_marker(run_dir).unlink(missing_ok=True)  # an earlier command's teardown is not this one's
     path = state / ("job.json" if node is None else f"job-node{node}.json")
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
                                 "run_dir": str(run_dir.resolve()), "log_file": progress.launcher_log()}))
@@ -189,7 +190,10 @@ def run_node(
         log.warning("stopped by %s before the workers started", exc.sigval.name)
         return 128 + int(exc.sigval)
     except SignalException as exc:
-        log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
+        if teardown_marker(run_dir).exists():  # dlaunch's parent tears this node down after another node failed
+            log.warning("node %d torn down after another node failed; its workers were shut down", node_rank or 0)
+        else:
+            log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         log.warning("interrupted; all workers were shut down")

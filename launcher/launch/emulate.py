@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,12 +56,13 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
                 env = {**os.environ, **emulated_node_devices(node, c.devices_per_node)} if cuda else None
                 procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], env=env,
                                               pass_fds=(sock.fileno(),) if node == 0 else ()))
-            codes = _wait(procs, spec.launch.shutdown_grace_s + 10, elastic.teardown_marker(run_dir))
+            ended: dict[int, float] = {}
+            codes = _wait(procs, spec.launch.shutdown_grace_s + 10, elastic.teardown_marker(run_dir), ended)
         except _Stopped as stopped:
             _stop(procs, spec.launch.stop_grace_s + 5, stopped.signum)
             log.warning("stopped by %s; every node's workers were shut down", signal.Signals(stopped.signum).name)
             return 128 + stopped.signum
-    return _outcome(spec, run_dir, codes)
+    return _outcome(spec, run_dir, codes, _lost_nodes(spec, run_dir, procs, ended))
 
 
 class _Stopped(Exception):
@@ -83,19 +85,23 @@ def _stop_on_signals() -> Iterator[None]:
         yield
 
 
-def _wait(procs: list[subprocess.Popen], grace_s: float, marker: Path) -> list[int]:
+def _wait(procs: list[subprocess.Popen], grace_s: float, marker: Path, ended: dict[int, float]) -> list[int]:
     """Every node's exit code; once one fails, the others get ``grace_s`` to fail or finish on their own, then
-    are torn down (``marker``: their agents take the SIGTERM as a failure's teardown, not as a stop)."""
+    are torn down (``marker``: their agents take the SIGTERM as a failure's teardown, not as a stop). ``ended``
+    gets the time each node's agent was seen to end by itself (not torn down)."""
     deadline = None
-    while [p.poll() for p in procs].count(None):  # every node polled: any() stopped at the first one running
-        failed = any(p.returncode not in (None, 0) for p in procs)
-        if failed and deadline is None:
+    while True:
+        codes = [p.poll() for p in procs]  # every node polled: any() stopped at the first one running
+        ended.update({node: time.time() for node, code in enumerate(codes) if code is not None and node not in ended})
+        if None not in codes:
+            return codes
+        if deadline is None and any(code not in (None, 0) for code in codes):
             deadline = time.monotonic() + grace_s
         if deadline is not None and time.monotonic() > deadline:
             mark_teardown(marker)
             _stop(procs, grace_s)
+            return [p.returncode for p in procs]
         time.sleep(0.05)
-    return [p.returncode for p in procs]
 
 
 def mark_teardown(marker: Path) -> None:
@@ -116,8 +122,25 @@ def _stop(procs: list[subprocess.Popen], grace_s: float, signum: int = signal.SI
             p.wait()
 
 
-def _outcome(spec: RunSpec, run_dir: Path, codes: list[int]) -> int:
-    real: list[failures.RootCause] = []
+def _lost_nodes(spec: RunSpec, run_dir: Path, procs: list[subprocess.Popen], ended: dict[int, float]) -> list[failures.RootCause]:
+    """Nodes whose agent ended abnormally before it could report (killed): its workers went with it, and that is
+    the cause the other nodes' broken collectives follow from. A node torn down by this parent is not one."""
+    lost = []
+    for node, p in enumerate(procs):
+        if p.returncode in (0, None) or failures_file(run_dir, node).exists() or node not in ended:
+            continue
+        how = f"signal {signal.Signals(-p.returncode).name}" if p.returncode < 0 else f"exit code {p.returncode}"
+        first = node * spec.cluster.devices_per_node
+        ranks = f"rank {first}" if spec.cluster.devices_per_node == 1 else f"ranks {first}-{first + spec.cluster.devices_per_node - 1}"
+        lost.append(failures.RootCause(
+            rank=first, host=socket.gethostname(), pid=p.pid, exit=how, traceback="", time=ended[node],
+            exception=f"node {node}'s elastic agent (pid {p.pid}) ended by {how} before it could report; its workers "
+                      f"({ranks}) ended with it"))
+    return lost
+
+
+def _outcome(spec: RunSpec, run_dir: Path, codes: list[int], lost: list[failures.RootCause]) -> int:
+    real: list[failures.RootCause] = list(lost)
     finished: list[failures.RootCause] = []
     for node in range(len(codes)):
         path = failures_file(run_dir, node)
@@ -126,7 +149,8 @@ def _outcome(spec: RunSpec, run_dir: Path, codes: list[int]) -> int:
             real += [failures.RootCause(**c) for c in data["real"]]
             finished += [failures.RootCause(**c) for c in data["finished"]]
     if real or finished:
-        return report.report_failures(real, finished, spec, run_dir)
+        lost_node = lost[0].rank // spec.cluster.devices_per_node if lost else None
+        return report.report_failures(real, finished, spec, run_dir, lost_node=lost_node)
     signals = [c for c in codes if c >= 128]
     return max(signals) if signals else int(any(codes))
 

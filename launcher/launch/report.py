@@ -38,8 +38,10 @@ def with_last_step(cause: failures.RootCause, run_dir: Path, floor: int | None =
     return dataclasses.replace(cause, last_step=step)
 
 
-def report_failures(real: list[failures.RootCause], finished: list[failures.RootCause], spec: RunSpec, run_dir: Path) -> int:
-    """Show the root cause once; a rank that died after completing does not fail the run.
+def report_failures(real: list[failures.RootCause], finished: list[failures.RootCause], spec: RunSpec, run_dir: Path,
+                    lost_node: int | None = None) -> int:
+    """Show the root cause once; a rank that died after completing does not fail the run. ``lost_node``: an
+    emulated node whose agent is gone, so that no restart could bring its workers back.
 
     Ranks that were all stopped by a signal sent to them (not to dlaunch) stopped as dlaunch stops on one,
     after their save: that is a stop (exit 128 + signal), not a failure.
@@ -64,7 +66,10 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
         log.error("rank(s) %s had completed (their loop or script had ended) while %s waited for them in a collective: "
                   "%s leaves the others waiting until launch.collective_timeout_s (%d s)", ranks, root.who, why,
                   spec.launch.collective_timeout_s)
-    if spec.launch.max_restarts:
+    if spec.launch.max_restarts and lost_node is not None:
+        log.error("node %d's agent is gone, and launch.max_restarts restarts workers under a live agent only: the other "
+                  "nodes were torn down", lost_node)
+    elif spec.launch.max_restarts:
         log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
     if not spec.cluster.node_rank:  # node 0 owns summary.json (nodes may share the run directory)

@@ -1,12 +1,18 @@
-"""Emulated nodes' agents (launcher/launch/emulate.py): a node after the first that dies is noticed."""
+"""Emulated nodes' agents (launcher/launch/emulate.py): a node after the first that dies is noticed, and named."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from launcher.launch import emulate
+from tests.launch.test_restarts import finish, run_processes, start, wait_for
 
 
 def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
@@ -16,9 +22,47 @@ def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
     node1 = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     try:
         started = time.monotonic()
-        codes = emulate._wait([node0, node1], grace_s=1.0, marker=tmp_path / "teardown")
+        ended: dict[int, float] = {}
+        codes = emulate._wait([node0, node1], grace_s=1.0, marker=tmp_path / "teardown", ended=ended)
         assert codes[1] == 3 and codes[0] != 0 and time.monotonic() - started < 60
+        assert list(ended) == [1]  # node 0 was torn down: it did not end by itself
         assert (tmp_path / "teardown").exists()  # node 0's agent is told it is a teardown, not a stop
     finally:
         node0.kill()
         node0.wait()
+
+
+def agent_pid(run_dir, node: int) -> int | None:
+    """The pid of emulated node ``node``'s elastic agent for this run (its job file is on its command line)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if emulate.MODULE.encode() in args and str(run_dir).encode() in b" ".join(args):
+            if args[args.index(emulate.MODULE.encode()) + 2] == str(node).encode():
+                return int(proc.name)
+    return None
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_it(tmp_path, restarts):
+    """node 1's agent killed (its worker goes with it): rank 0's broken collective blamed rank 0 ("rank 1 has
+    exited"), and with restarts node 0 started its workers again to wait for a node that could not come back, then
+    said "restarts exhausted". The killed agent is named now, and node 0 is torn down, not said to be stopped."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
+                 f"launch.max_restarts={restarts}", "+recipe.pause_replica=1", "+recipe.pause_step=3")
+    try:
+        paused = run_dir / "paused-replica1"
+        wait_for(lambda: paused.exists() and paused.read_text().strip(), 120, "replica 1 to pause in step 3")
+        os.kill(agent_pid(run_dir, 1), signal.SIGKILL)
+    finally:
+        out = finish(proc)
+    assert proc.returncode == 1, out[-3000:]
+    assert "node 1's elastic agent" in out and "ended by signal SIGKILL before it could report" in out, out[-3000:]
+    assert "worker rank 1 failed: root cause" in out and "rank 0 failed: root cause" not in out, out[-3000:]
+    assert "restarts exhausted" not in out and "stopped by SIGTERM" not in out, out[-3000:]
+    if restarts:
+        assert "node 1's agent is gone" in out, out[-3000:]
+    wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
