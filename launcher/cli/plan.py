@@ -109,7 +109,7 @@ def _training(spec: RunSpec, device: str) -> str:
     t = spec.trainer
     precision = {"fp32": "fp32", "bf16-mixed": f"bf16 autocast on {device}, fp32 weights",
                  "fp16-mixed": f"fp16 autocast on {device} + GradScaler (skipped steps counted)"}[t.precision]
-    parts = [precision]
+    parts = [precision, *filter(None, [spec.strategy.precision_note(t.precision)])]
     if t.compile.enabled:
         parts.append(f"torch.compile (mode {t.compile.mode}{', fullgraph' if t.compile.fullgraph else ''})")
     if t.clip_grad_norm is not None:

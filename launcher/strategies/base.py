@@ -42,6 +42,10 @@ class StrategyUnit(Strict):
     refuses: ClassVar[dict[str, str]] = {}
     runs_scripts: ClassVar[bool] = True  # a script= can replace the recipe and loop under it
 
+    def precision_note(self, precision: str) -> str:
+        """What the strategy adds to ``trainer.precision`` in the plan's training row ("": nothing)."""
+        return ""
+
     def refusal(self, feature: str, spec: Any) -> str | None:
         """Why it cannot honour ``feature`` in the run ``spec`` (None: it can): ``refuses``, and rules that depend
         on its own settings (``state-at-build``: an optimizer that makes its state when it is built)."""

@@ -25,6 +25,12 @@ class FSDPOptions(Strict):
         default_factory=list, description="nn.Module class names sharded one by one (e.g. TransformerEncoderLayer); "
                                           "empty: the whole model is one unit")
 
+    def policy_note(self, precision: str) -> str:
+        """Under bf16-mixed, FSDP's MixedPrecisionPolicy (launcher/strategies/impl/fsdp.py's fsdp_options)."""
+        if precision != "bf16-mixed":
+            return ""
+        return "FSDP MixedPrecisionPolicy: parameters gathered and computed in bf16, gradients reduced in fp32"
+
     def describe_units(self) -> str:
         units = f"each {', '.join(self.wrap)} then the root" if self.wrap else "the whole model as one unit"
         return f"{units}; reshard after forward: {'yes' if self.reshard_after_forward else 'no'}"
@@ -58,6 +64,9 @@ class FSDPSpec(StrategyUnit, FSDPOptions):
             return ("with strategy.init_from=rank0 the ranks other than 0 build the model on the meta device, where "
                     "that state cannot be made; use strategy.init_from=every_rank, or an optimizer such as adamw")
         return super().refusal(feature, spec)
+
+    def precision_note(self, precision: str) -> str:
+        return self.policy_note(precision)
 
     def describe(self) -> str:
         built = "; built on rank 0, sent to the others" if self.init_from == "rank0" else ""

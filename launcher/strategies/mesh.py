@@ -63,6 +63,9 @@ class MeshSpec(StrategyUnit):
         return (f"mesh ({a.logical_devices} logical device(s) per replica, computation_shape {a.computation_shape}; "
                 f"DeviceMesh (replica, logical), DTensor{dp})")
 
+    def precision_note(self, precision: str) -> str:
+        return self.fsdp.policy_note(precision) if self.data_parallel == "fsdp" else ""
+
     def replicas_row(self, n: int) -> str:
         logical = self.device_assignment.logical_devices
         return (f"{n} in sync, {logical} logical device(s) each: DeviceMesh {n} x {logical} (replica, logical); "

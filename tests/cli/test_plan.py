@@ -17,6 +17,17 @@ def test_the_training_row_names_precision_compile_clipping_schedule_and_evaluati
                    "evaluate every 25 steps")
 
 
+def test_under_fsdp_bf16_the_training_row_names_fsdps_mixed_precision_policy():
+    """FSDP's MixedPrecisionPolicy gathers and computes in bf16, which plain autocast does not: the row says both."""
+    policy = "FSDP MixedPrecisionPolicy: parameters gathered and computed in bf16, gradients reduced in fp32"
+    assert training_row("strategy=fsdp", "cluster=1x2", "trainer.precision=bf16-mixed") == (
+        f"bf16 autocast on cpu, fp32 weights; {policy}")
+    assert policy in training_row("strategy=mesh", "recipe=tp_mlp", "strategy.data_parallel=fsdp", "cluster=1x4",
+                                  "trainer.precision=bf16-mixed")
+    assert training_row("strategy=fsdp", "cluster=1x2") == "fp32"
+    assert policy not in training_row("strategy=mirrored", "cluster=1x2", "trainer.precision=bf16-mixed")
+
+
 def test_the_schedule_names_where_the_warm_up_starts_how_long_the_decay_lasts_and_the_steps_held_after_it():
     """A decay_steps shorter than the rest of the run leaves its last steps at min lr: the row says so."""
     assert training_row("trainer.steps=30", "trainer.lr_schedule.decay=cosine", "trainer.lr_schedule.decay_steps=10",
