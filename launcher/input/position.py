@@ -99,7 +99,8 @@ class DataStream:
         self._dataset = dataset
         self._position = self._cursor = Position()  # handed out; fetched (ahead of it by the batches in _ahead)
         self._read_ahead = read_ahead
-        self._ahead: collections.deque[tuple[Any, Position]] = collections.deque()
+        self._ahead: collections.deque[tuple[Any, Position, int | None]] = collections.deque()
+        self._rows: int | None = None
         self._epoch_iter: Iterator[Any] | None = None
         self._configured = global_batch_size
         self._checked = False
@@ -123,6 +124,11 @@ class DataStream:
     def position(self) -> Position:
         return self._position
 
+    @property
+    def rows(self) -> int | None:
+        """The rows of the global batch that the batch last handed out was cut from (None: the dataset does not say)."""
+        return self._rows
+
     def seek(self, position: Position) -> None:
         self._position = self._cursor = position
         self._ahead.clear()
@@ -145,7 +151,7 @@ class DataStream:
         return self
 
     def __next__(self) -> Any:
-        batch, self._position = self._ahead.popleft() if self._ahead else self._fetch()
+        batch, self._position, self._rows = self._ahead.popleft() if self._ahead else self._fetch()
         return batch
 
     def read_ahead(self) -> None:
@@ -156,8 +162,8 @@ class DataStream:
         while len(self._ahead) < self._read_ahead:
             self._ahead.append(self._fetch())
 
-    def _fetch(self) -> tuple[Any, Position]:
-        """The next batch and the position after it."""
+    def _fetch(self) -> tuple[Any, Position, int | None]:
+        """The next batch, the position after it and its global batch's rows."""
         if self._epoch_iter is None:
             self._epoch_iter = iter(self._dataset)
         for fresh_epoch in (False, True):
@@ -172,7 +178,7 @@ class DataStream:
             self._cursor = Position(self._cursor.epoch, self._cursor.offset + 1)
             if not self._checked:
                 self._check_rows()
-            return batch, self._cursor
+            return batch, self._cursor, getattr(self._epoch_iter, "rows", None)
         raise NoBatch(
             "the training data yields no batch: it is smaller than one global batch "
             "(lower input.global_batch_size, or set input.drop_remainder=false)"

@@ -302,7 +302,7 @@ class _Loop:
                             batch = next(self.stream)
                         with prof.region("dlaunch.step"):
                             self.step.begin()
-                            per_replica = self.strategy.run(self.step, args=(batch, logged))
+                            per_replica = self.strategy.run(self.step, args=(batch, logged, self.stream.rows))
                     lr = current_lr(self.optimizer)  # the lr this step used; the schedule moves on after it
                     if self.schedule is not None:
                         self.schedule.step()
