@@ -95,7 +95,7 @@ class DataStream:
     ``position`` counts the batches handed out, not those fetched ahead.
     """
 
-    def __init__(self, dataset: Any, global_batch_size: int | None = None, read_ahead: int = 0):
+    def __init__(self, dataset: Any, global_batch_size: int | None = None, read_ahead: int = 0, batch_multiple: int = 1):
         self._dataset = dataset
         self._position = self._cursor = Position()  # handed out; fetched (ahead of it by the batches in _ahead)
         self._read_ahead = read_ahead
@@ -103,6 +103,7 @@ class DataStream:
         self._rows: int | None = None
         self._epoch_iter: Iterator[Any] | None = None
         self._configured = global_batch_size
+        self._multiple = batch_multiple  # what input.global_batch_size must be a multiple of: replicas x accumulation
         self._checked = False
 
     @property
@@ -117,8 +118,19 @@ class DataStream:
         first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         if found and self._configured and found != self._configured and first_rank:
             log.warning("the training data's first global batch holds %d rows, input.global_batch_size says %d: "
-                        "the recipe's iterable makes its own batches; examples/s counts %d per step (set "
-                        "input.global_batch_size=%d to match)", found, self._configured, found, found)
+                        "the recipe's iterable makes its own batches; examples/s counts %d per step%s",
+                        found, self._configured, found, self._advice(found))
+
+    def _advice(self, found: int) -> str:
+        """A setting that the config accepts: the batch's own size where it is a multiple of what the config asks."""
+        if found % self._multiple == 0:
+            return f" (set input.global_batch_size={found} to match)"
+        from launcher.config.schema import nearby_multiples
+
+        return (f". Its batches are split over the replicas as evenly as tf.distribute does, and train as on one device; "
+                f"input.global_batch_size must be a multiple of {self._multiple} (replicas x trainer.grad_accum_steps), "
+                f"which {found} is not: to match, make the iterable's batches {nearby_multiples(found, self._multiple)} "
+                f"rows and set input.global_batch_size to that")
 
     @property
     def position(self) -> Position:
