@@ -55,6 +55,7 @@ def build(cfg: Config, ctx: BuildContext) -> Parts:
     model = torch.nn.Linear(cfg.features, 1)
     train_data, eval_data = make_data(cfg, ctx.seed)
     if ctx.input_files is not None:  # input.files: batches of the files' x and y, sharded by dlaunch
+        ctx.input_files.check_width("x", cfg.features, "recipe.features")
         train_data = ctx.input_files.select("x", "y")
     return Parts(model=model, optimizer=cfg.optimizer.build(model.parameters()), train_data=train_data, eval_data=eval_data)
 

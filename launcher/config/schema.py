@@ -300,11 +300,12 @@ def _batch_divides(spec: RunSpec, cuda: int) -> None:
         raise PlanError(
             "input.global_batch_size", gbs,
             f"cluster {spec.cluster.shape} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
-            f"(try {_nearby_multiples(gbs, n)})",
+            f"(try {nearby_multiples(gbs, n)})",
         )
 
 
-def _nearby_multiples(value: int, n: int) -> str:
+def nearby_multiples(value: int, n: int) -> str:
+    """The multiples of ``n`` either side of ``value``: ``50 or 52`` for 51 and 2."""
     below, above = value - value % n, value + n - value % n
     return f"{below} or {above}" if below > 0 else str(above)
 

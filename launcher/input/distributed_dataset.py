@@ -9,6 +9,7 @@ dataset yields global batches, and each worker keeps its replicas' rows.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -23,7 +24,7 @@ from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import EpochBatchSampler, Position
 from launcher.input.prefetch import Prefetcher
-from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch, split_batch
+from launcher.input.split import Step, batch_size_of, like, replica_sizes, rows_for_replica, slice_batch, split_batch
 
 log = logging.getLogger("dlaunch")
 
@@ -51,15 +52,20 @@ class _LocalRowsSampler:
 
     def __init__(self, batch_sampler: Iterable[list[int]], first_replica: int, num_local: int, num_replicas: int, global_batch_size: int):
         self.batch_sampler = batch_sampler
-        self.per_replica = per_replica_size(global_batch_size, num_replicas)
+        self.sizes = replica_sizes(global_batch_size, num_replicas)
         self.first, self.num_local = first_replica, num_local
+        # Each global batch's rows, in the order the loader asks for them (and, in order, delivers them): a step
+        # that loads only this process's rows still knows the global batch's.
+        self.global_rows: collections.deque[int] = collections.deque()
 
     def __iter__(self) -> Iterator[list[int]]:
-        b, first, last = self.per_replica, self.first, self.first + self.num_local - 1
+        b, first, last = self.sizes, self.first, self.first + self.num_local - 1
+        self.global_rows.clear()  # a new pass: whatever an abandoned one asked for is not coming
         for indices in self.batch_sampler:
             if not isinstance(indices, (list, tuple)):
                 indices = list(indices)
             n = len(indices)
+            self.global_rows.append(n)
             yield indices[rows_for_replica(first, b, n)[0] : rows_for_replica(last, b, n)[1]]
 
     def __len__(self) -> int:
@@ -176,19 +182,22 @@ class DistributedDataset:
             return len(self._shard.batches(self._epoch))  # this worker's steps, before any agreement
         return len(self._dataset)  # type: ignore[arg-type]
 
-    def _iter_file_shard(self) -> Iterator[list[Any]]:
+    def _iter_file_shard(self) -> Iterator[Step]:
         shard, epoch, skip = self._shard, self._epoch, self._skip
         self._epoch, self._skip = self._epoch + 1, 0
         batches = shard.batches(epoch)
-        steps = len(batches)
-        if shard.plan.policy is AutoShardPolicy.FILE and self._proc.world_size > 1:
-            steps = _agree_on_steps(self._proc, steps, epoch)
-        local = shard.local_batch_size()
-        for rows in batches[skip:steps]:
-            yield split_batch(shard.collate(rows), range(self._num_local), self._num_local, local)
+        steps, local = len(batches), shard.local_batch_size()
+        # Each step's global rows: DATA and OFF load every row and count them; under FILE the workers count theirs.
+        total, size = shard.num_rows, shard.dataset.global_batch_size
+        rows = [min(size, total - s * size) for s in range(steps)]
+        if shard.plan.policy is AutoShardPolicy.FILE:
+            rows = _file_rows(self._proc, batches, local, epoch)
+        for s in range(skip, len(rows)):
+            yield Step(split_batch(shard.collate(batches[s]), range(self._num_local), self._num_local, local), rows[s])
 
-    def _iter_local_rows(self, rows_of_steps: Iterator[Any]) -> Iterator[list[Any]]:
-        b = per_replica_size(self._global_batch_size, self._num_replicas)
+    def _iter_local_rows(self, rows_of_steps: Iterator[Any]) -> Iterator[Step]:
+        sizes = replica_sizes(self._global_batch_size, self._num_replicas)[self._first : self._first + self._num_local]
+        global_rows = self._local.batch_sampler.global_rows
         template = None
         for rows in rows_of_steps:
             if rows is _Empty:
@@ -197,13 +206,14 @@ class DistributedDataset:
                 rows = template
             elif template is None:
                 template = slice_batch(rows, 0, 0)  # the structure of an empty batch, kept for a last partial one
+            found = global_rows.popleft() if global_rows else None
             if self._num_local == 1:
-                yield [rows]  # the sampler loaded exactly this replica's rows: nothing to cut
+                yield Step([rows], found)  # the sampler loaded exactly this replica's rows: nothing to cut
                 continue
-            n = batch_size_of(rows)
-            yield [slice_batch(rows, *rows_for_replica(k, b, n)) for k in range(self._num_local)]
+            n = batch_size_of(rows)  # this process's rows: its replicas' shares of the global batch, in order
+            yield Step([slice_batch(rows, *rows_for_replica(k, sizes, n)) for k in range(self._num_local)], found)
 
-    def _iter_global_batches(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
+    def _iter_global_batches(self, batches: Iterator[Any]) -> Iterator[Step]:
         for batch in batches:
             if self._global_batch_size is None:
                 self._global_batch_size = batch_size_of(batch)
@@ -227,6 +237,15 @@ def _shard_files(dataset: FileDataset, policy: AutoShardPolicy, num_workers: int
     return dataset.shard(ShardPlan(resolved, num_workers, worker))
 
 
+def _file_rows(proc: Any, batches: list[Any], local: int, epoch: int) -> list[int]:
+    """Under FILE, each agreed step's global rows: every worker's batch is full but the last one, whose rows the
+    workers sum (one collective per epoch, after the agreement on the step count)."""
+    steps = _agree_on_steps(proc, len(batches), epoch) if proc.world_size > 1 else len(batches)
+    if not steps:
+        return []
+    return [local * proc.world_size] * (steps - 1) + [proc.all_reduce_count(len(batches[steps - 1]))]
+
+
 def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
     """FILE shards may hold different numbers of batches: every worker stops at the shortest.
 
@@ -243,15 +262,32 @@ def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
     return agreed
 
 
-def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> Iterator[Any]:
+def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> "DistributedIterator":
     """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
     if options.experimental_fetch_to_device:
         # On CPU nothing moves: the buffer reads steps ahead, on this thread, in order.
         steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)
-    elif options.experimental_place_dataset_on_device:
-        steps = ([_on_device(p, d) for p, d in zip(pieces, devices)] for pieces in steps)  # each replica's own, as it is read
-    for pieces in steps:
-        yield pieces[0] if num_replicas == 1 else regroup(pieces)
+    elif options.experimental_place_dataset_on_device:  # each replica's own, as it is read
+        steps = (like([_on_device(p, d) for p, d in zip(pieces, devices)], pieces) for pieces in steps)
+    return DistributedIterator(steps, num_replicas)
+
+
+class DistributedIterator:
+    """What iterating a distributed dataset gives: each step's batch, a ``PerReplica`` structure (the plain batch
+    under one replica). ``rows``: the rows of the global batch that the step last returned was cut from, where the
+    dataset knows them (None where not: ``distribute_datasets_from_function``'s batches are the user's)."""
+
+    def __init__(self, steps: Iterable[list[Any]], num_replicas: int):
+        self._steps, self._num_replicas = iter(steps), num_replicas
+        self.rows: int | None = None
+
+    def __iter__(self) -> "DistributedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        pieces = next(self._steps)
+        self.rows = getattr(pieces, "rows", None)
+        return pieces[0] if self._num_replicas == 1 else regroup(pieces)
 
 
 def _on_device(piece: Any, device: torch.device) -> Any:

@@ -304,6 +304,39 @@ class FileDataset:
         return (shard.collate(rows) for rows in shard.batches(epoch=epoch))
 
 
+    def check_width(self, field: str, width: int, key: str) -> None:
+        """Raise ``FieldWidth`` where the first file's rows of ``field`` do not hold ``width`` numbers: a model built
+        from setting ``key`` would fail on them with torch's shape error, which names neither the file nor the key."""
+        found = field_width(self.files[0], self.format, field) if self.files else None
+        if found is not None and found != width:
+            raise FieldWidth(f"{self.files[0]}: field {field!r} holds {found} number(s) per row, but the model is built "
+                             f"for {key}={width}: set {key}={found} (or write files whose {field} holds {width})")
+
+
+def field_width(path: str | Path, fmt: str, field: str) -> int | None:
+    """Numbers per row of ``field``: from a jsonl file's first line or a csv header, else from the file's columns;
+    None where the file has no such field."""
+    import torch
+
+    if fmt == "jsonl":
+        with Path(path).open() as fh:
+            line = next((line for line in fh if line.strip()), "{}")
+        row = json.loads(line)
+        return torch.tensor(row[field]).numel() if isinstance(row, dict) and field in row else None
+    if fmt == "csv":
+        with Path(path).open(newline="") as fh:
+            header = next(csv.reader(fh), [])
+        return sum(1 for name in header if name == field or name.rpartition(".")[0] == field) or None
+    column = read_file(path, fmt).get(field)
+    return None if column is None else column[0].numel() if column.dim() else 1
+
+
+class FieldWidth(ValueError):
+    """The input files' rows of a field are not as wide as the recipe's model takes."""
+
+    explained = True  # the message names the file, the width it holds and the key to change
+
+
 class MissingFields(LookupError):
     """The recipe selects fields (``FileDataset.select``) that the input files do not hold."""
 

@@ -95,13 +95,15 @@ class DataStream:
     ``position`` counts the batches handed out, not those fetched ahead.
     """
 
-    def __init__(self, dataset: Any, global_batch_size: int | None = None, read_ahead: int = 0):
+    def __init__(self, dataset: Any, global_batch_size: int | None = None, read_ahead: int = 0, batch_multiple: int = 1):
         self._dataset = dataset
         self._position = self._cursor = Position()  # handed out; fetched (ahead of it by the batches in _ahead)
         self._read_ahead = read_ahead
-        self._ahead: collections.deque[tuple[Any, Position]] = collections.deque()
+        self._ahead: collections.deque[tuple[Any, Position, int | None]] = collections.deque()
+        self._rows: int | None = None
         self._epoch_iter: Iterator[Any] | None = None
         self._configured = global_batch_size
+        self._multiple = batch_multiple  # what input.global_batch_size must be a multiple of: replicas x accumulation
         self._checked = False
 
     @property
@@ -116,12 +118,28 @@ class DataStream:
         first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         if found and self._configured and found != self._configured and first_rank:
             log.warning("the training data's first global batch holds %d rows, input.global_batch_size says %d: "
-                        "the recipe's iterable makes its own batches; examples/s counts %d per step (set "
-                        "input.global_batch_size=%d to match)", found, self._configured, found, found)
+                        "the recipe's iterable makes its own batches; examples/s counts %d per step%s",
+                        found, self._configured, found, self._advice(found))
+
+    def _advice(self, found: int) -> str:
+        """A setting that the config accepts: the batch's own size where it is a multiple of what the config asks."""
+        if found % self._multiple == 0:
+            return f" (set input.global_batch_size={found} to match)"
+        from launcher.config.schema import nearby_multiples
+
+        return (f". Its batches are split over the replicas as evenly as tf.distribute does, and train as on one device; "
+                f"input.global_batch_size must be a multiple of {self._multiple} (replicas x trainer.grad_accum_steps), "
+                f"which {found} is not: to match, make the iterable's batches {nearby_multiples(found, self._multiple)} "
+                f"rows and set input.global_batch_size to that")
 
     @property
     def position(self) -> Position:
         return self._position
+
+    @property
+    def rows(self) -> int | None:
+        """The rows of the global batch that the batch last handed out was cut from (None: the dataset does not say)."""
+        return self._rows
 
     def seek(self, position: Position) -> None:
         self._position = self._cursor = position
@@ -145,7 +163,7 @@ class DataStream:
         return self
 
     def __next__(self) -> Any:
-        batch, self._position = self._ahead.popleft() if self._ahead else self._fetch()
+        batch, self._position, self._rows = self._ahead.popleft() if self._ahead else self._fetch()
         return batch
 
     def read_ahead(self) -> None:
@@ -156,8 +174,8 @@ class DataStream:
         while len(self._ahead) < self._read_ahead:
             self._ahead.append(self._fetch())
 
-    def _fetch(self) -> tuple[Any, Position]:
-        """The next batch and the position after it."""
+    def _fetch(self) -> tuple[Any, Position, int | None]:
+        """The next batch, the position after it and its global batch's rows."""
         if self._epoch_iter is None:
             self._epoch_iter = iter(self._dataset)
         for fresh_epoch in (False, True):
@@ -172,7 +190,7 @@ class DataStream:
             self._cursor = Position(self._cursor.epoch, self._cursor.offset + 1)
             if not self._checked:
                 self._check_rows()
-            return batch, self._cursor
+            return batch, self._cursor, getattr(self._epoch_iter, "rows", None)
         raise NoBatch(
             "the training data yields no batch: it is smaller than one global batch "
             "(lower input.global_batch_size, or set input.drop_remainder=false)"

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from launcher.distribute.values import map_structure
+from launcher.input.split import like
 
 _END = object()
 
@@ -68,7 +69,7 @@ class _CudaCopier:
                 event = torch.cuda.Event()
                 event.record(stream)
             events.append(event)
-        return moved, events
+        return like(moved, pieces), events
 
     def finish(self, pieces: list[Any], events: list[Any]) -> list[Any]:
         for piece, device, event in zip(pieces, self.devices, events):

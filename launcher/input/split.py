@@ -1,18 +1,36 @@
 """Splitting a global batch across replicas, the tf.distribute way.
 
-Replica ``i`` takes rows ``[i*b, (i+1)*b)`` where ``b`` is the per-replica batch
-size of a *full* global batch. So a last partial batch of 6 over two replicas of
-4 gives ``[0,1,2,3]`` and ``[4,5]`` (not 3 and 3), and a replica may get 0 rows.
+A global batch of ``G`` rows gives replica ``i`` of ``R`` ``G // R`` rows, plus
+one for the first ``G % R`` replicas: as even as TF's rebatching (51 over 2
+replicas: 26 and 25; 6 over 4: 2, 2, 1, 1). A last partial batch fills the
+replicas in order with those sizes, so 6 rows of a global 8 over two replicas
+give ``[0,1,2,3]`` and ``[4,5]`` (not 3 and 3), and a replica may get 0 rows.
+
+Each step's pieces travel as a ``Step``: the list of this process's pieces, and
+``rows``, the whole global batch's rows, so that a replica can weight its loss
+by its share of them (``launcher.runtime.step``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from launcher.distribute.values import map_structure
+
+
+class Step(list):
+    """One step's pieces (one per local replica) and ``rows``: the global batch's rows, None where unknown."""
+
+    def __init__(self, pieces: Any = (), rows: int | None = None):
+        super().__init__(pieces)
+        self.rows = rows
+
+
+def like(pieces: list[Any], step: Any) -> Any:
+    """``pieces`` (a step's pieces, moved or copied) as a ``Step`` with ``step``'s rows, where ``step`` is one."""
+    return Step(pieces, step.rows) if isinstance(step, Step) else pieces
 
 
 def batch_size_of(batch: Any) -> int:
@@ -29,21 +47,25 @@ def batch_size_of(batch: Any) -> int:
     return sizes.pop()
 
 
-def per_replica_size(global_batch_size: int, num_replicas: int) -> int:
-    return math.ceil(global_batch_size / num_replicas)
+def replica_sizes(global_batch_size: int, num_replicas: int) -> list[int]:
+    """Each replica's rows of a full global batch: sizes that differ by at most one, the larger first."""
+    base, extra = divmod(global_batch_size, num_replicas)
+    return [base + (i < extra) for i in range(num_replicas)]
 
 
-def rows_for_replica(replica_id: int, per_replica: int, batch_len: int) -> tuple[int, int]:
-    start = min(replica_id * per_replica, batch_len)
-    return start, min(start + per_replica, batch_len)
+def rows_for_replica(replica_id: int, sizes: list[int], batch_len: int) -> tuple[int, int]:
+    """Replica ``replica_id``'s rows ``[start, stop)`` of a batch of ``batch_len`` rows (a partial one fills in order)."""
+    start = min(sum(sizes[:replica_id]), batch_len)
+    return start, min(start + sizes[replica_id], batch_len)
 
 
 def slice_batch(batch: Any, start: int, stop: int) -> Any:
     return map_structure(lambda t: t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, batch)
 
 
-def split_batch(batch: Any, replica_ids: range, num_replicas: int, global_batch_size: int | None = None) -> list[Any]:
-    """The pieces of ``batch`` that belong to ``replica_ids`` (of ``num_replicas``)."""
+def split_batch(batch: Any, replica_ids: range, num_replicas: int, global_batch_size: int | None = None) -> Step:
+    """The pieces of ``batch`` that belong to ``replica_ids`` (of ``num_replicas``), and its rows."""
     length = batch_size_of(batch)
-    b = per_replica_size(global_batch_size or length, num_replicas)
-    return [slice_batch(batch, *rows_for_replica(r, b, length)) for r in replica_ids]
+    sizes = replica_sizes(global_batch_size or length, num_replicas)
+    return Step((slice_batch(batch, *rows_for_replica(r, sizes, length)) for r in replica_ids), length)
+

@@ -124,7 +124,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     compile_model(model, spec.trainer.compile)
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, strategy.extended.device_type, loaded.manual)
     stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)),
-                        spec.input.global_batch_size, read_ahead=spec.input.prefetch)
+                        spec.input.global_batch_size, spec.input.prefetch, spec.num_replicas * spec.trainer.grad_accum_steps)
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
@@ -302,7 +302,7 @@ class _Loop:
                             batch = next(self.stream)
                         with prof.region("dlaunch.step"):
                             self.step.begin()
-                            per_replica = self.strategy.run(self.step, args=(batch, logged))
+                            per_replica = self.strategy.run(self.step, args=(batch, logged, self.stream.rows))
                     lr = current_lr(self.optimizer)  # the lr this step used; the schedule moves on after it
                     if self.schedule is not None:
                         self.schedule.step()

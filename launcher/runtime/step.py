@@ -69,6 +69,7 @@ class ReplicaStep:
     def __init__(self, user_step: Callable[..., Any], model: Any, optimizer: Any, trainer: TrainerSpec,
                  device_type: str, manual: bool, name: str = "train_step"):
         self.user_step, self.model, self.optimizer = user_step, model, optimizer
+        self.stand_ins: dict[int, Any] = {}  # each replica's last batch, stepped on at weight 0 when it gets no rows
         self.manual, self.name = manual, name
         self.accum, self.max_norm = trainer.grad_accum_steps, trainer.clip_grad_norm
         self.precision = trainer.precision
@@ -98,19 +99,21 @@ class ReplicaStep:
         """Autocast is per thread: each replica enters its own."""
         return autocast(self.precision, self.device_type)
 
-    def __call__(self, batch: Any, measure: bool = False) -> torch.Tensor:
+    def __call__(self, batch: Any, measure: bool = False, rows: int | None = None) -> torch.Tensor:
+        """``rows``: the global batch's rows, which ``batch`` is this replica's share of (None: an even share)."""
         if self.compile is None:
-            return self._step(batch, measure)
+            return self._step(batch, measure, rows)
         try:
-            return self._step(batch, measure)
+            return self._step(batch, measure, rows)
         except Exception as exc:
             raise compile_error(exc, self.model, self.compile.fullgraph) or exc
 
-    def _step(self, batch: Any, measure: bool) -> torch.Tensor:
+    def _step(self, batch: Any, measure: bool, rows: int | None = None) -> torch.Tensor:
         if self.manual:
             with self.autocast():
                 loss, extra = self._checked(self.user_step(self.model, batch, self.optimizer), measure)
             return _metrics(loss.detach(), None, self.skipped, extra) if measure else loss.detach()
+        batch, weight = self._share(batch, rows)
         micro, shares = micro_batches(batch, self.accum) if self.accum > 1 else ((batch,), None)
         total = extras = None
         for i, piece in enumerate(micro):
@@ -122,6 +125,7 @@ class ReplicaStep:
                 if not loss.requires_grad:
                     raise self._no_graph()
                 scaled = loss if len(micro) == 1 else loss / len(micro) if shares is None else loss * shares[i]
+                scaled = scaled if weight == 1 else scaled * weight
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             share = 1.0 / len(micro) if shares is None else shares[i]  # the micro-batch's part of the batch's mean
             kept = loss.detach().clone() if self.graphs else loss.detach()  # a graph's output is overwritten later
@@ -129,7 +133,32 @@ class ReplicaStep:
             total = part if total is None else total + part
             if extra is not None:
                 extras = extra * share if extras is None else extras + extra * share
-        return self._update(total / len(micro) if shares is None and len(micro) > 1 else total, measure, extras)
+        total = total / len(micro) if shares is None and len(micro) > 1 else total
+        if weight != 1:
+            total, extras = total * weight, None if extras is None else extras * weight
+        return self._update(total, measure, extras)
+
+    def _share(self, batch: Any, rows: int | None) -> tuple[Any, float]:
+        """The batch to step on and the weight of its mean loss. A global batch of ``rows`` that does not split
+        evenly (51 rows over 2 replicas: 26 and 25; a last partial batch) gives replica shares of ``n`` rows: each
+        mean is weighted by ``n * replicas / rows``, so that the strategy's average of the replicas' gradients is
+        the gradient of the global batch's mean, as on one device (TF divides by the global batch). A replica with
+        no rows steps on its last batch at weight 0: it joins the gradient sync with zeros, and no model code sees
+        a batch of 0 rows."""
+        replica, replicas = _replica_and_averaged_over()
+        if rows is None or replicas == 1:
+            return batch, 1.0
+        try:
+            n = batch_size_of(batch)
+        except ValueError:  # no tensors to count rows of: as before, an even share
+            return batch, 1.0
+        if n == 0:
+            if replica not in self.stand_ins:
+                raise StepError(f"replica {replica}'s first batch has no rows: the global batch of {rows} row(s) "
+                                f"is smaller than the {replicas} replicas in sync")
+            return self.stand_ins[replica], 0.0
+        self.stand_ins[replica] = batch
+        return batch, 1.0 if n * replicas == rows else n * replicas / rows
 
     def _update(self, loss: torch.Tensor, measure: bool, extras: torch.Tensor | None = None) -> torch.Tensor:
         norm = None
@@ -192,6 +221,16 @@ class ReplicaStep:
             "cannot backpropagate it: was it detached (.detach(), .item(), a new tensor from its value), or computed "
             "under torch.no_grad(), or has the model no parameter that trains? Return the loss the model's output made (a step that does its own backward takes "
             "the optimizer as a third argument: manual mode)")
+
+
+def _replica_and_averaged_over() -> tuple[int, int]:
+    """This replica's id, and how many replicas' gradients the strategy averages (1 outside a replica context)."""
+    from launcher.distribute.context import get_replica_context, get_strategy
+
+    context = get_replica_context()
+    if context is None:
+        return 0, 1
+    return context.replica_id_in_sync_group, get_strategy().extended._gradients_averaged_over
 
 
 def split_batch(batch: Any, k: int) -> list[Any]:

@@ -8,9 +8,11 @@ import torch
 
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan
 from launcher.input.files import (
+    FieldWidth,
     FileDataset,
     MissingFields,
     count_rows,
+    field_width,
     infer_format,
     read_columns,
     read_file,
@@ -187,3 +189,22 @@ def test_fields_the_files_lack_are_named_with_the_ones_they_hold(tmp_path):
     assert str(caught.value) == (f"the recipe reads fields ['label'], which the input files do not hold "
                                  f"(they hold ['id', 'x', 'y']: {path.resolve()})")
     assert caught.value.explained  # the root-cause panel shows the message alone, without dlaunch's frames
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_field_width_is_read_from_the_first_row_or_header(tmp_path, fmt):
+    path = write_file(tmp_path / f"d.{fmt}", columns() if fmt != "npy" else {"data": columns()["x"]}, fmt)
+    field = "data" if fmt == "npy" else "x"
+    assert field_width(path, fmt, field) == 3
+    assert field_width(path, fmt, "absent") is None
+
+
+def test_files_narrower_than_the_model_name_the_file_the_width_and_the_key(tmp_path):
+    path = write_file(tmp_path / "d.jsonl", columns(), "jsonl")
+    dataset = FileDataset((str(path),))
+    dataset.check_width("x", 3, "recipe.features")  # as wide as the model: nothing said
+    with pytest.raises(FieldWidth) as caught:
+        dataset.check_width("x", 32, "recipe.features")
+    assert str(caught.value) == (f"{path}: field 'x' holds 3 number(s) per row, but the model is built for "
+                                 "recipe.features=32: set recipe.features=3 (or write files whose x holds 32)")
+    assert caught.value.explained

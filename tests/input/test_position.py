@@ -92,6 +92,23 @@ def test_an_iterables_own_batch_size_is_counted_and_said_once(caplog):
     assert stream.rows_per_batch == 10
 
 
+def test_the_advice_for_an_iterables_own_batch_size_is_a_setting_the_config_accepts(caplog):
+    """51-row batches on 2 replicas: input.global_batch_size=51 is refused (not divisible by 2), so it is not advised."""
+    from launcher.config import compose as composer
+
+    batches = [torch.zeros(51, 1) for _ in range(2)]
+    stream = DataStream(dl.MirroredStrategy(["cpu:0", "cpu:1"]).experimental_distribute_dataset(batches),
+                        global_batch_size=64, batch_multiple=2)
+    with caplog.at_level("WARNING", logger="dlaunch"):
+        take(stream, 1)
+    (said,) = [r.getMessage() for r in caplog.records if "global batch" in r.getMessage()]
+    assert "input.global_batch_size=51" not in said
+    assert said.endswith("input.global_batch_size must be a multiple of 2 (replicas x trainer.grad_accum_steps), which 51 "
+                         "is not: to match, make the iterable's batches 50 or 52 rows and set input.global_batch_size to that")
+    for advised in (50, 52):
+        composer.compose_and_validate(["strategy=mirrored", "cluster=1x2", f"input.global_batch_size={advised}"], cuda_devices=0)
+
+
 def test_batches_of_the_configured_size_are_not_remarked_on(caplog):
     strategy = dl.OneDeviceStrategy("cpu:0")
     with caplog.at_level("WARNING", logger="dlaunch"):

@@ -23,7 +23,7 @@ def write_ids(directory, sizes):
     return paths
 
 
-def read_steps(files, policy, global_batch, epochs=1, shuffle_seed=None):
+def read_steps(files, policy, global_batch, epochs=1, shuffle_seed=None, drop_remainder=True):
     """Each epoch's ids on this rank, with a collective every step (as training has)."""
     from launcher import distribute as dl
 
@@ -32,16 +32,16 @@ def read_steps(files, policy, global_batch, epochs=1, shuffle_seed=None):
     handler.emit = lambda record: messages.append(record.getMessage())
     logging.getLogger("dlaunch").addHandler(handler)
     strategy = dl.MirroredStrategy()
-    ds = FileDataset(tuple(files)).batch(global_batch)
+    ds = FileDataset(tuple(files)).batch(global_batch, drop_remainder)
     ds = ds if shuffle_seed is None else ds.shuffle(shuffle_seed)
     dist = strategy.experimental_distribute_dataset(ds, dl.InputOptions(auto_shard_policy=policy))
     epochs_seen = []
     for _ in range(epochs):
-        steps = []
-        for batch in dist:
+        steps, iterator = [], iter(dist)
+        for batch in iterator:
             total = strategy.reduce("SUM", strategy.run(lambda b: b["x"].sum(), args=(batch,)), axis=None)
             (mine,) = strategy.experimental_local_results(batch)  # one replica per process
-            steps.append({"ids": mine["id"].tolist(), "global_sum": float(total)})
+            steps.append({"ids": mine["id"].tolist(), "global_sum": float(total), "rows": iterator.rows})
         epochs_seen.append(steps)
     return {"epochs": epochs_seen, "own_steps": len(dist), "warnings": [m for m in messages if "FILE shards are uneven" in m]}
 
@@ -78,6 +78,26 @@ def test_data_sharding_sees_the_global_batches_of_one_worker(tmp_path):
     for step, global_batch in enumerate(one_worker):
         assert sorted(ids(results[0])[step] + ids(results[1])[step]) == sorted(global_batch)
         assert ids(results[0])[step] == global_batch[0::2] and ids(results[1])[step] == global_batch[1::2]
+
+
+def global_rows(files):
+    """Each step's global batch rows as the distributed iterator says them, under each policy and for a loader."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from launcher import distribute as dl
+    from launcher.input.position import EpochBatchSampler
+
+    found = {policy: [s["rows"] for s in read_steps(files, policy, 4, drop_remainder=False)["epochs"][0]] for policy in ("FILE", "DATA", "OFF")}
+    loader = DataLoader(TensorDataset(torch.arange(7)), batch_sampler=EpochBatchSampler(7, 4, shuffle=False, drop_last=False))
+    iterator = iter(dl.MirroredStrategy().experimental_distribute_dataset(loader))
+    found["loader"] = [iterator.rows for _ in iterator]
+    return found
+
+
+def test_each_step_says_the_rows_of_its_global_batch(tmp_path):
+    files = write_ids(tmp_path, [4, 3])  # 7 rows: global batches of 4 and 3, each rank holding its part
+    for found in run_function(global_rows, device="cpu", nproc=2, args=(files,)).values():
+        assert found == {"FILE": [4, 3], "DATA": [4, 3], "OFF": [4, 3], "loader": [4, 3]}
 
 
 def test_auto_falls_back_to_data_with_fewer_files_than_workers(tmp_path):

@@ -5,7 +5,7 @@ import collections
 import pytest
 import torch
 
-from launcher.input.split import batch_size_of, per_replica_size, rows_for_replica, slice_batch, split_batch
+from launcher.input.split import Step, batch_size_of, like, replica_sizes, rows_for_replica, slice_batch, split_batch
 
 Example = collections.namedtuple("Example", "x y")
 
@@ -37,16 +37,38 @@ def test_split_of_a_subset_of_replicas():
     assert third.tolist() == [4, 5]
 
 
-def test_per_replica_size_rounds_up():
-    assert per_replica_size(8, 2) == 4
-    assert per_replica_size(7, 2) == 4
-    assert per_replica_size(1, 4) == 1
+def test_replica_sizes_are_as_even_as_tf_rebatches_them():
+    assert replica_sizes(8, 2) == [4, 4]
+    assert replica_sizes(51, 2) == [26, 25]
+    assert replica_sizes(7, 4) == [2, 2, 2, 1]
+    assert replica_sizes(6, 4) == [2, 2, 1, 1]  # not ceil's [2, 2, 2, 0]
+    assert replica_sizes(1, 4) == [1, 0, 0, 0]
+
+
+def test_a_batch_that_does_not_divide_is_split_as_evenly_as_tf_does():
+    assert [p.tolist() for p in split_batch(torch.arange(6), range(4), 4)] == [[0, 1], [2, 3], [4], [5]]
+    first, second = split_batch(torch.arange(51), range(2), 2)
+    assert (len(first), len(second)) == (26, 25)
+
+
+def test_a_last_partial_batch_fills_the_replicas_in_order_with_their_sizes():
+    pieces = split_batch(torch.arange(1), range(2), 2, global_batch_size=51)
+    assert [p.tolist() for p in pieces] == [[0], []]
+    pieces = split_batch(torch.arange(5), range(4), 4, global_batch_size=6)
+    assert [p.tolist() for p in pieces] == [[0, 1], [2, 3], [4], []]
 
 
 def test_rows_for_replica_are_clipped_to_the_batch():
-    assert rows_for_replica(0, 4, 6) == (0, 4)
-    assert rows_for_replica(1, 4, 6) == (4, 6)
-    assert rows_for_replica(2, 4, 6) == (6, 6)
+    assert rows_for_replica(0, [4, 4, 4], 6) == (0, 4)
+    assert rows_for_replica(1, [4, 4, 4], 6) == (4, 6)
+    assert rows_for_replica(2, [4, 4, 4], 6) == (6, 6)
+
+
+def test_a_split_says_the_global_batchs_rows_and_copies_keep_them():
+    step = split_batch(torch.arange(6), range(1, 2), 2, global_batch_size=8)
+    assert isinstance(step, Step) and step.rows == 6 and step[0].tolist() == [4, 5]
+    assert like([torch.zeros(2)], step).rows == 6
+    assert type(like([1], [2])) is list  # a plain list of pieces stays one
 
 
 def test_nests_are_split_leafwise_and_keep_their_types():

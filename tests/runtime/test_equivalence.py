@@ -93,3 +93,21 @@ def test_file_sharding_trains_on_every_file(run_dlaunch, tmp_path):
     linear.write_files(tmp_path / "data", shards=4, fmt="jsonl")
     _, s = final_params(run_dlaunch, "file", "strategy=mirrored", "cluster=1x2", "input.files=data/train-*.jsonl", "input.auto_shard_policy=FILE")
     assert s["final_loss"] < s["first_loss"] / 5 and s["steps"] == 40
+
+
+OWN_BATCHES = FIXTURES / "own_batches_recipe.py"
+
+
+@pytest.mark.parametrize("two", list(TWO_REPLICAS))
+def test_batches_of_51_rows_and_a_last_of_1_train_as_on_one_device(run_dlaunch, two):
+    """51 rows split 26/25 as tf.distribute does, each replica's mean weighted by its rows; the 1-row last batch leaves
+    replica 1 none, and its step (a reshape with -1, which fails on 0 rows) is not called with 0 rows."""
+    args, _ = TWO_REPLICAS[two]
+    runs = {}
+    for name, strategy in (("one", ("strategy=one_device",)), ("two", args)):
+        proc, run_dir = run_dlaunch(*COMMON, f"recipe.entry={OWN_BATCHES}", "trainer.steps=9", *strategy, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = torch.load(run_dir / "params.pt", weights_only=True), summary(run_dir)
+    (one, s1), (two_params, s2) = runs["one"], runs["two"]
+    assert_same_model(one, two_params)
+    assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-5)

@@ -321,3 +321,44 @@ def test_a_dict_without_the_loss_and_metrics_that_change_are_named():
 
     with pytest.raises(StepError, match=re.escape("returned the metrics ['b'], and ['a'] at the first logged step")):
         run_steps(TrainerSpec(), steps=2, user_step=changing)
+
+
+def reshaping_step(model, batch):
+    """Model code that cannot take a batch of 0 rows (a reshape with -1)."""
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x.reshape(x.shape[0], -1)), y)
+
+
+def train_on(strategy, batches):
+    """The loop's way: the distributed stream's batches and their global rows through ReplicaStep; the parameters
+    and the logged losses."""
+    from launcher.input.position import DataStream
+
+    model, _ = model_and_batch()
+    with strategy.scope():
+        model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    step = ReplicaStep(reshaping_step, model, optimizer, TrainerSpec(), "cpu", manual=False)
+    stream, losses = DataStream(strategy.experimental_distribute_dataset(batches)), []
+    for _ in batches:
+        batch = next(stream)
+        losses.append(strategy.reduce("MEAN", strategy.run(step, args=(batch, True, stream.rows)), axis=None)[0].item())
+    return [p.detach().clone() for p in model.parameters()], losses
+
+
+def test_batches_that_split_unevenly_or_leave_a_replica_no_rows_train_as_on_one_device(strategy):
+    from launcher import distribute as dl
+
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(n, 6, generator=g), torch.randn(n, 1, generator=g)) for n in (51, 51, 1, 51)]
+    one, one_losses = train_on(dl.OneDeviceStrategy("cpu"), batches)
+    two, two_losses = train_on(strategy, batches)  # 26 + 25 rows; the 1-row batch leaves replica 1 none
+    torch.testing.assert_close(two_losses, one_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(one, two):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_replica_whose_first_batch_has_no_rows_is_told_why(strategy):
+    batches = [(torch.randn(1, 6), torch.randn(1, 1))]
+    with pytest.raises(StepError, match=r"replica 1's first batch has no rows: the global batch of 1 row\(s\) is smaller "
+                                        r"than the 2 replicas in sync"):
+        train_on(strategy, batches)
