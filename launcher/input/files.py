@@ -36,9 +36,11 @@ if TYPE_CHECKING:  # validation resolves and checks files without loading torch;
     import torch
 
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan
+from launcher.input.readers import FORMATS, Columns, FieldWidth, count_rows, field_width, num_rows, read_columns, read_file
 
-FORMATS = ("jsonl", "csv", "pt", "npy")
-Columns = "dict[str, torch.Tensor]"
+__all__ = ["FORMATS", "FieldWidth", "FileDataset", "count_rows", "num_rows", "read_columns", "read_file", "resolve_files",
+           "write_file", "write_shards"]
+
 
 
 # ---------- which files ----------
@@ -85,109 +87,6 @@ def infer_format(files: Sequence[str]) -> str:
     if suffixes[0] not in FORMATS:
         raise ValueError(f"cannot infer the format from the extension {suffixes[0]!r}; allowed: {', '.join(FORMATS)}")
     return suffixes[0]
-
-
-# ---------- reading ----------
-def read_file(path: str | Path, fmt: str) -> Columns:
-    """One file's columns."""
-    reader = _READERS.get(fmt)
-    if reader is None:
-        raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    columns = reader(Path(path))
-    num_rows(columns, where=str(path))
-    return columns
-
-
-def num_rows(columns: Columns, where: str = "columns") -> int:
-    sizes = {k: (v.shape[0] if v.dim() else None) for k, v in columns.items()}
-    if len(set(sizes.values())) > 1 or None in sizes.values():
-        raise ValueError(f"{where}: every field needs one row per element; got first dimensions {sizes}")
-    return next(iter(sizes.values()), 0)
-
-
-def read_columns(files: Sequence[str], fmt: str) -> Columns:
-    """The rows of ``files``, concatenated in order. Files without rows are skipped."""
-    import torch
-
-    named = [(f, c) for f, c in ((f, read_file(f, fmt)) for f in files) if num_rows(c)]
-    if not named:
-        return {}
-    fields = list(named[0][1])
-    for f, part in named:
-        if list(part) != fields:
-            raise ValueError(f"{f}: fields {list(part)} differ from the first file's {fields}")
-    return {k: torch.cat([p[k] for _, p in named]) for k in fields}
-
-
-def _read_jsonl(path: Path) -> Columns:
-    import torch
-
-    rows = []
-    with path.open() as fh:
-        for number, line in enumerate(fh, 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict) or (rows and row.keys() != rows[0].keys()):
-                    raise ValueError(f"{path}:{number}: every line must be a JSON object with the first line's fields")
-                rows.append(row)
-    return {k: torch.tensor([r[k] for r in rows]) for k in (rows[0] if rows else ())}
-
-
-def _read_csv(path: Path) -> Columns:
-    import torch
-
-    with path.open(newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, [])
-        values = [[float(v) for v in row] for row in reader if row]
-    table = torch.tensor(values, dtype=torch.float32).reshape(len(values), len(header))
-    groups: dict[str, list[tuple[int, int]]] = {}
-    for j, name in enumerate(header):
-        base, dot, index = name.rpartition(".")
-        if dot and index.isdigit():
-            groups.setdefault(base, []).append((int(index), j))
-        else:
-            groups[name] = [(-1, j)]
-    return {
-        name: table[:, cols[0][1]] if cols[0][0] < 0 else table[:, [j for _, j in sorted(cols)]]
-        for name, cols in groups.items()
-    }
-
-
-def _read_pt(path: Path) -> Columns:
-    import torch
-
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
-        raise ValueError(f"{path}: a .pt file must hold a dict of tensors (torch.save({{'x': x, 'y': y}}, path))")
-    return {str(k): v for k, v in data.items()}
-
-
-def _read_npy(path: Path) -> Columns:
-    import numpy as np  # here, not at the top: validating a config imports this module
-    import torch
-
-    array = np.load(path, allow_pickle=False)
-    if array.dtype.names:
-        return {name: torch.from_numpy(np.ascontiguousarray(array[name])) for name in array.dtype.names}
-    return {"data": torch.from_numpy(array)}
-
-
-_READERS = {"jsonl": _read_jsonl, "csv": _read_csv, "pt": _read_pt, "npy": _read_npy}
-
-
-def count_rows(path: str | Path, fmt: str) -> int:
-    """A file's element count without parsing its values (for the plan)."""
-    path = Path(path)
-    if fmt in ("jsonl", "csv"):
-        with path.open("rb") as fh:
-            lines = sum(1 for line in fh if line.strip())
-        return max(lines - 1, 0) if fmt == "csv" else lines
-    if fmt == "npy":
-        import numpy as np
-
-        return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
-    return num_rows(_read_pt(path), where=str(path))
 
 
 # ---------- writing ----------
@@ -303,7 +202,6 @@ class FileDataset:
         shard = self.shard(ShardPlan(AutoShardPolicy.OFF))
         return (shard.collate(rows) for rows in shard.batches(epoch=epoch))
 
-
     def check_width(self, field: str, width: int, key: str) -> None:
         """Raise ``FieldWidth`` where the first file's rows of ``field`` do not hold ``width`` numbers: a model built
         from setting ``key`` would fail on them with torch's shape error, which names neither the file nor the key."""
@@ -311,30 +209,6 @@ class FileDataset:
         if found is not None and found != width:
             raise FieldWidth(f"{self.files[0]}: field {field!r} holds {found} number(s) per row, but the model is built "
                              f"for {key}={width}: set {key}={found} (or write files whose {field} holds {width})")
-
-
-def field_width(path: str | Path, fmt: str, field: str) -> int | None:
-    """Numbers per row of ``field``: from a jsonl file's first line or a csv header, else from the file's columns;
-    None where the file has no such field."""
-    import torch
-
-    if fmt == "jsonl":
-        with Path(path).open() as fh:
-            line = next((line for line in fh if line.strip()), "{}")
-        row = json.loads(line)
-        return torch.tensor(row[field]).numel() if isinstance(row, dict) and field in row else None
-    if fmt == "csv":
-        with Path(path).open(newline="") as fh:
-            header = next(csv.reader(fh), [])
-        return sum(1 for name in header if name == field or name.rpartition(".")[0] == field) or None
-    column = read_file(path, fmt).get(field)
-    return None if column is None else column[0].numel() if column.dim() else 1
-
-
-class FieldWidth(ValueError):
-    """The input files' rows of a field are not as wide as the recipe's model takes."""
-
-    explained = True  # the message names the file, the width it holds and the key to change
 
 
 class MissingFields(LookupError):
