@@ -7,34 +7,27 @@ import pytest
 from launcher.input.readers import BadRows, read_file
 
 
-@pytest.mark.parametrize("text,message", [
-    ("x,y\n1,2\n3,abc\n", ":3: column 'y' holds 'abc', not a number (a csv file holds a header row, then numbers)"),
-    ("x,y\n1,2\n3,4,5\n", ":3: 3 value(s), but the header names 2 column(s)"),
-    ("x,y\n1,2\n\n3\n", ":4: 1 value(s), but the header names 2 column(s)"),
-])
-def test_a_csv_row_it_cannot_read_is_named_in_csv_terms(tmp_path, text, message):
-    path = tmp_path / "data.csv"
-    path.write_text(text)
-    with pytest.raises(BadRows) as caught:
-        read_file(path, "csv")
-    assert str(caught.value) == f"{path}{message}"
-    assert "JSON" not in str(caught.value)
+CASES = [
+    ("csv", "x,y\n1,2\n3,abc\n", ":3: column 'y' holds 'abc', not a number (a csv file holds a header row, then numbers)"),
+    ("csv", "x,y\n1,2\n3,4,5\n", ":3: 3 value(s), but the header names 2 column(s)"),
+    ("csv", "x,y\n1,2\n\n3\n", ":4: 1 value(s), but the header names 2 column(s)"),
+    ("jsonl", '{"x": [1], "y": 2}\n{"x": [1], "y": 2\n', ":2: not a JSON object (Expecting ',' delimiter, column 18)"),
+    ("jsonl", '{"x": [1], "y": 2}\n[1, 2]\n', ":2: every line must be a JSON object with the first line's fields"),
+    ("jsonl", '{"x": [1], "y": 2}\n{"x": [1, 2], "y": 2}\n',
+     ": field 'x' is not a number, or a list of numbers of one shape, on every line (line 1 holds [1])"),
+    ("jsonl", '{"x": [1], "y": 2}\n{"x": "a", "y": 2}\n',
+     ": field 'x' is not a number, or a list of numbers of one shape, on every line (line 1 holds [1])"),
+]
 
 
-@pytest.mark.parametrize("text,message", [
-    ('{"x": [1], "y": 2}\n{"x": [1], "y": 2\n', ":2: not a JSON object (Expecting ',' delimiter, column 18)"),
-    ('{"x": [1], "y": 2}\n[1, 2]\n', ":2: every line must be a JSON object with the first line's fields"),
-    ('{"x": [1], "y": 2}\n{"x": [1, 2], "y": 2}\n',
-     ": field 'x' is not a number, or a list of numbers of one shape, on every line (line 1 holds [1])"),
-    ('{"x": [1], "y": 2}\n{"x": "a", "y": 2}\n',
-     ": field 'x' is not a number, or a list of numbers of one shape, on every line (line 1 holds [1])"),
-])
-def test_a_jsonl_line_it_cannot_read_is_named(tmp_path, text, message):
-    path = tmp_path / "data.jsonl"
+@pytest.mark.parametrize("fmt,text,message", CASES)
+def test_a_row_it_cannot_read_is_named_by_file_and_line_in_its_formats_terms(tmp_path, fmt, text, message):
+    path = tmp_path / f"data.{fmt}"
     path.write_text(text)
     with pytest.raises(BadRows) as caught:
-        read_file(path, "jsonl")
+        read_file(path, fmt)
     assert str(caught.value) == f"{path}{message}"
+    assert fmt == "jsonl" or "JSON" not in str(caught.value)
 
 
 def test_a_worker_stopped_by_a_bad_file_shows_one_line_not_the_readers_frames(run_dlaunch, tmp_path):
