@@ -316,9 +316,10 @@ class Placement:
         return totals
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
-        """Printable table rows: (variable, shard shape, shard, ``ps:K``, size)."""
+        """Printable table rows: (variable, the variable's whole shape, which rows the shard holds, ``ps:K``, the
+        shard's size)."""
         return [
-            (s.name, str(list(s.shape)), s.describe(), f"ps:{s.ps}", _format_bytes(s.nbytes))
+            (s.name, str(list(s.full_shape)), s.describe(), f"ps:{s.ps}", _format_bytes(s.nbytes))
             for s in self.shards
         ]
 

@@ -23,7 +23,7 @@ class PartitionerSpec(Strict):
         "min_size", description="none: every variable whole | fixed: num_shards | min_size / max_size: by bytes per shard",
     )
     num_shards: PositiveInt | None = Field(None, description="fixed: shards per variable (at most its rows)")
-    min_shard_bytes: PositiveInt = Field(256 << 10, description="min_size: a shard holds at least this many bytes")
+    min_shard_bytes: PositiveInt = Field(256 << 10, description="min_size: a variable of B bytes is cut into ceil(B / this) even shards (TF's rounding: a shard may hold less)")
     max_shard_bytes: PositiveInt | None = Field(None, description="max_size: a shard holds at most this many bytes")
     max_shards: PositiveInt | None = Field(None, description="min_size: null is the number of ps tasks; max_size: null is no cap")
 
@@ -49,8 +49,13 @@ class PartitionerSpec(Strict):
         if self.kind == "fixed":
             return f"{self.num_shards} shards per variable"
         if self.kind == "min_size":
-            return f"shards of >= {self.min_shard_bytes} bytes, at most {self.max_shards or 'one per ps'}"
-        return f"shards of <= {self.max_shard_bytes} bytes" + (f", at most {self.max_shards}" if self.max_shards else "")
+            return (f"min_size: a variable of B bytes in ceil(B / {_kib(self.min_shard_bytes)}) even shards, at most "
+                    f"{self.max_shards or 'one per ps'}")
+        return f"shards of <= {_kib(self.max_shard_bytes)}" + (f", at most {self.max_shards}" if self.max_shards else "")
+
+
+def _kib(n: int) -> str:
+    return f"{n >> 10} KiB" if n % 1024 == 0 else f"{n} bytes"
 
 
 @unit
