@@ -149,10 +149,11 @@ class _BySize(Partitioner):
 
 
 class MinSizePartitioner(_BySize):
-    """Keeps every shard at least ``min_shard_bytes``, with as many shards as allowed.
+    """As many shards as ``min_shard_bytes`` allows, capped at ``max_shards``: TF's rounding.
 
-    The number of shards is as large as possible without any shard falling
-    under ``min_shard_bytes``, capped at ``max_shards``.
+    Rows per shard are ``ceil(min_shard_bytes / row bytes)``, and the shards ``ceil(rows / that)``; the rows are
+    then split evenly, so a shard may hold less than ``min_shard_bytes`` (100000 rows of 4 bytes, 256 KiB: 2
+    shards of 195 KiB), as ``tf.distribute.experimental.partitioners.MinSizePartitioner`` does.
     """
 
     def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1, bytes_per_string: int = 16):
