@@ -362,10 +362,10 @@ class _Loop:
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             raise loss_not_finite(loss, step, self.spec.trainer.log_every)
         rate, eta = meter.window(step)
-        progress.logged(step, loss, rate, eta)
+        own = dict(zip(self.step.metric_names or (), extras))  # the recipe's own, averaged over the replicas
+        progress.logged(step, loss, rate, eta, own)
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,
-                  **({} if norm == NOT_MEASURED else {"grad_norm": norm}),  # inf/NaN: null in metrics.jsonl
-                  **dict(zip(self.step.metric_names or (), extras))}  # the recipe's own, averaged over the replicas
+                  **({} if norm == NOT_MEASURED else {"grad_norm": norm}), **own}  # inf/NaN: null in metrics.jsonl
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
             record["skipped_steps"] = self.skipped_steps

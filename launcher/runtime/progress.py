@@ -81,30 +81,34 @@ class ProgressReporter:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("loss {task.fields[loss]}{task.fields[own]}"),
                 TextColumn("{task.fields[speed]} ex/s"),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
                 console=console,
                 transient=False,
             )
-            self._task = self._bar.add_task("train", total=total_steps, completed=start, loss="-", speed="-")
+            self._task = self._bar.add_task("train", total=total_steps, completed=start, loss="-", speed="-", own="")
             self._bar.start()
 
     def advance(self, step: int) -> None:
         if self._bar is not None:
             self._bar.update(self._task, completed=step)
 
-    def logged(self, step: int, loss: float, examples_per_sec: float, eta_s: float | None) -> None:
-        """``eta_s`` None: no step since the first has ended, and the first (compile, warm-up) predicts nothing."""
+    def logged(self, step: int, loss: float, examples_per_sec: float, eta_s: float | None,
+               own: dict[str, float] | None = None) -> None:
+        """``eta_s`` None: no step since the first has ended, and the first (compile, warm-up) predicts nothing.
+        ``own``: the metrics the recipe's step returns beside its loss, shown after it."""
         if not self.enabled:
             return
+        beside = "".join(f"  {name} {value:.6g}" for name, value in (own or {}).items())
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, loss=f"{loss:.4g}", speed=f"{examples_per_sec:,.0f}")
+            self._bar.update(self._task, completed=step, loss=f"{loss:.4g}", speed=f"{examples_per_sec:,.0f}",
+                             own="".join(f"  {name} {value:.4g}" for name, value in (own or {}).items()))
         elif eta_s is None:
-            log.info("step %d/%d  loss %.6g  %.0f ex/s", step, self.total, loss, examples_per_sec)
+            log.info("step %d/%d  loss %.6g%s  %.0f ex/s", step, self.total, loss, beside, examples_per_sec)
         else:
-            log.info("step %d/%d  loss %.6g  %.0f ex/s  eta %.0fs", step, self.total, loss, examples_per_sec, eta_s)
+            log.info("step %d/%d  loss %.6g%s  %.0f ex/s  eta %.0fs", step, self.total, loss, beside, examples_per_sec, eta_s)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -41,3 +41,22 @@ def test_time_spent_aside_is_not_in_the_examples_per_second():
     aside[0] = 0.75
     rate, _ = meter.window(12)
     assert rate == pytest.approx(2 * 64 / max(meter.mark - start - 0.25, 1e-9))  # only what was aside since step 10
+
+
+def test_the_recipes_own_metrics_follow_the_loss_in_the_step_lines_and_the_bar(caplog):
+    """digits' train_step returns its accuracy beside the loss: metrics.jsonl had it, the lines a user reads did not."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from launcher.runtime.progress import ProgressReporter
+
+    with caplog.at_level(logging.INFO, logger="dlaunch"):
+        ProgressReporter(40, True, Console(file=io.StringIO())).logged(20, 0.65, 31000.0, 1.0, {"accuracy": 0.895833})
+    assert "step 20/40  loss 0.65  accuracy 0.895833  31000 ex/s  eta 1s" in caplog.text
+    screen = io.StringIO()
+    bar = ProgressReporter(40, True, Console(file=screen, force_terminal=True, width=150))
+    bar.logged(20, 0.65, 31000.0, 1.0, {"accuracy": 0.895833})
+    bar.close()
+    assert "loss 0.65  accuracy 0.8958" in screen.getvalue()
