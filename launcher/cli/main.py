@@ -15,6 +15,7 @@ Exit codes: 0 done, 1 training failure, 2 config error (or a submission SLURM re
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 from typing import Any
@@ -26,6 +27,7 @@ from launcher.cluster.env import full_errors
 from launcher.config import compose as composer
 from launcher.config import disk
 from launcher.config import script as script_config
+from launcher.config import user_recipes
 from launcher.config.errors import ConfigError, Problem, render
 
 MAX_PRECHECKED_JOBS = 64
@@ -124,9 +126,22 @@ def _warm_workers(overrides: list[str]) -> None:
         warm.stop()
 
 
+class _RecipeAsTyped(logging.Filter):
+    """Hydra's launcher line for each sweep job (``#0 : recipe=user/mine ...``) with the recipe as the user typed it:
+    ``user/NAME`` is the option dlaunch stored it under, which means nothing to them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        for option, typed in user_recipes.TYPED.items():
+            message = message.replace(f"recipe={option}", f"recipe={typed}")
+        record.msg, record.args = message, ()
+        return True
+
+
 def _hydra_main(argv: list[str]) -> None:
     import hydra
 
+    logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_RecipeAsTyped())
     main_fn = hydra.main(config_path=str(composer.CONF_DIR), config_name="config", version_base="1.3")(job.task)
     saved = sys.argv
     sys.argv = ["dlaunch", *argv]

@@ -227,3 +227,16 @@ def test_a_sweep_and_its_report_rank_by_sweep_objective(tmp_path):
     shown = dlaunch("report", str(sweep), cwd=tmp_path, device=None)
     assert shown.returncode == 0, shown.stderr
     assert "Charted metric: <b>eval_loss</b>" in (sweep / "report.html").read_text()
+
+
+def test_hydras_line_for_each_job_shows_a_user_recipe_as_typed(tmp_path):
+    """dlaunch stores a recipe chosen by path as the option user/NAME; Hydra's `#0 : ...` line showed that name."""
+    from launcher.cli import recipes
+
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    proc = dlaunch("-m", "recipe=mine/recipe/linear.yaml", "trainer.steps=2,3", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert f"#0 : recipe={tmp_path / 'mine' / 'recipe' / 'linear.yaml'} trainer.steps=2" in out, out[-3000:]
+    assert "user/linear" not in out
