@@ -28,7 +28,9 @@ def _manual_step(spec: Any, loaded: Any) -> list[Problem]:
     t = spec.trainer
     owned = [("trainer.precision", t.precision, t.precision == "fp16-mixed", "GradScaler must scale the loss before backward"),
              ("trainer.grad_accum_steps", t.grad_accum_steps, t.grad_accum_steps > 1, "micro-batches need dlaunch to call backward"),
-             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update")]
+             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update"),
+             ("input.drop_remainder", False, not spec.input.drop_remainder and spec.num_replicas > 1,
+              "a last partial batch gives the replicas unequal rows, which dlaunch weights in the loss before backward")]
     return [Problem(key=key, value=value, message=f"recipe {spec.recipe.name}'s train_step(model, batch, optimizer) does its "
                     f"own backward and update, so dlaunch cannot apply this ({why}); do it in the step, or drop the "
                     "optimizer argument so that dlaunch does backward and the update")

@@ -311,12 +311,16 @@ def nearby_multiples(value: int, n: int) -> str:
 
 
 def _whole_batches(spec: RunSpec, cuda: int) -> None:
-    if spec.num_replicas > 1 and not spec.input.drop_remainder:
-        raise PlanError(
-            "input.drop_remainder", False,
-            f"with {spec.num_replicas} replicas a last partial global batch leaves some replicas short or empty, "
-            "and averaging their mean losses would weigh examples unequally; keep input.drop_remainder=true",
-        )
+    """A last partial global batch splits unevenly over the replicas (or leaves some none): dlaunch's loop weights
+    each replica's mean loss by its rows (launcher/runtime/step.py), so it trains as one device does; a strategy
+    with a loop of its own may not (a manual step neither: config/recipe_rules.py)."""
+    if spec.num_replicas == 1 or spec.input.drop_remainder:
+        return
+    why = spec.strategy.refusal("partial-batches", spec)
+    if why:
+        raise PlanError("input.drop_remainder", False,
+                        f"with {spec.num_replicas} replicas a last partial global batch leaves some replicas short or "
+                        f"empty, and {why}")
 
 
 def _files_cover_workers(spec: RunSpec, cuda: int) -> None:

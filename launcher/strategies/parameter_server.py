@@ -80,6 +80,7 @@ class ParameterServerSpec(StrategyUnit):
         "lr_schedule": "the ps tasks own the optimizer and its learning rate; set recipe.optimizer.lr instead",
         "clip_grad_norm": "the ps tasks apply each task's gradient shard by shard, so no process sees the whole "
                           "gradient to clip",
+        "partial-batches": "the tasks push their gradients unweighted by their rows; keep input.drop_remainder=true",
     }
 
     def replicas(self, cluster: Any) -> int:

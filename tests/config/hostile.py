@@ -195,7 +195,8 @@ def shape_cases() -> Iterator[Case]:
     yield Case("cluster shape", (*tasks, "cluster.tasks={chief: ['a:1', 'b:1']}"), "cluster.tasks", "one chief")
     yield Case("cluster shape", ("recipe.strategies=[one_device]", "strategy=mirrored", "cluster=1x2"), "strategy", "declares")
     yield Case("cluster shape", ("input.auto_shard_policy=FILE",), "input.auto_shard_policy", "not set")
-    yield Case("cluster shape", ("strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"), "input.drop_remainder")
+    yield Case("cluster shape", ("recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "cluster.workers=1",
+                                 "input.drop_remainder=false"), "input.drop_remainder")
 
 
 def batch_cases() -> Iterator[Case]:

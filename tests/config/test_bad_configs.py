@@ -94,8 +94,10 @@ CASES = [
     (["strategy.device=tpu:0"], "strategy.device", "unknown device"),
     (["strategy.device=cuda:0"], "strategy.device", "0 CUDA device"),
     (["strategy=mirrored", "strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite"),
-    (["strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], "input.drop_remainder = false",  # as typed
-     "keep input.drop_remainder=true"),
+    (["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "cluster.workers=1", "input.drop_remainder=false"],
+     "input.drop_remainder = false", "the tasks push their gradients unweighted by their rows"),  # as typed
+    ([f"recipe.entry={FIXTURES / 'manual_recipe.py'}", "strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"],
+     "input.drop_remainder", "which dlaunch weights in the loss before backward"),
     (["strategy=mirrored", "strategy.cross_device_ops=hierarchical"], "strategy.cross_device_ops",
      "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device, shared_memory"),
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),

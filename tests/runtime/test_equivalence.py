@@ -111,3 +111,15 @@ def test_batches_of_51_rows_and_a_last_of_1_train_as_on_one_device(run_dlaunch, 
     (one, s1), (two_params, s2) = runs["one"], runs["two"]
     assert_same_model(one, two_params)
     assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("two", list(TWO_REPLICAS))
+def test_a_last_partial_batch_trains_as_on_one_device(run_dlaunch, two):
+    """input.drop_remainder=false over two replicas, once refused: 129 examples in batches of 64 leave a last batch of
+    one row, which replica 0 takes alone (tf.distribute's partial batch); its mean counts for the whole step."""
+    args, _ = TWO_REPLICAS[two]
+    partial = ("input.drop_remainder=false", "recipe.examples=129", "trainer.steps=9")  # three epochs of 64, 64, 1
+    one, s1 = final_params(run_dlaunch, "one", "strategy=one_device", *partial)
+    other, s2 = final_params(run_dlaunch, "two", *args, *partial)
+    assert_same_model(one, other)
+    assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-5)
