@@ -196,7 +196,8 @@ class Heartbeat:
         patience = max(3 * STALE_AFTER_S, self.timeout_s)
         with _Operation(self, f"waiting for rank 0's {label}"):
             beat, seen = None, time.monotonic()
-            while not _done(store, key):
+            began = seen  # 10 looks a second for 5 s, then one: a long evaluation on a thousand ranks would otherwise
+            while not _done(store, key, 0.1 if time.monotonic() - began < 5 else 1.0):  # ask 10,000 times a second
                 record = read_records(store, 1).get(0)
                 if record is not None and record.beat != beat:
                     beat, seen = record.beat, time.monotonic()
@@ -262,15 +263,15 @@ class _Operation:
             self.watch._op = self.outer
 
 
-def _done(store: dist.Store, key: str) -> bool:
-    """Whether ``key`` is set, looking for it 10 times a second for up to a second. Not ``store.wait`` with a timeout:
+def _done(store: dist.Store, key: str, every_s: float = 0.1) -> bool:
+    """Whether ``key`` is set, looking for it every ``every_s`` for up to a second. Not ``store.wait`` with a timeout:
     each that ran out made torch's store client log a warning ("waitForInput ... likely a timeout"), a line a second
     on every waiting rank during a long evaluation, which read as a fault."""
     deadline = time.monotonic() + 1.0
     while not store.check([key]):
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.1)
+        time.sleep(every_s)
     return True
 
 

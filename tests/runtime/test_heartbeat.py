@@ -208,3 +208,23 @@ def test_a_timeout_names_the_rank_still_in_its_step(job):
     assert "(alive: heartbeat " in text
     assert heartbeat.progress_of(info.value) == {"last_step": 11, "operation": "train step 12"}
     assert isinstance(info.value.__cause__, RuntimeError) and CollectiveTimeout.explained
+
+
+class _CountingStore:
+    """A real in-memory torch store that counts the looks the waiting rank takes."""
+
+    def __init__(self):
+        self.store, self.looks = dist.HashStore(), 0
+
+    def check(self, keys):
+        self.looks += 1
+        return self.store.check(keys)
+
+
+def test_a_rank_waiting_on_a_long_evaluation_looks_once_a_second_not_ten_times():
+    """Ten looks a second per waiting rank is 10,000 requests a second to the job's store on a thousand ranks."""
+    store = _CountingStore()
+    assert heartbeat._done(store, "done/eval", every_s=1.0) is False
+    assert store.looks <= 3
+    store.store.set("done/eval", "1")
+    assert heartbeat._done(store, "done/eval", every_s=1.0) is True
