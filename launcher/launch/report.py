@@ -115,6 +115,9 @@ def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
                "exit_code": code, "checkpoint": str(checkpoint) if checkpoint else None, "checkpoint_step": step}
+    lost = outputs.unsaved_stop(run_dir, step)
+    if lost:  # the stop's own save failed (on_error=warn): checkpoint_step is an earlier one
+        summary["unsaved_checkpoint"] = lost
     with _unless_unwritable(run_dir / outputs.SUMMARY):
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
 
