@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import signal
 from collections.abc import Iterator, Sequence
@@ -158,3 +159,33 @@ def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
         "restarts": outputs.command_restarts(run_dir),
         "history": outputs.history(run_dir),
     }
+
+
+def killed_on_stop(spec: RunSpec, run_dir: Path, ranks: Sequence[int]) -> str:
+    """The ranks a stop killed once ``launch.stop_grace_s`` had passed (SIGKILL), each with what it was doing, and
+    the checkpoint save they cut short; "" where none was killed.
+
+    The save's ``.step-N.partial`` is never resumed from, and a run that saves removes it as it starts; with one node
+    every worker has ended here, so it goes now (with several, another node's workers may still be writing it)."""
+    if not ranks:
+        return ""
+    doing = [f"rank {r}" + (f" ({op})" if (op := _operation(run_dir, r)) else "") for r in sorted(ranks)]
+    text = (f"{', '.join(doing)} did not exit within launch.stop_grace_s={spec.launch.stop_grace_s} s of the signal and "
+            f"{'was' if len(doing) == 1 else 'were'} killed (SIGKILL): a rank that ignores or traps the signal, that "
+            "waits in a collective for one that does, or whose save outlasts the grace, is killed so")
+    root = spec.trainer.checkpoint.root(run_dir)
+    cut = ", ".join(p.name for p in sorted(root.glob(".step-*.partial"))) if root.is_dir() else ""
+    if cut and spec.cluster.nodes == 1:
+        layout.clean_partials(root)
+        text += f"; the save they cut short ({cut}) was removed: a partial save is never resumed from"
+    elif cut:
+        text += f"; the save they cut short ({cut}) is never resumed from, and the next run removes it"
+    return text
+
+
+def _operation(run_dir: Path, rank: int) -> str:
+    """What a rank's heartbeat last said it was doing ("train step 8", "checkpoint save ..."), or ""."""
+    try:
+        return str(json.loads(outputs.progress_file(run_dir, rank).read_text()).get("operation") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
