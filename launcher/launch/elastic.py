@@ -272,6 +272,10 @@ class _Agent(LocalElasticAgent):
         failed = getattr(self._last, "failures", None) or {}
         if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
             self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart
+        elif failed:  # the report tells a rank that completed from one that left early (os._exit(0)) and broke the rest
+            failed.update({w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0, exitcode=0, error_file="")
+                           for w in worker_group.workers
+                           if w.global_rank not in failed and _exit_code(self._pcontext, w.local_rank) == 0})
         return self._last
 
     def _restart_workers(self, worker_group: Any) -> None:

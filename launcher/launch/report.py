@@ -26,7 +26,21 @@ def causes_of(exc: ChildFailedError, run_dir: Path, spec: RunSpec) -> tuple[list
     floor = last_logged_step(run_dir) if spec.script is None else None
     causes = [with_last_step(failures.from_process_failure(rank, f), run_dir, floor) for rank, f in exc.failures.items()]
     finished = [c for c in causes if outputs.completion_marker(run_dir, c.rank).exists()]
-    return [c for c in causes if c not in finished], finished
+    real = [c for c in causes if c not in finished]
+    return [_left_early(c, run_dir) if c.exit == failures.CLEAN_EXIT else c for c in real], \
+        [c for c in finished if c.exit != failures.CLEAN_EXIT]  # a rank that completed and exited 0 is no news
+
+
+def _left_early(cause: failures.RootCause, run_dir: Path) -> failures.RootCause:
+    """A rank that exited 0 before the run finished (no completion marker): the cause of its peers' broken collective,
+    as of its last heartbeat (it died between that and the next)."""
+    try:
+        beat = float(json.loads(outputs.progress_file(run_dir, cause.rank).read_text())["beat"])
+    except (OSError, ValueError, KeyError, TypeError):
+        beat = cause.time
+    return dataclasses.replace(cause, time=min(beat, cause.time), exception=(
+        f"{cause.who} exited with code 0 before the run finished: its process ended without an error (os._exit(0), "
+        "or sys.exit(0) where nothing catches it) while the other ranks went on, to wait for it in their next collective"))
 
 
 def with_last_step(cause: failures.RootCause, run_dir: Path, floor: int | None = None) -> failures.RootCause:
