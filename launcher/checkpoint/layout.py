@@ -111,7 +111,7 @@ def choose(root: Path, full: bool = True) -> Choice:
     if named and root / named not in candidates:
         candidates.insert(0, root / named)
     garbled = _garbled_latest(root)
-    skipped = [(root / LATEST, f"{garbled}, so the newest intact step-N is taken")] if garbled else []
+    skipped = [(root / LATEST, f"{garbled}: the step directories decide")] if garbled else []
     for path in candidates:
         why = check(path, full)
         if why is None:

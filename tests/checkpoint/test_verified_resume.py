@@ -73,7 +73,7 @@ def test_a_garbled_latest_is_reported_and_the_newest_intact_step_resumed(saved_r
     proc, run_dir = run_dlaunch(*COMMON, "trainer.steps=50", env=WIDE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (warning,) = [line for line in proc.stderr.splitlines() if SKIPPED in line]
-    assert f"{root / 'latest'} {SKIPPED}: the marker is garbled" in warning and "newest intact step-N is taken" in warning
+    assert f"{root / 'latest'} {SKIPPED}: the marker is garbled" in warning and "the step directories decide" in warning
     assert summary(run_dir)["resumed_from_step"] == 40
     assert (root / "latest").read_text() == "step-00000050\n"
 
