@@ -37,6 +37,7 @@ from launcher.checkpoint.writer import storage_writer
 from launcher.cluster.process_group import comm_device
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
+from launcher.runtime import outputs
 
 __all__ = ["Checkpointer", "CheckpointError", "NoIntactCheckpoint", "UnsafeCheckpoint", "root_of", "select", "find", "read_tensors",
            "read_object"]
@@ -138,10 +139,11 @@ class Checkpointer:
         self.spec, self.rank = spec, rank
         self.strategy = strategy
         self.objects = saved_objects.checked(objects or {}, strategy, rank, spec.trainer.checkpoint.every_steps > 0)
-        self.root = root_of(spec, run_dir)
+        self.root, self.run_dir = root_of(spec, run_dir), run_dir
         self.every = spec.trainer.checkpoint.every_steps
         self._saved: tuple[int, Path] | None = None  # the last step saved, and where
         self.loaded_loop: dict[str, torch.Tensor] = {}  # the loop's state (schedule, scaler) from the last load
+        self.unsaved = ""  # why the last save was not (on_error=warn), until one is
 
     @property
     def enabled(self) -> bool:
@@ -194,10 +196,11 @@ class Checkpointer:
                 "one whole; give every node the same directory on a shared file system (trainer.checkpoint.dir=...)")
 
     def save(self, step: int, position: Position, model: Any, optimizer: Any,
-             loop: dict[str, torch.Tensor] | None = None) -> Path | None:
+             loop: dict[str, torch.Tensor] | None = None, stopping: bool = False) -> Path | None:
         """Save ``step`` (collective); None when the disk refused it and ``trainer.checkpoint.on_error=warn``.
 
-        ``loop``: the training loop's own tensors (its schedule's position, fp16's scale).
+        ``loop``: the training loop's own tensors (its schedule's position, fp16's scale). ``stopping``: the save
+        of a stop signal, after which the run ends.
         """
         if self._saved and self._saved[0] == step:  # e.g. a stop signal right after a scheduled save
             return self._saved[1]
@@ -216,13 +219,14 @@ class Checkpointer:
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             if not isinstance(_cause(exc), OSError):  # only a storage failure is this method's to report
                 raise
-            return self._not_saved(step, partial, _cause(exc))
+            return self._not_saved(step, partial, _cause(exc), stopping)
+        self.unsaved = ""
         if self.rank == 0:
             log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
         self._saved = (step, final)
         return final
 
-    def _not_saved(self, step: int, partial: Path, cause: OSError) -> None:
+    def _not_saved(self, step: int, partial: Path, cause: OSError, stopping: bool = False) -> None:
         """The storage refused the save (disk full, I/O error): drop what was half written, then end the run or warn."""
         if self.rank == 0:  # DCP reports a failed write on every rank once all of them are done writing
             shutil.rmtree(partial, ignore_errors=True)
@@ -232,7 +236,10 @@ class Checkpointer:
         where = f" writing {Path(cause.filename).name}" if cause.filename else ""
         message = f"the checkpoint of step {step} was not saved: {what}{where} in {self.root}; {kept}"
         if self.spec.trainer.checkpoint.on_error == "warn":
-            if self.rank == 0:
+            self.unsaved = message
+            if self.rank == 0 and stopping:  # the stop's summary says so: not the earlier checkpoint as if it were this
+                outputs.record_unsaved_stop(self.run_dir, step, message)
+            elif self.rank == 0:
                 log.warning("%s; training continues (trainer.checkpoint.on_error=warn)", message)
             return None
         raise CheckpointError(f"{message}. {_REMEDY.get(cause.errno, 'Mend the storage')} and run the same command "

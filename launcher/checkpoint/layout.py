@@ -100,7 +100,7 @@ def choose(root: Path, full: bool = True) -> Choice:
     """The newest intact ``step-N`` under ``root``.
 
     ``latest`` names it unless the marker's own write failed after the step's commit (a disk that filled up just
-    then): the committed step still wins. A ``latest`` naming a step that is gone is reported as skipped.
+    then): the committed step still wins. A ``latest`` naming a step that is gone, or garbled, is reported as skipped.
     """
     if not root.is_dir():
         return Choice(None)
@@ -110,7 +110,8 @@ def choose(root: Path, full: bool = True) -> Choice:
     candidates = [p for _, p in found]
     if named and root / named not in candidates:
         candidates.insert(0, root / named)
-    skipped = []
+    garbled = _garbled_latest(root)
+    skipped = [(root / LATEST, f"{garbled}: the step directories decide")] if garbled else []
     for path in candidates:
         why = check(path, full)
         if why is None:
@@ -134,6 +135,19 @@ def _latest_name(root: Path) -> str | None:
     except (OSError, UnicodeDecodeError):  # unreadable, or garbled (a flipped bit): the step directories decide
         return None
     return name if _STEP.match(name) else None
+
+
+def _garbled_latest(root: Path) -> str | None:
+    """Why ``latest`` names no step (a flipped bit, a torn write by some other tool); None: it does, or is not there."""
+    try:
+        raw = (root / LATEST).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"the marker cannot be read ({exc.strerror or exc})"
+    if _latest_name(root) is not None:
+        return None
+    return f"the marker is garbled (it holds {raw[:40]!r}{'...' if len(raw) > 40 else ''}, not a step-N name)"
 
 
 def resolve(resume: str, root: Path, full: bool = True) -> Choice:
@@ -236,7 +250,8 @@ def set_aside_after(root: Path, step: int) -> list[Path]:
             os.replace(path, target)
             moved.append(target)
     named = _latest_name(root)
-    if named and not (root / named).is_dir():  # it named a step set aside (or one deleted): name the start, or nothing
+    stale = not (root / named).is_dir() if named else (root / LATEST).exists()  # a step set aside or deleted; garbled
+    if stale:  # name the start, or nothing
         start = step_dir(root, step)
         if start.is_dir():
             _point_latest(start)

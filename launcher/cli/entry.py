@@ -28,9 +28,9 @@ def entry() -> None:
         from launcher.cli.main import main
 
         code = main()
-    except KeyboardInterrupt:  # a Ctrl-C before the run's own handling took over: nothing started worth a traceback
-        print("dlaunch: stopped by Ctrl-C", file=sys.stderr, flush=True)
-        code = 130
+    except KeyboardInterrupt as exc:  # a Ctrl-C (or a second SIGTERM, interrupts.Stopped) before the run's own handling
+        print(f"dlaunch: stopped by {exc or 'Ctrl-C'}", file=sys.stderr, flush=True)  # took over: no traceback
+        code = getattr(exc, "exit_code", 130)
     finally:
         _quietly(warm.shutdown)  # every worker has ended by now: the server follows, and is reaped
     leave(130 if interrupts.requested() and code == 0 else code)  # noted where nothing acted on it (--cfg job)

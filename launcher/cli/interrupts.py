@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import threading
 from typing import Any, Iterator
 
 from launcher.runtime.stop_signals import handling_stop_signals
@@ -86,18 +87,82 @@ def held() -> Iterator[None]:
     ``Stopped``), so that the block is never left half done (a run's record half written); a second one at once.
     A signal that is ignored stays ignored."""
     came: list[int] = []
+    with _noting(came):
+        yield
+    if came:
+        _raise(came[0])
+
+
+_STOPS = (signal.SIGINT, *_OTHER_STOPS)
+
+
+@contextlib.contextmanager
+def _noting(came: list[int]) -> Iterator[Any]:
+    """Inside, a stop signal is appended to ``came``, a second one raised at once; an ignored one stays ignored.
+    Yields the handler."""
 
     def note(signum: int, frame: Any) -> None:
         if came:
             _raise(signum)
         came.append(signum)
 
-    stops = (signal.SIGINT, *_OTHER_STOPS)
-    with handling_stop_signals(note, stops, replaces=lambda current: current is not signal.SIG_IGN):
-        yield
-    if came:
-        _raise(came[0])
+    with handling_stop_signals(note, _STOPS, replaces=lambda current: current is not signal.SIG_IGN):
+        yield note
 
 
 def _raise(signum: int) -> None:
     raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
+
+
+class _Sweep:
+    """A sweep whose jobs run in this process, while it is in ``between_jobs``."""
+
+    came: list[int] = []  # the stop signal noted outside a job's own handling
+    job_handlers: dict[int, Any] = {}  # what each job runs with: the handling from before the sweep
+    note: Any = None
+
+
+@contextlib.contextmanager
+def between_jobs() -> Iterator[None]:
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) while Hydra sets a sweep's next job up or ends the sweep is noted:
+    the next job is not started (``take_noted``) and the sweep ends with its table and resume hint, where the
+    signal's default action ended dlaunch without a word. Each job takes the handling from before the sweep back
+    once it launches (``job_launches``). A second signal stops at once. An ignored signal stays ignored."""
+    came: list[int] = []
+    before = {sig: signal.getsignal(sig) for sig in _STOPS}
+    with _noting(came) as note:
+        _Sweep.came, _Sweep.note = came, note
+        _Sweep.job_handlers = {sig: h for sig, h in before.items() if h is not signal.SIG_IGN and signal.getsignal(sig) is note}
+        try:
+            yield
+        finally:
+            _Sweep.came, _Sweep.job_handlers, _Sweep.note = [], {}, None
+
+
+def take_noted() -> int | None:
+    """The stop signal noted between a sweep's jobs, once (None: none)."""
+    return _Sweep.came.pop() if _Sweep.came else None
+
+
+@contextlib.contextmanager
+def job_launches() -> Iterator[None]:
+    """A sweep's job from its launch on: the signal handling from before the sweep (the job's own takes over from
+    there); the sweep's noting again afterwards, whatever the launch left (torch elastic keeps its handlers)."""
+    if not _Sweep.job_handlers or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    for sig, handler in _Sweep.job_handlers.items():
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig in _Sweep.job_handlers:
+            signal.signal(sig, _Sweep.note)
+
+
+def raise_noted() -> None:
+    """A stop noted while a sweep's job got ready (its checkpoints verified, its plan shown): raised now, as one
+    raised at this point would be."""
+    signum = take_noted()
+    if signum is not None:
+        _raise(signum)

@@ -71,6 +71,10 @@ def _job(cfg: Any) -> Any:
     console, cuda = output.messages(), cuda_devices()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     key = job_key(list(HydraConfig.get().overrides.task))
+    signum = interrupts.take_noted()  # a stop while Hydra set this job up: the sweep ends here
+    if signum is not None and not Status.stopped:
+        Status.stopped = f"{signal.Signals(signum).name} came between jobs"
+        Status.codes.append(128 + signum)
     if key in Status.invalid or Status.stopped:  # an invalid sweep combination, or a job after a stop
         return _not_run(run_dir, cfg, key, console)
     try:
@@ -174,7 +178,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     before = outputs.snapshot_record(run_dir) if _resumes_itself(spec, run_dir, resume_from) else None
     interrupted = False
     try:
-        with interrupts.stops_raise():  # until the launcher's (or the loop's) own signal handling takes over
+        with interrupts.job_launches(), interrupts.stops_raise():  # until the launcher's (or loop's) own handling
             with interrupts.held():  # a run's record is written whole, or a stop's summary would name a run not there
                 record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
                 if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
@@ -182,6 +186,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
                                       script=spec.script is not None and outputs.same_script(run_dir, spec.script.path))
                     (run_dir / outputs.CONFIG).write_text(as_run(spec))
                     outputs.record_command(run_dir)
+            interrupts.raise_noted()  # a sweep's job stopped while it got ready: now that its record is whole
             code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     except KeyboardInterrupt as exc:  # before the launcher's own signal handling: a stop all the same, with its summary
         log.warning("stopped by %s before the workers started", exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C")

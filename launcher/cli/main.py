@@ -14,9 +14,11 @@ Exit codes: 0 done, 1 training failure, 2 config error (or a submission SLURM re
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -208,14 +210,29 @@ def main(argv: list[str] | None = None) -> int:
         argv += extra
     if not informational and _interrupted_before_start(launcher):
         return 130
+    return _run(argv, args.multirun, args.overrides, launcher)
+
+
+def _run(argv: list[str], multirun: bool, overrides: list[str], launcher: str | None) -> int:
+    """Hydra runs the job, or the sweep's jobs; the exit code of them all."""
     try:
-        _hydra_main(argv)
+        with interrupts.between_jobs() if multirun and _jobs_here(overrides) else contextlib.nullcontext():
+            _hydra_main(argv)
+            late = interrupts.take_noted()  # after the last job started: the sweep's table is shown all the same
     except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
-    codes = [*job.Status.codes, *([1] if (args.multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
+    codes = [*job.Status.codes, *([1] if (multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
+    if late is not None:
+        print(f"dlaunch: stopped by {signal.Signals(late).name} after the sweep's last job had started", file=sys.stderr)
+        codes.append(128 + late)
     return max(codes, default=0, key=_severity)
+
+
+def _jobs_here(overrides: list[str]) -> bool:
+    """A sweep's jobs run one after the other in this process (Hydra's basic launcher, not joblib's or SLURM's)."""
+    return all(o.partition("=")[2] in ("", "basic") for o in overrides if o.partition("=")[0].lstrip("+") == "hydra/launcher")
 
 
 def _interrupted_before_start(launcher: str | None) -> bool:

@@ -45,10 +45,18 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -
         return (f"stopped (exit {code}); the script saves its own checkpoints (ScriptStopped reached it; its "
                 f"ScriptCheckpoints.restore, if it calls one, goes on from its newest save); "
                 f"{command(run_dir)} runs it again with the same arguments")
+    from launcher.checkpoint import layout
+    from launcher.runtime import outputs
+
+    lost = outputs.unsaved_stop(run_dir, None if checkpoint is None else layout.step_of(checkpoint))
     if checkpoint is None:
         why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"
+        why = lost["why"] if lost else why
         again = "at step 0" if spec.trainer.resume in ("auto", "never") else f"from {spec.trainer.resume}"
         return f"stopped (exit {code}); no checkpoint to resume from: {why}; {command(run_dir)} starts again {again}"
+    if lost:  # the storage refused the stop's own save (trainer.checkpoint.on_error=warn)
+        return (f"stopped (exit {code}); {lost['why']}\nresume with: {command(run_dir)} (from step "
+                f"{layout.step_of(checkpoint)}: the steps after it up to {lost['step']} are trained again)")
     return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
 
 

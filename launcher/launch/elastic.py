@@ -17,7 +17,7 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -179,6 +179,7 @@ def run_node(
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(plan, run_dir)
+        _Agent.killed.clear()
         with _stop_signals_raise():
             start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
                           master_addr=spec.cluster.master_addr)
@@ -193,7 +194,8 @@ def run_node(
         if teardown_marker(run_dir).exists():  # dlaunch's parent tears this node down after another node failed
             log.warning("node %d torn down after another node failed; its workers were shut down", node_rank or 0)
         else:
-            log.warning("stopped by %s; all workers were shut down", exc.sigval.name)
+            killed = report.killed_on_stop(spec, run_dir, _Agent.killed)
+            log.warning("stopped by %s; %s", exc.sigval.name, killed or "all workers were shut down")
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         log.warning("interrupted; all workers were shut down")
@@ -267,12 +269,17 @@ class _Agent(LocalElasticAgent):
     stop_grace_s: float = 30.0
     teardown_marker: Path | None = None
     _last: Any = None  # the last RunResult seen: what a restart follows
+    killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         self._last = super()._monitor_workers(worker_group)
         failed = getattr(self._last, "failures", None) or {}
         if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
             self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart
+        elif failed:  # the report tells a rank that completed from one that left early (os._exit(0)) and broke the rest
+            failed.update({w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0, exitcode=0, error_file="")
+                           for w in worker_group.workers
+                           if w.global_rank not in failed and _exit_code(self._pcontext, w.local_rank) == 0})
         return self._last
 
     def _restart_workers(self, worker_group: Any) -> None:
@@ -296,6 +303,9 @@ class _Agent(LocalElasticAgent):
             # a SIGTERM from dlaunch's parent process after another node failed comes with the marker
             stopping = isinstance(sys.exc_info()[1], SignalException) and not (marker is not None and marker.exists())
             close(death_sig, stop_grace if stopping else min(timeout, grace))
+            if stopping:  # those still running after the grace were killed: said by name, not "shut down"
+                _Agent.killed[:] = [w.global_rank for w in worker_group.workers
+                                    if _exit_code(pcontext, w.local_rank) == -signal.SIGKILL]
 
         pcontext.close = graceful_close
         processes = getattr(pcontext, "_pc", None)  # workers forked as functions (warm start): torch.multiprocessing's context
@@ -310,6 +320,15 @@ class _Agent(LocalElasticAgent):
             processes.join = bounded_join
             pcontext._poll = _every_failure(pcontext, processes)
         return started
+
+
+def _exit_code(pcontext: Any, local_rank: int) -> int | None:
+    """A worker's exit code once it ended (-N: signal N): forked (torch.multiprocessing) or started as a process."""
+    processes = getattr(pcontext, "_pc", None)
+    if processes is not None:
+        return processes.processes[local_rank].exitcode
+    handler = getattr(pcontext, "subprocess_handlers", {}).get(local_rank)
+    return None if handler is None else handler.proc.returncode
 
 
 def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:

@@ -108,6 +108,9 @@ def _script_exit(exc: BaseException) -> dict[str, int]:
     return {"script_exit": code} if isinstance(code, int) else {}
 
 
+CLEAN_EXIT = "exit code 0"  # a worker that ended without an error: completed, or left the others early
+
+
 def from_process_failure(rank: int, failure: Any) -> RootCause:
     """A ``ProcessFailure`` from torch.distributed.elastic as a ``RootCause``."""
     data = failure.error_file_data or {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import signal
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,21 @@ def causes_of(exc: ChildFailedError, run_dir: Path, spec: RunSpec) -> tuple[list
     floor = last_logged_step(run_dir) if spec.script is None else None
     causes = [with_last_step(failures.from_process_failure(rank, f), run_dir, floor) for rank, f in exc.failures.items()]
     finished = [c for c in causes if outputs.completion_marker(run_dir, c.rank).exists()]
-    return [c for c in causes if c not in finished], finished
+    real = [c for c in causes if c not in finished]
+    return [_left_early(c, run_dir) if c.exit == failures.CLEAN_EXIT else c for c in real], \
+        [c for c in finished if c.exit != failures.CLEAN_EXIT]  # a rank that completed and exited 0 is no news
+
+
+def _left_early(cause: failures.RootCause, run_dir: Path) -> failures.RootCause:
+    """A rank that exited 0 before the run finished (no completion marker): the cause of its peers' broken collective,
+    as of its last heartbeat (it died between that and the next)."""
+    try:
+        beat = float(json.loads(outputs.progress_file(run_dir, cause.rank).read_text())["beat"])
+    except (OSError, ValueError, KeyError, TypeError):
+        beat = cause.time
+    return dataclasses.replace(cause, time=min(beat, cause.time), exception=(
+        f"{cause.who} exited with code 0 before the run finished: its process ended without an error (os._exit(0), "
+        "or sys.exit(0) where nothing catches it) while the other ranks went on, to wait for it in their next collective"))
 
 
 def with_last_step(cause: failures.RootCause, run_dir: Path, floor: int | None = None) -> failures.RootCause:
@@ -120,6 +135,9 @@ def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
                "exit_code": code, "checkpoint": str(checkpoint) if checkpoint else None, "checkpoint_step": step}
+    lost = outputs.unsaved_stop(run_dir, step)
+    if lost:  # the stop's own save failed (on_error=warn): checkpoint_step is an earlier one
+        summary["unsaved_checkpoint"] = lost
     with _unless_unwritable(run_dir / outputs.SUMMARY):
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
 
@@ -160,3 +178,33 @@ def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
         "restarts": outputs.command_restarts(run_dir),
         "history": outputs.history(run_dir),
     }
+
+
+def killed_on_stop(spec: RunSpec, run_dir: Path, ranks: Sequence[int]) -> str:
+    """The ranks a stop killed once ``launch.stop_grace_s`` had passed (SIGKILL), each with what it was doing, and
+    the checkpoint save they cut short; "" where none was killed.
+
+    The save's ``.step-N.partial`` is never resumed from, and a run that saves removes it as it starts; with one node
+    every worker has ended here, so it goes now (with several, another node's workers may still be writing it)."""
+    if not ranks:
+        return ""
+    doing = [f"rank {r}" + (f" ({op})" if (op := _operation(run_dir, r)) else "") for r in sorted(ranks)]
+    text = (f"{', '.join(doing)} did not exit within launch.stop_grace_s={spec.launch.stop_grace_s} s of the signal and "
+            f"{'was' if len(doing) == 1 else 'were'} killed (SIGKILL): a rank that ignores or traps the signal, that "
+            "waits in a collective for one that does, or whose save outlasts the grace, is killed so")
+    root = spec.trainer.checkpoint.root(run_dir)
+    cut = ", ".join(p.name for p in sorted(root.glob(".step-*.partial"))) if root.is_dir() else ""
+    if cut and spec.cluster.nodes == 1:
+        layout.clean_partials(root)
+        text += f"; the save they cut short ({cut}) was removed: a partial save is never resumed from"
+    elif cut:
+        text += f"; the save they cut short ({cut}) is never resumed from, and the next run removes it"
+    return text
+
+
+def _operation(run_dir: Path, rank: int) -> str:
+    """What a rank's heartbeat last said it was doing ("train step 8", "checkpoint save ..."), or ""."""
+    try:
+        return str(json.loads(outputs.progress_file(run_dir, rank).read_text()).get("operation") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""

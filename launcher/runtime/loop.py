@@ -344,8 +344,8 @@ class _Loop:
             signum = stop.agreed()
         if signum and step < steps:  # a signal during the last step: the run is complete
             with watch.operation(f"checkpoint save on a stop signal after step {step}"):
-                saved = self._save(step, watch, unread) if self.ckpt.enabled else None
-            raise Preempted(signum, step, saved)
+                saved = self._save(step, watch, unread, stopping=True) if self.ckpt.enabled else None
+            raise Preempted(signum, step, saved, unsaved=self.ckpt.unsaved)
 
     def evaluation(self, watch: heartbeat.Heartbeat, label: str) -> dict[str, float]:
         """The recipe's evaluation; where rank 0 alone runs it, the other ranks wait for it without a timeout."""
@@ -380,7 +380,7 @@ class _Loop:
         for logger in self.loggers:
             logger.log(record)
 
-    def _save(self, step: int, watch: heartbeat.Heartbeat, unread: Any = None) -> Path:
+    def _save(self, step: int, watch: heartbeat.Heartbeat, unread: Any = None, stopping: bool = False) -> Path | None:
         """A checkpoint never holds what a non-finite loss made: a loss no log line read is read first. Rank 0 alone
         verifies and commits it (it reads every rank's files back): the others wait for that outside any collective."""
         if unread is not None and self.step.scaler is None:
@@ -388,6 +388,7 @@ class _Loop:
             if not math.isfinite(loss):
                 raise LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); lower "
                                     "recipe.optimizer.lr or check the data")
-        saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step))
+        saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step),
+                               stopping)
         watch.chief_alone(f"checkpoint commit at step {step}", self.chief)
         return saved

@@ -5,6 +5,7 @@ Other tools and tests read these files; keep the keys stable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,6 +22,7 @@ ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed i
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 TOKEN = "token"  # in STATE_DIR, owner-only: the cluster.token node 0 made, taken again when the run resumes
 HISTORY = "history.jsonl"  # in STATE_DIR: each command and each start of the workers since the run began afresh
+UNSAVED_STOP = "unsaved-stop.json"  # in STATE_DIR: the checkpoint of a stop that the storage refused (on_error=warn)
 # The keys of a metrics.jsonl training record that dlaunch writes: a recipe's own metrics take other names.
 RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
 
@@ -34,6 +36,7 @@ def start_run(run_dir: Path, resuming: bool = False, script: bool = False) -> No
     """
     (run_dir / SUMMARY).unlink(missing_ok=True)
     (run_dir / ERROR).unlink(missing_ok=True)
+    (run_dir / STATE_DIR / UNSAVED_STOP).unlink(missing_ok=True)
     if not resuming and not script:
         (run_dir / METRICS).unlink(missing_ok=True)
         (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)
@@ -289,6 +292,24 @@ def completion_marker(run_dir: Path, rank: int) -> Path:
 def progress_file(run_dir: Path, rank: int) -> Path:
     """A rank's last heartbeat record (``step``: its last completed step), rewritten about once a second."""
     return run_dir / STATE_DIR / f"rank-{rank}.progress.json"
+
+
+def record_unsaved_stop(run_dir: Path, step: int, why: str) -> None:
+    """The checkpoint of a stop at ``step`` was not saved, and ``why`` (for ``unsaved_stop``); unsaid where the run
+    directory cannot hold it (then the workers' log alone says so)."""
+    with contextlib.suppress(OSError):
+        (run_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / STATE_DIR / UNSAVED_STOP, {"step": step, "why": why})
+
+
+def unsaved_stop(run_dir: Path, checkpoint_step: int | None) -> dict[str, Any] | None:
+    """The stop's checkpoint that the storage refused (``step``, ``why``), where it is later than ``checkpoint_step``,
+    the one a resume goes on from (an older record, of a stop before a restart that saved later, is not)."""
+    try:
+        lost = json.loads((run_dir / STATE_DIR / UNSAVED_STOP).read_text())
+    except (OSError, ValueError):
+        return None
+    return lost if checkpoint_step is None or int(lost["step"]) > checkpoint_step else None
 
 
 def last_completed_step(run_dir: Path, rank: int) -> int | None:

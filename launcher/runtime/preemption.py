@@ -28,11 +28,13 @@ class Preempted(Exception):
 
     explained = True
 
-    def __init__(self, signum: int, step: int, checkpoint: Any = None, saved_elsewhere: str = ""):
-        """``saved_elsewhere``: who saves instead of this process (a parameter-server worker's chief)."""
+    def __init__(self, signum: int, step: int, checkpoint: Any = None, saved_elsewhere: str = "", unsaved: str = ""):
+        """``saved_elsewhere``: who saves instead of this process (a parameter-server worker's chief). ``unsaved``:
+        why the stop's checkpoint was not saved (the storage refused it, ``trainer.checkpoint.on_error=warn``)."""
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        saved = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint (trainer.checkpoint.every_steps is 0)"
-        super().__init__(f"stopped by {self.signal_name} after step {step}{f'; {saved_elsewhere}' if saved_elsewhere else saved}")
+        saved = (saved_elsewhere or (f"checkpoint {checkpoint}" if checkpoint else unsaved)
+                 or "no checkpoint (trainer.checkpoint.every_steps is 0)")
+        super().__init__(f"stopped by {self.signal_name} after step {step}; {saved}")
 
     @property
     def exit_code(self) -> int:

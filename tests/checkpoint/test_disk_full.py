@@ -59,6 +59,33 @@ def test_with_on_error_warn_training_goes_on_and_the_next_save_lands(tmp_path, m
     assert_untouched(tmp_path / "checkpoints", 15)
 
 
+def test_with_on_error_warn_a_failed_save_on_a_stop_is_said_to_be_lost_not_that_training_continues(tmp_path, monkeypatch, caplog):
+    """The stop said "no checkpoint (trainer.checkpoint.every_steps is 0)" with every_steps=5, and its summary named
+    the earlier checkpoint as if it were the stop's."""
+    from launcher.cli import resume
+    from launcher.launch import report
+    from launcher.runtime.preemption import Preempted
+
+    spec = compose_and_validate(["trainer.checkpoint.every_steps=5", "trainer.steps=20", "trainer.checkpoint.on_error=warn"],
+                                cuda_devices=0)
+    model = torch.nn.Linear(4, 1)
+    ckpt = Checkpointer(spec, tmp_path, rank=0)
+    ckpt.save(5, Position(0, 5), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    monkeypatch.setenv(DISK_FULL, "7")
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        assert ckpt.save(7, Position(0, 7), model, torch.optim.SGD(model.parameters(), lr=0.1), stopping=True) is None
+    assert "training continues" not in caplog.text
+    stopped = str(Preempted(15, 7, None, unsaved=ckpt.unsaved))
+    assert "every_steps is 0" not in stopped and "step 7 was not saved: No space left on device" in stopped
+    assert "step-00000005 is intact" in stopped
+    checkpoint = layout.latest(tmp_path / "checkpoints")
+    told = resume.after_signal(spec, tmp_path, 143, checkpoint)
+    assert "step 7 was not saved: No space left on device" in told and "from step 5" in told
+    report.record_stop(spec, tmp_path, 143, checkpoint)
+    saved = summary(tmp_path)
+    assert saved["checkpoint_step"] == 5 and saved["unsaved_checkpoint"]["step"] == 7
+
+
 def test_on_error_allows_only_error_or_warn(tmp_path):
     from launcher.config.errors import ConfigError
 
@@ -95,3 +122,32 @@ def test_a_full_disk_with_on_error_warn_completes_the_run(run_dlaunch):
     assert summary(run_dir)["status"] == "completed"
     assert_untouched(run_dir / "checkpoints", 20)
     assert not layout.step_dir(run_dir / "checkpoints", 10).exists()
+
+
+@pytest.mark.slow
+def test_a_stop_whose_save_fails_says_so_and_resume_goes_on_from_the_last_good_step(tmp_path, monkeypatch):
+    """Rank 0 holds the save of step 14 while SIGTERM arrives: the ranks agree to stop one step later, at 15,
+    whose save fails (ENOSPC)."""
+    import signal
+
+    from tests.launch.test_restarts import finish, start, wait_for
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "hold-save").write_text("14")
+    monkeypatch.setenv(DISK_FULL, "15")
+    proc = start(run_dir, "trainer.steps=1000", "trainer.checkpoint.every_steps=7", "trainer.checkpoint.on_error=warn",
+                 "+recipe.hold_saves=true")
+    try:
+        wait_for(lambda: (run_dir / "saving").exists(), 120, "the save of step 14")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "SIGTERM received" in (run_dir / "dlaunch.log").read_text(), 30, "the signal to reach rank 0")
+        (run_dir / "hold-save").unlink()
+    finally:
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 143, out[-3000:]
+    text = " ".join(out.split())
+    assert "every_steps is 0" not in text and "training continues" not in text, out[-3000:]
+    assert "stopped by SIGTERM after step 15; the checkpoint of step 15 was not saved: No space left on device" in text
+    assert "step-00000014 is intact" in text and "from step 14: the steps after it up to 15 are trained again" in text
+    assert (summary(run_dir)["checkpoint_step"], summary(run_dir)["unsaved_checkpoint"]["step"]) == (14, 15)

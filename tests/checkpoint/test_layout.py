@@ -53,6 +53,20 @@ def test_a_garbled_latest_marker_falls_back_to_the_newest_complete(tmp_path):
     assert layout.latest(tmp_path) == layout.step_dir(tmp_path, 10)
 
 
+@pytest.mark.parametrize("garbled", [b"step-000\x0010\xff", b"garbage\n", b""], ids=["flipped bits", "text", "empty"])
+def test_a_garbled_latest_marker_is_reported_and_the_run_that_resumes_names_its_start(tmp_path, garbled):
+    """It was passed over without a word, though docs/RELIABILITY.md says it is reported."""
+    fake_save(tmp_path, 5)
+    fake_save(tmp_path, 10)
+    (tmp_path / "latest").write_bytes(garbled)
+    choice = layout.choose(tmp_path)
+    assert choice.path == layout.step_dir(tmp_path, 10)
+    ((path, why),) = choice.skipped
+    assert path == tmp_path / "latest" and f"the marker is garbled (it holds {garbled!r}, not a step-N name)" in why
+    layout.set_aside_after(tmp_path, 10)  # the run that resumes from step 10
+    assert (tmp_path / "latest").read_text() == "step-00000010\n" and not layout.choose(tmp_path).skipped
+
+
 def test_a_step_committed_when_latest_could_not_follow_is_resumed_from(tmp_path):
     """The disk filled up between a step's commit and the write of ``latest``: the committed step wins."""
     fake_save(tmp_path, 5)

@@ -67,6 +67,17 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_one_warning(saved_run, run_
     assert layout.choose(root).path == layout.step_dir(root, 50)  # the damaged one was set aside, not reused
 
 
+def test_a_garbled_latest_is_reported_and_the_newest_intact_step_resumed(saved_run, run_dlaunch, tmp_path):
+    root = copy_of(saved_run, tmp_path)
+    (root / "latest").write_bytes(b"step-000\x0040\xff")  # flipped bits
+    proc, run_dir = run_dlaunch(*COMMON, "trainer.steps=50", env=WIDE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (warning,) = [line for line in proc.stderr.splitlines() if SKIPPED in line]
+    assert f"{root / 'latest'} {SKIPPED}: the marker is garbled" in warning and "the step directories decide" in warning
+    assert summary(run_dir)["resumed_from_step"] == 40
+    assert (root / "latest").read_text() == "step-00000050\n"
+
+
 def test_the_dry_run_plan_names_the_checkpoint_it_would_use(saved_run, run_dlaunch, tmp_path):
     truncate(copy_of(saved_run, tmp_path) / "step-00000040")
     proc, _ = run_dlaunch(*COMMON, "trainer.steps=50", "launch.dry_run=true", env=WIDE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,3 +119,54 @@ def test_a_sigterm_inside_a_held_block_is_raised_as_a_stop_once_the_block_is_don
                 done.append("the rest of the block")
     assert done and stopped.value.exit_code == 143 and str(stopped.value) == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # each handler put back
+
+
+def test_a_stop_between_a_sweeps_jobs_is_noted_each_launch_gets_the_handling_from_before_the_sweep(noted):
+    with interrupts.between_jobs():
+        os.kill(os.getpid(), signal.SIGTERM)  # while Hydra sets the next job up: its default action ended dlaunch
+        time.sleep(0.05)
+        assert interrupts.take_noted() == signal.SIGTERM and interrupts.take_noted() is None
+        with interrupts.job_launches():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the job's own handling from here
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            signal.signal(signal.SIGTERM, lambda *_: None)  # as torch elastic's agent leaves its handler behind
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.05)
+        with pytest.raises(interrupts.Stopped) as stopped:
+            with interrupts.job_launches():
+                interrupts.raise_noted()  # one that came while the job got ready: raised once it launches
+        assert stopped.value.exit_code == 129
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        with pytest.raises(interrupts.Stopped):  # a second one stops at once
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+SIGTERM_AFTER_JOB_0 = """
+import os, signal
+from hydra.experimental.callback import Callback
+
+class SigtermAfterJob0(Callback):
+    def on_job_end(self, config, job_return, **kwargs):
+        if config.hydra.job.num == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # after job 0, while Hydra goes on to job 1
+"""
+
+
+def test_a_sigterm_between_a_sweeps_jobs_stops_it_with_its_table_and_resume_hint(tmp_path):
+    """It exited 143 without a word: no table, no resume hint, no directory for the next job."""
+    from tests.conftest import dlaunch
+
+    (tmp_path / "sigterm_between.py").write_text(SIGTERM_AFTER_JOB_0)
+    sweep = tmp_path / "sweep"
+    proc = dlaunch("-m", "strategy=mirrored", "cluster=1x2", "trainer.steps=3", "trainer.seed=1,2,3",
+                   "+hydra.callbacks.term._target_=sigterm_between.SigtermAfterJob0", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "not started", "not started"]
+    assert jobs[1]["error"] == "SIGTERM came between jobs, which stopped the sweep"
+    assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "not started"
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert "sweep summary: 3 jobs, 2 not started" in text and f"go on with: dlaunch resume {sweep}" in text

@@ -182,3 +182,27 @@ def test_torchs_advice_to_pass_a_ddp_argument_gets_dlaunchs_setting_under_it(tmp
                                             "find_unused_parameters), or make every parameter take part in the loss")
     assert failures.advise(ddp_said).__notes__ == [root.traceback.rstrip().splitlines()[-1]]  # not twice
     assert not hasattr(failures.advise(ValueError("another")), "__notes__")
+
+
+def test_a_rank_that_exited_0_before_the_run_finished_is_the_root_cause_and_one_that_completed_is_not(tmp_path):
+    (tmp_path / outputs.STATE_DIR).mkdir()
+    outputs.completion_marker(tmp_path, 2).touch()
+    left = ProcessFailure(1, 4242, 0, str(tmp_path / "none.json"))  # os._exit(0) mid-run: no error file, no marker
+    peer = process_failure(tmp_path, 0, 1, RuntimeError("[gloo/pair.cc:537] Connection closed by peer"), when=9e9)
+    done = ProcessFailure(2, 4343, 0, str(tmp_path / "none.json"))
+    real, finished = report.causes_of(ChildFailedError("worker", {0: peer, 1: left, 2: done}), tmp_path, SPEC)
+    root = failures.first(real)
+    assert root.rank == 1 and root.exception.startswith("rank 1 exited with code 0 before the run finished")
+    assert sorted(c.rank for c in real) == [0, 1] and finished == []
+
+
+def test_a_rank_that_calls_os_exit_0_mid_run_is_named_as_the_root_cause(tmp_path):
+    """Its peers failed at their next collective, and the panel named one of them: never the rank that had left."""
+    run_dir = tmp_path / "run"
+    proc = dlaunch(f"recipe.entry={PROBE}", "strategy=multi_worker_mirrored", "cluster=1x2", "trainer.steps=30",
+                   "trainer.log_every=1", "+recipe.exit_replica=1", "+recipe.exit_step=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert "worker rank 1 failed: root cause" in text and "rank 1 exited with code 0 before the run finished" in text
+    error = json.loads((run_dir / "summary.json").read_text())["error"]
+    assert (error["rank"], error["exit"], error["last_step"]) == (1, "exit code 0", 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -110,18 +111,50 @@ def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_p
     code, gone, out = stop_with(run_dir, signal.SIGTERM, "+recipe.ignore_signals=true", "launch.stop_grace_s=3")
     assert code == 143, out[-3000:]
     assert 2.5 < gone < 10, f"{gone:.1f} s"
+    text = " ".join(out.split())  # it said "all workers were shut down": not which were killed, nor why
+    # the first rank killed breaks its peer's collective, which may then exit on that before its own kill
+    killed = r"rank \d \(train step \d+\)(, rank \d \(train step \d+\))? did not exit within launch.stop_grace_s=3 s"
+    assert re.search(killed + r" of the signal and (was|were) killed \(SIGKILL\)", text), out[-3000:]
+
+
+def sigterm_with_saves_held(run_dir, *args):
+    """A long run whose rank 0 holds any save while RUN_DIR/hold-save is there, sent SIGTERM once it trains."""
+    run_dir.mkdir()
+    (run_dir / "hold-save").write_text("1")
+    proc = start(run_dir, *LONG, "+recipe.hold_saves=true", *args)
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and worker_pids(run_dir), 120, "training")
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise
+    proc.send_signal(signal.SIGTERM)
+    return proc
+
+
+def test_a_save_that_outlasts_the_stop_grace_is_killed_said_so_and_its_partial_directory_removed(tmp_path):
+    """Rank 0 holds the stop's save past launch.stop_grace_s: the agent kills both ranks; .step-N.partial was left."""
+    run_dir = tmp_path / "run"
+    proc = sigterm_with_saves_held(run_dir, "launch.stop_grace_s=3")
+    try:
+        wait_for(lambda: proc.poll() is not None, 30, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 143, out[-3000:]
+    step = int((run_dir / "saving").read_text())
+    text = " ".join(out.split())
+    assert f"rank 0 (checkpoint save on a stop signal after step {step})" in text, out[-3000:]
+    assert re.search(r"(was|were) killed \(SIGKILL\)", text) and f"(.step-{step:08d}.partial) was removed" in text
+    assert not list((run_dir / "checkpoints").glob(".step-*")) and layout.latest(run_dir / "checkpoints") is None
+    assert "no checkpoint to resume from" in text
 
 
 def test_a_save_on_a_stop_signal_gets_the_stop_grace_not_the_failure_grace(tmp_path):
     """A large model's save outlasts launch.shutdown_grace_s (the teardown after a failure); on a stop signal the
     workers have launch.stop_grace_s (25 s) to save. Rank 0 holds its save's commit 4 s, past a 2 s shutdown grace."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "hold-save").write_text("1")  # the probe recipe holds any save while this file is there
-    proc = start(run_dir, *LONG, "+recipe.hold_saves=true", "launch.shutdown_grace_s=2")
+    proc = sigterm_with_saves_held(run_dir, "launch.shutdown_grace_s=2")
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and worker_pids(run_dir), 120, "training")
-        proc.send_signal(signal.SIGTERM)
         wait_for(lambda: (run_dir / "saving").exists(), 30, "the save on the signal")
         time.sleep(4)
         (run_dir / "hold-save").unlink()
