@@ -62,7 +62,8 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
         try:
             elastic.start_workers(config, MODULE, job, single_node=True, extra_env={DEVICE_VARIABLE: device} if device else None)
         except ChildFailedError as exc:
-            causes = [failures.from_process_failure(r, f) for r, f in exc.failures.items()]
+            # a rank that returned (exit 0) is listed beside the failed ones (elastic._Agent): it is no cause here
+            causes = [failures.from_process_failure(r, f) for r, f in exc.failures.items() if f.exitcode != 0]
             raise WorkerFailed(failures.first(causes)) from None
         # map_location: results made on GPUs come back without initialising CUDA in this process
         return {rank: torch.load(work / f"result-{rank}.pt", weights_only=True, map_location="cpu") for rank in range(nproc)}

@@ -178,12 +178,12 @@ BROKEN = {
     "build returns a tuple": (
         "    return Parts(model=model, optimizer=cfg.optimizer.build(model.parameters()), train_data=train_data, eval_data=eval_data)",
         "    return model, cfg.optimizer.build(model.parameters()), train_data",
-        "RecipeContractError: the recipe's build() ({path}:53) returned a tuple; it must return "
+        "RecipeContractError: the recipe's build() ({path}:{build}) returned a tuple; it must return "
         "launcher.runtime.recipe.Parts(model=..., optimizer=..., train_data=...)"),
     "evaluate returns a float": (
         '    return {"eval_loss": torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()}',
         "    return torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()",
-        "RecipeContractError: the recipe's evaluate() ({path}:68) returned a float; it must return a dict of names to numbers"),
+        "RecipeContractError: the recipe's evaluate() ({path}:{evaluate}) returned a float; it must return a dict of names to numbers"),
     "the loss is NaN": (
         "    return torch.nn.functional.mse_loss(model(x), y)",
         "    return torch.nn.functional.mse_loss(model(x), y) * float('nan')",
@@ -201,7 +201,8 @@ def test_a_recipe_that_breaks_its_contract_gets_one_paragraph_naming_its_file(ru
     proc, run_dir = run_dlaunch(f"recipe={path}", "trainer.steps=3")
     assert proc.returncode == 1
     text = " ".join(proc.stderr.replace("│", " ").split())
-    said = said.format(path=path)
+    lines = path.read_text().splitlines()  # where each function starts: the line the message names
+    said = said.format(path=path, **{n: next(i for i, t in enumerate(lines, 1) if t.startswith(f"def {n}(")) for n in ("build", "evaluate")})
     assert said in text, proc.stderr[-3000:]
     assert text.count(said.split(": ", 1)[1][:60]) == 1 and "Traceback" not in text, proc.stderr[-3000:]
     assert summary(run_dir)["status"] == "failed"
