@@ -28,13 +28,16 @@ def _manual_step(spec: Any, loaded: Any) -> list[Problem]:
     t = spec.trainer
     owned = [("trainer.precision", t.precision, t.precision == "fp16-mixed", "GradScaler must scale the loss before backward"),
              ("trainer.grad_accum_steps", t.grad_accum_steps, t.grad_accum_steps > 1, "micro-batches need dlaunch to call backward"),
-             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update"),
-             ("input.drop_remainder", False, not spec.input.drop_remainder and spec.num_replicas > 1,
-              "a last partial batch gives the replicas unequal rows, which dlaunch weights in the loss before backward")]
-    return [Problem(key=key, value=value, message=f"recipe {spec.recipe.name}'s train_step(model, batch, optimizer) does its "
-                    f"own backward and update, so dlaunch cannot apply this ({why}); do it in the step, or drop the "
-                    "optimizer argument so that dlaunch does backward and the update")
-            for key, value, on, why in owned if on]
+             ("trainer.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm is not None, "clipping goes between backward and the update")]
+    does = f"recipe {spec.recipe.name}'s train_step(model, batch, optimizer) does its own backward and update"
+    problems = [Problem(key=key, value=value, message=f"{does}, so dlaunch cannot apply this ({why}); do it in the step, "
+                        "or drop the optimizer argument so that dlaunch does backward and the update")
+                for key, value, on, why in owned if on]
+    if not spec.input.drop_remainder and spec.num_replicas > 1:
+        problems.append(Problem(key="input.drop_remainder", value=False, message=(
+            f"{does}, so dlaunch cannot weight the replicas' unequal shares of a last partial batch in the loss before "
+            "backward; keep input.drop_remainder=true, or drop the optimizer argument so that dlaunch does backward")))
+    return problems
 
 
 def _evaluation(spec: Any, loaded: Any) -> list[Problem]:

@@ -114,19 +114,19 @@ def _check_jsonl(head: bytes, size: int, tail: bytes) -> str | None:
     if not isinstance(row, dict) or not row:
         return f"its first line is {_kind(row)}, not a JSON object with fields"
     for key, value in row.items():
-        if _numeric_shape(value) is None:
+        if numeric_shape(value) is None:
             what = "a list that is not numbers of one shape" if isinstance(value, list) and value else _kind(value)
             return f"field {key!r} on its first line is {what}; each field is a number or a list of numbers"
     return None
 
 
-def _numeric_shape(value: Any) -> tuple[int, ...] | None:
+def numeric_shape(value: Any) -> tuple[int, ...] | None:
     """The shape of a number or a rectangular nested list of numbers; None otherwise."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return ()
     if not isinstance(value, list) or not value:
         return None
-    shapes = {_numeric_shape(v) for v in value}
+    shapes = {numeric_shape(v) for v in value}
     if len(shapes) != 1 or None in shapes:
         return None
     return (len(value), *shapes.pop())

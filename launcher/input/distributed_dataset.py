@@ -253,13 +253,17 @@ def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
     gives what a per-step "has data" flag would, without a collective per step.
     """
     agreed = proc.all_reduce_min(mine)
-    if agreed < mine:
+    if agreed < mine and not _SAID_UNEVEN:
+        _SAID_UNEVEN.append(epoch)  # the shards are the same every epoch: said once per process, not once per epoch
         log.warning(
             "epoch %d: FILE shards are uneven; rank %d has %d batch(es), the shortest worker %d: "
-            "dropping this worker's last %d batch(es) so that every worker stops together",
+            "dropping this worker's last %d batch(es) so that every worker stops together (every epoch alike; said once)",
             epoch, proc.rank, mine, agreed, mine - agreed,
         )
     return agreed
+
+
+_SAID_UNEVEN: list[int] = []
 
 
 def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> "DistributedIterator":

@@ -58,7 +58,7 @@ def read_columns(files: Sequence[str], fmt: str) -> Columns:
 def _read_jsonl(path: Path) -> Columns:
     import torch
 
-    rows = []
+    rows, numbers = [], []
     with path.open() as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
@@ -70,14 +70,30 @@ def _read_jsonl(path: Path) -> Columns:
             if not isinstance(row, dict) or (rows and row.keys() != rows[0].keys()):
                 raise BadRows(f"{path}:{number}: every line must be a JSON object with the first line's fields")
             rows.append(row)
+            numbers.append(number)
     columns = {}
     for k in rows[0] if rows else ():
         try:
             columns[k] = torch.tensor([r[k] for r in rows])
         except (TypeError, ValueError, RuntimeError):
-            raise BadRows(f"{path}: field {k!r} is not a number, or a list of numbers of one shape, on every line "
-                          f"(line 1 holds {json.dumps(rows[0][k])[:60]})") from None
+            raise _unlike_the_first(path, k, rows, numbers) from None
     return columns
+
+
+def _unlike_the_first(path: Path, field: str, rows: list[dict], numbers: list[int]) -> BadRows:
+    """The first line whose ``field`` is not a number, or a list of numbers of the first line's shape."""
+    from launcher.input.checks import numeric_shape  # the parent judges a first line by it too
+
+    first = numeric_shape(rows[0][field])
+    at = next((i for i, row in enumerate(rows) if numeric_shape(row[field]) != first or first is None), 0)
+    shape = "a number" if first == () else f"numbers of shape {list(first)}" if first else "no numbers"
+    return BadRows(f"{path}:{numbers[at]}: field {field!r} holds {_clipped(rows[at][field])}, where line "
+                   f"{numbers[0]} holds {shape}; each line's {field!r} must be a number, or numbers of one shape")
+
+
+def _clipped(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _read_csv(path: Path) -> Columns:

@@ -123,19 +123,20 @@ def _stop(procs: list[subprocess.Popen], grace_s: float, signum: int = signal.SI
 
 
 def _lost_nodes(spec: RunSpec, run_dir: Path, procs: list[subprocess.Popen], ended: dict[int, float]) -> list[failures.RootCause]:
-    """Nodes whose agent ended abnormally before it could report (killed): its workers went with it, and that is
-    the cause the other nodes' broken collectives follow from. A node torn down by this parent is not one."""
+    """Nodes whose agent was killed (SIGKILL, a crash) before it could report: its workers went with it, and that is
+    the cause the other nodes' broken collectives follow from. A node torn down by this parent is not one, nor one
+    that ended on its own (a stop signal: exit 128+N; an error it reported itself)."""
     lost = []
     for node, p in enumerate(procs):
-        if p.returncode in (0, None) or failures_file(run_dir, node).exists() or node not in ended:
+        if p.returncode is None or p.returncode >= 0 or failures_file(run_dir, node).exists() or node not in ended:
             continue
-        how = f"signal {signal.Signals(-p.returncode).name}" if p.returncode < 0 else f"exit code {p.returncode}"
-        first = node * spec.cluster.devices_per_node
-        ranks = f"rank {first}" if spec.cluster.devices_per_node == 1 else f"ranks {first}-{first + spec.cluster.devices_per_node - 1}"
-        lost.append(failures.RootCause(
+        how, per = f"signal {signal.Signals(-p.returncode).name}", spec.cluster.devices_per_node
+        first = node * per
+        ranks = f"rank {first}" if per == 1 else f"ranks {first}-{first + per - 1}"
+        lost.append(report.with_last_step(failures.RootCause(
             rank=first, host=socket.gethostname(), pid=p.pid, exit=how, traceback="", time=ended[node],
             exception=f"node {node}'s elastic agent (pid {p.pid}) ended by {how} before it could report; its workers "
-                      f"({ranks}) ended with it"))
+                      f"({ranks}) ended with it"), run_dir, report.last_logged_step(run_dir)))
     return lost
 
 

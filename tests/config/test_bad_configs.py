@@ -97,7 +97,7 @@ CASES = [
     (["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1", "cluster.workers=1", "input.drop_remainder=false"],
      "input.drop_remainder = false", "the tasks push their gradients unweighted by their rows"),  # as typed
     ([f"recipe.entry={FIXTURES / 'manual_recipe.py'}", "strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"],
-     "input.drop_remainder", "which dlaunch weights in the loss before backward"),
+     "input.drop_remainder", "keep input.drop_remainder=true, or drop the optimizer argument"),
     (["strategy=mirrored", "strategy.cross_device_ops=hierarchical"], "strategy.cross_device_ops",
      "allowed: nccl_all_reduce, hierarchical_copy, reduction_to_one_device, shared_memory"),
     (["strategy=multi_worker_mirrored", "strategy.cross_device_ops=nccl_allreduce"], "strategy.cross_device_ops", "did you mean nccl_all_reduce"),

@@ -13,10 +13,14 @@ CASES = [
     ("csv", "x,y\n1,2\n\n3\n", ":4: 1 value(s), but the header names 2 column(s)"),
     ("jsonl", '{"x": [1], "y": 2}\n{"x": [1], "y": 2\n', ":2: not a JSON object (Expecting ',' delimiter, column 18)"),
     ("jsonl", '{"x": [1], "y": 2}\n[1, 2]\n', ":2: every line must be a JSON object with the first line's fields"),
-    ("jsonl", '{"x": [1], "y": 2}\n{"x": [1, 2], "y": 2}\n',
-     ": field 'x' is not a number, or a list of numbers of one shape, on every line (line 1 holds [1])"),
-    ("jsonl", '{"x": [1], "y": 2}\n{"x": "a", "y": 2}\n',
-     ": field 'x' is not a number, or a list of numbers of one shape, on every line (line 1 holds [1])"),
+    ("jsonl", '{"x": [1], "y": 2}\n\n{"x": [1], "y": 2}\n{"x": [1, 2], "y": 2}\n',
+     ":4: field 'x' holds [1, 2], where line 1 holds numbers of shape [1]; each line's 'x' must be a number, or "
+     "numbers of one shape"),
+    ("jsonl", '{"x": [1], "y": 2}\n{"x": [1], "y": null}\n',
+     ":2: field 'y' holds null, where line 1 holds a number; each line's 'y' must be a number, or numbers of one shape"),
+    ("jsonl", '{"x": [1], "y": 2}\n{"x": ["a"], "y": 2}\n',
+     ":2: field 'x' holds [\"a\"], where line 1 holds numbers of shape [1]; each line's 'x' must be a number, or "
+     "numbers of one shape"),
 ]
 
 

@@ -66,7 +66,8 @@ def test_uneven_file_shards_end_together_without_a_hang(tmp_path):
         assert ids(results[0], epoch) == [[0, 1], [2, 3]]  # its third batch [8, 9] is dropped
         assert ids(results[1], epoch) == [[4, 5], [6, 7]]
     assert (results[0]["own_steps"], results[1]["own_steps"]) == (3, 2)
-    assert len(results[0]["warnings"]) == 2 and "dropping this worker's last 1 batch(es)" in results[0]["warnings"][0]
+    # said once, not once per epoch: a long run would print it thousands of times
+    assert len(results[0]["warnings"]) == 1 and "dropping this worker's last 1 batch(es)" in results[0]["warnings"][0]
     assert results[1]["warnings"] == []
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.launch import emulate
-from tests.launch.test_restarts import finish, run_processes, start, wait_for
+from tests.conftest import summary
+from tests.launch.test_restarts import finish, logged_steps, run_processes, start, wait_for
 
 
 def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
@@ -66,3 +67,19 @@ def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_i
     if restarts:
         assert "node 1's agent is gone" in out, out[-3000:]
     wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
+
+
+def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failure(tmp_path):
+    """Preempting one machine: node 1's agent gets SIGTERM, every rank saves and stops. That is a stop (exit 143,
+    its resume hint), not node 1 "ended before it could report" and a failed run."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
+                 "launch.max_restarts=1", "+recipe.step_sleep=0.05")
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) >= 6, 120, "six logged steps")
+        os.kill(agent_pid(run_dir, 1), signal.SIGTERM)
+    finally:
+        out = finish(proc)
+    assert proc.returncode == 143, out[-3000:]
+    assert "before it could report" not in out and "root cause" not in out, out[-3000:]
+    assert "resume with: dlaunch resume" in out and summary(run_dir)["status"] == "stopped", out[-3000:]
