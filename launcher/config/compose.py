@@ -176,8 +176,22 @@ def parse_overrides(overrides: list[str]) -> list[Override]:
         except OverrideParseException as exc:
             first = exc.message.strip().splitlines()[0]
             script = f"script={text}" if text.endswith(".py") and "=" not in text else None
-            problems.append(Problem(key=text, message=f"{UNPARSABLE}: {first}", has_value=False, suggestion=script))
+            problems.append(Problem(key=text, message=f"{UNPARSABLE}: {first}", has_value=False,
+                                    suggestion=script or _quoted(parser, text)))
     raise ConfigError(problems)
+
+
+def _quoted(parser: OverridesParser, text: str) -> str | None:
+    """``key='value'`` where quoting the value makes the override parse (``trainer.checkpoint.dir=~/ck``: a ``~``
+    Hydra reads as a deletion); None otherwise. On a shell, the whole override then goes in double quotes."""
+    key, eq, value = text.partition("=")
+    if not eq or not value or "'" in value:
+        return None
+    try:
+        parser.parse_overrides([f"{key}='{value}'"])
+    except OverrideParseException:
+        return None
+    return f"\"{key}='{value}'\""
 
 
 def check_group_choices(parsed: list[Override]) -> None:

@@ -51,6 +51,8 @@ CASES = [
      "fused sgd cannot run under strategy mesh: the split layers' parameters are DTensors"),
     (["strategy=fsdp", "cluster=1x2", "strategy.init_from=rank0", "recipe.optimizer.name=adagrad"], "recipe.optimizer.name",
      "adagrad makes its state when it is built: strategy fsdp cannot run it here (with strategy.init_from=rank0"),
+    (["trainer.checkpoint.dir=~/ck"], "trainer.checkpoint.dir=~/ck",  # Hydra reads ~ as a deletion: quoting parses
+     "did you mean \"trainer.checkpoint.dir='~/ck'\"?"),
     (["recipe.optimizer.implementation=fast"], "recipe.optimizer.implementation", "for_loop, foreach, fused"),
     (["trainer.steps=-5"], "trainer.steps", "greater than 0"),
     # what Hydra types from the command line, and near misses of an allowed value
