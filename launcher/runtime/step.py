@@ -187,7 +187,8 @@ class ReplicaStep:
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
             loss = loss.float() if loss.dtype != torch.float32 else loss
             return loss, self._metric_values(metrics, loss.device) if metrics is not None and measure else None
-        got = described(result, forgot="return loss") + (" (a dict without a scalar tensor \"loss\")" if metrics else "")
+        keys = ", ".join(repr(k) for k in metrics) if metrics else ""
+        got = described(result, forgot="return loss") + (f" (a dict of {keys}, without a scalar tensor \"loss\")" if metrics else "")
         raise StepError(
             f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean()), or a dict of "

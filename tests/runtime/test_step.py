@@ -311,8 +311,8 @@ def test_metrics_a_step_cannot_log_are_named(returned, says):
 
 
 def test_a_dict_without_the_loss_and_metrics_that_change_are_named():
-    with pytest.raises(StepError, match="a dict without a scalar tensor \"loss\""):
-        run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: {"acc": 1.0})
+    with pytest.raises(StepError, match="a dict of 'los', 'acc', without a scalar tensor \"loss\""):  # its keys named
+        run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: {"los": mse_step(model, batch), "acc": 1.0})
     calls = []
 
     def changing(model, batch):
