@@ -98,10 +98,12 @@ def _script_rows(spec: RunSpec, rows: list[tuple[str, str]]) -> list[tuple[str, 
 
 def _batch(spec: RunSpec, n: int, what: str) -> str:
     k = spec.trainer.grad_accum_steps
+    kept = "" if spec.input.drop_remainder or spec.script is not None else (
+        "; an epoch's last partial batch is kept (input.drop_remainder=false)" + (", each replica's share weighted by its rows" if n > 1 else ""))
     if k == 1:
-        return f"global {spec.input.global_batch_size} = {n} {what} x {spec.per_replica_batch_size} per replica"
+        return f"global {spec.input.global_batch_size} = {n} {what} x {spec.per_replica_batch_size} per replica{kept}"
     return (f"global {spec.input.global_batch_size} = micro-batch {spec.micro_batch_size} x {n} {what} x {k} accumulation steps "
-            "(one gradient sync and update per step)")
+            f"(one gradient sync and update per step){kept}")
 
 
 def _training(spec: RunSpec, device: str) -> str:

@@ -61,3 +61,12 @@ def test_later_checkpoints_are_said_to_be_set_aside_only_where_the_run_sets_them
         "step-00000008: another timeline from here on; set aside when the run starts")
     assert rows(base)["  later"] == "step-00000008: another timeline from here on; left as they are (checkpoints are off)"
     assert "  later" not in rows(tmp_path / "finetune", "trainer.checkpoint.every_steps=4")
+
+
+def test_the_batch_row_says_a_last_partial_batch_is_kept_and_weighted():
+    spec = compose_and_validate(["cluster.device=cpu", "strategy=mirrored", "cluster=1x2", "input.drop_remainder=false"], 0)
+    assert plan._batch(spec, 2, "replica(s)") == (
+        "global 64 = 2 replica(s) x 32 per replica; an epoch's last partial batch is kept (input.drop_remainder=false), "
+        "each replica's share weighted by its rows")
+    spec = compose_and_validate(["cluster.device=cpu", "strategy=mirrored", "cluster=1x2"], 0)
+    assert plan._batch(spec, 2, "replica(s)") == "global 64 = 2 replica(s) x 32 per replica"
