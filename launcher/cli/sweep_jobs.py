@@ -133,7 +133,8 @@ def show_plan(spec: Any, plan: Any, run_dir: Path, console: Console, dry_run: bo
         rows = show_full(spec, plan, run_dir, console, dry_run, resume_from)
         if multirun:
             _first_plan.update(rows)
-            console.print("(the sweep's first job; each next job shows only what differs from it)")
+            first = "first job" if run_dir.name == "0" else "first job this command runs"  # a resume skips done ones
+            console.print(f"(the sweep's {first}; each next job shows only what differs from it)")
         return
     rows = [(k, v) for k, v in plan_rows(spec, plan, run_dir, resume_from) if k != "run dir" and _first_plan.get(k) != v]
     console.print(f"[bold]job {run_dir.name}[/] in {run_dir}")
