@@ -245,6 +245,8 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
         if not spec.cluster.node_rank:
             report.record_stop(spec, run_dir, code, checkpoint)
         console.print(resume.after_signal(spec, run_dir, code, checkpoint))
+    elif code and resume.after_failure(spec, run_dir):
+        console.print(resume.after_failure(spec, run_dir))
     if code and scheduler_tasks():
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "

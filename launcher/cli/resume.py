@@ -60,6 +60,14 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -
     return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
 
 
+def after_failure(spec: Any, run_dir: Path) -> str:
+    """After a failed run, the newest checkpoint and how to go on from it once the cause is fixed ("": none)."""
+    checkpoint = saved(spec, run_dir) if spec.script is None and not spec.cluster.node_rank else None
+    if checkpoint is None:
+        return ""
+    return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}"
+
+
 def _config_args(hydra_yaml: Path) -> list[str]:
     """``--config-dir DIR`` for each directory the run was given, and ``--config-name NAME`` where it named its own."""
     from omegaconf import OmegaConf

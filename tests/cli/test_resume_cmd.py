@@ -259,3 +259,18 @@ def test_a_sweeps_jobs_keep_their_own_checkpoint_dirs_on_resume(tmp_path):
     assert summary(sweep / "1")["resumed_from_step"] == 6
     assert [p.name for p in layout.complete_steps(tmp_path / "ck" / "1")][-1] == "step-00000008"
     assert not (tmp_path / "ck" / "None").exists()
+
+
+def test_a_failed_run_points_at_its_newest_checkpoint_and_resume_goes_on_from_it(tmp_path):
+    """A failure said its root cause and nothing of the checkpoint it left; once fixed, resume goes on from there."""
+    run_dir = tmp_path / "run"
+    proc = dlaunch(f"recipe.entry={PROBE}", "+recipe.fail_replica=0", "+recipe.fail_step=8", "trainer.steps=12",
+                   "trainer.checkpoint.every_steps=5", "trainer.log_every=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert f"newest checkpoint: {run_dir / 'checkpoints' / 'step-00000005'}" in out, out[-3000:]
+    assert f"once the cause is fixed, go on from it with: dlaunch resume {run_dir}" in out
+    proc = dlaunch("resume", str(run_dir), "+recipe.fail_step=100", cwd=tmp_path)  # the cause fixed
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "from step 5" in proc.stdout and summary(run_dir)["status"] == "completed", proc.stdout[-3000:]
+    assert logged_steps(run_dir)[-7:] == list(range(6, 13))
