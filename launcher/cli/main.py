@@ -140,10 +140,13 @@ class _RecipeAsTyped(logging.Filter):
         return True
 
 
+_AS_TYPED = _RecipeAsTyped()
+
+
 def _hydra_main(argv: list[str]) -> None:
     import hydra
 
-    logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_RecipeAsTyped())
+    logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_AS_TYPED)  # once: the same object
     main_fn = hydra.main(config_path=str(composer.CONF_DIR), config_name="config", version_base="1.3")(job.task)
     saved = sys.argv
     sys.argv = ["dlaunch", *argv]

@@ -205,9 +205,8 @@ def _nodes_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:
                           f"real node/local/group ranks (run each node elsewhere with cluster.node_rank=i)")]
     hosts = c.node_hosts()
     here = f" ({hosts[c.node_rank]})" if hosts else ""
-    ranks = f"ranks {c.node_rank * c.devices_per_node}-{(c.node_rank + 1) * c.devices_per_node - 1}"
     results = "results are written here" if c.node_rank == 0 else "rank 0 and the results are on node 0"
-    return [("nodes", f"this machine is node {c.node_rank} of {c.nodes}{here}: {ranks}; {results}")]
+    return [("nodes", f"this machine is node {c.node_rank} of {c.nodes}{here}: {c.ranks_of(c.node_rank)}; {results}")]
 
 
 def _rendezvous_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:

@@ -53,7 +53,7 @@ def _fused_kernels(spec: Any, loaded: Any) -> list[Problem]:
     """``recipe.optimizer.implementation=fused`` for an optimizer torch has no DTensor kernel of, under a strategy
     that splits parameters into DTensors (it says so in its ``refuses``)."""
     optimizer = getattr(loaded.config, "optimizer", None)
-    why = spec.strategy.refuses.get("fused-non-adam")
+    why = spec.strategy.refusal("fused-non-adam", spec)
     if why is None or getattr(optimizer, "implementation", None) != "fused" or optimizer.name not in ("sgd", "adagrad"):
         return []
     return [Problem(key="recipe.optimizer.implementation", value="fused",

@@ -116,6 +116,11 @@ class ClusterSpec(Strict):
     def loopback(self) -> bool:
         return address.is_loopback(self.master_addr)
 
+    def ranks_of(self, node: int) -> str:
+        """Node ``node``'s global ranks (group rank = node rank): ``ranks 2-3``, or ``rank 1`` with one device each."""
+        first, last = node * self.devices_per_node, (node + 1) * self.devices_per_node - 1
+        return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
     def node_hosts(self) -> list[str] | None:
         """Each node's host, when the cluster was given as a task list."""
         if not self.tasks:

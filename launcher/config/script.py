@@ -122,7 +122,7 @@ def script_fits(spec: Any, cuda: int) -> None:
     errors = [PlanError(f"trainer.{key}", value, f"a script runs its own loop, so dlaunch does not apply this; "
                                                  f"{INSTEAD[key.split('.')[0]]}")
               for key, value in _set_for_a_script(spec.trainer)]
-    refused = spec.strategy.refuses.get("fp16-mixed")
+    refused = spec.strategy.refusal("fp16-mixed", spec)
     if spec.trainer.precision == "fp16-mixed" and refused:  # strategy.grad_scaler() would meet what the loop's does
         errors.append(PlanError("trainer.precision", "fp16-mixed", f"strategy {spec.strategy.name} cannot do this: {refused}"))
     if not spec.strategy.runs_scripts:

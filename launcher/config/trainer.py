@@ -186,7 +186,6 @@ def accumulation_divides(spec: "RunSpec", cuda: int) -> None:
 
 def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
     """A strategy names the trainer features it cannot honour, and why (``refuses``)."""
-    refuses = spec.strategy.refuses
     t = spec.trainer
     # the schedule's key the user set: decay where it decays, else the warm-up that makes it not constant
     schedule_key, schedule_value = (("trainer.lr_schedule.decay", t.lr_schedule.decay) if t.lr_schedule.decay != "constant"
@@ -197,8 +196,8 @@ def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
         "lr_schedule": (schedule_key, not t.lr_schedule.constant, schedule_value),
         "clip_grad_norm": ("trainer.clip_grad_norm", t.clip_grad_norm is not None, t.clip_grad_norm),
     }
-    errors = [PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {refuses[feature]}")
-              for feature, (key, on, value) in used.items() if on and feature in refuses]
+    errors = [PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {why}")
+              for feature, (key, on, value) in used.items() if on and (why := spec.strategy.refusal(feature, spec))]
     if len(errors) > 1:
         raise PlanErrors(errors)  # every feature it refuses, in one screen
     if errors:

@@ -189,9 +189,8 @@ class DistributedDataset:
         steps, local = len(batches), shard.local_batch_size()
         # Each step's global rows: DATA and OFF load every row and count them; under FILE the workers count theirs.
         total, size = shard.num_rows, shard.dataset.global_batch_size
-        rows = [min(size, total - s * size) for s in range(steps)]
-        if shard.plan.policy is AutoShardPolicy.FILE:
-            rows = _file_rows(self._proc, batches, local, epoch)
+        rows = (_file_rows(self._proc, batches, local, epoch) if shard.plan.policy is AutoShardPolicy.FILE
+                else [min(size, total - s * size) for s in range(steps)])
         for s in range(skip, len(rows)):
             yield Step(split_batch(shard.collate(batches[s]), range(self._num_local), self._num_local, local), rows[s])
 

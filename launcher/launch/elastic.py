@@ -244,7 +244,7 @@ def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
     if not missing:
         return text
     came = "; ".join(f"node {r}: {who}" for r, who in sorted(joined.items())) or "none"
-    absent = ", ".join(f"node {r} (ranks {r * c.devices_per_node}-{(r + 1) * c.devices_per_node - 1})" for r in missing)
+    absent = ", ".join(f"node {r} ({c.ranks_of(r)})" for r in missing)
     return (
         f"{text}\n  joined within {spec.launch.rdzv_timeout_s} s: {came}\n  missing: {absent}; start "
         f"`dlaunch ... cluster.node_rank=N` there, with the same cluster.master_addr={c.master_addr} "

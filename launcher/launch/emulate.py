@@ -130,13 +130,11 @@ def _lost_nodes(spec: RunSpec, run_dir: Path, procs: list[subprocess.Popen], end
     for node, p in enumerate(procs):
         if p.returncode is None or p.returncode >= 0 or failures_file(run_dir, node).exists() or node not in ended:
             continue
-        how, per = f"signal {signal.Signals(-p.returncode).name}", spec.cluster.devices_per_node
-        first = node * per
-        ranks = f"rank {first}" if per == 1 else f"ranks {first}-{first + per - 1}"
+        how = f"signal {signal.Signals(-p.returncode).name}"
         lost.append(report.with_last_step(failures.RootCause(
-            rank=first, host=socket.gethostname(), pid=p.pid, exit=how, traceback="", time=ended[node],
+            rank=node * spec.cluster.devices_per_node, host=socket.gethostname(), pid=p.pid, exit=how, traceback="", time=ended[node],
             exception=f"node {node}'s elastic agent (pid {p.pid}) ended by {how} before it could report; its workers "
-                      f"({ranks}) ended with it"), run_dir, report.last_logged_step(run_dir)))
+                      f"({spec.cluster.ranks_of(node)}) ended with it"), run_dir, report.last_logged_step(run_dir)))
     return lost
 
 

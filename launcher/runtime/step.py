@@ -145,8 +145,10 @@ class ReplicaStep:
         the gradient of the global batch's mean, as on one device (TF divides by the global batch). A replica with
         no rows steps on its last batch at weight 0: it joins the gradient sync with zeros, and no model code sees
         a batch of 0 rows."""
+        if rows is None:
+            return batch, 1.0
         replica, replicas = _replica_and_averaged_over()
-        if rows is None or replicas == 1:
+        if replicas == 1:
             return batch, 1.0
         try:
             n = batch_size_of(batch)
