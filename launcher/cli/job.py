@@ -197,7 +197,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
         console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's command "
                       "(.hydra/, config.yaml) is kept as it was: `dlaunch resume` replays the run that is there "
                       "(summary.json and error.txt say why this command failed)")
-    return _ended(spec, run_dir, code, console)
+    return _ended(spec, run_dir, code, console, multirun)
 
 
 def _resumes_itself(spec: Any, run_dir: Path, resume_from: Path | None) -> bool:
@@ -234,8 +234,9 @@ SCRIPT_RUN = ("# A script's run: `script` ran in place of a recipe and its loop.
               "# a script takes seed and precision (docs/SCRIPTS.md), the other keys are dlaunch's loop's.\n")
 
 
-def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
-    """After the launch returned ``code``: a stop's summary and resume hint, a failure for the scheduler, the results."""
+def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool = False) -> Any:
+    """After the launch returned ``code``: a stop's summary and resume hint (a sweep's job: the sweep gives the one
+    resume command), a failure for the scheduler, the results."""
     from launcher.cli import resume
     from launcher.cli.plan import show_summary
     from launcher.launch import report
@@ -244,7 +245,7 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
         checkpoint = resume.saved(spec, run_dir)
         if not spec.cluster.node_rank:
             report.record_stop(spec, run_dir, code, checkpoint)
-        console.print(resume.after_signal(spec, run_dir, code, checkpoint))
+        console.print(resume.after_signal(spec, run_dir, code, checkpoint, in_sweep=multirun))
     elif code and resume.after_failure(spec, run_dir):
         console.print(resume.after_failure(spec, run_dir))
     if code and scheduler_tasks():

@@ -39,25 +39,36 @@ def saved(spec: Any, run_dir: Path) -> Path | None:
     return layout.latest(spec.trainer.checkpoint.root(run_dir)) if spec.trainer.checkpoint.every_steps else None
 
 
-def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None) -> str:
-    """The lines shown when a run stopped on a signal: what was saved (``checkpoint``), and how to go on."""
+def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None, in_sweep: bool = False) -> str:
+    """The lines shown when a run stopped on a signal: what was saved (``checkpoint``), and how to go on. A sweep's
+    job (``in_sweep``) leaves how to go on to the sweep's own line, which resumes every job."""
     if spec.script is not None:
+        again = "" if in_sweep else f"; {command(run_dir)} runs it again with the same arguments"
         return (f"stopped (exit {code}); the script saves its own checkpoints (ScriptStopped reached it; its "
-                f"ScriptCheckpoints.restore, if it calls one, goes on from its newest save); "
-                f"{command(run_dir)} runs it again with the same arguments")
+                f"ScriptCheckpoints.restore, if it calls one, goes on from its newest save){again}")
     from launcher.checkpoint import layout
     from launcher.runtime import outputs
 
     lost = outputs.unsaved_stop(run_dir, None if checkpoint is None else layout.step_of(checkpoint))
     if checkpoint is None:
-        why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else "none was complete"
-        why = lost["why"] if lost else why
+        why = lost["why"] if lost else _why_none(spec, run_dir)
         again = "at step 0" if spec.trainer.resume in ("auto", "never") else f"from {spec.trainer.resume}"
-        return f"stopped (exit {code}); no checkpoint to resume from: {why}; {command(run_dir)} starts again {again}"
+        return f"stopped (exit {code}); no checkpoint to resume from: {why}" + (
+            "" if in_sweep else f"; {command(run_dir)} starts again {again}")
     if lost:  # the storage refused the stop's own save (trainer.checkpoint.on_error=warn)
-        return (f"stopped (exit {code}); {lost['why']}\nresume with: {command(run_dir)} (from step "
-                f"{layout.step_of(checkpoint)}: the steps after it up to {lost['step']} are trained again)")
-    return f"stopped (exit {code}); checkpoint {checkpoint}\nresume with: {command(run_dir)}"
+        trained_again = f"from step {layout.step_of(checkpoint)}: the steps after it up to {lost['step']} are trained again"
+        return f"stopped (exit {code}); {lost['why']}\n" + (
+            f"a resume goes on {trained_again}" if in_sweep else f"resume with: {command(run_dir)} ({trained_again})")
+    return f"stopped (exit {code}); checkpoint {checkpoint}" + ("" if in_sweep else f"\nresume with: {command(run_dir)}")
+
+
+def _why_none(spec: Any, run_dir: Path) -> str:
+    """Why a stopped run has no checkpoint: they are off, a save began and none finished, or none had begun."""
+    if not spec.trainer.checkpoint.every_steps:
+        return "checkpoints are off (trainer.checkpoint.every_steps=0)"
+    root = spec.trainer.checkpoint.root(run_dir)
+    begun = root.is_dir() and any(p.name.startswith(("step-", ".step-")) for p in root.iterdir())
+    return "none was complete" if begun else "it stopped before it saved one"
 
 
 def after_failure(spec: Any, run_dir: Path) -> str:

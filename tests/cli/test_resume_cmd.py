@@ -274,3 +274,20 @@ def test_a_failed_run_points_at_its_newest_checkpoint_and_resume_goes_on_from_it
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "from step 5" in proc.stdout and summary(run_dir)["status"] == "completed", proc.stdout[-3000:]
     assert logged_steps(run_dir)[-7:] == list(range(6, 13))
+
+
+def test_a_stop_says_truthfully_why_there_is_no_checkpoint_and_a_sweeps_job_leaves_the_command_to_the_sweep(tmp_path):
+    """A stop before any save began (during start-up) is not "none was complete"; a sweep's job names no command of its
+    own: the sweep prints the one that resumes every job."""
+    from launcher.cli.resume import after_signal
+    from launcher.config.compose import compose_and_validate
+
+    spec = compose_and_validate(["trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
+    told = after_signal(spec, tmp_path, 143, None)
+    assert "no checkpoint to resume from: it stopped before it saved one;" in told and "none was complete" not in told
+    assert f"dlaunch resume {tmp_path} starts again at step 0" in told
+    (tmp_path / "checkpoints" / ".step-00000010.partial").mkdir(parents=True)
+    assert "no checkpoint to resume from: none was complete;" in after_signal(spec, tmp_path, 143, None)
+    assert "dlaunch resume" not in after_signal(spec, tmp_path, 143, None, in_sweep=True)
+    saved = tmp_path / "checkpoints" / "step-00000010"
+    assert after_signal(spec, tmp_path, 143, saved, in_sweep=True) == f"stopped (exit 143); checkpoint {saved}"

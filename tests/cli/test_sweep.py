@@ -136,7 +136,7 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
     assert jobs[1]["error"] == "job 0 was stopped by SIGINT, which stopped the sweep"
     text = " ".join(out.split())
     assert "sweep summary: 3 jobs, 1 stopped, 2 not started" in text
-    assert f"resume with: dlaunch resume {sweep / '0'}" in text
+    assert f"checkpoint {sweep / '0' / 'checkpoints'}" in text and text.count("dlaunch resume") == 1  # the sweep's, below
     assert logged_steps(sweep / "1") == [] and not (sweep / "1" / "checkpoints").exists()
     report = dlaunch("report", str(sweep), cwd=tmp_path)
     assert report.returncode == 0, report.stderr  # the stopped job's partial curve is worth a page
