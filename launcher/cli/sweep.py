@@ -25,7 +25,9 @@ from rich.table import Table
 from launcher.runtime import outputs
 from launcher.runtime.progress import log
 
-COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds")
+COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds",
+           "resumed_from_step")  # set: the last command went on from that checkpoint, and the throughput and time are its
+RESUMING = "trainer.resume=auto"  # what `dlaunch resume` adds to every job it replays (and the default): not the job's own
 _outcome: dict[str, Any] = {"failed": 0}
 
 
@@ -86,7 +88,7 @@ def refused(run_dir: Path, status: str, reason: str) -> None:
     if hydra.mode != RunMode.MULTIRUN or hydra.job.num is None:
         return
     typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in hydra.overrides.task]))
-    own = [o for o in typed if not o.startswith("hydra")]
+    own = [o for o in typed if not o.startswith("hydra") and o != RESUMING]
     row = {"job": int(hydra.job.num), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
            "error": reason, "dir": str(run_dir), "_overrides": own}
     (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
@@ -161,6 +163,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
         "metric_value": outputs.metric_value(summary, metric) if metric else None,
         "examples_per_sec": summary.get("examples_per_sec"),
         "wall_seconds": summary.get("wall_seconds"),
+        "resumed_from_step": summary.get("resumed_from_step"),
         "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
         "dir": str(job),
     }
@@ -174,7 +177,7 @@ def _overrides(job: Path) -> list[str]:
 
     from launcher.config.user_recipes import as_shown
 
-    return as_shown(str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra"))
+    return [o for o in as_shown(str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra")) if o != RESUMING]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -218,11 +221,16 @@ def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
         metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
         own = " ".join(o for o in r["_overrides"] if o not in shared)
         why = [escape(r.get("error") or "")] if failed else []
+        part = "*" if r.get("resumed_from_step") else ""
         table.add_row(str(r["job"]), escape(own), status, _num(r["final_loss"]), metric,
-                      _num(r["examples_per_sec"], ".0f"), _num(r["wall_seconds"], ".2f"), *why)
+                      _num(r["examples_per_sec"], ".0f") + part, _num(r["wall_seconds"], ".2f") + part, *why)
     if shared:
         console.print(f"every job: {escape(' '.join(shared))}")
     console.print(table)
+    resumed = [f"job {r['job']} from step {r['resumed_from_step']}" for r in rows if r.get("resumed_from_step")]
+    if resumed:
+        console.print(f"* resumed ({', '.join(resumed)}): examples/s and wall s cover only the steps its last command "
+                      "trained after that checkpoint, not the job as a whole")
     console.print(f"sweep results: [bold]{sweep_dir}[/] (sweep_summary.json, sweep_summary.csv, one directory per job)")
 
 

@@ -210,6 +210,34 @@ def test_the_table_shows_the_objective_else_the_first_metric_evaluate_returned(t
     assert (row["metric"], row["metric_value"]) == (charted, {"eval_loss": 0.42, "eval_accuracy": 0.93}[charted])
 
 
+def test_a_resumed_sweeps_table_shows_the_jobs_own_overrides_and_labels_a_resumed_jobs_throughput(tmp_path, monkeypatch):
+    """``dlaunch resume SWEEP`` adds trainer.resume=auto to the jobs it runs (not to a completed one it keeps): the table
+    showed it in those rows alone. A resumed job's examples/s and wall time are its last command's, and say so."""
+    from rich.console import Console
+
+    from launcher.cli import sweep
+
+    monkeypatch.setattr(sweep._ThisSweep, "before", {})
+    for job, extra, summary in ((0, [], {}), (1, ["trainer.resume=auto"], {"resumed_from_step": 15})):
+        (tmp_path / str(job) / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create([f"trainer.seed={job}", "trainer.steps=30", *extra]),
+                       tmp_path / str(job) / ".hydra" / "overrides.yaml")
+        (tmp_path / str(job) / "summary.json").write_text(json.dumps(
+            {"status": "completed", "final_loss": 0.5, "examples_per_sec": 1000.0, "wall_seconds": 2.0, **summary}))
+    rows = sweep.collect(tmp_path)
+    assert [r["overrides"] for r in rows] == ["trainer.seed=0 trainer.steps=30", "trainer.seed=1 trainer.steps=30"]
+    assert [r["resumed_from_step"] for r in rows] == [None, 15]
+    console = Console(record=True, width=200)
+    sweep.show(rows, tmp_path, console)
+    text = console.export_text()
+    assert "trainer.resume" not in text and "every job: trainer.steps=30" in text
+    assert "1000*" in text and "2.00*" in text and text.count("*") == 3, text
+    assert "* resumed (job 1 from step 15): examples/s and wall s cover only the steps" in " ".join(text.split())
+    sweep.write(tmp_path, rows)
+    with open(tmp_path / "sweep_summary.csv") as f:
+        assert [r["resumed_from_step"] for r in csv.DictReader(f)] == ["", "15"]
+
+
 @pytest.mark.slow
 def test_a_sweep_and_its_report_rank_by_sweep_objective(tmp_path):
     """The recipe's evaluate returns eval_mse, eval_loss, eval_accuracy: neither its first metric nor the
