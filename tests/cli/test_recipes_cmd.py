@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.cli import recipes
+from launcher.cli import recipes, recipes_cp, recipes_validate
 from launcher.cli.recipes import main
 from launcher.config.compose import recipe_files
 from tests.conftest import ROOT, dlaunch, summary
@@ -60,7 +60,7 @@ def test_every_shipped_recipe_validates_under_every_strategy_it_declares(name, c
     out, err = capsys.readouterr()
     assert code == 0, out + err
     for strategy in strategies:
-        shape = " ".join(recipes.STRATEGY_SHAPES.get(strategy, ()))
+        shape = " ".join(recipes_validate.STRATEGY_SHAPES.get(strategy, ()))
         assert f"ok    {strategy} {shape}".rstrip() in out, out
     assert "FAIL" not in out and not err
 
@@ -200,7 +200,7 @@ def test_cp_never_copies_a_recipe_over_itself(tmp_path, capsys, monkeypatch):
     package.mkdir()
     for suffix in (".py", ".yaml"):
         (package / f"linear{suffix}").write_text(recipe_files()["linear"].with_suffix(suffix).read_text())
-    monkeypatch.setattr(recipes, "shipped", lambda: {"linear": package / "linear.yaml"})
+    monkeypatch.setattr(recipes_cp, "shipped", lambda: {"linear": package / "linear.yaml"})
     assert main(["cp", "linear", str(package), "--force"]) == 2
     assert "where dlaunch's own recipe linear lives" in refusal(capsys)
     assert (package / "linear.py").read_text() == recipe_files()["linear"].with_suffix(".py").read_text()

@@ -95,7 +95,7 @@ class SoloSpec(StrategyUnit):
     code = f"""
 import launcher.strategies as registry
 registry.__path__.append({str(tmp_path)!r})
-from launcher.cli import recipes
+from launcher.cli import recipes_validate as recipes
 from launcher.config.schema import RunSpec
 spec = RunSpec.model_validate({{"strategy": {{"name": "solo"}}, "cluster": {{"devices_per_node": 3}},
                                  "recipe": {{"name": "r", "entry": "r"}}, "input": {{"global_batch_size": 9}}}})
