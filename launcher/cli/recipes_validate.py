@@ -96,15 +96,34 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
         out.print(f"[bold]{escape(str(path))}[/]: recipe {escape(str(recipe.name))}, runs {escape(str(recipe.entry))}", soft_wrap=True)
         declared = recipe.get("strategies")
         declared = [str(s) for s in declared] if isinstance(declared, ListConfig) else []
+        results: list[tuple[str, list[Problem] | None]] = []
         for label, overrides in plans(declared, list(args.overrides)):
             try:
                 composer.compose_and_validate([f"recipe={option}", *overrides], cuda)
+                results.append((label, None))
             except ConfigError as exc:
-                out.print(f"  [red]FAIL[/]  {escape(label)}: {escape(_summary(exc.problems))}", soft_wrap=True)
+                results.append((label, exc.problems))
                 _collect(found, exc)
-                continue
-            out.print(f"  [green]ok[/]    {escape(label)}", soft_wrap=True)
+        _show(results, out)
     return _verdict(found)
+
+
+def _show(results: list[tuple[str, list[Problem] | None]], out: Console) -> None:
+    """One line per strategy checked (``label``, its problems or None); a problem every strategy has (a typo in the
+    YAML) is said once, on a line of its own, not again on each strategy's."""
+    everywhere = [p for p in results[0][1] or [] if all(p in (problems or []) for _, problems in results[1:])]
+    if len(results) > 1 and everywhere:
+        names = ", ".join(label.split()[0] for label, _ in results)
+        out.print(f"  [red]FAIL[/]  all {len(results)} strategies ({escape(names)}): {escape(_summary(everywhere))}",
+                  soft_wrap=True)
+    else:
+        everywhere = []
+    for label, problems in results:
+        own = [p for p in problems or [] if p not in everywhere]
+        if problems is None:
+            out.print(f"  [green]ok[/]    {escape(label)}", soft_wrap=True)
+        elif own:
+            out.print(f"  [red]FAIL[/]  {escape(label)}: {escape(_summary(own))}", soft_wrap=True)
 
 
 def _collect(found: dict[type[ConfigError], list[Problem]], exc: ConfigError) -> None:

@@ -216,11 +216,23 @@ def test_validate_names_the_bad_key_of_a_broken_copy(tmp_path, capsys):
     capsys.readouterr()
     assert main(["validate", str(dest), "--cuda-devices", "0"]) == 2
     out, err = capsys.readouterr()
-    lines = [line for line in out.splitlines() if line.startswith("  ")]
-    assert len(lines) == len(declared(config)) and all(line.lstrip().startswith("FAIL") for line in lines), out
-    assert all("recipe.optimizer.lr = -1" in line for line in lines)
+    lines = [line for line in out.splitlines() if line.startswith("  ")]  # every strategy has it: said once
+    assert lines == [f"  FAIL  all {len(declared(config))} strategies ({', '.join(declared(config))}): "
+                     "recipe.optimizer.lr = -1: Input should be greater than 0"], out
     assert "invalid configuration (1 problem)" in err and "recipe.optimizer.lr = -1" in err and "greater than 0" in err
     assert "Traceback" not in out + err
+
+
+def test_validate_says_a_yaml_typo_once_and_a_strategys_own_problem_on_its_line(tmp_path, capsys):
+    dest = tmp_path / "mine"
+    assert main(["cp", "linear", str(dest)]) == 0
+    config = dest / "recipe" / "linear.yaml"
+    config.write_text(config.read_text().replace("  noise: 0.1\n", "  nosie: 0.1\n"))
+    capsys.readouterr()
+    assert main(["validate", str(dest), "--cuda-devices", "0", "input.global_batch_size=3"]) == 2
+    out = capsys.readouterr().out
+    assert out.count("recipe.nosie") == 1 and "all 5 strategies" in out, out
+    assert out.count("not divisible by 2") == 3 and "FAIL  one_device" not in out, out  # the 2-replica strategies
 
 
 def test_validate_checks_the_copy_not_the_installed_recipe(tmp_path, capsys):
