@@ -208,14 +208,19 @@ def test_cp_never_copies_a_recipe_over_itself(tmp_path, capsys, monkeypatch):
 
 # ----- validate: a user's copy -----
 
-def test_validate_names_the_bad_key_of_a_broken_copy(tmp_path, capsys):
+def validate_edited(tmp_path: Path, capsys, old: str, new: str, *overrides: str) -> tuple[Path, str, str]:
+    """A copy of linear with ``old`` replaced by ``new`` in its YAML, validated (exit 2); (its YAML, stdout, stderr)."""
     dest = tmp_path / "mine"
     assert main(["cp", "linear", str(dest)]) == 0
     config = dest / "recipe" / "linear.yaml"
-    config.write_text(config.read_text().replace("    lr: 0.05\n", "    lr: -1\n"))
+    config.write_text(config.read_text().replace(old, new))
     capsys.readouterr()
-    assert main(["validate", str(dest), "--cuda-devices", "0"]) == 2
-    out, err = capsys.readouterr()
+    assert main(["validate", str(dest), "--cuda-devices", "0", *overrides]) == 2
+    return config, *capsys.readouterr()
+
+
+def test_validate_names_the_bad_key_of_a_broken_copy(tmp_path, capsys):
+    config, out, err = validate_edited(tmp_path, capsys, "    lr: 0.05\n", "    lr: -1\n")
     lines = [line for line in out.splitlines() if line.startswith("  ")]  # every strategy has it: said once
     assert lines == [f"  FAIL  all {len(declared(config))} strategies ({', '.join(declared(config))}): "
                      "recipe.optimizer.lr = -1: Input should be greater than 0"], out
@@ -224,13 +229,7 @@ def test_validate_names_the_bad_key_of_a_broken_copy(tmp_path, capsys):
 
 
 def test_validate_says_a_yaml_typo_once_and_a_strategys_own_problem_on_its_line(tmp_path, capsys):
-    dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
-    config = dest / "recipe" / "linear.yaml"
-    config.write_text(config.read_text().replace("  noise: 0.1\n", "  nosie: 0.1\n"))
-    capsys.readouterr()
-    assert main(["validate", str(dest), "--cuda-devices", "0", "input.global_batch_size=3"]) == 2
-    out = capsys.readouterr().out
+    _, out, _ = validate_edited(tmp_path, capsys, "  noise: 0.1\n", "  nosie: 0.1\n", "input.global_batch_size=3")
     assert out.count("recipe.nosie") == 1 and "all 5 strategies" in out, out
     assert out.count("not divisible by 2") == 3 and "FAIL  one_device" not in out, out  # the 2-replica strategies
 
