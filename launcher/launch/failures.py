@@ -162,8 +162,12 @@ def waited_on_a_peer(cause: RootCause) -> bool:
 
 def first(causes: list[RootCause]) -> RootCause:
     """The earliest failure that is not a consequence of another (a killed rank counts as a cause)."""
-    causes_only = [c for c in causes if not is_consequence(c)]
-    return min(causes_only or causes, key=lambda c: c.time)
+    causes_only = [c for c in causes if not is_consequence(c)] or causes
+    earliest = min(causes_only, key=lambda c: c.time)
+    # Ranks that failed with one message (a check every rank makes, as of recipe.features against the first input
+    # file) raced to be first: the lowest of them is named, whose message it is (rank 0 reads the first file).
+    same = [c for c in causes_only if c.exception and c.exception == earliest.exception]
+    return min(same, key=lambda c: c.rank) if same else earliest
 
 
 def render(root: RootCause, others: list[RootCause], last_logged: int | None, console: Console | None = None) -> None:
@@ -192,6 +196,8 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
     for other in sorted(others, key=lambda c: c.rank):
         what = f": {escape(_one_line(_SOURCE.sub('', other.exception)))}{_where(other.traceback)}" \
             if other.exception else " (stopped by dlaunch)"
+        if other.exception and other.exception == root.exception:  # not the message again, as if it were its own
+            what = f": the same {escape(root.exception.split(':', 1)[0])} as {root.who}"
         console.print(f"  {other.who}: {other.exit}{what}")
 
 

@@ -206,3 +206,18 @@ def test_a_rank_that_calls_os_exit_0_mid_run_is_named_as_the_root_cause(tmp_path
     assert "worker rank 1 failed: root cause" in text and "rank 1 exited with code 0 before the run finished" in text
     error = json.loads((run_dir / "summary.json").read_text())["error"]
     assert (error["rank"], error["exit"], error["last_step"]) == (1, "exit code 0", 4)
+
+
+def test_ranks_that_failed_with_one_message_name_the_lowest_and_the_others_say_the_same(tmp_path):
+    """Every rank checks recipe.features against the first input file, rank 0's under FILE sharding: the panel
+    named whichever rank won the race (rank 1) while quoting that file, and repeated the message for rank 0."""
+    message = "FieldWidth: data/train-00000.jsonl: field 'x' holds 32 number(s) per row"
+    raced = [failures.from_process_failure(r, process_failure(tmp_path, r, 1, ValueError(message), when=10.0 - r))
+             for r in (0, 1)]
+    root = failures.first(raced)
+    assert root.rank == 0
+    console = Console(record=True, width=200)
+    failures.render(root, [c for c in raced if c is not root], last_logged=None, console=console)
+    text = console.export_text()
+    assert "worker rank 0 failed: root cause" in text, text
+    assert text.splitlines()[-1] == "  rank 1: exit code 1: the same ValueError as rank 0", text
