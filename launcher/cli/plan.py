@@ -99,11 +99,20 @@ def _script_rows(spec: RunSpec, rows: list[tuple[str, str]]) -> list[tuple[str, 
 def _batch(spec: RunSpec, n: int, what: str) -> str:
     k = spec.trainer.grad_accum_steps
     kept = "" if spec.input.drop_remainder or spec.script is not None else (
-        "; an epoch's last partial batch is kept (input.drop_remainder=false)" + (", each replica's share weighted by its rows" if n > 1 else ""))
+        "; an epoch's last partial batch is kept (input.drop_remainder=false)" + (", each replica's share weighted by its rows" if n > 1 else "")
+        + ("; under FILE sharding each epoch ends with the shortest worker, so a worker with more batches drops its rows "
+           "past that step, its partial last batch included" if _file_sharded(spec) else ""))
     if k == 1:
         return f"global {spec.input.global_batch_size} = {n} {what} x {spec.per_replica_batch_size} per replica{kept}"
     return (f"global {spec.input.global_batch_size} = micro-batch {spec.micro_batch_size} x {n} {what} x {k} accumulation steps "
             f"(one gradient sync and update per step){kept}")
+
+
+def _file_sharded(spec: RunSpec) -> bool:
+    """Each of several workers reads its own files (FILE): their shards may hold different numbers of batches."""
+    inp = spec.input
+    return bool(inp.files) and spec.num_processes > 1 and \
+        resolve_policy(inp.policy, len(inp.files), spec.num_processes) is AutoShardPolicy.FILE
 
 
 def _training(spec: RunSpec, device: str) -> str:
@@ -292,15 +301,19 @@ def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> s
     workers = spec.num_processes
     if policy is not AutoShardPolicy.FILE or workers == 1:
         return None
-    local = spec.input.global_batch_size // workers
+    local, drop = spec.input.global_batch_size // workers, spec.input.drop_remainder
     sizes = [ShardPlan(policy, workers, w).element_count(counts) for w in range(workers)]
-    steps = min(sizes) // local
-    if all(size // local == steps for size in sizes):
+    batches = [size // local if drop else -(-size // local) for size in sizes]
+    steps = min(batches)
+    if all(b == steps for b in batches):
         return None
-    left_out = sum(sizes) - steps * local * workers
+    left_out = sum(size - min(size, steps * local) for size in sizes)
+    kept = "" if drop else ("; input.drop_remainder=false keeps the shortest worker's partial last batch, not a longer "
+                            "worker's: its rows past that step are dropped, its partial last batch with them")
     return (
         f"uneven shards: each epoch ends with the shortest worker, after {steps} step{'' if steps == 1 else 's'}; "
-        f"{left_out} of {sum(sizes)} elements are left out of each epoch (equal-sized files, a multiple of {workers} of them, avoid this)"
+        f"{left_out} of {sum(sizes)} elements are left out of each epoch{kept} (equal-sized files, a multiple of "
+        f"{workers} of them, avoid this)"
     )
 
 

@@ -70,3 +70,30 @@ def test_the_batch_row_says_a_last_partial_batch_is_kept_and_weighted():
         "each replica's share weighted by its rows")
     spec = compose_and_validate(["cluster.device=cpu", "strategy=mirrored", "cluster=1x2"], 0)
     assert plan._batch(spec, 2, "replica(s)") == "global 64 = 2 replica(s) x 32 per replica"
+
+
+def test_file_sharding_says_a_longer_workers_partial_last_batch_is_dropped_despite_drop_remainder_false(tmp_path):
+    """The shortest worker decides each epoch's steps: input.drop_remainder=false keeps its partial last batch, and a
+    longer worker's rows past that step go, its own partial last batch with them. The plan said nothing of it, and
+    counted the steps as if the partial batches were dropped (85, where the run takes 86)."""
+    from rich.console import Console
+
+    from launcher.recipes import linear
+
+    linear.write_files(tmp_path / "data", shards=3)  # 2730, 2731, 2731 rows: rank 0 reads two files, rank 1 one
+
+    def shown(*overrides: str) -> tuple[str, str]:
+        spec = compose_and_validate(["cluster.device=cpu", "strategy=mirrored", "cluster=1x2", "input.auto_shard_policy=file",
+                                     f"input.files={tmp_path}/data/train-*.jsonl", *overrides], 0)
+        console = Console(record=True, width=400)
+        console.print(plan.shard_table(spec))
+        return plan._batch(spec, 2, "replica(s)"), " ".join(console.export_text().split())
+
+    batch, shards = shown("input.drop_remainder=false")
+    assert batch.endswith("; under FILE sharding each epoch ends with the shortest worker, so a worker with more batches "
+                          "drops its rows past that step, its partial last batch included")
+    assert ("uneven shards: each epoch ends with the shortest worker, after 86 steps; 2709 of 8192 elements are left out "
+            "of each epoch; input.drop_remainder=false keeps the shortest worker's partial last batch, not a longer "
+            "worker's") in shards
+    batch, shards = shown()
+    assert "FILE" not in batch and "after 85 steps; 2752 of 8192 elements" in shards and "drop_remainder" not in shards
