@@ -3,6 +3,7 @@
     dlaunch recipes ls                              # name, strategies, purpose, command of each recipe
     dlaunch recipes cp linear my_recipes/           # my_recipes/linear.py + my_recipes/recipe/linear.yaml
     dlaunch --config-dir my_recipes recipe=linear   # runs the copy (cp prints this line); edits take effect
+    dlaunch recipes cp linear my_recipes/mine       # the same, named mine: --config-dir my_recipes recipe=mine
     dlaunch recipes validate my_recipes/            # compose + validate it under every strategy it declares
 
 A copy is relocatable: its YAML's ``recipe.entry`` is ``../NAME.py``, relative to
@@ -89,7 +90,8 @@ def cmd_ls(args: argparse.Namespace, out: Console) -> int:
         out.print(f"[bold]{escape(info.name)}[/]  {escape(plain(info.purpose))}", soft_wrap=True)
         out.print(f"  strategies: {escape(', '.join(info.strategies))}", soft_wrap=True)
         out.print(f"  {escape(info.command)}", soft_wrap=True)
-    out.print("Copy one to edit it: dlaunch recipes cp NAME DIR; check a config: dlaunch recipes validate PATH", soft_wrap=True)
+    out.print("Copy one to edit it: dlaunch recipes cp NAME DIR/ (or [DIR/]NEWNAME); check a config: dlaunch recipes "
+              "validate PATH", soft_wrap=True)
     return 0
 
 
@@ -104,12 +106,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dlaunch recipes", description="List, copy and check dlaunch recipes.")
     sub = p.add_subparsers(dest="command", metavar="{ls,cp,validate}", required=True)
     sub.add_parser("ls", help="the shipped recipes: strategies, purpose and the command that runs each")
-    cp = sub.add_parser("cp", help="copy a recipe (.py and YAML) into DEST to edit and run it from there",
-                        description="Copy NAME.py to DEST/NAME.py and NAME.yaml to DEST/recipe/NAME.yaml, whose "
-                                    "recipe.entry runs the copy; prints the command that runs it.")
+    cp = sub.add_parser("cp", help="copy a recipe (.py and YAML) to DEST to edit and run it from there",
+                        description="As cp copies a file. DEST a directory (one that exists, or DIR/): NAME.py to "
+                                    "DIR/NAME.py and NAME.yaml to DIR/recipe/NAME.yaml. DEST [DIR/]NEW: the copy is "
+                                    "the recipe NEW, DIR/NEW.py and DIR/recipe/NEW.yaml (DIR: the current directory "
+                                    "for a bare NEW). Its recipe.entry runs the copy; prints the command that runs it.")
     cp.add_argument("name", metavar="NAME", help="a shipped recipe (dlaunch recipes ls)")
-    cp.add_argument("dest", metavar="DEST", help="directory to copy into (created if missing)")
-    cp.add_argument("--force", action="store_true", help="overwrite files already in DEST")
+    cp.add_argument("dest", metavar="DEST", help="DIR/ to copy into (created if missing), or [DIR/]NEW to copy as recipe NEW")
+    cp.add_argument("--force", action="store_true", help="overwrite the copy's files where they exist")
     va = sub.add_parser("validate", help="compose and validate a recipe config under every strategy it declares",
                         usage="dlaunch recipes validate [-h] [--cuda-devices N] PATH [OVERRIDE ...]",
                         description="Compose PATH (a recipe YAML, or a directory holding recipe YAMLs, e.g. one made by "

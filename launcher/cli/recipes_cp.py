@@ -1,12 +1,17 @@
-"""``dlaunch recipes cp``: a shipped recipe's module and YAML, copied to edit and run from their own directory.
+"""``dlaunch recipes cp SRC DEST``: a shipped recipe's module and YAML, copied to edit and run from their own directory.
 
-    dlaunch recipes cp linear my_recipes/   # my_recipes/linear.py + my_recipes/recipe/linear.yaml
+As ``cp`` copies a file: into a directory (one that exists, or ``DIR/``) under the recipe's own name, else under the
+name DEST ends in, in DEST's directory (the current one for a bare name), with that name's edits made.
+
+    dlaunch recipes cp linear my_recipes/   # my_recipes/linear.py + my_recipes/recipe/linear.yaml: recipe=linear
+    dlaunch recipes cp linear mine          # ./mine.py + ./recipe/mine.yaml: dlaunch --config-dir . recipe=mine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -38,16 +43,22 @@ ENTRY = "../{name}.py"  # relative to DIR/recipe/NAME.yaml: the copy moves with 
 def copied_yaml(source: Path, name: str, command: str, directory: str) -> str:
     """The shipped YAML, its comments kept, with ``recipe.entry`` the copied .py (relative) and no ``recipe.name``.
 
-    The first line is the command that runs the copy. dlaunch reads a user's recipe YAML itself (as ``_global_``),
-    so no ``# @package`` header is needed; the recipe's name is the file's, so a renamed copy runs under its new name.
+    The first line is the command that runs the copy, and a comment's ``dlaunch recipe=SRC`` runs the copy too.
+    dlaunch reads a user's recipe YAML itself (as ``_global_``), so no ``# @package`` header is needed; the recipe's
+    name (``name``) is the file's, so a renamed copy runs under its new name.
     """
     lines = source.read_text().splitlines()
     while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#") and _is_header_or_command(lines[0])):
         lines.pop(0)
+    runs_copy = shlex.join(["dlaunch", "--config-dir", directory, f"recipe={name}"])
+    lines = [re.sub(rf"\bdlaunch recipe={re.escape(source.stem)}(?![\w-])", lambda _: runs_copy, line)
+             if line.lstrip().startswith("#") else line for line in lines]
     entry = ENTRY.format(name=name)
+    named = "" if name == source.stem else f", named {name}"
     head = [
         f"# {command}",
-        f"# A copy of dlaunch's recipe {name}: recipe.entry runs {entry} (relative to this file), so edits there take effect.",
+        f"# A copy of dlaunch's recipe {source.stem}{named}: recipe.entry runs {entry} (relative to this file), so edits "
+        "there take effect.",
         f"# Check it: dlaunch recipes validate {shlex.quote(directory)}",
     ]
     text = "\n".join([*head, *_with_entry(lines, entry)]) + "\n"
@@ -91,18 +102,38 @@ def _loads_as(text: str, source: Path, entry: str) -> bool:
     return new == {**old, "recipe": {**recipe, "entry": entry}}
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  # what recipe=NAME takes for a name, not a path
+
+
+def destination(dest: str, source: str) -> tuple[Path, str, str]:
+    """(the directory, the copy's name, the directory as the printed commands give it) for ``cp SOURCE DEST``: an
+    existing directory or ``DIR/`` keeps the source's name; else DEST's last part names the copy, in DEST's
+    directory (``.`` for a bare name)."""
+    typed = Path(dest).expanduser()
+    if dest.endswith(("/", os.sep)) or typed.is_dir():
+        return typed.resolve(), source, str(typed)
+    name = typed.name.removesuffix(".py").removesuffix(".yaml").removesuffix(".yml")
+    if not NAME.fullmatch(name):
+        raise Refused(f"{name!r} cannot name a recipe (recipe={name} would not choose it): use letters, digits, _ "
+                      f"and -; to copy into a directory, end it with /")
+    directory = typed.parent
+    if (directory / "config.yaml").exists():  # --config-dir DIR would make it the run's primary config
+        raise Refused(f"{directory.resolve()} holds config.yaml, which --config-dir {directory} would run in place of "
+                      f"dlaunch's own config; copy into a directory of its own (DIR/{name})")
+    return directory.resolve(), name, str(directory)
+
+
 def cmd_cp(args: argparse.Namespace, out: Console) -> int:
     recipes = shipped()
-    name = args.name
-    if name not in recipes:
-        guess = did_you_mean(name, recipes)
+    if args.name not in recipes:
+        guess = did_you_mean(args.name, recipes)
         hint = f"; did you mean {guess}?" if guess else ""
-        raise Refused(f"unknown recipe {name!r}{hint} (available: {', '.join(recipes)})")
-    directory = Path(args.dest).expanduser().resolve()
+        raise Refused(f"unknown recipe {args.name!r}{hint} (available: {', '.join(recipes)})")
+    directory, name, shown = destination(args.dest, args.name)  # shown: as typed, a relative DIR stays relocatable
     if directory.exists() and not directory.is_dir():
         raise Refused(f"{directory} exists and is not a directory")
     py, config = directory / f"{name}.py", directory / "recipe" / f"{name}.yaml"
-    source = recipes[name]
+    source = recipes[args.name]
     if py.resolve() == source.with_suffix(".py").resolve():
         raise Refused(f"{directory} is where dlaunch's own recipe {name} lives; copy it to another directory")
     existing = [p for p in (py, config) if p.exists() or p.is_symlink()]
@@ -111,8 +142,7 @@ def cmd_cp(args: argparse.Namespace, out: Console) -> int:
     if existing and not args.force:
         raise Refused(f"{' and '.join(map(str, existing))} already exist{'s' if len(existing) == 1 else ''}; "
                       f"pass --force to overwrite, or copy to another directory")
-    shown = str(Path(args.dest).expanduser())  # as typed: a relative DIR keeps the command relocatable
-    command = run_command(name, shown, command_of(source.read_text(), name))
+    command = run_command(name, shown, command_of(source.read_text(), args.name))
     text = copied_yaml(source, name, command, shown)
     try:
         config.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +152,8 @@ def cmd_cp(args: argparse.Namespace, out: Console) -> int:
         config.write_text(text)
     except OSError as exc:
         raise Refused(f"cannot copy into {directory}: {exc.strerror or exc}") from None
-    out.print(f"copied recipe {name} to {escape(str(directory))}:", soft_wrap=True)
+    named = "" if name == args.name else f" as {name}"
+    out.print(f"copied recipe {args.name}{named} to {escape(str(directory))}:", soft_wrap=True)
     out.print(f"  {escape(str(py))}    the recipe's code: edit it", soft_wrap=True)
     out.print(f"  {escape(str(config))}    its config (recipe.entry: {ENTRY.format(name=name)}, the copy)", soft_wrap=True)
     out.print("run the copy:")

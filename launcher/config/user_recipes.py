@@ -82,7 +82,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError([Problem(key=str(path), message=f"cannot read this YAML: {why}{at}", has_value=False)]) from None
     if not isinstance(data, dict) or not isinstance(data.get("recipe"), dict):
         raise ConfigError([Problem(key=str(path), has_value=False, message="not a recipe config: it needs a top-level "
-                                   "recipe: mapping with recipe.entry (as dlaunch recipes cp linear DIR writes)")])
+                                   "recipe: mapping with recipe.entry (as dlaunch recipes cp linear DIR/ writes)")])
     return data
 
 

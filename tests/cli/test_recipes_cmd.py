@@ -98,7 +98,7 @@ def test_ls_imports_no_recipe_and_no_torch(tmp_path):
 @pytest.mark.parametrize("name", sorted(recipe_files()))
 def test_cp_writes_a_relocatable_copy_whose_first_line_runs_it(name, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["cp", name, "mine"]) == 0
+    assert main(["cp", name, "mine/"]) == 0
     out = capsys.readouterr().out
     py, config = tmp_path / "mine" / f"{name}.py", tmp_path / "mine" / "recipe" / f"{name}.yaml"
     source = recipe_files()[name]
@@ -112,9 +112,36 @@ def test_cp_writes_a_relocatable_copy_whose_first_line_runs_it(name, tmp_path, c
     assert text.splitlines()[0] == f"# {command}"
 
 
+def test_cp_to_a_name_makes_the_recipe_of_that_name_ready_to_run(tmp_path, capsys, monkeypatch):
+    """``cp linear mine`` made mine/linear.py, still the recipe linear: renaming it took three edits, and its YAML's
+    first line still ran recipe=linear. A name (not a directory: one that exists, or DIR/) names the copy."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["cp", "linear", "mine"]) == 0
+    command = run_command_of(capsys.readouterr().out)
+    py, config = tmp_path / "mine.py", tmp_path / "recipe" / "mine.yaml"
+    assert py.read_text() == recipe_files()["linear"].with_suffix(".py").read_text()
+    assert shlex.split(command)[:4] == ["dlaunch", "--config-dir", ".", "recipe=mine"]
+    text = config.read_text()
+    assert text.splitlines()[0] == f"# {command}" and "recipe=linear" not in text
+    assert yaml.safe_load(text)["recipe"]["entry"] == "../mine.py"
+    argv = [w for w in as_argv(command) if not w.startswith(("strategy=", "cluster"))]  # one device: quick
+    proc = dlaunch(*argv, "trainer.steps=3", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["recipe"]
+    assert (ran["name"], ran["entry"]) == ("mine", str(py))
+    assert main(["cp", "digits", "sub/my_digits"]) == 0
+    assert shlex.split(run_command_of(capsys.readouterr().out))[:4] == ["dlaunch", "--config-dir", "sub", "recipe=my_digits"]
+    assert (tmp_path / "sub" / "my_digits.py").is_file() and (tmp_path / "sub" / "recipe" / "my_digits.yaml").is_file()
+    (tmp_path / "config.yaml").write_text("trainer: {steps: 3}\n")  # --config-dir . would run it as the primary config
+    assert main(["cp", "linear", "other"]) == 2
+    assert "holds config.yaml" in refusal(capsys) and not (tmp_path / "other.py").exists()
+    assert main(["cp", "linear", "no good"]) == 2
+    assert "cannot name a recipe" in refusal(capsys)
+
+
 def copy_and_edit(tmp_path: Path, capsys) -> tuple[Path, str]:
     dest = tmp_path / "my recipes"  # a space: the printed command quotes it
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     command = run_command_of(capsys.readouterr().out)
     edit_copy(dest / "linear.py")
     return dest, command
@@ -147,7 +174,7 @@ def test_the_printed_command_runs_the_copy_in_every_worker(tmp_path, capsys):
 
 def test_copy_runs_through_config_dir(tmp_path, capsys):
     dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     capsys.readouterr()
     edit_copy(dest / "linear.py")
     run_dir = tmp_path / "run"
@@ -165,7 +192,7 @@ def refusal(capsys) -> str:
 
 
 def test_cp_refuses_an_unknown_recipe(tmp_path, capsys):
-    assert main(["cp", "lineer", str(tmp_path / "mine")]) == 2
+    assert main(["cp", "lineer", str(tmp_path / "mine") + "/"]) == 2
     err = refusal(capsys)
     assert "unknown recipe 'lineer'" in err and "did you mean linear?" in err
     assert f"available: {', '.join(recipe_files())}" in err
@@ -174,7 +201,7 @@ def test_cp_refuses_an_unknown_recipe(tmp_path, capsys):
 
 def test_cp_refuses_to_overwrite_unless_forced(tmp_path, capsys):
     dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     (dest / "linear.py").write_text("# my work\n")
     capsys.readouterr()
     assert main(["cp", "linear", str(dest)]) == 2
@@ -191,7 +218,7 @@ def test_cp_refuses_to_overwrite_unless_forced(tmp_path, capsys):
 def test_cp_refuses_a_destination_that_is_a_file(tmp_path, capsys):
     dest = tmp_path / "taken"
     dest.write_text("")
-    assert main(["cp", "linear", str(dest)]) == 2
+    assert main(["cp", "linear", str(dest) + "/"]) == 2
     assert "is not a directory" in refusal(capsys)
 
 
@@ -211,7 +238,7 @@ def test_cp_never_copies_a_recipe_over_itself(tmp_path, capsys, monkeypatch):
 def validate_edited(tmp_path: Path, capsys, old: str, new: str, *overrides: str) -> tuple[Path, str, str]:
     """A copy of linear with ``old`` replaced by ``new`` in its YAML, validated (exit 2); (its YAML, stdout, stderr)."""
     dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     config = dest / "recipe" / "linear.yaml"
     config.write_text(config.read_text().replace(old, new))
     capsys.readouterr()
@@ -237,7 +264,7 @@ def test_validate_says_a_yaml_typo_once_and_a_strategys_own_problem_on_its_line(
 def test_validate_checks_the_copy_not_the_installed_recipe(tmp_path, capsys):
     """A field added to the copy's Config, set in its YAML: only the copied module accepts it."""
     dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     py, config = dest / "linear.py", dest / "recipe" / "linear.yaml"
     py.write_text(py.read_text().replace("class Config(RecipeConfig):\n", "class Config(RecipeConfig):\n    dropout: float = 0.0\n", 1))
     config.write_text(config.read_text().replace("  noise: 0.1\n", "  noise: 0.1\n  dropout: 0.5\n"))
@@ -277,7 +304,7 @@ def test_validate_refuses_what_is_no_recipe(tmp_path, capsys):
 def test_validate_reports_an_import_error_as_a_run_does(tmp_path, capsys):
     """The recipe's own code failing at import: exit 1 and the run's title, in validate as in a run."""
     dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     py = dest / "linear.py"
     py.write_text(py.read_text() + "import no_such_module_here\n")
     capsys.readouterr()
@@ -295,7 +322,7 @@ def test_validate_reports_an_import_error_as_a_run_does(tmp_path, capsys):
 def test_a_run_names_a_mistyped_strategy_in_the_recipes_list(tmp_path, capsys):
     """A typo in the YAML's ``recipe.strategies`` is an error of the run too, not only of validate."""
     dest = tmp_path / "mine"
-    assert main(["cp", "linear", str(dest)]) == 0
+    assert main(["cp", "linear", str(dest) + "/"]) == 0
     config = dest / "recipe" / "linear.yaml"
     text = config.read_text()
     config.write_text(text.replace("strategies: [one_device, mirrored,", "strategies: [one_device, mirored,", 1))

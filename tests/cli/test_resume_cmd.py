@@ -35,7 +35,7 @@ def test_resume_names_a_directory_that_is_not_a_run(tmp_path):
 @pytest.mark.parametrize("form", ["config-dir name", "path", "path, quoted"])
 def test_resume_runs_a_users_own_recipe_again(tmp_path, form):
     """Hydra records the stored option (recipe=user/NAME); the run directory keeps what the user typed instead."""
-    assert dlaunch("recipes", "cp", "linear", str(tmp_path / "proj"), cwd=tmp_path).returncode == 0
+    assert dlaunch("recipes", "cp", "linear", str(tmp_path / "proj") + "/", cwd=tmp_path).returncode == 0
     (tmp_path / "proj" / "recipe" / "linear.yaml").rename(tmp_path / "proj" / "recipe" / "mine.yaml")
     if form == "path, quoted":  # a directory name Hydra's grammar would misread unquoted
         (tmp_path / "proj").rename(tmp_path / "my proj (1)")

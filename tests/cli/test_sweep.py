@@ -261,7 +261,7 @@ def test_hydras_line_for_each_job_shows_a_user_recipe_as_typed(tmp_path):
     """dlaunch stores a recipe chosen by path as the option user/NAME; Hydra's `#0 : ...` line showed that name."""
     from launcher.cli import recipes
 
-    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
     proc = dlaunch("-m", "recipe=mine/recipe/linear.yaml", "trainer.steps=2,3", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

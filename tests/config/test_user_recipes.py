@@ -22,7 +22,7 @@ def config_dirs():
 
 def renamed_copy(tmp_path: Path, capsys) -> Path:
     """``dlaunch recipes cp digits``, then both files renamed mydigits (and the entry with them), as a user would."""
-    assert recipes.main(["cp", "digits", str(tmp_path / "copy")]) == 0
+    assert recipes.main(["cp", "digits", str(tmp_path / "copy") + "/"]) == 0
     capsys.readouterr()
     renamed = tmp_path / "renamed"
     (renamed / "recipe").mkdir(parents=True)
@@ -64,7 +64,7 @@ def test_a_config_dir_recipe_replaces_the_default_and_its_entry_is_relative_to_t
 
 
 def test_a_recipe_by_path_to_its_py_or_its_yaml(tmp_path, capsys, monkeypatch):
-    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)
     by_yaml = spec_of(["recipe=mine/recipe/linear.yaml", "strategy=mirrored", "cluster=1x2"])
@@ -74,7 +74,7 @@ def test_a_recipe_by_path_to_its_py_or_its_yaml(tmp_path, capsys, monkeypatch):
 
 
 def test_a_moved_copy_runs_by_path(tmp_path, capsys):
-    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
     capsys.readouterr()
     (tmp_path / "mine").rename(tmp_path / "moved")  # relocatable: the entry is relative to the YAML
     run_dir = tmp_path / "run"
@@ -104,7 +104,7 @@ def test_bad_recipe_files_name_the_file(tmp_path, config_dirs, monkeypatch):
 def test_an_unknown_key_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, capsys, monkeypatch):
     """A typo in the YAML is not on the command line: the screen says which file to edit; a typed one is not blamed
     on the file."""
-    assert recipes.main(["cp", "linear", str(tmp_path / "mine")]) == 0
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
     capsys.readouterr()
     yaml_path = tmp_path / "mine" / "recipe" / "linear.yaml"
     yaml_path.write_text(yaml_path.read_text().replace("  noise:", "  nois:").replace("  steps:", "  stepz:"))
@@ -140,7 +140,7 @@ def test_a_rule_about_a_key_at_fault_judges_no_default():
 
 def test_a_config_field_the_yaml_leaves_out_is_set_like_any_other(tmp_path, capsys, config_dirs):
     """recipe.noise is a field of linear's Config; the copy's YAML no longer lists it (its default stands)."""
-    assert recipes.main(["cp", "linear", str(tmp_path / "p")]) == 0
+    assert recipes.main(["cp", "linear", str(tmp_path / "p") + "/"]) == 0
     capsys.readouterr()
     yaml_path = tmp_path / "p" / "recipe" / "linear.yaml"
     yaml_path.write_text("".join(line for line in yaml_path.read_text().splitlines(True) if not line.startswith("  noise:")))
@@ -164,7 +164,7 @@ def test_a_config_field_the_yaml_leaves_out_is_set_like_any_other(tmp_path, caps
 
 def test_a_whole_section_the_yaml_leaves_out_is_set_like_any_other(tmp_path, capsys, config_dirs):
     """The copy's YAML has no optimizer section at all: recipe.optimizer.lr still sets the Config's optimizer."""
-    assert recipes.main(["cp", "linear", str(tmp_path / "p")]) == 0
+    assert recipes.main(["cp", "linear", str(tmp_path / "p") + "/"]) == 0
     capsys.readouterr()
     yaml_path = tmp_path / "p" / "recipe" / "linear.yaml"
     text = yaml_path.read_text()
