@@ -31,6 +31,7 @@ from launcher.config.schema import RunSpec
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
+from launcher.input.collate import CheckedCollate
 from launcher.input.files import FileDataset
 from launcher.input.position import DataStream, EpochBatchSampler
 from launcher.input.tensor_rows import batched_reads
@@ -73,7 +74,8 @@ def global_batches(data: Any, spec: RunSpec) -> Any:
         # Its own generator: each iter() draws the loader workers' base seed, which must not move the global RNG.
         generator = torch.Generator().manual_seed(spec.input_seed)
         data, collate = batched_reads(data)
-        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator, collate_fn=collate)
+        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator,
+                          collate_fn=CheckedCollate(collate, data))
     return data
 
 
