@@ -28,21 +28,18 @@ import json
 import logging
 import os
 import socket
-import sys
-import sysconfig
 import threading
 import time
 import traceback
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from launcher.cluster.env import WorkerEnv
 from launcher.cluster.process_group import job_store
-from launcher.runtime import outputs
+from launcher.runtime import outputs, user_frames
 
 log = logging.getLogger("dlaunch")
 
@@ -139,7 +136,7 @@ class Heartbeat:
     def record(self) -> Record:
         operation, since = self._op
         return Record(self.env.rank if self.env else 0, self._host, os.getpid(), self.last_completed, operation, since,
-                      time.time(), where(self._main), operation == self._timed_out_in)
+                      time.time(), user_frames.where(self._main), operation == self._timed_out_in)
 
     # ----- the thread -----
     def _beat(self) -> None:
@@ -214,7 +211,8 @@ class Heartbeat:
     def timed_out(self, exc: BaseException) -> CollectiveTimeout:
         """``exc``, a timeout in the current operation, as a ``CollectiveTimeout`` naming the ranks that never came."""
         self._timed_out_in = self._op[0]
-        me = self.record()
+        me = self.record()  # where the collective was called from: the exception's frames (the stack is unwound)
+        me = dataclasses.replace(me, where=user_frames.in_traceback(exc.__traceback__) or me.where)
         what = collective_kind(exc)
         try:
             records = self._settle(me)
@@ -310,7 +308,7 @@ def collective_kind(exc: BaseException) -> str:
     for frame in reversed(frames):
         if frame.filename.endswith(os.path.join("distributed", "distributed_c10d.py")) and not frame.name.startswith("_"):
             return f"the {frame.name}"
-    if any(frame.filename.startswith(_AUTOGRAD_DIR) for frame in frames):
+    if any(frame.filename.startswith(user_frames.AUTOGRAD_DIR) for frame in frames):
         return "the gradient all-reduce"  # DDP's, waited for at the end of backward
     return "a collective"
 
@@ -318,7 +316,8 @@ def collective_kind(exc: BaseException) -> str:
 # ----- the message -----
 def explain(what: str, me: Record, records: dict[int, Record], world_size: int, timeout_s: float, now: float) -> str:
     """Which ranks never reached the collective ``me`` timed out in, and what each of them is doing."""
-    head = f'{what} in "{me.operation}" timed out after {timeout_s:g} s on rank {me.rank}'
+    at = f" (at {me.where})" if me.where else ""
+    head = f'{what} in "{me.operation}"{at} timed out after {timeout_s:g} s on rank {me.rank}'
     missing = [r for r in range(world_size) if r != me.rank and not _reached(records.get(r), me)]
     if not missing:
         return (f"{head}: every rank reached it and timed out, so they wait in different collectives "
@@ -327,8 +326,14 @@ def explain(what: str, me: Record, records: dict[int, Record], world_size: int, 
     lines += [f"  {absent(r, records.get(r), now)}" for r in missing[:MAX_LISTED]]
     if len(missing) > MAX_LISTED:
         lines.append(f"  ... and {len(missing) - MAX_LISTED} more ranks")
-    lines.append(f"a rank that is only slow (a long first step, work done on one rank) needs a larger "
-                 f"launch.collective_timeout_s (now {timeout_s:g})")
+    waiting = [records.get(r) and records[r].operation == f"waiting for rank 0's {me.operation}" for r in missing]
+    if all(waiting):
+        lines.append(f'rank 0 does "{me.operation}" alone while the others wait for it outside any collective, so a '
+                     "collective in it has no partners and no timeout helps: code rank 0 runs alone (a recipe's "
+                     "evaluate, under this strategy) must not call collectives (docs/RECIPES.md)")
+    else:
+        lines.append(f"a rank that is only slow (a long first step, work done on one rank) needs a larger "
+                     f"launch.collective_timeout_s (now {timeout_s:g})")
     return "\n".join(lines)
 
 
@@ -356,43 +361,3 @@ def _undecided(records: dict[int, Record], me: Record, now: float) -> bool:
     """Some rank is alive in the same operation, and may yet time out in the same collective."""
     return any(r.rank != me.rank and not r.timed_out and r.operation == me.operation and now - r.beat <= STALE_AFTER_S
                for r in records.values())
-
-
-# ----- where a rank's own code is -----
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # as frames name their files
-_RECIPES_DIR = os.path.join(_PACKAGE_DIR, "recipes")  # shipped recipes are user code
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-_AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd")
-_NOT_USER = (_PACKAGE_DIR, _TORCH_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
-
-
-def where(main_thread: int) -> str:
-    """The innermost frame of user code in the main thread, or in a thread running dlaunch's code (a replica)."""
-    frames = sys._current_frames()
-    me = threading.get_ident()
-    others = [f for ident, f in frames.items() if ident not in (main_thread, me) and _runs_dlaunch(f)]
-    for frame in [frames.get(main_thread), *others]:
-        found = _innermost_user_frame(frame)
-        if found:
-            return found
-    return ""
-
-
-def _is_user_file(filename: str) -> bool:
-    return filename.startswith(_RECIPES_DIR) or not (filename.startswith(_NOT_USER) or filename.startswith("<"))
-
-
-def _innermost_user_frame(frame: FrameType | None) -> str:
-    while frame is not None:
-        if _is_user_file(frame.f_code.co_filename):
-            return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
-        frame = frame.f_back
-    return ""
-
-
-def _runs_dlaunch(frame: FrameType | None) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename.startswith(_PACKAGE_DIR) and not frame.f_code.co_filename.startswith(_RECIPES_DIR):
-            return True
-        frame = frame.f_back
-    return False

@@ -53,6 +53,19 @@ def test_ranks_that_timed_out_in_the_same_collective_are_not_named():
     assert 'timed out in another collective, in "loss reduce at step 11"' in text
 
 
+def test_a_collective_in_work_rank_0_does_alone_is_not_blamed_on_a_short_timeout():
+    """A recipe's evaluate that all-reduces: the others wait for it in the store, never in its collective."""
+    me = record(0, timed_out=True, operation="evaluation at the end", where="evaluate (mine.py:86)")
+    waiting = {r: record(r, operation="waiting for rank 0's evaluation at the end") for r in (1, 2)}
+    text = heartbeat.explain("the all_reduce", me, {0: me, **waiting}, 3, 20, NOW)
+    assert text.startswith('the all_reduce in "evaluation at the end" (at evaluate (mine.py:86)) timed out after 20 s')
+    assert ('rank 0 does "evaluation at the end" alone while the others wait for it outside any collective, so a '
+            "collective in it has no partners and no timeout helps") in text
+    assert "collective_timeout_s" not in text
+    waiting[2] = record(2)  # one rank elsewhere: it may only be slow
+    assert "launch.collective_timeout_s (now 20)" in heartbeat.explain("the all_reduce", me, {0: me, **waiting}, 3, 20, NOW)
+
+
 def test_a_long_list_of_missing_ranks_is_cut():
     me = record(0, timed_out=True)
     text = heartbeat.explain("a collective", me, {0: me}, 20, 20, NOW)
@@ -103,23 +116,6 @@ def test_the_collective_is_named_from_the_traceback():
         dist.all_reduce(torch.ones(1))  # no process group: raised inside torch's all_reduce
     assert heartbeat.collective_kind(c10d.value) == "the all_reduce"
     assert heartbeat.collective_kind(RuntimeError("x")) == "a collective"
-
-
-def _blocked_in_user_code(ready: threading.Event, release: threading.Event) -> None:
-    ready.set()
-    release.wait()
-
-
-def test_where_is_the_innermost_frame_of_user_code():
-    ready, release = threading.Event(), threading.Event()
-    thread = threading.Thread(target=_blocked_in_user_code, args=(ready, release))
-    thread.start()
-    try:
-        ready.wait(5)
-        assert heartbeat.where(thread.ident).startswith("_blocked_in_user_code (test_heartbeat.py:")
-    finally:
-        release.set()
-        thread.join()
 
 
 @pytest.fixture
@@ -203,7 +199,9 @@ def test_a_timeout_names_the_rank_still_in_its_step(job):
         stuck.stop()
         waiting.stop()
     text = str(info.value)
-    assert text.startswith('a collective in "train step 12" timed out after 1 s on rank 0:')
+    line = test_a_timeout_names_the_rank_still_in_its_step.__code__.co_firstlineno + 15  # the raise: user code here
+    assert text.startswith('a collective in "train step 12" (at test_a_timeout_names_the_rank_still_in_its_step '
+                           f'(test_heartbeat.py:{line})) timed out after 1 s on rank 0:')
     assert 'rank 1 (host ' in text and 'has not reached it: it last completed step 11 and is in "train step 12" for ' in text
     assert "(alive: heartbeat " in text
     assert heartbeat.progress_of(info.value) == {"last_step": 11, "operation": "train step 12"}

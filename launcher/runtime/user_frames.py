@@ -1,0 +1,62 @@
+"""Where a rank's own code is: the innermost frame of user code (a recipe, a script, a library of the user's) in a
+thread, for the heartbeat's record of a rank that hangs. dlaunch's, torch's and the standard library's frames are
+not the user's; the shipped recipes are."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from types import FrameType, TracebackType
+
+import torch
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # as frames name their files
+_RECIPES_DIR = os.path.join(_PACKAGE_DIR, "recipes")  # shipped recipes are user code
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd")
+_NOT_USER = (_PACKAGE_DIR, _TORCH_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+
+
+def where(main_thread: int) -> str:
+    """The innermost frame of user code in the main thread, or in a thread running dlaunch's code (a replica)."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    others = [f for ident, f in frames.items() if ident not in (main_thread, me) and _runs_dlaunch(f)]
+    for frame in [frames.get(main_thread), *others]:
+        found = _innermost_user_frame(frame)
+        if found:
+            return found
+    return ""
+
+
+def in_traceback(tb: TracebackType | None) -> str:
+    """The innermost frame of user code an exception passed through: where a collective that failed was called."""
+    found = ""
+    while tb is not None:
+        if _is_user_file(tb.tb_frame.f_code.co_filename):
+            found = f"{tb.tb_frame.f_code.co_name} ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found
+
+
+def _is_user_file(filename: str) -> bool:
+    return filename.startswith(_RECIPES_DIR) or not (filename.startswith(_NOT_USER) or filename.startswith("<"))
+
+
+def _innermost_user_frame(frame: FrameType | None) -> str:
+    while frame is not None:
+        if _is_user_file(frame.f_code.co_filename):
+            return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+        frame = frame.f_back
+    return ""
+
+
+def _runs_dlaunch(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE_DIR) and not frame.f_code.co_filename.startswith(_RECIPES_DIR):
+            return True
+        frame = frame.f_back
+    return False
