@@ -77,6 +77,7 @@ def _job(cfg: Any) -> Any:
         Status.codes.append(128 + signum)
     if key in Status.invalid or Status.stopped:  # an invalid sweep combination, or a job after a stop
         return _not_run(run_dir, cfg, key, console)
+    ended = len(Status.codes)  # grows once the job has an exit code: a stop after that is not one before it started
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
         spec = Status.validated.get(key) or composer.validate(cfg, cuda)
@@ -92,6 +93,13 @@ def _job(cfg: Any) -> Any:
         return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
     except ConfigError as exc:
         return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg))  # a dry run writes nothing
+    except KeyboardInterrupt as exc:  # a lone run's SIGTERM (interrupts.Stopped) or Ctrl-C before its record
+        if len(Status.codes) > ended or HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the job had ended and said how, or a sweep's second signal: dlaunch's entry says it stopped
+        log.warning("stopped by %s before the run started (its checkpoints verified, its plan shown): nothing was "
+                    "trained, and %s keeps no record of this command", exc or "Ctrl-C", run_dir)
+        Status.codes.append(getattr(exc, "exit_code", 130))
+        return None
     if Status.codes and Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
         Status.stopped = f"job {run_dir.name} was stopped by {signal.Signals(Status.codes[-1] - 128).name}"
     return summary
