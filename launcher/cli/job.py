@@ -11,6 +11,7 @@ nothing, refused or not: ``cli/dry_run.py`` then removes the directory Hydra mad
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jobs
+from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jobs, sweep_stop
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
@@ -38,6 +39,7 @@ class Status:
     validated: dict[tuple[str, ...], Any] = {}  # a job's own overrides -> its RunSpec, from the pre-check
     invalid: dict[tuple[str, ...], ConfigError] = {}  # a sweep job's own overrides -> why it cannot run
     stopped: str = ""  # "job 0 was stopped by SIGINT": a sweep's later jobs do not start
+    here: bool = False  # this is dlaunch's own process (main() ran here), not a joblib or submitit job's
 
 
 def job_key(overrides: list[str]) -> tuple[str, ...]:
@@ -53,7 +55,12 @@ def cuda_devices() -> int:
 
 def task(cfg: Any) -> Any:
     """Hydra's task function: one job, in Hydra's run directory; its summary, or for Optuna the objective."""
-    summary = _job(cfg)
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    elsewhere = HydraConfig.get().mode == RunMode.MULTIRUN and not Status.here  # a joblib worker's, a submitit task's
+    with interrupts.between_jobs() if elsewhere else contextlib.nullcontext():  # a stop before its launch: noted
+        summary = _job(cfg)
     direction = _optimizing_sweeper()
     if direction:
         return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")), direction)
@@ -75,6 +82,8 @@ def _job(cfg: Any) -> Any:
     if signum is not None and not Status.stopped:
         Status.stopped = f"{signal.Signals(signum).name} came between jobs"
         Status.codes.append(128 + signum)
+    if HydraConfig.get().mode == RunMode.MULTIRUN and not Status.stopped:  # dlaunch stopped while others ran the jobs
+        Status.stopped = sweep_stop.stopped_before(Path(HydraConfig.get().sweep.dir)) or ""
     if key in Status.invalid or Status.stopped:  # an invalid sweep combination, or a job after a stop
         return _not_run(run_dir, cfg, key, console)
     ended = len(Status.codes)  # grows once the job has an exit code: a stop after that is not one before it started

@@ -23,7 +23,7 @@ from typing import Any
 
 from hydra.core.override_parser.types import Override
 
-from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, usage
+from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, sweep_stop, usage
 from launcher.cluster.env import full_errors
 from launcher.config import compose as composer
 from launcher.config import disk
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a second stop signal while the config was read (interrupts.Stopped: SIGTERM's)
         return getattr(exc, "exit_code", 130)
-    job.Status.codes, job.Status.stopped = [], ""
+    job.Status.codes, job.Status.stopped, job.Status.here = [], "", True
     launcher = scheduled.launcher_of(args.overrides)
     if launcher and not informational:
         if not args.multirun:  # Hydra runs a job through its launcher plugin only in multirun mode
@@ -220,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str], multirun: bool, overrides: list[str], launcher: str | None) -> int:
     """Hydra runs the job, or the sweep's jobs; the exit code of them all."""
     try:
-        # A sweep notes a stop between its jobs; a lone run's stop before it records itself raises (cli/job.py)
-        with interrupts.between_jobs() if multirun and _jobs_here(overrides) else interrupts.stops_raise():
+        with _stop_handling(multirun, overrides, launcher):
             _hydra_main(argv)
             late = interrupts.take_noted()  # after the last job started: the sweep's table is shown all the same
     except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line
@@ -229,10 +228,24 @@ def _run(argv: list[str], multirun: bool, overrides: list[str], launcher: str | 
             raise
         return exc.code if isinstance(exc.code, int) else 1
     codes = [*job.Status.codes, *([1] if (multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
+    elsewhere = sweep_stop.taken()
     if late is not None:
         print(f"dlaunch: stopped by {signal.Signals(late).name} after the sweep's last job had started", file=sys.stderr)
         codes.append(128 + late)
+    elif elsewhere is not None:
+        print(f"dlaunch: stopped by {signal.Signals(elsewhere).name}; the table above says how each of the sweep's jobs "
+              "ended", file=sys.stderr)
+        codes.append(128 + elsewhere)
     return max(codes, default=0, key=_severity)
+
+
+def _stop_handling(multirun: bool, overrides: list[str], launcher: str | None) -> Any:
+    """How dlaunch takes a stop signal while Hydra runs: a sweep whose jobs run here notes it between them; one whose
+    jobs run in other processes (joblib's, submitit's) stops the jobs not started; a lone run raises it until it
+    records itself (cli/job.py)."""
+    if launcher or (multirun and not _jobs_here(overrides)):
+        return sweep_stop.noting()
+    return interrupts.between_jobs() if multirun else interrupts.stops_raise()
 
 
 def _jobs_here(overrides: list[str]) -> bool:

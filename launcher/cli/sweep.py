@@ -45,9 +45,10 @@ class SweepSummary(Callback):
     """``on_multirun_end``: the sweep's table on the terminal, ``sweep_summary.json`` and ``.csv`` beside the jobs."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        from launcher.cli import resume
+        from launcher.cli import resume, sweep_stop
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_stop.started(sweep_dir)  # from here a stop signal stops the sweep's jobs run elsewhere
         for stale in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # an earlier command's
             stale.unlink()
         record = sweep_dir / resume.SWEEP_FILE
