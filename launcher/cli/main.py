@@ -223,12 +223,12 @@ def _run(argv: list[str], multirun: bool, overrides: list[str], launcher: str | 
         with _stop_handling(multirun, overrides, launcher):
             _hydra_main(argv)
             late = interrupts.take_noted()  # after the last job started: the sweep's table is shown all the same
+            elsewhere = sweep_stop.taken()  # while other processes ran the jobs
     except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
     codes = [*job.Status.codes, *([1] if (multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
-    elsewhere = sweep_stop.taken()
     if late is not None:
         print(f"dlaunch: stopped by {signal.Signals(late).name} after the sweep's last job had started", file=sys.stderr)
         codes.append(128 + late)

@@ -63,10 +63,13 @@ def noting() -> Iterator[None]:
               file=sys.stderr, flush=True)
 
     _Parent.sweep_dir, _Parent.came = None, []
-    with handling_stop_signals(stop, STOP_SIGNALS, replaces=lambda current: current is not signal.SIG_IGN):
-        yield
+    try:
+        with handling_stop_signals(stop, STOP_SIGNALS, replaces=lambda current: current is not signal.SIG_IGN):
+            yield
+    finally:
+        _Parent.sweep_dir, _Parent.came = None, []
 
 
 def taken() -> int | None:
-    """The stop signal that stopped the sweep (None: none)."""
+    """The stop signal that stopped the sweep (None: none), inside ``noting``."""
     return _Parent.came[0] if _Parent.came else None

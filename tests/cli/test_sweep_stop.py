@@ -81,4 +81,4 @@ def test_dlaunch_notes_a_stop_while_any_other_launcher_runs_the_jobs_and_marks_t
         with pytest.raises(interrupts.Stopped):  # a second one: at once
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and sweep_stop.taken() is None  # the next command's
