@@ -252,7 +252,8 @@ SCRIPT_RUN = ("# A script's run: `script` ran in place of a recipe and its loop.
 
 
 def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
-    """After the launch returned ``code``: a stop's summary and resume hint, a failure for the scheduler, the results."""
+    """After the launch returned ``code``: a stop's summary and resume hint, a failure for the scheduler (a scheduled
+    job's parent shows a stopped one in its table, with the resume hint), the results."""
     from launcher.cli import resume
     from launcher.cli.plan import show_summary
     from launcher.launch import report
@@ -264,7 +265,7 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console) -> Any:
         console.print(resume.after_signal(spec, run_dir, code, checkpoint))
     elif code and resume.after_failure(spec, run_dir):
         console.print(resume.after_failure(spec, run_dir))
-    if code and scheduler_tasks():
+    if 0 < code < 128 and scheduler_tasks():  # a stop is no failure: its summary goes back, and the sweep's table says so
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "
             f"(summary.json) and in the task logs under .submitit/")

@@ -228,7 +228,9 @@ def _run(argv: list[str], multirun: bool, overrides: list[str], launcher: str | 
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
-    codes = [*job.Status.codes, *([1] if (multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
+    codes = [*job.Status.codes]
+    if multirun or launcher:  # jobs run elsewhere too: the sweep's table read their directories
+        codes += [*([1] if sweep.failed_jobs() else []), sweep.stopped_code()]
     if late is not None:
         print(f"dlaunch: stopped by {signal.Signals(late).name} after the sweep's last job had started", file=sys.stderr)
         codes.append(128 + late)

@@ -26,7 +26,7 @@ from launcher.runtime import outputs
 from launcher.runtime.progress import log
 
 COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds")
-_outcome: dict[str, Any] = {"failed": 0}
+_outcome: dict[str, Any] = {"failed": 0, "stopped": 0}
 
 
 class _ThisSweep:
@@ -48,6 +48,7 @@ class SweepSummary(Callback):
         from launcher.cli import resume, sweep_stop
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        _outcome.update(failed=0, stopped=0)  # an earlier sweep's in this process (tests run several)
         sweep_stop.started(sweep_dir)  # from here a stop signal stops the sweep's jobs run elsewhere
         for stale in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # an earlier command's
             stale.unlink()
@@ -66,7 +67,8 @@ class SweepSummary(Callback):
         from launcher.cli import output
 
         show(rows, sweep_dir, output.results())
-        _outcome["failed"] = sum(r["status"] != "completed" for r in rows)
+        _outcome["failed"] = sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows)
+        _outcome["stopped"] = max((r.get("_exit_code") or 0 for r in rows if r["status"] == "stopped"), default=0)
         if any(r["status"] in _CUT_SHORT for r in rows):
             from launcher.cli import resume
 
@@ -106,8 +108,13 @@ def _keep_earlier_record(sweep_dir: Path) -> None:
 
 
 def failed_jobs() -> int:
-    """Jobs of the last sweep in this process that did not complete (for the exit code)."""
+    """Jobs of the last sweep in this process that did not complete, nor were stopped (for the exit code)."""
     return _outcome["failed"]
+
+
+def stopped_code() -> int:
+    """128 + N for a job of the last sweep that signal N stopped (0: none), wherever the job ran (for the exit code)."""
+    return _outcome["stopped"]
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
@@ -164,6 +171,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
         "wall_seconds": summary.get("wall_seconds"),
         "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
         "dir": str(job),
+        "_exit_code": summary.get("exit_code"),  # a stopped job's 128 + N; not written out
     }
 
 
