@@ -204,6 +204,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
                     (run_dir / outputs.CONFIG).write_text(as_run(spec))
                     outputs.record_command(run_dir)
             interrupts.raise_noted()  # a sweep's job stopped while it got ready: now that its record is whole
+            sweep_stop.raise_taken()  # the same, for joblib's jobs when it runs them here (n_jobs=1)
             code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     except KeyboardInterrupt as exc:  # before the launcher's own signal handling: a stop all the same, with its summary
         log.warning("stopped by %s before the workers started", exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C")

@@ -70,6 +70,15 @@ def noting() -> Iterator[None]:
         _Parent.sweep_dir, _Parent.came = None, []
 
 
+def raise_taken() -> None:
+    """A stop noted while a job of the sweep got ready in dlaunch's own process (joblib runs its jobs here with
+    n_jobs=1): raised once the job's record is whole, as ``interrupts.raise_noted`` does for the basic launcher's."""
+    if _Parent.came:
+        from launcher.cli import interrupts
+
+        raise KeyboardInterrupt if _Parent.came[0] == signal.SIGINT else interrupts.Stopped(_Parent.came[0])
+
+
 def taken() -> int | None:
     """The stop signal that stopped the sweep (None: none), inside ``noting``."""
     return _Parent.came[0] if _Parent.came else None

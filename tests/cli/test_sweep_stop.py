@@ -78,7 +78,45 @@ def test_dlaunch_notes_a_stop_while_any_other_launcher_runs_the_jobs_and_marks_t
         time.sleep(0.05)
         assert sweep_stop.taken() == signal.SIGTERM  # noted, not SIGTERM's default action
         assert sweep_stop.stopped_before(tmp_path) == "SIGTERM came while the sweep's jobs ran"
+        with pytest.raises(interrupts.Stopped):  # a job getting ready in this process (joblib's n_jobs=1) stops there
+            sweep_stop.raise_taken()
         with pytest.raises(interrupts.Stopped):  # a second one: at once
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and sweep_stop.taken() is None  # the next command's
+
+
+SIGTERM_AT_JOB_0 = """
+import os, signal
+from hydra.experimental.callback import Callback
+
+class SigtermAtJob0(Callback):
+    def on_job_start(self, config, **kwargs):
+        if config.hydra.job.num != 0:
+            return
+        from launcher.cli import sweep_jobs
+
+        show_plan = sweep_jobs.show_plan
+
+        def showing(*args, **kwargs):  # job 0 gets ready: its checkpoints verified, its plan shown
+            os.kill(os.getpid(), signal.SIGTERM)
+            return show_plan(*args, **kwargs)
+
+        sweep_jobs.show_plan = showing
+"""
+
+
+def test_joblib_with_one_job_at_a_time_runs_them_in_dlaunchs_process_and_stops_there_too(tmp_path):
+    """joblib's n_jobs=1 runs the jobs one after the other in dlaunch's own process, under the stop handling of a
+    sweep whose jobs run elsewhere: the job getting ready stops once its record is whole, the next does not start."""
+    from tests.conftest import dlaunch
+
+    (tmp_path / "sigterm_at_job_0.py").write_text(SIGTERM_AT_JOB_0)
+    sweep = tmp_path / "sweep"
+    proc = dlaunch("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1", "trainer.steps=3", "trainer.seed=1,2",
+                   "+hydra.callbacks.term._target_=sigterm_at_job_0.SigtermAtJob0", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 143, out[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["stopped", "not started"], out[-3000:]
+    assert "stopped by SIGTERM before the workers started" in out and f"go on with: dlaunch resume {sweep}" in out
