@@ -242,9 +242,16 @@ class Checkpointer:
             elif self.rank == 0:
                 log.warning("%s; training continues (trainer.checkpoint.on_error=warn)", message)
             return None
-        raise CheckpointError(f"{message}. {_REMEDY.get(cause.errno, 'Mend the storage')} and run the same command "
-                              "again (trainer.resume=auto continues from it), or set trainer.checkpoint.on_error=warn to "
-                              "train on without this save")
+        remedy = _REMEDY.get(cause.errno, "Mend the storage")
+        if stopping:  # trainer.checkpoint.on_error=error asked for a refused save to end the run as failed, a stop's too
+            again = f"continues from {previous.name}: the steps after it are trained again" if previous else "starts afresh"
+            raise CheckpointError(f"{message}. It was the checkpoint of a stop signal: the run stopped without it, and "
+                                  "ends as failed since trainer.checkpoint.on_error=error makes a refused save an error. "
+                                  f"{remedy} and run the same command again (trainer.resume=auto {again}); with "
+                                  "trainer.checkpoint.on_error=warn such a stop ends as a stop, its summary naming the "
+                                  "lost save")
+        raise CheckpointError(f"{message}. {remedy} and run the same command again (trainer.resume=auto continues from "
+                              "it), or set trainer.checkpoint.on_error=warn to train on without this save")
 
     def _save_here(self, partial: Path, step: int, position: Position, model: Any, optimizer: Any,
                    loop: dict[str, torch.Tensor]) -> dict[str, Any] | None:

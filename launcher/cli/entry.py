@@ -33,7 +33,8 @@ def entry() -> None:
         code = getattr(exc, "exit_code", 130)
     finally:
         _quietly(warm.shutdown)  # every worker has ended by now: the server follows, and is reaped
-    leave(130 if interrupts.requested() and code == 0 else code)  # noted where nothing acted on it (--cfg job)
+    interrupts.release()  # the run ended and said how: a signal while dlaunch exits is not raised in its exit steps
+    leave(code or interrupts.requested())  # a stop noted where nothing acted on it (--cfg job)
 
 
 def _quietly(stop: Callable[[], None]) -> None:

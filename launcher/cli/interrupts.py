@@ -9,6 +9,10 @@ So the console script notes the first Ctrl-C instead (one line on stderr), and d
 nothing is half done: once the config is read and checked and torch is imported, just before Hydra runs
 the job (``main._interrupted_before_start``; a subcommand, at once). From there Ctrl-C is Python's, and
 then the run's own (torch elastic's, or the training loop's). A second Ctrl-C interrupts at once.
+
+SIGTERM and SIGHUP are noted the same way, then raise ``Stopped`` until the run's own handling takes them: their
+default action would end dlaunch without a word, wherever it was (verifying a large checkpoint before a resume,
+say). A stop at any point after the start ends with a line that says so and exit 128 + N.
 """
 
 from __future__ import annotations
@@ -22,35 +26,49 @@ from typing import Any, Iterator
 from launcher.runtime.stop_signals import handling_stop_signals
 
 _noted: list[int] = []
-_before: list[Any] = []  # the handler this replaced; empty: nothing replaced
+_before: dict[int, Any] = {}  # each signal's handler that this replaced; empty: nothing replaced
 
 
 def note_early() -> None:
-    """From here on, the first Ctrl-C is noted rather than raised (not where Ctrl-C was ignored: ``nohup``)."""
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.SIG_IGN or _before:
+    """From here on, the first stop signal is noted rather than acted on: Ctrl-C (not where it was ignored: ``nohup``),
+    and SIGTERM and SIGHUP where their default action would end dlaunch without a word."""
+    if _before:
         return
-    _before.append(previous)
-    signal.signal(signal.SIGINT, _note)
+    for sig in _STOPS:
+        previous = signal.getsignal(sig)
+        if previous is not signal.SIG_IGN and (sig == signal.SIGINT or previous is signal.SIG_DFL):
+            _before[sig] = previous
+            signal.signal(sig, _note)
 
 
 def _note(signum: int, frame: Any) -> None:
     if _noted:
-        raise KeyboardInterrupt  # asked twice: at once
+        _raise(signum)  # asked twice: at once
     _noted.append(signum)
-    print("dlaunch: Ctrl-C: stopping before training starts (again to stop at once)", file=sys.stderr, flush=True)
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    print(f"dlaunch: {name}: stopping before training starts (again to stop at once)", file=sys.stderr, flush=True)
 
 
-def requested() -> bool:
-    """Whether a Ctrl-C came while it was noted."""
-    return bool(_noted)
+def requested() -> int:
+    """The exit code of a stop signal that came while it was noted (128 + N), else 0."""
+    return 128 + _noted[0] if _noted else 0
 
 
-def hand_over() -> bool:
-    """The previous Ctrl-C handling again, for the run to build on; whether a Ctrl-C came before."""
-    if _before and signal.getsignal(signal.SIGINT) is _note:
-        signal.signal(signal.SIGINT, _before.pop())
+def hand_over() -> int:
+    """Ctrl-C's previous handling again, for the run to build on; SIGTERM and SIGHUP raise ``Stopped`` from here until
+    the run's own handling takes them (never their default action, which ends dlaunch without a word: as the run
+    verifies its checkpoints, say). Returns ``requested()``: a stop that came before."""
+    for sig in list(_before):
+        if signal.getsignal(sig) is _note:
+            signal.signal(sig, _before.pop(sig) if sig == signal.SIGINT else _stop)
     return requested()
+
+
+def release() -> None:
+    """SIGTERM and SIGHUP as they were before ``note_early``: dlaunch has ended its run and said how."""
+    for sig, previous in list(_before.items()):
+        if signal.getsignal(sig) in (_note, _stop):
+            signal.signal(sig, _before.pop(sig))
 
 
 class Stopped(KeyboardInterrupt):
@@ -70,14 +88,14 @@ class Stopped(KeyboardInterrupt):
 _OTHER_STOPS = (signal.SIGTERM, signal.SIGHUP)
 
 
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
 @contextlib.contextmanager
 def stops_raise() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``Stopped`` inside (where their action is the default one, which kills)."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
-
-    with handling_stop_signals(stop, _OTHER_STOPS, replaces=lambda current: current is signal.SIG_DFL):
+    with handling_stop_signals(_stop, _OTHER_STOPS, replaces=lambda current: current is signal.SIG_DFL):
         yield
 
 

@@ -11,6 +11,7 @@ nothing, refused or not: ``cli/dry_run.py`` then removes the directory Hydra mad
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jobs
+from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jobs, sweep_stop
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
@@ -38,6 +39,7 @@ class Status:
     validated: dict[tuple[str, ...], Any] = {}  # a job's own overrides -> its RunSpec, from the pre-check
     invalid: dict[tuple[str, ...], ConfigError] = {}  # a sweep job's own overrides -> why it cannot run
     stopped: str = ""  # "job 0 was stopped by SIGINT": a sweep's later jobs do not start
+    here: bool = False  # this is dlaunch's own process (main() ran here), not a joblib or submitit job's
 
 
 def job_key(overrides: list[str]) -> tuple[str, ...]:
@@ -53,7 +55,12 @@ def cuda_devices() -> int:
 
 def task(cfg: Any) -> Any:
     """Hydra's task function: one job, in Hydra's run directory; its summary, or for Optuna the objective."""
-    summary = _job(cfg)
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    elsewhere = HydraConfig.get().mode == RunMode.MULTIRUN and not Status.here  # a joblib worker's, a submitit task's
+    with interrupts.between_jobs() if elsewhere else contextlib.nullcontext():  # a stop before its launch: noted
+        summary = _job(cfg)
     direction = _optimizing_sweeper()
     if direction:
         return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")), direction)
@@ -75,8 +82,11 @@ def _job(cfg: Any) -> Any:
     if signum is not None and not Status.stopped:
         Status.stopped = f"{signal.Signals(signum).name} came between jobs"
         Status.codes.append(128 + signum)
+    if HydraConfig.get().mode == RunMode.MULTIRUN and not Status.stopped:  # dlaunch stopped while others ran the jobs
+        Status.stopped = sweep_stop.stopped_before(Path(HydraConfig.get().sweep.dir)) or ""
     if key in Status.invalid or Status.stopped:  # an invalid sweep combination, or a job after a stop
         return _not_run(run_dir, cfg, key, console)
+    ended = len(Status.codes)  # grows once the job has an exit code: a stop after that is not one before it started
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
         spec = Status.validated.get(key) or composer.validate(cfg, cuda)
@@ -92,6 +102,13 @@ def _job(cfg: Any) -> Any:
         return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
     except ConfigError as exc:
         return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg))  # a dry run writes nothing
+    except KeyboardInterrupt as exc:  # a lone run's SIGTERM (interrupts.Stopped) or Ctrl-C before its record
+        if len(Status.codes) > ended or HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the job had ended and said how, or a sweep's second signal: dlaunch's entry says it stopped
+        log.warning("stopped by %s before the run started (its checkpoints verified, its plan shown): nothing was "
+                    "trained, and %s keeps no record of this command", exc or "Ctrl-C", run_dir)
+        Status.codes.append(getattr(exc, "exit_code", 130))
+        return None
     if Status.codes and Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
         Status.stopped = f"job {run_dir.name} was stopped by {signal.Signals(Status.codes[-1] - 128).name}"
     return summary
@@ -187,6 +204,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
                     (run_dir / outputs.CONFIG).write_text(as_run(spec))
                     outputs.record_command(run_dir)
             interrupts.raise_noted()  # a sweep's job stopped while it got ready: now that its record is whole
+            sweep_stop.raise_taken()  # the same, for joblib's jobs when it runs them here (n_jobs=1)
             code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     except KeyboardInterrupt as exc:  # before the launcher's own signal handling: a stop all the same, with its summary
         log.warning("stopped by %s before the workers started", exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C")
@@ -236,7 +254,8 @@ SCRIPT_RUN = ("# A script's run: `script` ran in place of a recipe and its loop.
 
 def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool = False) -> Any:
     """After the launch returned ``code``: a stop's summary and resume hint (a sweep's job: the sweep gives the one
-    resume command), a failure for the scheduler, the results."""
+    resume command), a failure for the scheduler (a scheduled job's parent shows a stopped one in its table, with
+    the resume hint), the results."""
     from launcher.cli import resume
     from launcher.cli.plan import show_summary
     from launcher.launch import report
@@ -248,7 +267,7 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool
         console.print(resume.after_signal(spec, run_dir, code, checkpoint, in_sweep=multirun))
     elif code and resume.after_failure(spec, run_dir):
         console.print(resume.after_failure(spec, run_dir))
-    if code and scheduler_tasks():
+    if 0 < code < 128 and scheduler_tasks():  # a stop is no failure: its summary goes back, and the sweep's table says so
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "
             f"(summary.json) and in the task logs under .submitit/")

@@ -14,7 +14,6 @@ Exit codes: 0 done, 1 training failure, 2 config error (or a submission SLURM re
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -24,7 +23,7 @@ from typing import Any
 
 from hydra.core.override_parser.types import Override
 
-from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, usage
+from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, sweep_stop, usage
 from launcher.cluster.env import full_errors
 from launcher.config import compose as composer
 from launcher.config import disk
@@ -170,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         import importlib
 
-        if argv[0] != "resume" and interrupts.hand_over():  # resume runs main() again, which hands over later
-            return 130
+        stopped = interrupts.hand_over() if argv[0] != "resume" else 0  # resume runs main() again, which hands over later
+        if stopped:
+            return stopped
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     argv, script_config.ARGS[:] = script_config.split_argv(argv)  # `-- ARGS`: the script's, not Hydra's
     args = _hydra_args(argv)
@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         render(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
-    job.Status.codes, job.Status.stopped = [], ""
+    except KeyboardInterrupt as exc:  # a second stop signal while the config was read (interrupts.Stopped: SIGTERM's)
+        return getattr(exc, "exit_code", 130)
+    job.Status.codes, job.Status.stopped, job.Status.here = [], "", True
     launcher = scheduled.launcher_of(args.overrides)
     if launcher and not informational:
         if not args.multirun:  # Hydra runs a job through its launcher plugin only in multirun mode
@@ -211,26 +211,43 @@ def main(argv: list[str] | None = None) -> int:
         if extra is None:  # a dry run on SLURM: its plan and request shown, nothing submitted
             return 0
         argv += extra
-    if not informational and _interrupted_before_start(launcher):
-        return 130
+    stopped = _interrupted_before_start(launcher) if not informational else 0
+    if stopped:
+        return stopped
     return _run(argv, args.multirun, args.overrides, launcher)
 
 
 def _run(argv: list[str], multirun: bool, overrides: list[str], launcher: str | None) -> int:
     """Hydra runs the job, or the sweep's jobs; the exit code of them all."""
     try:
-        with interrupts.between_jobs() if multirun and _jobs_here(overrides) else contextlib.nullcontext():
+        with _stop_handling(multirun, overrides, launcher):
             _hydra_main(argv)
             late = interrupts.take_noted()  # after the last job started: the sweep's table is shown all the same
+            elsewhere = sweep_stop.taken()  # while other processes ran the jobs
     except SystemExit as exc:  # Hydra reported a scheduled job's failure (JobFailed) in one line
         if not launcher:
             raise
         return exc.code if isinstance(exc.code, int) else 1
-    codes = [*job.Status.codes, *([1] if (multirun or launcher) and sweep.failed_jobs() else [])]  # jobs run elsewhere too
+    codes = [*job.Status.codes]
+    if multirun or launcher:  # jobs run elsewhere too: the sweep's table read their directories
+        codes += [*([1] if sweep.failed_jobs() else []), sweep.stopped_code()]
     if late is not None:
         print(f"dlaunch: stopped by {signal.Signals(late).name} after the sweep's last job had started", file=sys.stderr)
         codes.append(128 + late)
+    elif elsewhere is not None:
+        print(f"dlaunch: stopped by {signal.Signals(elsewhere).name}; the table above says how each of the sweep's jobs "
+              "ended", file=sys.stderr)
+        codes.append(128 + elsewhere)
     return max(codes, default=0, key=_severity)
+
+
+def _stop_handling(multirun: bool, overrides: list[str], launcher: str | None) -> Any:
+    """How dlaunch takes a stop signal while Hydra runs: a sweep whose jobs run here notes it between them; one whose
+    jobs run in other processes (joblib's, submitit's) stops the jobs not started; a lone run raises it until it
+    records itself (cli/job.py)."""
+    if launcher or (multirun and not _jobs_here(overrides)):
+        return sweep_stop.noting()
+    return interrupts.between_jobs() if multirun else interrupts.stops_raise()
 
 
 def _jobs_here(overrides: list[str]) -> bool:
@@ -238,8 +255,9 @@ def _jobs_here(overrides: list[str]) -> bool:
     return all(o.partition("=")[2] in ("", "basic") for o in overrides if o.partition("=")[0].lstrip("+") == "hydra/launcher")
 
 
-def _interrupted_before_start(launcher: str | None) -> bool:
-    """Ctrl-C handling goes back to Python's, and then the run's (interrupts.py); whether a Ctrl-C came before.
+def _interrupted_before_start(launcher: str | None) -> int:
+    """Ctrl-C handling goes back to Python's, and then the run's (interrupts.py); the exit code of a stop signal that
+    came before (0: none).
 
     A job that trains in this process, or starts its workers from it, needs torch: imported first, while a
     Ctrl-C is still only noted, since one raised inside that import could be lost there.

@@ -28,7 +28,7 @@ from launcher.runtime.progress import log
 COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds",
            "resumed_from_step")  # set: the last command went on from that checkpoint, and the throughput and time are its
 RESUMING = "trainer.resume=auto"  # what `dlaunch resume` adds to every job it replays (and the default): not the job's own
-_outcome: dict[str, Any] = {"failed": 0}
+_outcome: dict[str, Any] = {"failed": 0, "stopped": 0}
 
 
 class _ThisSweep:
@@ -47,9 +47,11 @@ class SweepSummary(Callback):
     """``on_multirun_end``: the sweep's table on the terminal, ``sweep_summary.json`` and ``.csv`` beside the jobs."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        from launcher.cli import resume
+        from launcher.cli import resume, sweep_stop
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        _outcome.update(failed=0, stopped=0)  # an earlier sweep's in this process (tests run several)
+        sweep_stop.started(sweep_dir)  # from here a stop signal stops the sweep's jobs run elsewhere
         for stale in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # an earlier command's
             stale.unlink()
         record = sweep_dir / resume.SWEEP_FILE
@@ -67,7 +69,8 @@ class SweepSummary(Callback):
         from launcher.cli import output
 
         show(rows, sweep_dir, output.results())
-        _outcome["failed"] = sum(r["status"] != "completed" for r in rows)
+        _outcome["failed"] = sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows)
+        _outcome["stopped"] = max((r.get("_exit_code") or 0 for r in rows if r["status"] == "stopped"), default=0)
         if any(r["status"] in _CUT_SHORT for r in rows):
             from launcher.cli import resume
 
@@ -107,8 +110,13 @@ def _keep_earlier_record(sweep_dir: Path) -> None:
 
 
 def failed_jobs() -> int:
-    """Jobs of the last sweep in this process that did not complete (for the exit code)."""
+    """Jobs of the last sweep in this process that did not complete, nor were stopped (for the exit code)."""
     return _outcome["failed"]
+
+
+def stopped_code() -> int:
+    """128 + N for a job of the last sweep that signal N stopped (0: none), wherever the job ran (for the exit code)."""
+    return _outcome["stopped"]
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
@@ -166,6 +174,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
         "resumed_from_step": summary.get("resumed_from_step"),
         "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
         "dir": str(job),
+        "_exit_code": summary.get("exit_code"),  # a stopped job's 128 + N; not written out
     }
 
 

@@ -17,14 +17,12 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, Iterator
 
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
-from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.checkpoint import layout
@@ -32,7 +30,7 @@ from launcher.cluster.env import worker_env_set, worker_environment
 from launcher.cluster.interface import node_route
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
-from launcher.launch import failures, rendezvous, report, warm
+from launcher.launch import agent, rendezvous, report, warm
 from launcher.runtime import outputs, progress
 from launcher.runtime.stop_signals import handling_stop_signals
 
@@ -130,9 +128,10 @@ def local_config(
         local_addr=local_addr,
         **({"shutdown_timeout": shutdown_grace_s} if _HAS_SHUTDOWN_TIMEOUT else {}),
     )
-    config.dlaunch_grace_s = shutdown_grace_s  # where torch has no shutdown_timeout, _Agent still bounds the stop
+    config.dlaunch_grace_s = shutdown_grace_s  # where torch has no shutdown_timeout, agent.Agent still bounds the stop
     config.dlaunch_stop_grace_s = stop_grace_s  # a stop signal's: the workers save a checkpoint before they exit
     config.dlaunch_teardown_marker = teardown_marker  # while it exists, a SIGTERM is a failure's teardown, not a stop
+    config.dlaunch_lost_peer = None  # an emulated node's check for a peer agent that is gone (run_node sets it)
     return config
 
 
@@ -171,15 +170,18 @@ def network_binding(spec: RunSpec) -> str | None:
 def run_node(
     spec: RunSpec, run_dir: Path, job: Path, plan: Plan, node_rank: int, run_id: str | None,
     listen_fd: int | None = None, on_failure: Callable[..., int] = report.report_failures,
+    lost_peer: Callable[[], int | None] | None = None,
 ) -> int:
-    """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``."""
+    """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``.
+    ``lost_peer``: an emulated node's peer whose agent is gone (None: none), after which no restart can help."""
     config = node_config(spec, run_dir, node_rank, run_id, listen_fd)
+    config.dlaunch_lost_peer = lost_peer
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
     how = " (forked from the warm server)" if warm.started() else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(plan, run_dir)
-        _Agent.killed.clear()
+        agent.Agent.killed.clear()
         with _stop_signals_raise():
             start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
                           master_addr=spec.cluster.master_addr)
@@ -194,7 +196,7 @@ def run_node(
         if teardown_marker(run_dir).exists():  # dlaunch's parent tears this node down after another node failed
             log.warning("node %d torn down after another node failed; its workers were shut down", node_rank or 0)
         else:
-            killed = report.killed_on_stop(spec, run_dir, _Agent.killed)
+            killed = report.killed_on_stop(spec, run_dir, agent.Agent.killed)
             log.warning("stopped by %s; %s", exc.sigval.name, killed or "all workers were shut down")
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
@@ -252,119 +254,6 @@ def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
     )
 
 
-class _Agent(LocalElasticAgent):
-    """torch's agent, except that stopping the workers after a failure never waits longer than ``shutdown_timeout``
-    (``launch.shutdown_grace_s``), and stopping them on a stop signal waits ``launch.stop_grace_s``: they save first.
-
-    That holds for workers started as interpreters and as forked functions (warm start) alike.
-
-    In torch 2.13 the process context stops the other workers after a failure with
-    ``close()``'s default grace of 30 s (and ``_stop_workers`` passes no grace
-    either): a worker that does not exit on SIGTERM (one blocked in a C++
-    collective, whose Python handler cannot run) held every failure for 30 s,
-    whatever ``launch.shutdown_grace_s`` said.
-    """
-
-    grace_s: float = 30.0  # set per launch by _graceful_agent
-    stop_grace_s: float = 30.0
-    teardown_marker: Path | None = None
-    _last: Any = None  # the last RunResult seen: what a restart follows
-    killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
-
-    def _monitor_workers(self, worker_group: Any) -> Any:
-        self._last = super()._monitor_workers(worker_group)
-        failed = getattr(self._last, "failures", None) or {}
-        if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
-            self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart
-        elif failed:  # the report tells a rank that completed from one that left early (os._exit(0)) and broke the rest
-            failed.update({w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0, exitcode=0, error_file="")
-                           for w in worker_group.workers
-                           if w.global_rank not in failed and _exit_code(self._pcontext, w.local_rank) == 0})
-        return self._last
-
-    def _restart_workers(self, worker_group: Any) -> None:
-        """torch restarts the workers silently (its agent's log is quiet): say which rank failed and why, once."""
-        failed = getattr(self._last, "failures", None) or {}
-        if failed:
-            root = failures.first([failures.from_process_failure(rank, f) for rank, f in failed.items()])
-            limit = worker_group.spec.max_restarts
-            log.warning("%s failed (%s%s); restart %d of %d (launch.max_restarts): the workers start again, from the "
-                        "newest checkpoint where there is one", root.who, root.exit,
-                        f": {root.exception}" if root.exception else "", limit - self._remaining_restarts, limit)
-        super()._restart_workers(worker_group)
-
-    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-        started = super()._start_workers(worker_group)
-        pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
-        close = pcontext.close
-
-        def graceful_close(death_sig: Any = None, timeout: float = grace) -> None:
-            # torch's agent closes from its `except SignalException` on a stop signal, and after a failure from none;
-            # a SIGTERM from dlaunch's parent process after another node failed comes with the marker
-            stopping = isinstance(sys.exc_info()[1], SignalException) and not (marker is not None and marker.exists())
-            close(death_sig, stop_grace if stopping else min(timeout, grace))
-            if stopping:  # those still running after the grace were killed: said by name, not "shut down"
-                _Agent.killed[:] = [w.global_rank for w in worker_group.workers
-                                    if _exit_code(pcontext, w.local_rank) == -signal.SIGKILL]
-
-        pcontext.close = graceful_close
-        processes = getattr(pcontext, "_pc", None)  # workers forked as functions (warm start): torch.multiprocessing's context
-        if processes is not None:
-            join = processes.join
-
-            def bounded_join(timeout: float | None = None, grace_period: float | None = None) -> bool:
-                # After a failure its join waits, signals SIGTERM, waits again, then SIGKILLs: 30 s each
-                # unless told. Half the grace each keeps a stuck peer's end within launch.shutdown_grace_s.
-                return join(timeout, grace / 2 if grace_period is None else grace_period)
-
-            processes.join = bounded_join
-            pcontext._poll = _every_failure(pcontext, processes)
-        return started
-
-
-def _exit_code(pcontext: Any, local_rank: int) -> int | None:
-    """A worker's exit code once it ended (-N: signal N): forked (torch.multiprocessing) or started as a process."""
-    processes = getattr(pcontext, "_pc", None)
-    if processes is not None:
-        return processes.processes[local_rank].exitcode
-    handler = getattr(pcontext, "subprocess_handlers", {}).get(local_rank)
-    return None if handler is None else handler.proc.returncode
-
-
-def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
-    """The context's ``_poll``, reporting every worker that failed rather than the first one seen.
-
-    torch.multiprocessing's context raises for the first process it sees exit; the
-    rank that failed first (the root cause) may be another, and a rank killed by a
-    signal writes no error file. Once the context has stopped the others, every
-    non-zero exit is known.
-    """
-    poll = pcontext._poll
-
-    def poll_every_failure() -> Any:
-        result = poll()
-        if result is not None and result.failures:
-            for local_rank, proc in enumerate(processes.processes):
-                if local_rank not in result.failures and proc.exitcode not in (None, 0):
-                    result.failures[local_rank] = ProcessFailure(
-                        local_rank=local_rank, pid=proc.pid, exitcode=proc.exitcode, error_file=pcontext.error_files[local_rank])
-        return result
-
-    return poll_every_failure
-
-
-@contextlib.contextmanager
-def _graceful_agent(grace_s: float, stop_grace_s: float, teardown_marker: Path | None) -> Iterator[None]:
-    """``elastic_launch`` builds its agent from this module attribute; the swap lasts one launch."""
-    saved = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = type("_Agent", (_Agent,), {"grace_s": grace_s, "stop_grace_s": stop_grace_s,
-                                                                "teardown_marker": teardown_marker})
-    try:
-        yield
-    finally:
-        launcher_api.LocalElasticAgent = saved
-
-
 def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool, nccl_trace_prefix: str | None = None,
                   extra_env: dict[str, str] | None = None, master_addr: str | None = None) -> None:
     """``python -m module job`` on every worker, under the elastic agent; raises on failure.
@@ -376,8 +265,7 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     _quiet_agent()
     route = None if single_node or master_addr is None else node_route(master_addr)
     variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
-    with worker_env_set({**variables, **(extra_env or {})}), _graceful_agent(
-            config.dlaunch_grace_s, config.dlaunch_stop_grace_s, config.dlaunch_teardown_marker):
+    with worker_env_set({**variables, **(extra_env or {})}), agent.graceful_agent(config):
         if module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
             from launcher.runtime.worker import run_job  # imported by the forkserver already
 

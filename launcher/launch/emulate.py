@@ -7,7 +7,9 @@ own ``torch.distributed.elastic`` agent and workers, meeting the others at node
 ones. This parent only waits, stops the rest when one node fails, and shows
 the root cause once across all nodes.
 
-    python -m launcher.launch.emulate JOB NODE_RANK RUN_ID PORT [LISTEN_FD]   # one node's agent
+    python -m launcher.launch.emulate JOB NODE_RANK RUN_ID PORT PEERS [LISTEN_FD]   # one node's agent
+
+``PEERS``: ``node:fd,...``, the read end of each other node's lifeline (``_lifelines``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -23,7 +26,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from launcher.cluster.env import emulated_node_devices
 from launcher.config.plan import Plan, read_job
@@ -51,11 +54,15 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
     elastic.teardown_marker(run_dir).unlink(missing_ok=True)  # an earlier command's
     with _stop_on_signals():
         try:
-            for node in range(c.nodes):
-                args = [str(job), str(node), run_id, str(port), *([str(sock.fileno())] if node == 0 else [])]
-                env = {**os.environ, **emulated_node_devices(node, c.devices_per_node)} if cuda else None
-                procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], env=env,
-                                              pass_fds=(sock.fileno(),) if node == 0 else ()))
+            with _lifelines(c.nodes) as lines:
+                for node in range(c.nodes):
+                    listen = (sock.fileno(),) if node == 0 else ()
+                    peers = {n: read for n, (read, _) in lines.items() if n != node}
+                    args = [str(job), str(node), run_id, str(port), ",".join(f"{n}:{fd}" for n, fd in peers.items()),
+                            *map(str, listen)]
+                    env = {**os.environ, **emulated_node_devices(node, c.devices_per_node)} if cuda else None
+                    procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], env=env,
+                                                  pass_fds=(*listen, lines[node][1], *peers.values())))
             ended: dict[int, float] = {}
             codes = _wait(procs, spec.launch.shutdown_grace_s + 10, elastic.teardown_marker(run_dir), ended)
         except _Stopped as stopped:
@@ -63,6 +70,28 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
             log.warning("stopped by %s; every node's workers were shut down", signal.Signals(stopped.signum).name)
             return 128 + stopped.signum
     return _outcome(spec, run_dir, codes, _lost_nodes(spec, run_dir, procs, ended))
+
+
+@contextlib.contextmanager
+def _lifelines(nodes: int) -> Iterator[dict[int, tuple[int, int]]]:
+    """A pipe per node, whose write end only that node's agent holds (this process closes its copies once every
+    agent has started): its peers, holding the read ends, see it readable (end of file) once the agent is gone,
+    killed or not. That is how an agent tells a lost peer, which no restart brings back, from a failed worker."""
+    lines = {node: os.pipe() for node in range(nodes)}
+    try:
+        yield lines
+    finally:
+        for fd in (fd for pair in lines.values() for fd in pair):
+            os.close(fd)
+
+
+def lost_peer(peers: dict[int, int]) -> Callable[[], int | None]:
+    """For one node's agent (``peers``: each other node's lifeline, read end): the first node whose agent is gone."""
+    def gone() -> int | None:
+        readable = set(select.select(list(peers.values()), [], [], 0)[0]) if peers else set()
+        return next((node for node, fd in peers.items() if fd in readable), None)
+
+    return gone
 
 
 class _Stopped(Exception):
@@ -168,7 +197,7 @@ def node_main(argv: list[str]) -> int:
     from launcher.runtime.worker import die_with_launcher
 
     die_with_launcher()
-    job_path, node, run_id, port, *fd = argv
+    job_path, node, run_id, port, lines, *fd = argv
     node_rank = int(node)
     setup_logging(node_rank, Console(stderr=True), who="node")
     job = json.loads(Path(job_path).read_text())
@@ -181,7 +210,9 @@ def node_main(argv: list[str]) -> int:
         return _record_failures(real, finished, spec, run_dir, node_rank)
 
     listen_fd = int(fd[0]) if fd else None
-    return elastic.run_node(spec, run_dir, Path(job_path), plan, node_rank, run_id, listen_fd, on_failure)
+    peers = {int(n): int(r) for n, _, r in (pair.partition(":") for pair in lines.split(",") if pair)}
+    return elastic.run_node(spec, run_dir, Path(job_path), plan, node_rank, run_id, listen_fd, on_failure,
+                            lost_peer(peers))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class InProcess(Launcher):
             return getattr(exc, "exit_code", 130)
         except Exception as exc:  # noqa: BLE001 - shown as the root cause below
             root = failures.from_exception(exc, last_step=heartbeat.progress_of(exc).get("last_step"))  # as a worker's says
-            failures.render(root, [], report.last_logged_step(run_dir), console)
+            report.show_root_cause(root, [], run_dir, console)
             report.record_failure(spec, run_dir, root)
             return root.exit_status
 

@@ -9,6 +9,7 @@ import logging
 import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -72,7 +73,7 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
         return 128 + int(signal.Signals[name])
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
-    failures.render(root, others, last_logged_step(run_dir))
+    show_root_cause(root, others, run_dir)
     if finished and failures.waited_on_a_peer(root):
         ranks = ", ".join(str(c.rank) for c in sorted(finished, key=lambda c: c.rank))
         why = ("a rank that ends early (a script's sys.exit(0) or return on one rank)" if spec.script is not None else
@@ -82,8 +83,8 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
                   "%s leaves the others waiting until launch.collective_timeout_s (%d s)", ranks, root.who, why,
                   spec.launch.collective_timeout_s)
     if spec.launch.max_restarts and lost_node is not None:
-        log.error("node %d's agent is gone, and launch.max_restarts restarts workers under a live agent only: the other "
-                  "nodes were torn down", lost_node)
+        log.error("node %d's agent is gone, and launch.max_restarts restarts workers under a live agent only: no node "
+                  "restarted its workers (summary.json: restarts 0)", lost_node)
     elif spec.launch.max_restarts:
         log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)
@@ -106,6 +107,14 @@ def last_logged_step(run_dir: Path) -> int | None:
     return steps[-1] if steps else None
 
 
+def show_root_cause(root: failures.RootCause, others: Sequence[failures.RootCause], run_dir: Path,
+                    console: Any = None) -> None:
+    """The root-cause panel on the terminal and, at the same point, its text in ``dlaunch.log``: the lines logged
+    after the panel (restarts exhausted, a lost node) follow it in the file as on the terminal."""
+    failures.render(root, list(others), last_logged_step(run_dir), console)
+    progress.file_only(logging.ERROR, failures.as_text(root, list(others), last_logged_step(run_dir)))
+
+
 def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, others: Sequence[failures.RootCause] = ()) -> None:
     """A failed run's summary.json (the same keys as a completed one, plus the root cause) and error.txt (the
     root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
@@ -113,7 +122,6 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
     summary = {**_partial_summary(spec, run_dir, "failed"), "last_completed_step": root.last_step, "error": root.as_dict()}
     with _unless_unwritable(run_dir / outputs.ERROR):
         (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
-    progress.file_only(logging.ERROR, text)
     with _unless_unwritable(run_dir / outputs.SUMMARY):
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
 

@@ -86,6 +86,23 @@ def test_with_on_error_warn_a_failed_save_on_a_stop_is_said_to_be_lost_not_that_
     assert saved["checkpoint_step"] == 5 and saved["unsaved_checkpoint"]["step"] == 7
 
 
+def test_with_on_error_error_a_failed_save_on_a_stop_fails_the_run_and_says_the_stops_checkpoint_is_lost(tmp_path, monkeypatch):
+    """The user asked for a refused save to be an error, a stop's too (exit 1); the message told them to "train on
+    without this save", which means nothing to a run that was stopped."""
+    spec = compose_and_validate(["trainer.checkpoint.every_steps=5", "trainer.steps=20"], cuda_devices=0)
+    model = torch.nn.Linear(4, 1)
+    ckpt = Checkpointer(spec, tmp_path, rank=0)
+    ckpt.save(5, Position(0, 5), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    monkeypatch.setenv(DISK_FULL, "7")
+    with pytest.raises(CheckpointError) as caught:
+        ckpt.save(7, Position(0, 7), model, torch.optim.SGD(model.parameters(), lr=0.1), stopping=True)
+    text = str(caught.value)
+    assert "step 7 was not saved: No space left on device" in text and "train on without this save" not in text
+    assert "the checkpoint of a stop signal: the run stopped without it" in text and "on_error=error" in text
+    assert "trainer.resume=auto continues from step-00000005" in text
+    assert_untouched(tmp_path / "checkpoints", 5)
+
+
 def test_on_error_allows_only_error_or_warn(tmp_path):
     from launcher.config.errors import ConfigError
 

@@ -17,7 +17,7 @@ from tests.conftest import command
 @pytest.fixture
 def noted(monkeypatch):
     monkeypatch.setattr(interrupts, "_noted", [])
-    monkeypatch.setattr(interrupts, "_before", [])
+    monkeypatch.setattr(interrupts, "_before", {})
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     others = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGHUP)}
     yield
@@ -35,6 +35,21 @@ def test_the_first_ctrl_c_is_noted_the_second_interrupts_and_hand_over_restores(
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)
     assert interrupts.hand_over() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_early_sigterm_is_noted_then_sigterm_raises_a_stop_until_dlaunch_ends(noted, capsys):
+    """SIGTERM's default action ended dlaunch without a word wherever nothing else handled it."""
+    interrupts.note_early()
+    os.kill(os.getpid(), signal.SIGTERM)  # while torch imports: noted, acted on at the safe point
+    time.sleep(0.05)
+    assert "dlaunch: SIGTERM: stopping before training starts" in capsys.readouterr().err
+    assert interrupts.hand_over() == 143 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(interrupts.Stopped) as stopped:  # from there until the run's own handling: raised
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.05)
+    assert stopped.value.exit_code == 129
+    interrupts.release()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
 
 
 def test_where_ctrl_c_is_ignored_it_stays_ignored(noted):
@@ -170,3 +185,48 @@ def test_a_sigterm_between_a_sweeps_jobs_stops_it_with_its_table_and_resume_hint
     assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "not started"
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "sweep summary: 3 jobs, 2 not started" in text and f"go on with: dlaunch resume {sweep}" in text
+
+
+SIGTERM_AT = """
+import os, signal
+from hydra.experimental.callback import Callback
+
+class SigtermAt(Callback):
+    def __init__(self, where):
+        self.where = where
+
+    def on_job_start(self, config, **kwargs):
+        if self.where == "job start":  # Hydra runs the job: after dlaunch handed Ctrl-C over, before the job
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        import launcher.checkpoint as checkpoint
+
+        select = checkpoint.select
+
+        def verifying(spec, run_dir):  # as the checkpoint to resume from is verified (sha256 of every file)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return select(spec, run_dir)
+
+        checkpoint.select = verifying
+"""
+
+
+@pytest.mark.parametrize("where", ["job start", "checkpoint verification"])
+def test_a_sigterm_before_a_lone_run_records_itself_stops_it_with_a_line_and_exit_143(tmp_path, where):
+    """Between the end of the early noting and the run's record (its checkpoints verified, its plan shown), SIGTERM
+    had its default action: dlaunch ended without a word (exit -15). The run that was there stays as it was."""
+    from tests.conftest import dlaunch, summary
+
+    run_dir = tmp_path / "run"
+    first = dlaunch("trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    (tmp_path / "sigterm_at.py").write_text(SIGTERM_AT)
+    proc = dlaunch("trainer.steps=8", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}",
+                   "+hydra.callbacks.term._target_=sigterm_at.SigtermAt", f"+hydra.callbacks.term.where={where}",
+                   cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 143, out[-3000:]
+    said = "stopped by SIGTERM before the run started" if where != "job start" else "dlaunch: stopped by SIGTERM"
+    assert said in out and "Traceback" not in out, out[-3000:]
+    assert summary(run_dir)["status"] == "completed" and (run_dir / ".hydra" / "overrides.yaml").read_text() == record

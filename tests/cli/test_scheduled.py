@@ -72,3 +72,22 @@ def test_a_2x2_job_through_submitit_local(tmp_path):
     flat = dlaunch(*common, "cluster=1x4", f"hydra.run.dir={tmp_path / 'flat'}", cwd=tmp_path)
     assert flat.returncode == 0, flat.stderr[-3000:]
     assert result["param_norm"] == pytest.approx(summary(tmp_path / "flat")["param_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("code", [143, 1])
+def test_a_scheduled_job_that_a_signal_stopped_returns_its_summary_a_failed_one_raises(tmp_path, monkeypatch, code):
+    """A stopped SLURM (or submitit_local) task raised JobFailed as a failure does: the parent's launcher re-raised it,
+    and dlaunch ended with one line and exit 1, with no sweep table and no resume hint."""
+    from launcher.cli import job, output
+    from launcher.runtime import outputs
+
+    monkeypatch.setenv("SUBMITIT_LOCAL_GLOBALID", "0")  # what submitit's local executor gives its task
+    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "1")
+    run = compose_and_validate(["cluster.device=cpu", "trainer.steps=20", "trainer.checkpoint.every_steps=5"], 0)
+    if code == 1:
+        with pytest.raises(scheduled.JobFailed, match="dlaunch exited with 1 on node 0"):
+            job._ended(run, tmp_path, code, output.messages())
+        return
+    returned = job._ended(run, tmp_path, code, output.messages())
+    assert returned == outputs.read_summary(tmp_path) and returned["status"] == "stopped"
+    assert returned["exit_code"] == 143  # what the parent's sweep table reads to exit 143 (sweep.stopped_code)

@@ -268,3 +268,19 @@ def test_hydras_line_for_each_job_shows_a_user_recipe_as_typed(tmp_path):
     out = proc.stdout + proc.stderr
     assert f"#0 : recipe={tmp_path / 'mine' / 'recipe' / 'linear.yaml'} trainer.steps=2" in out, out[-3000:]
     assert "user/linear" not in out
+
+
+def test_a_sweep_whose_job_a_signal_stopped_elsewhere_exits_as_stopped_not_failed(tmp_path):
+    """A job run by joblib or SLURM that a signal stopped (scancel, a preempted node) reached dlaunch only through its
+    directory: the sweep exited 1, as for a failure; it exits as the job did, 128 + N."""
+    from launcher.cli import sweep
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    sweep.SweepSummary().on_multirun_start(config)
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(["trainer.seed=1"]), job / ".hydra" / "overrides.yaml")
+    (job / "config.yaml").write_text("{}\n")
+    (job / "summary.json").write_text(json.dumps({"status": "stopped", "stopped_by": "SIGTERM", "exit_code": 143}))
+    sweep.SweepSummary().on_multirun_end(config)
+    assert (sweep.failed_jobs(), sweep.stopped_code()) == (0, 143)

@@ -64,8 +64,12 @@ def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_i
     assert "node 1's elastic agent" in out and "ended by signal SIGKILL before it could report" in out, out[-3000:]
     assert "worker rank 1 failed: root cause" in out and "rank 0 failed: root cause" not in out, out[-3000:]
     assert "restarts exhausted" not in out and "stopped by SIGTERM" not in out, out[-3000:]
+    # No restart is announced that could not happen (node 0's agent sees node 1's gone), and none is counted.
+    assert "restart 1 of 1" not in out and summary(run_dir)["restarts"] == 0, out[-3000:]
     if restarts:
-        assert "node 1's agent is gone" in out, out[-3000:]
+        assert "node 1's agent is gone" in out and "no node restarted its workers" in out, out[-3000:]
+        log = (run_dir / "dlaunch.log").read_text()  # in the order the terminal showed: the panel, then the line
+        assert log.index("worker rank 1 failed: root cause") < log.index("node 1's agent is gone"), log[-3000:]
     wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
 
 

@@ -107,3 +107,21 @@ def test_the_last_logged_step_skips_records_without_one(tmp_path):
     assert report.last_logged_step(tmp_path) == 10
     write_records(tmp_path, {"epoch": 1})
     assert report.last_logged_step(tmp_path) is None
+
+
+def test_the_log_file_keeps_the_root_cause_panel_before_the_lines_that_follow_it_on_the_terminal(tmp_path):
+    """``restarts exhausted`` (or a lost node's line) follows the panel on the terminal; dlaunch.log had it before
+    the panel, which was written to the file only with summary.json."""
+    import logging
+
+    handler = logging.FileHandler(tmp_path / "dlaunch.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        restarting = spec().model_copy(update={"launch": spec().launch.model_copy(update={"max_restarts": 1})})
+        assert report.report_failures([cause(1)], [], restarting, tmp_path) == 1
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    log = (tmp_path / "dlaunch.log").read_text()
+    assert log.index("worker rank 1 failed: root cause") < log.index("restarts exhausted"), log
+    assert log.count("worker rank 1 failed: root cause") == 1, log

@@ -1,0 +1,145 @@
+"""dlaunch's elastic agent: torch's ``LocalElasticAgent`` with bounded stops, one line per restart, and no restart
+that cannot help (an emulated node's peer agent is gone).
+
+``elastic_launch`` builds its agent from ``torch.distributed.launcher.api.LocalElasticAgent``; ``graceful_agent``
+puts this one there for one launch, with that launch's settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator
+
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.launcher import api as launcher_api
+
+from launcher.launch import failures
+
+log = logging.getLogger("dlaunch")
+
+
+class Agent(LocalElasticAgent):
+    """torch's agent, except that stopping the workers after a failure never waits longer than ``shutdown_timeout``
+    (``launch.shutdown_grace_s``), and stopping them on a stop signal waits ``launch.stop_grace_s``: they save first.
+
+    That holds for workers started as interpreters and as forked functions (warm start) alike.
+
+    In torch 2.13 the process context stops the other workers after a failure with
+    ``close()``'s default grace of 30 s (and ``_stop_workers`` passes no grace
+    either): a worker that does not exit on SIGTERM (one blocked in a C++
+    collective, whose Python handler cannot run) held every failure for 30 s,
+    whatever ``launch.shutdown_grace_s`` said.
+    """
+
+    grace_s: float = 30.0  # set per launch by graceful_agent
+    stop_grace_s: float = 30.0
+    teardown_marker: Path | None = None
+    lost_peer: Callable[[], int | None] | None = None  # an emulated node's: the node whose agent is gone (None: none)
+    _last: Any = None  # the last RunResult seen: what a restart follows
+    killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
+
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        self._last = super()._monitor_workers(worker_group)
+        failed = getattr(self._last, "failures", None) or {}
+        if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
+            self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart
+        elif failed:  # the report tells a rank that completed from one that left early (os._exit(0)) and broke the rest
+            failed.update({w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0, exitcode=0, error_file="")
+                           for w in worker_group.workers
+                           if w.global_rank not in failed and exit_code(self._pcontext, w.local_rank) == 0})
+            if self.lost_peer is not None and self.lost_peer() is not None:
+                # Its workers went with it, and nothing starts that agent again: a restart would wait in the
+                # rendezvous for a node that never comes. dlaunch's parent names the lost node as the root cause.
+                self._remaining_restarts = 0
+        return self._last
+
+    def _restart_workers(self, worker_group: Any) -> None:
+        """torch restarts the workers silently (its agent's log is quiet): say which rank failed and why, once."""
+        failed = getattr(self._last, "failures", None) or {}
+        if failed:
+            root = failures.first([failures.from_process_failure(rank, f) for rank, f in failed.items()])
+            limit = worker_group.spec.max_restarts
+            log.warning("%s failed (%s%s); restart %d of %d (launch.max_restarts): the workers start again, from the "
+                        "newest checkpoint where there is one", root.who, root.exit,
+                        f": {root.exception}" if root.exception else "", limit - self._remaining_restarts, limit)
+        super()._restart_workers(worker_group)
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        started = super()._start_workers(worker_group)
+        pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
+        close = pcontext.close
+
+        def graceful_close(death_sig: Any = None, timeout: float = grace) -> None:
+            # torch's agent closes from its `except SignalException` on a stop signal, and after a failure from none;
+            # a SIGTERM from dlaunch's parent process after another node failed comes with the marker
+            stopping = isinstance(sys.exc_info()[1], SignalException) and not (marker is not None and marker.exists())
+            close(death_sig, stop_grace if stopping else min(timeout, grace))
+            if stopping:  # those still running after the grace were killed: said by name, not "shut down"
+                Agent.killed[:] = [w.global_rank for w in worker_group.workers
+                                    if exit_code(pcontext, w.local_rank) == -signal.SIGKILL]
+
+        pcontext.close = graceful_close
+        processes = getattr(pcontext, "_pc", None)  # workers forked as functions (warm start): torch.multiprocessing's context
+        if processes is not None:
+            join = processes.join
+
+            def bounded_join(timeout: float | None = None, grace_period: float | None = None) -> bool:
+                # After a failure its join waits, signals SIGTERM, waits again, then SIGKILLs: 30 s each
+                # unless told. Half the grace each keeps a stuck peer's end within launch.shutdown_grace_s.
+                return join(timeout, grace / 2 if grace_period is None else grace_period)
+
+            processes.join = bounded_join
+            pcontext._poll = _every_failure(pcontext, processes)
+        return started
+
+
+def exit_code(pcontext: Any, local_rank: int) -> int | None:
+    """A worker's exit code once it ended (-N: signal N): forked (torch.multiprocessing) or started as a process."""
+    processes = getattr(pcontext, "_pc", None)
+    if processes is not None:
+        return processes.processes[local_rank].exitcode
+    handler = getattr(pcontext, "subprocess_handlers", {}).get(local_rank)
+    return None if handler is None else handler.proc.returncode
+
+
+def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
+    """The context's ``_poll``, reporting every worker that failed rather than the first one seen.
+
+    torch.multiprocessing's context raises for the first process it sees exit; the
+    rank that failed first (the root cause) may be another, and a rank killed by a
+    signal writes no error file. Once the context has stopped the others, every
+    non-zero exit is known.
+    """
+    poll = pcontext._poll
+
+    def poll_every_failure() -> Any:
+        result = poll()
+        if result is not None and result.failures:
+            for local_rank, proc in enumerate(processes.processes):
+                if local_rank not in result.failures and proc.exitcode not in (None, 0):
+                    result.failures[local_rank] = ProcessFailure(
+                        local_rank=local_rank, pid=proc.pid, exitcode=proc.exitcode, error_file=pcontext.error_files[local_rank])
+        return result
+
+    return poll_every_failure
+
+
+@contextlib.contextmanager
+def graceful_agent(config: Any) -> Iterator[None]:
+    """``elastic_launch`` builds its agent from this module attribute; the swap lasts one launch, with the settings
+    ``elastic.local_config`` put on ``config`` (a ``LaunchConfig``)."""
+    saved = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = type("_Agent", (Agent,), {
+        "grace_s": config.dlaunch_grace_s, "stop_grace_s": config.dlaunch_stop_grace_s,
+        "teardown_marker": config.dlaunch_teardown_marker,
+        "lost_peer": staticmethod(config.dlaunch_lost_peer) if config.dlaunch_lost_peer else None})
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = saved
