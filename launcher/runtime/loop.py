@@ -294,7 +294,8 @@ class _Loop:
         meter = Meter(self.stream, steps, start, self.step_seconds, aside=lambda: self.aside_seconds)
         losses: list[float] = []
         try:
-            stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested)
+            stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested,
+                                 saves=self.ckpt.enabled)
             with stops as stop, self.profiler as prof:
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()

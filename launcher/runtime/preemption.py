@@ -53,9 +53,11 @@ class StopRequests:
     both the terminal's Ctrl-C and the elastic agent's forwarded copy.
     """
 
-    def __init__(self, distributed: bool, force_on_repeat: bool = False, elsewhere: Callable[[], int] = lambda: 0):
-        """``elsewhere``: a signal another process of the job stopped on, to stop on as if received here."""
-        self.signum = 0
+    def __init__(self, distributed: bool, force_on_repeat: bool = False, elsewhere: Callable[[], int] = lambda: 0,
+                 saves: bool = True):
+        """``elsewhere``: a signal another process of the job stopped on, to stop on as if received here.
+        ``saves``: a checkpoint is saved at the stop (checkpoints are on)."""
+        self.signum, self._saves = 0, saves
         self._force, self._elsewhere = force_on_repeat, elsewhere
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -83,7 +85,8 @@ class StopRequests:
         first, self.signum = not self.signum, self.signum or signum
         if first:  # set before the log: a second signal (the terminal's SIGINT, then the agent's SIGTERM) arriving
             # inside this log call logs nothing, rather than re-enter the log file's writer (a "Logging error")
-            log.warning("%s received: the ranks stop together within a step, then save", signal.Signals(signum).name)
+            log.warning("%s received: the ranks stop together within a step, %s", signal.Signals(signum).name,
+                        "then save" if self._saves else "and save nothing (checkpoints are off)")
 
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""

@@ -214,3 +214,18 @@ def test_sigterm_while_an_in_process_run_builds_is_a_stop_with_its_summary(tmp_p
     assert "stopped by SIGTERM" in out and "Traceback" not in out, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["stopped_by"], summary["exit_code"]) == ("stopped", "SIGTERM", 143)
+
+
+def test_a_stop_with_checkpoints_off_says_it_saves_nothing(tmp_path):
+    """The stop's warning said "then save" where nothing would be saved (no trainer.checkpoint.every_steps)."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "trainer.steps=100000", "trainer.checkpoint.every_steps=0", "+recipe.step_sleep=0.05",
+                 "strategy=one_device", "cluster=1x1")
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, 120, "training")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 143, out[-3000:]
+    assert "SIGTERM received: the ranks stop together within a step, and save nothing (checkpoints are off)" in out
+    assert "then save" not in out and layout.latest(run_dir / "checkpoints") is None
