@@ -71,11 +71,13 @@ class CentralStorageSpec(StrategyUnit):
 def one_process_shape(spec: Any, cuda: int) -> None:
     c = spec.cluster
     if c.world_size > 1:
+        devices = ",".join(f"{spec.device_type(cuda)}:{i}" for i in range(c.devices_per_node))  # one machine's
         raise PlanError(
             "cluster", c.shape,
             f"strategy {spec.strategy.name} runs its {spec.num_replicas} replica(s) as threads of 1 process on 1 machine, "
             f"but cluster {c.shape} = {c.nodes} node(s) x {c.devices_per_node} device(s) = {c.world_size} processes; "
-            f"use cluster=1x1 and list the devices in strategy.compute_devices",
+            f"list the devices in strategy.compute_devices instead, a replica thread each: "
+            f"cluster=1x1 'strategy.compute_devices=[{devices}]'",
         )
 
 

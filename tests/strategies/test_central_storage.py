@@ -152,7 +152,11 @@ def test_config_counts_replicas_and_needs_one_process():
     assert spec.strategy.compute_devices == ["cpu:0", "cpu:1"]
     with pytest.raises(ConfigError) as exc:
         compose_and_validate(["strategy=central_storage", "cluster=2x4"], cuda_devices=0)
-    assert "cluster 2x4 = 2 node(s) x 4 device(s) = 8 processes; use cluster=1x1" in str(exc.value.problems)
+    assert "cluster 2x4 = 2 node(s) x 4 device(s) = 8 processes; list the devices" in str(exc.value.problems)
+    assert "cluster=1x1 'strategy.compute_devices=[cpu:0,cpu:1,cpu:2,cpu:3]'" in str(exc.value.problems)  # one machine's
+    with pytest.raises(ConfigError) as exc:  # the command to type instead, with the devices auto picks
+        compose_and_validate(["strategy=central_storage", "cluster=1x2"], cuda_devices=2)
+    assert "cluster=1x1 'strategy.compute_devices=[cuda:0,cuda:1]'" in str(exc.value.problems)
 
 
 def test_config_rejects_a_missing_gpu():
