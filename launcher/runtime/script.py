@@ -74,6 +74,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
                                  spec.launch.collective_timeout_s, run_spec=spec)
     seed_everything(spec.trainer.seed)
     strategy = strategies.build(spec.strategy, runtime)
+    strategy.extended.warn_uneven_shares = True  # the script weights its own loss: say when a batch splits unevenly
     log.info("%s: %d replica(s) in sync on %s; running %s", type(strategy).__name__, strategy.num_replicas_in_sync,
              ", ".join(strategy.extended.worker_devices), spec.script.command())
     experimental_set_strategy(strategy)
