@@ -104,6 +104,8 @@ def test_dlaunch_exits_with_the_scripts_own_exit_code_as_python_does(run_dlaunch
     proc, _ = run_dlaunch("script=stops.py")
     assert proc.returncode == status, proc.stderr[-3000:]
     assert f"stops.py exited with {code}" in proc.stdout + proc.stderr
+    assert "above" not in proc.stdout + proc.stderr or code.isdigit()  # a message is shown here, not "above"
+    assert "its own message is above" not in proc.stdout + proc.stderr  # it printed nothing
 
 
 def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
