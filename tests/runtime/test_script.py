@@ -332,6 +332,10 @@ def test_a_sweep_over_a_scripts_arguments_ranks_its_jobs_by_the_loss_the_script_
     logged = [json.loads((sweep_dir / str(j) / "metrics.jsonl").read_text().splitlines()[-1]) for j in (0, 1)]
     assert [(j["status"], j["final_loss"]) for j in jobs] == [("completed", r["loss"]) for r in logged]
     assert [r["step"] for r in logged] == [2, 3]
+    # as typed, not as dlaunch composes them (++script.path=..., ++script.args=...)
+    assert "every job: script=chief_metrics.py cluster.device=cpu\n" in proc.stdout
+    assert [j["overrides"] for j in jobs] == [f"script=chief_metrics.py script.args=[--steps,{n}] cluster.device=cpu"
+                                              for n in (2, 3)]
 
 
 PARTIAL = """import sys
