@@ -72,11 +72,22 @@ def _why_none(spec: Any, run_dir: Path) -> str:
 
 
 def after_failure(spec: Any, run_dir: Path) -> str:
-    """After a failed run, the newest checkpoint and how to go on from it once the cause is fixed ("": none)."""
-    checkpoint = saved(spec, run_dir) if spec.script is None and not spec.cluster.node_rank else None
+    """After a failed run, the newest checkpoint and how to go on from it once the cause is fixed ("": none). A
+    script's: ScriptCheckpoints' default directory, which ``dlaunch resume`` runs the script again beside (a
+    directory of the script's own choosing is not known here)."""
+    if spec.cluster.node_rank:
+        return ""
+    checkpoint = saved(spec, run_dir) if spec.script is None else _script_saved(run_dir)
     if checkpoint is None:
         return ""
-    return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}"
+    again = " (the script runs again; its ScriptCheckpoints.restore goes on from there)" if spec.script else ""
+    return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}{again}"
+
+
+def _script_saved(run_dir: Path) -> Path | None:
+    from launcher.checkpoint import layout
+
+    return layout.latest(run_dir / "checkpoints")
 
 
 def _config_args(hydra_yaml: Path) -> list[str]:

@@ -94,6 +94,7 @@ _SAME_AS = {
     "rdzv_backend": "nothing: dlaunch always uses c10d",
     "rdzv_id": "nothing: dlaunch names each run itself",
     "multi_gpu": "strategy=mirrored cluster=1xM",
+    "cpu": "cluster.device=cpu",
 }
 _PRECISIONS = {"bf16": "bf16-mixed", "fp16": "fp16-mixed"}  # Accelerate's --mixed_precision, as trainer.precision
 # What a flag means for a script, where that differs: a script runs its own loop (docs/SCRIPTS.md).
@@ -131,7 +132,7 @@ def flag_message(argv: list[str]) -> str | None:
     flags = _unknown_flags(argv)
     if not flags:
         return None
-    lines = ["dlaunch takes KEY=VALUE overrides, not launcher flags:"]
+    rows = []  # (what was given, what to use): one column, as wide as the longest given
     script = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("script=")), None)
     unknown = f"unknown option; a script's own arguments go after --: dlaunch script={script} -- ARGS" if script else \
         "unknown option; dlaunch --help lists the options and settings"
@@ -140,20 +141,21 @@ def flag_message(argv: list[str]) -> str | None:
     for name, value in flags:
         given = f"--{name}" + (f"={value}" if value is not None else "")
         if name in _FOR_A_SCRIPT and (script or at is not None):
-            lines.append(f"  {given:<28} use {_FOR_A_SCRIPT[name]}")
+            rows.append((given, f"use {_FOR_A_SCRIPT[name]}"))
         elif name in _SAME_AS:
             host, _, port = (value or "").rpartition(":") if ":" in (value or "") else (value, "", "")  # host:port
-            filled = _SAME_AS[name].format(v=_count(value), host=host or "HOST", port=port or "PORT")
-            lines.append(f"  {given:<28} use {filled}")
+            rows.append((given, "use " + _SAME_AS[name].format(v=_count(value), host=host or "HOST", port=port or "PORT")))
         else:
-            lines.append(f"  {given:<28} {unknown}")
+            rows.append((given, unknown))
     if at is not None:
-        lines.append(f"  {argv[at]:<28} a script runs as script={argv[at]} (docs/SCRIPTS.md)")
+        rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
         same = _same_run(dict(flags), argv[at], argv[at + 1:])
-        lines += [f"the same run: {same}"] if same else []
+        after = [f"the same run: {same}"] if same else []
     else:
-        lines.append("e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)")
-    return "\n".join(lines)
+        after = ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
+    width = max(28, *(len(given) for given, _ in rows))
+    return "\n".join(["dlaunch takes KEY=VALUE overrides, not launcher flags:",
+                      *(f"  {given:<{width}} {use}" for given, use in rows), *after])
 
 
 def _count(value: str | None) -> str:
@@ -181,6 +183,7 @@ def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str
               if value and name in ("node_rank", "machine_rank", "master_addr", "main_process_ip", "master_port", "main_process_port")]
     precision = _PRECISIONS.get(flags.get("mixed_precision") or "")
     words += [f"trainer.precision={precision}"] if precision else []
+    words += ["cluster.device=cpu"] if "cpu" in flags else []  # Accelerate's --cpu
     args = [a for a in args if a != "--"]
     return " ".join([*words, *(["--", *args] if args else [])])
 

@@ -42,6 +42,7 @@ class ScriptSpec(Strict):
         if not path.is_file():
             near = did_you_mean(path.name, [p.name for p in path.parent.glob("*.py")]) if path.parent.is_dir() else None
             raise ValueError(f"no such file: {path}" + (f"; did you mean {near}?" if near else ""))
+        _compiles(path)
         return str(path)
 
     @property
@@ -50,6 +51,17 @@ class ScriptSpec(Strict):
 
     def command(self) -> str:
         return " ".join([Path(self.path).name, *self.args])
+
+
+def _compiles(path: Path) -> None:
+    """A syntax error is found here, before any worker starts, and said in one line as a recipe's is (python's
+    own compile: the script is not run, nothing is imported)."""
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise ValueError(f"{exc.filename or path}:{exc.lineno}: {type(exc).__name__}: {exc.msg}") from None
+    except ValueError as exc:  # null bytes in the source
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:

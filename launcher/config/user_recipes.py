@@ -177,8 +177,16 @@ def as_typed(overrides: Iterable[str]) -> list[str]:
 
 def as_shown(overrides: Iterable[str]) -> list[str]:
     """``overrides`` for a table or a chart's label, as the user typed them: without the ``+`` or ``++`` that dlaunch
-    adds to a recipe key its YAML does not list (``compose``), which is the same setting."""
-    return [o.lstrip("+") if o.lstrip("+").startswith("recipe.") else o for o in overrides if not _added_beside_a_script(o)]
+    adds to a recipe key its YAML does not list and to a script's keys (``compose``), which is the same setting, and
+    ``script.path=X`` (what ``script=X`` beside ``script.args`` becomes) as ``script=X``."""
+    return [_shown(o) for o in overrides if not _added_beside_a_script(o)]
+
+
+def _shown(override: str) -> str:
+    bare = override.lstrip("+")
+    if bare.startswith("script.path="):
+        return "script=" + bare.partition("=")[2]
+    return bare if bare.startswith(("recipe.", "script.")) else override
 
 
 def _added_beside_a_script(override: str) -> bool:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware."""
 
+    # True in script mode, whose loss the script weights itself: a batch that splits unevenly is then said (rank 0, once)
+    warn_uneven_shares = False
     collective_forward = False  # True where a model's forward runs collectives (split layers): every rank evaluates
     # True where _prepare puts the parameters on the device itself, a piece at a time (FSDP2 moves each unit as it
     # shards it), so that prepare() does not first move the whole model there

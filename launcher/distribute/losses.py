@@ -66,6 +66,8 @@ def compute_average_loss(per_example_loss: torch.Tensor, sample_weight: Any = No
 
     ``global_batch_size`` defaults to this replica's batch times the replicas in
     sync. Inside ``strategy.run`` the gradient then equals TF's (see the module).
+    A replica with no rows (a last partial batch) gives 0, as TF's ``div_no_nan``;
+    pass the global batch size so that the other replicas' rows weigh as in TF.
     """
     losses = torch.as_tensor(per_example_loss)
     if sample_weight is not None:
@@ -73,6 +75,8 @@ def compute_average_loss(per_example_loss: torch.Tensor, sample_weight: Any = No
     if global_batch_size is None:
         _, replicas = _strategy_and_replicas()
         global_batch_size = (losses.shape[0] if losses.dim() else 1) * replicas
+        if global_batch_size == 0:  # this replica's share of a last partial batch is empty: it adds nothing
+            return _tf_scaled(losses.sum())
     if global_batch_size <= 0:
         raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
     return _tf_scaled(losses.sum() / global_batch_size)

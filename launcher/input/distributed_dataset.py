@@ -158,6 +158,8 @@ class DistributedDataset:
                 steps = self._iter_local_rows(iter(self._local) if reads else iter(()))
             else:
                 steps = self._iter_global_batches(iter(self._dataset) if reads else iter(()))
+        if self._ext.warn_uneven_shares and self._proc.rank == 0 and self._num_replicas > 1:
+            steps = _say_uneven_shares(steps, lambda: self._global_batch_size, self._num_replicas)
         return _deliver(self._ext._share_input(steps), self._devices, self._options, self._num_replicas)
 
     @property
@@ -218,6 +220,32 @@ class DistributedDataset:
                 self._global_batch_size = batch_size_of(batch)
             mine = range(self._first, self._first + self._num_local)
             yield split_batch(batch, mine, self._num_replicas, self._global_batch_size)
+
+
+def _say_uneven_shares(steps: Iterator[Step], global_batch_size: Callable[[], int | None], replicas: int) -> Iterator[Step]:
+    """Script mode: a script's loss is its own, and a replica's mean over a smaller share (a last partial batch
+    fills the replicas in order, as TF rebatches) weighs as much as another's over a full one; a share of no rows
+    gives a NaN mean. Said once per process (rank 0's), naming the two fixes."""
+    for step in steps:
+        size = global_batch_size()
+        if step.rows is not None and size and not _SAID_SHARES:
+            sizes = replica_sizes(size, replicas)
+            shares = [stop - start for start, stop in (rows_for_replica(k, sizes, step.rows) for k in range(replicas))]
+            if min(shares) < max(shares):
+                _SAID_SHARES.append(True)
+                empty = f"; replica {shares.index(0)} gets no rows, and a mean over them is NaN" if 0 in shares else ""
+                log.warning(
+                    "a batch of %d row(s) (global batch %d) splits over the %d replicas as %s, filled in order as TF "
+                    "rebatches%s. A script's own loss, a mean per replica, then weighs a smaller share as much as a "
+                    "full one: weight it by the global batch with dl.compute_average_loss(per_example_loss, "
+                    "global_batch_size=%d) (a replica with no rows adds 0), or drop the last partial batch with "
+                    "DataLoader(..., drop_last=True) (docs/SCRIPTS.md; said once)",
+                    step.rows, size, replicas, shares, empty, size,
+                )
+        yield step
+
+
+_SAID_SHARES: list[bool] = []
 
 
 def _declared_batch_size(dataset: Any) -> int | None:

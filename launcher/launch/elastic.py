@@ -177,7 +177,9 @@ def run_node(
     config = node_config(spec, run_dir, node_rank, run_id, listen_fd)
     config.dlaunch_lost_peer = lost_peer
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
-    how = " (forked from the warm server)" if warm.started() else ""
+    # the user's words, not the module's: what it is, and the key that turns it off (docs/TROUBLESHOOTING.md)
+    how = (" (forked from a process that imported torch while dlaunch planned, to start sooner; "
+           "launch.warm_workers=false starts fresh interpreters)") if warm.started() else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(plan, run_dir)

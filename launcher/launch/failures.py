@@ -201,10 +201,11 @@ def render(root: RootCause, others: list[RootCause], last_logged: int | None, co
         console.print(f"  {other.who}: {other.exit}{what}")
 
 
-def as_text(root: RootCause, others: list[RootCause], last_logged: int | None, width: int = 120) -> str:
-    """What ``render`` shows, as plain text (no colour): the block a failed run's directory keeps."""
+def as_text(root: RootCause, others: list[RootCause], last_logged: int | None) -> str:
+    """What ``render`` shows, as plain text (no colour): the block a failed run's directory keeps, each line whole
+    (a file is not wrapped at a terminal's width)."""
     buffer = io.StringIO()
-    render(root, others, last_logged, Console(file=buffer, width=width, color_system=None, highlight=False))
+    render(root, others, last_logged, Console(file=buffer, color_system=None, highlight=False, soft_wrap=True))
     return buffer.getvalue()
 
 

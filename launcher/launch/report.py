@@ -119,7 +119,9 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
     """A failed run's summary.json (the same keys as a completed one, plus the root cause) and error.txt (the
     root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
     text = failures.as_text(root, list(others), last_logged_step(run_dir))
-    summary = {**_partial_summary(spec, run_dir, "failed"), "last_completed_step": root.last_step, "error": root.as_dict()}
+    # a script's steps are its own: what its metrics.jsonl logged (last_logged_step, as the panel says), not dlaunch's
+    completed = {} if spec.script is not None else {"last_completed_step": root.last_step}
+    summary = {**_partial_summary(spec, run_dir, "failed"), **completed, "error": root.as_dict()}
     with _unless_unwritable(run_dir / outputs.ERROR):
         (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
     with _unless_unwritable(run_dir / outputs.SUMMARY):
@@ -157,11 +159,13 @@ _LOOP_KEYS = ("global_batch_size", "steps", "first_loss", "final_loss", "example
 
 def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
     """The keys of a completed run's summary.json that a run which ended early can fill from what it logged; a
-    script's run names its script and says nothing of steps or losses, as a completed script's summary."""
+    script's run names its script (no recipe ran) and takes its steps and losses from the script's own metrics.jsonl,
+    as a completed script's summary."""
     summary = _loop_summary(spec, run_dir, status)
     if spec.script is None:
         return summary
-    return {k: v for k, v in summary.items() if k not in _LOOP_KEYS} | {"script": spec.script.command()}
+    own = {"recipe": None, "script": spec.script.command(), **outputs.script_results(run_dir)}
+    return {k: v for k, v in summary.items() if k not in _LOOP_KEYS} | own
 
 
 def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:

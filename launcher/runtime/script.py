@@ -49,13 +49,15 @@ class ScriptInterrupted(ScriptStopped, KeyboardInterrupt):
 
 
 class ScriptExit(Exception):
-    """The script called ``sys.exit`` with a failure code (argparse does for a bad argument: its message is above)."""
+    """The script called ``sys.exit`` with a failure code (argparse does for a bad argument, after its message)."""
 
     explained = True
 
     def __init__(self, script: str, code: Any):
         self.code = code
-        super().__init__(f"{script} exited with {code!r} (sys.exit); its own message is above")
+        # sys.exit("why") shows its message here; a script that exits with a code may have printed nothing
+        super().__init__(f"{script} exited with {code!r} (sys.exit)"
+                         + ("; anything it printed before is above" if isinstance(code, int) else ""))
 
     @property
     def script_exit_code(self) -> int:
@@ -74,6 +76,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
                                  spec.launch.collective_timeout_s, run_spec=spec)
     seed_everything(spec.trainer.seed)
     strategy = strategies.build(spec.strategy, runtime)
+    strategy.extended.warn_uneven_shares = True  # the script weights its own loss: say when a batch splits unevenly
     log.info("%s: %d replica(s) in sync on %s; running %s", type(strategy).__name__, strategy.num_replicas_in_sync,
              ", ".join(strategy.extended.worker_devices), spec.script.command())
     experimental_set_strategy(strategy)
@@ -93,7 +96,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     summary = {
         "status": "completed",
         "strategy": spec.strategy.name,
-        "recipe": spec.recipe.name,
+        "recipe": None,  # the script ran in its place
         "script": spec.script.command(),
         "cluster": spec.cluster.shape,
         "device": runtime.device_type,

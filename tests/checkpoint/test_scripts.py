@@ -182,3 +182,49 @@ def test_a_stop_signal_during_a_restore_stays_a_stop_not_a_checkpoint_error(tmp_
     monkeypatch.setattr(SafeLoadPlanner, "load_bytes", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ckpt.restore(model, optimizer, objects={"schedule": schedule})
+
+
+FAILS = """import json, os, sys
+from pathlib import Path
+
+import torch
+
+from launcher import distribute as dl
+from launcher.checkpoint.scripts import ScriptCheckpoints
+
+steps, fail_at = int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 0
+strategy = dl.get_strategy()
+with strategy.scope():
+    model = strategy.prepare(torch.nn.Linear(2, 1))
+ckpt = ScriptCheckpoints()
+start = ckpt.restore(model)
+print(f"starting after step {start}", flush=True)
+for step in range(start + 1, steps + 1):
+    if step == fail_at:
+        raise ValueError(f"my bug at step {step}")
+    if strategy.extended.should_save_summary:
+        with open(Path(os.environ["DLAUNCH_RUN_DIR"]) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n")
+    if step % 2 == 0:
+        ckpt.save(step, model)
+"""
+
+
+def test_a_failed_script_run_names_its_newest_checkpoint_and_the_resume_that_goes_on_from_it(tmp_path):
+    """As a failed recipe run: the newest save and `dlaunch resume RUN_DIR`, which runs the script again from it.
+    Its summary.json says what its panel says (the last logged step), and names the script, not a recipe."""
+    (tmp_path / "fails.py").write_text(FAILS)
+    run_dir = tmp_path / "run"
+    proc = dlaunch("script=fails.py", "strategy=mirrored", "cluster=1x2", f"hydra.run.dir={run_dir}", "--", "6", "5",
+                   cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert f"newest checkpoint: {layout.step_dir(run_dir / 'checkpoints', 4)}" in out
+    assert f"go on from it with: dlaunch resume {run_dir}" in out and "last logged step 4" in out
+    failed = json.loads((run_dir / "summary.json").read_text())
+    assert (failed["status"], failed["script"], failed["recipe"], failed["last_logged_step"]) == ("failed", "fails.py 6 5", None, 4)
+    assert "last_completed_step" not in failed  # dlaunch runs no steps of a script's: its own records say
+    proc = dlaunch("resume", str(run_dir), "--", "6", cwd=tmp_path)
+    assert proc.returncode == 0 and "starting after step 4" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    done = json.loads((run_dir / "summary.json").read_text())
+    assert (done["status"], done["recipe"], done["last_logged_step"]) == ("completed", None, 6)

@@ -106,3 +106,19 @@ def test_accelerates_mixed_precision_with_a_script_points_at_trainer_precision_a
     same = flag_message(["--mixed_precision=fp16", "--num_processes=2", "train.py", "--steps", "5"])
     assert "the same run: dlaunch script=train.py strategy=mirrored cluster=1x2 trainer.precision=fp16-mixed -- --steps 5" in same
     assert "trainer.precision" not in flag_message(["--mixed_precision=no", "train.py"]).split("the same run")[1]
+
+
+def test_accelerates_cpu_flag_is_cluster_device_cpu_in_the_mapping_and_the_same_run():
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--num_processes=2", "--cpu", "train_ddp.py", "--epochs", "1"])
+    assert "unknown option" not in text and "use cluster.device=cpu" in text
+    assert "the same run: dlaunch script=train_ddp.py strategy=mirrored cluster=1x2 cluster.device=cpu -- --epochs 1" in text
+
+
+def test_a_flag_longer_than_the_column_widens_it_for_every_row():
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--standalone", "--nproc_per_node=2", "--rdzv_endpoint=localhost:29400", "train.py"])
+    rows = [line for line in text.splitlines() if line.startswith("  ")]
+    assert len(rows) == 4 and len({line.index(" use ") if " use " in line else line.index(" a script") for line in rows}) == 1

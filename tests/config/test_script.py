@@ -86,3 +86,13 @@ def test_script_path_beside_script_keys_is_set_as_script_path():
     assert path_beside_keys(["+script=a.py", "script.args=[]"])[0] == "script.path=a.py"
     for kept in (["script=a.py", "trainer.seed=1"], ["~script=a.py", "script.args=[]"], ["~script", "script.args=[]"]):
         assert path_beside_keys(kept) == kept
+
+
+def test_a_script_with_a_syntax_error_is_refused_before_any_worker_starts_in_one_line(tmp_path):
+    """As a recipe's: compiled (not run) by dlaunch itself, so no worker starts and no dlaunch frame is shown."""
+    (tmp_path / "syn.py").write_text("import torch\ndef f(:\n    pass\n")
+    proc = dlaunch("script=syn.py", "strategy=mirrored", "cluster=1x2", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{tmp_path / 'syn.py'}:2: SyntaxError: " in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "starting" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "outputs").exists()

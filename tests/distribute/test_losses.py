@@ -106,3 +106,16 @@ def test_the_api_pages_worked_example(loss_kind, gradient):
     strategy.run(step_fn, args=(next(iter(strategy.experimental_distribute_dataset([torch.tensor([1.0, 2.0, 3.0, 4.0])]))),))
     grads = [float(copy.grad) for copy in strategy.experimental_local_results(linear.weight)]
     assert grads == [gradient, gradient]  # each replica's copy, after the strategy's average over the 2 replicas
+
+
+def test_a_replica_with_no_rows_adds_nothing_rather_than_failing():
+    """A last partial batch can leave a replica no rows: its average loss is 0 (TF's div_no_nan) with a gradient of
+    zeros, whether or not the global batch size is given; an explicit size of 0 is still refused."""
+    weight = torch.ones(3, requires_grad=True)
+    for size in (None, 32):
+        loss = dl.compute_average_loss(torch.zeros(0, 3) @ weight, global_batch_size=size)
+        assert loss.item() == 0.0
+        loss.backward()
+    assert torch.equal(weight.grad, torch.zeros(3))
+    with pytest.raises(ValueError, match="must be positive"):
+        dl.compute_average_loss(torch.zeros(0), global_batch_size=0)

@@ -213,3 +213,19 @@ def test_element_spec_of_file_datasets_from_a_function_is_not_a_pass(tmp_path):
     spec_first = one.distribute_datasets_from_function(make)
     assert spec_first.element_spec is not None
     assert all(torch.equal(a, b["x"]) for a, b in zip(expected, spec_first))
+
+
+def test_an_uneven_split_is_said_once_in_script_mode_and_never_for_a_recipe(strategy, caplog, monkeypatch):
+    """A recipe's step is weighted for a last partial batch (docs/INPUT.md): nothing to say. A script's loss is its
+    own: the first batch that splits unevenly is said, once, with the two fixes."""
+    from launcher.input import distributed_dataset
+
+    monkeypatch.setattr(distributed_dataset, "_SAID_SHARES", [])
+    loader = DataLoader(TensorDataset(torch.arange(100.0)), batch_size=32)
+    assert len(list(strategy.experimental_distribute_dataset(loader))) == 4
+    assert "splits over" not in caplog.text  # a recipe's run: the default
+    strategy.extended.warn_uneven_shares = True
+    for _ in range(2):
+        list(strategy.experimental_distribute_dataset(loader))
+    assert caplog.text.count("a batch of 4 row(s) (global batch 32) splits over the 2 replicas as [4, 0]") == 1
+    assert "compute_average_loss(per_example_loss, global_batch_size=32)" in caplog.text and "drop_last=True" in caplog.text

@@ -221,3 +221,14 @@ def test_ranks_that_failed_with_one_message_name_the_lowest_and_the_others_say_t
     text = console.export_text()
     assert "worker rank 0 failed: root cause" in text, text
     assert text.splitlines()[-1] == "  rank 1: exit code 1: the same ValueError as rank 0", text
+
+
+def test_the_failure_text_a_run_directory_keeps_is_not_wrapped(tmp_path):
+    """error.txt is a file: a long line (another rank's, with where its code was) stays one line, not cut at 120."""
+    message = "a long message from my script: " + "x" * 150
+    root = failures.from_process_failure(1, process_failure(tmp_path, 1, 1, ValueError(message), 1.0))
+    other = failures.from_process_failure(0, process_failure(tmp_path, 0, 1, RuntimeError(message), 2.0))
+    text = failures.as_text(root, [other], last_logged=None)
+    assert f"  ValueError: {message}" in text.splitlines()
+    assert any(line.startswith("  rank 0: exit code 1: RuntimeError: a long message") and "(at test_failures.py:" in line
+               for line in text.splitlines()), text

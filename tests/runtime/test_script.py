@@ -104,6 +104,8 @@ def test_dlaunch_exits_with_the_scripts_own_exit_code_as_python_does(run_dlaunch
     proc, _ = run_dlaunch("script=stops.py")
     assert proc.returncode == status, proc.stderr[-3000:]
     assert f"stops.py exited with {code}" in proc.stdout + proc.stderr
+    assert "above" not in proc.stdout + proc.stderr or code.isdigit()  # a message is shown here, not "above"
+    assert "its own message is above" not in proc.stdout + proc.stderr  # it printed nothing
 
 
 def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
@@ -330,3 +332,54 @@ def test_a_sweep_over_a_scripts_arguments_ranks_its_jobs_by_the_loss_the_script_
     logged = [json.loads((sweep_dir / str(j) / "metrics.jsonl").read_text().splitlines()[-1]) for j in (0, 1)]
     assert [(j["status"], j["final_loss"]) for j in jobs] == [("completed", r["loss"]) for r in logged]
     assert [r["step"] for r in logged] == [2, 3]
+    # as typed, not as dlaunch composes them (++script.path=..., ++script.args=...)
+    assert "every job: script=chief_metrics.py cluster.device=cpu\n" in proc.stdout
+    assert [j["overrides"] for j in jobs] == [f"script=chief_metrics.py script.args=[--steps,{n}] cluster.device=cpu"
+                                              for n in (2, 3)]
+
+
+PARTIAL = """import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from launcher import distribute as dl
+
+weighted = sys.argv[1:] == ["--weighted"]
+strategy = dl.get_strategy()
+torch.manual_seed(0)
+with strategy.scope():
+    model = strategy.prepare(torch.nn.Linear(4, 1))
+x = torch.randn(100, 4)
+data = strategy.experimental_distribute_dataset(DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=32))
+
+
+def fn(batch):
+    inputs, targets = batch
+    if weighted:
+        per_example = F.mse_loss(model(inputs), targets, reduction="none").squeeze(1)
+        return dl.compute_average_loss(per_example, global_batch_size=32).detach()
+    return F.mse_loss(model(inputs), targets).detach()
+
+
+for batch in data:
+    loss = strategy.reduce(dl.ReduceOp.SUM if weighted else dl.ReduceOp.MEAN, strategy.run(fn, args=(batch,)), axis=None)
+    print("loss", loss.item(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_last_partial_batch_that_leaves_a_replica_no_rows_is_said_once_with_the_fix(weighted, tmp_path):
+    """100 rows in batches of 32 on 2 replicas: the last 4 go to replica 0, as TF rebatches; replica 1's mean is
+    NaN. The script weights its own loss, so rank 0 says so once; compute_average_loss over the global batch is
+    finite (a replica with no rows adds 0)."""
+    (tmp_path / "partial.py").write_text(PARTIAL)
+    proc, _ = _run(tmp_path, "script=partial.py", "strategy=mirrored", "cluster=1x2",
+                   script_args=("--weighted",) if weighted else ())
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("splits over the 2 replicas as [4, 0]") == 1, out[-3000:]
+    assert "replica 1 gets no rows" in out and "global_batch_size=32" in out and "drop_last=True" in out
+    losses = [float(v) for v in re.findall(r"^loss (\S+)$", proc.stdout, re.M)]
+    assert len(losses) == 4 and all(v == v for v in losses) == weighted  # NaN != NaN: the plain mean's last loss

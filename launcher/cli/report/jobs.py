@@ -69,11 +69,12 @@ class Job:
     def describe(self) -> str:
         """recipe, strategy and cluster, as the summary (or the config a killed run left) names them."""
         s = self.summary or {}
-        found = [s.get(k) for k in ("recipe", "strategy", "cluster")]
+        found = [s.get("recipe") or self.script.split(" ")[0] or None, s.get("strategy"), s.get("cluster")]
         if not all(found):
             config = _config(self.path)
-            cluster = config.get("cluster") or {}
-            fallback = [(config.get("recipe") or {}).get("name"), (config.get("strategy") or {}).get("name"),
+            cluster, script = config.get("cluster") or {}, (config.get("script") or {}).get("path")
+            fallback = [Path(script).name if script else (config.get("recipe") or {}).get("name"),
+                        (config.get("strategy") or {}).get("name"),
                         f"{cluster['nodes']}x{cluster['devices_per_node']}"
                         if "nodes" in cluster and "devices_per_node" in cluster else None]
             found = [f or b for f, b in zip(found, fallback)]
