@@ -22,6 +22,9 @@ from torch.distributed.launcher import api as launcher_api
 from launcher.launch import failures
 
 log = logging.getLogger("dlaunch")
+# Before a restart, how long an emulated node waits to learn that a peer node's agent is gone: a worker that failed
+# because its peer died (the peer's workers go with their agent) can be seen before the agent's lifeline closes.
+PEER_SETTLE_S = 5.0
 
 
 class Agent(LocalElasticAgent):
@@ -40,7 +43,7 @@ class Agent(LocalElasticAgent):
     grace_s: float = 30.0  # set per launch by graceful_agent
     stop_grace_s: float = 30.0
     teardown_marker: Path | None = None
-    lost_peer: Callable[[], int | None] | None = None  # an emulated node's: the node whose agent is gone (None: none)
+    lost_peer: Callable[[float], int | None] | None = None  # an emulated node's: the node whose agent is gone (None: none)
     _last: Any = None  # the last RunResult seen: what a restart follows
     killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
 
@@ -53,7 +56,7 @@ class Agent(LocalElasticAgent):
             failed.update({w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0, exitcode=0, error_file="")
                            for w in worker_group.workers
                            if w.global_rank not in failed and exit_code(self._pcontext, w.local_rank) == 0})
-            if self.lost_peer is not None and self.lost_peer() is not None:
+            if self._remaining_restarts and self.lost_peer is not None and self.lost_peer(PEER_SETTLE_S) is not None:
                 # Its workers went with it, and nothing starts that agent again: a restart would wait in the
                 # rendezvous for a node that never comes. dlaunch's parent names the lost node as the root cause.
                 self._remaining_restarts = 0

@@ -170,7 +170,7 @@ def network_binding(spec: RunSpec) -> str | None:
 def run_node(
     spec: RunSpec, run_dir: Path, job: Path, plan: Plan, node_rank: int, run_id: str | None,
     listen_fd: int | None = None, on_failure: Callable[..., int] = report.report_failures,
-    lost_peer: Callable[[], int | None] | None = None,
+    lost_peer: Callable[[float], int | None] | None = None,
 ) -> int:
     """This node's agent and workers, to the end; failures go to ``on_failure(real, finished, spec, run_dir)``.
     ``lost_peer``: an emulated node's peer whose agent is gone (None: none), after which no restart can help."""

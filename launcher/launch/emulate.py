@@ -85,10 +85,11 @@ def _lifelines(nodes: int) -> Iterator[dict[int, tuple[int, int]]]:
             os.close(fd)
 
 
-def lost_peer(peers: dict[int, int]) -> Callable[[], int | None]:
-    """For one node's agent (``peers``: each other node's lifeline, read end): the first node whose agent is gone."""
-    def gone() -> int | None:
-        readable = set(select.select(list(peers.values()), [], [], 0)[0]) if peers else set()
+def lost_peer(peers: dict[int, int]) -> Callable[[float], int | None]:
+    """For one node's agent (``peers``: each other node's lifeline, read end): the first node whose agent is gone,
+    waiting up to ``wait_s`` for one (a worker that failed because a peer node died may be seen first)."""
+    def gone(wait_s: float = 0.0) -> int | None:
+        readable = set(select.select(list(peers.values()), [], [], wait_s)[0]) if peers else set()
         return next((node for node, fd in peers.items() if fd in readable), None)
 
     return gone
