@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.launcher import api as launcher_api
 
-from launcher.launch import failures
+from launcher.launch import failures, rendezvous
 
 log = logging.getLogger("dlaunch")
 
@@ -57,7 +58,22 @@ class Agent(LocalElasticAgent):
                 # Its workers went with it, and nothing starts that agent again: a restart would wait in the
                 # rendezvous for a node that never comes. dlaunch's parent names the lost node as the root cause.
                 self._remaining_restarts = 0
+            if self._remaining_restarts == 0:  # torch stops the workers for good next: the other nodes stop theirs
+                rendezvous.announce_failure(worker_group.spec.rdzv_handler, worker_group.group_rank)
+        elif self._last.state == WorkerState.HEALTHY and rendezvous.failed_peer(worker_group.spec.rdzv_handler) is not None:
+            # another node's workers failed for good: these are stopped as on one node (teardown), before node 0's
+            # store goes, and _stop_workers reports them, each with its exit, as a failure of this node
+            self._remaining_restarts = 0
+            self._last = RunResult(state=WorkerState.FAILED, failures={})
         return self._last
+
+    def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> None:
+        super()._stop_workers(worker_group, *args, **kwargs)
+        last = self._last
+        if last is not None and last.state == WorkerState.FAILED and not last.failures:  # stopped for another node
+            last.failures.update({w.global_rank: ProcessFailure(
+                local_rank=w.local_rank, pid=w.id or 0, exitcode=exit_code(self._pcontext, w.local_rank) or 0,
+                error_file=self._pcontext.error_files.get(w.local_rank, "")) for w in worker_group.workers})
 
     def _restart_workers(self, worker_group: Any) -> None:
         """torch restarts the workers silently (its agent's log is quiet): say which rank failed and why, once."""

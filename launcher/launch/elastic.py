@@ -210,6 +210,7 @@ def run_node(
         return 1
     finally:
         rendezvous.release_claims()  # a node started again with this node rank may claim it
+        rendezvous.leave_after_failure(spec.launch.shutdown_grace_s + 5)
 
 
 class _StoppedBeforeWorkers(SignalException):
