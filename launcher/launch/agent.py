@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -20,7 +21,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.launcher import api as launcher_api
 
-from launcher.launch import failures, rendezvous
+from launcher.launch import failures, rendezvous, report
+from launcher.runtime import outputs
 
 log = logging.getLogger("dlaunch")
 
@@ -43,6 +45,9 @@ class Agent(LocalElasticAgent):
     teardown_marker: Path | None = None
     lost_peer: Callable[[], int | None] | None = None  # an emulated node's: the node whose agent is gone (None: none)
     _last: Any = None  # the last RunResult seen: what a restart follows
+    run_dir: Path | None = None  # the ranks' completion markers and heartbeats (None: nothing said while waiting)
+    wait_note_s: float = 300.0  # launch.collective_timeout_s: how often a rank others finished before is named
+    _waiting: tuple[float, float] | None = None  # since when ranks finished while another runs, and the next line's time
     killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
 
     def _monitor_workers(self, worker_group: Any) -> Any:
@@ -65,7 +70,28 @@ class Agent(LocalElasticAgent):
             # store goes, and _stop_workers reports them, each with its exit, as a failure of this node
             self._remaining_restarts = 0
             self._last = RunResult(state=WorkerState.FAILED, failures={})
+        elif self._last.state == WorkerState.HEALTHY:
+            self._note_waiting(worker_group)
         return self._last
+
+    def _note_waiting(self, worker_group: Any) -> None:
+        """Ranks that finished while another still runs (a file it writes after the script's last collective): the
+        agent waits for it, as it should for a rank that is only slow, and says so every ``wait_note_s``."""
+        if self.run_dir is None or not worker_group.workers:
+            return
+        world = worker_group.workers[0].world_size
+        finished = [r for r in range(world) if outputs.completion_marker(self.run_dir, r).exists()]
+        running = {w.global_rank: w.id or 0 for w in worker_group.workers
+                   if w.global_rank not in finished and exit_code(self._pcontext, w.local_rank) is None}
+        now = time.monotonic()
+        if not finished or not running:
+            self._waiting = None
+            return
+        since, due = self._waiting or (now, now + self.wait_note_s)
+        self._waiting = (since, due)
+        if now >= due:
+            self._waiting = (since, now + self.wait_note_s)
+            log.warning("%s", report.waiting_on(self.run_dir, finished, running, now - since, self.wait_note_s))
 
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> None:
         super()._stop_workers(worker_group, *args, **kwargs)
@@ -154,7 +180,8 @@ def graceful_agent(config: Any) -> Iterator[None]:
     launcher_api.LocalElasticAgent = type("_Agent", (Agent,), {
         "grace_s": config.dlaunch_grace_s, "stop_grace_s": config.dlaunch_stop_grace_s,
         "teardown_marker": config.dlaunch_teardown_marker,
-        "lost_peer": staticmethod(config.dlaunch_lost_peer) if config.dlaunch_lost_peer else None})
+        "lost_peer": staticmethod(config.dlaunch_lost_peer) if config.dlaunch_lost_peer else None,
+        "run_dir": config.dlaunch_run_dir, "wait_note_s": config.dlaunch_wait_note_s})
     try:
         yield
     finally:

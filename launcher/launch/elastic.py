@@ -63,7 +63,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
 def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None, listen_fd: int | None = None) -> LaunchConfig:
     """The elastic agent's settings for node ``node_rank`` of the spec's cluster."""
     c = spec.cluster
-    return local_config(
+    config = local_config(
         c.devices_per_node, run_dir / "logs" / (f"node{node_rank}" if c.nodes > 1 else ""),
         addr=c.master_addr, port=c.master_port,
         max_restarts=spec.launch.max_restarts, join_timeout_s=spec.launch.rdzv_timeout_s,
@@ -71,6 +71,8 @@ def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None
         stop_grace_s=spec.launch.stop_grace_s, teardown_marker=teardown_marker(run_dir), nodes=c.nodes,
         node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
     )
+    config.dlaunch_run_dir, config.dlaunch_wait_note_s = run_dir, spec.launch.collective_timeout_s
+    return config
 
 
 def teardown_marker(run_dir: Path) -> Path:
@@ -132,6 +134,8 @@ def local_config(
     config.dlaunch_stop_grace_s = stop_grace_s  # a stop signal's: the workers save a checkpoint before they exit
     config.dlaunch_teardown_marker = teardown_marker  # while it exists, a SIGTERM is a failure's teardown, not a stop
     config.dlaunch_lost_peer = None  # an emulated node's check for a peer agent that is gone (run_node sets it)
+    config.dlaunch_run_dir = None  # where a job's ranks leave completion markers (node_config sets it)
+    config.dlaunch_wait_note_s = 300.0  # how often ranks that wait on one that has not finished are named
     return config
 
 
