@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID, RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.utils.store import _barrier_nonblocking
 from torch.distributed.launcher import api as launcher_api
 
 from launcher.launch import failures, rendezvous, report
@@ -92,6 +93,33 @@ class Agent(LocalElasticAgent):
         if now >= due:
             self._waiting = (since, now + self.wait_note_s)
             log.warning("%s", report.waiting_on(self.run_dir, finished, running, now - since, self.wait_note_s))
+
+    def _exit_barrier(self) -> None:
+        """This node's workers succeeded; the other nodes' may still run. torch's waits 300 s, then this agent leaves,
+        with node 0's store, under a rank that is only slow (one writing a file after its script's last collective):
+        this one waits however long, says so every ``wait_note_s``, and leaves at once when another node failed."""
+        group = self._worker_group
+        self._in_exit_barrier = True  # torch's: the health check keeps the agent alive meanwhile
+        try:
+            last = _barrier_nonblocking(store=self._store, world_size=group.group_world_size,
+                                        key_prefix=_TERMINAL_STATE_SYNC_ID)
+            since = time.monotonic()
+            due = since + self.wait_note_s
+            while not self._store.check([last]):
+                lost = self.lost_peer is not None and self.lost_peer() is not None
+                if lost or rendezvous.failed_peer(group.spec.rdzv_handler) is not None:
+                    return
+                if time.monotonic() >= due:
+                    due += self.wait_note_s
+                    log.warning("node %d's ranks finished; waiting on the other nodes' for %.0f s (dlaunch waits however "
+                                "long it takes; Ctrl-C or SIGTERM stops the run)", group.group_rank, time.monotonic() - since)
+                time.sleep(0.2)
+        except SignalException:
+            raise
+        except Exception:  # noqa: BLE001 - node 0's store is gone: nothing is left to wait for
+            return
+        finally:
+            self._in_exit_barrier = False
 
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> None:
         super()._stop_workers(worker_group, *args, **kwargs)
