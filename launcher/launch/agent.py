@@ -50,6 +50,7 @@ class Agent(LocalElasticAgent):
     wait_note_s: float = 300.0  # launch.collective_timeout_s: how often a rank others finished before is named
     _waiting: tuple[float, float] | None = None  # since when ranks finished while another runs, and the next line's time
     killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
+    started: ClassVar[list[int]] = []  # this node's group rank, once per start of its workers: the nodes had met
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         self._last = super()._monitor_workers(worker_group)
@@ -142,6 +143,7 @@ class Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         started = super()._start_workers(worker_group)
+        Agent.started.append(worker_group.group_rank)
         pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
         close = pcontext.close
 

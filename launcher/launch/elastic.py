@@ -186,6 +186,7 @@ def run_node(
     try:
         trace = nccl_trace_prefix(plan, run_dir)
         agent.Agent.killed.clear()
+        agent.Agent.started.clear()
         with _stop_signals_raise():
             start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
                           master_addr=spec.cluster.master_addr)
@@ -207,7 +208,7 @@ def run_node(
         log.warning("interrupted; all workers were shut down")
         return 130
     except RendezvousError as exc:
-        log.error("%s", rendezvous_problem(spec, exc))
+        log.error("%s", store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc))
         return 1
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
         log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
@@ -238,6 +239,13 @@ def nccl_trace_prefix(plan: Plan, run_dir: Path) -> str | None:
     if plan.backend != "nccl":
         return None
     return str(run_dir.resolve() / outputs.STATE_DIR / "nccl_trace_rank_")
+
+
+def store_lost(spec: RunSpec, exc: Exception) -> str:
+    """The nodes had met and the workers ran when node 0's store went away: no rendezvous problem."""
+    c = spec.cluster
+    return (f"node 0's store at {c.master_addr}:{c.master_port} went away while this node's workers ran (node 0's "
+            f"dlaunch ended or was killed, or the network to it dropped), so this node stopped its workers: {exc}")
 
 
 def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:

@@ -135,3 +135,4 @@ def test_a_node_that_finished_leaves_its_wait_for_the_others_when_another_node_f
     assert "frame #" not in out, out[-3000:]
     assert not elastic.teardown_marker(run_dir).exists(), "node 0 was torn down: it went on waiting for node 1"
     assert summary(run_dir)["status"] == "failed"
+
