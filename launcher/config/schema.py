@@ -196,7 +196,9 @@ class LaunchSpec(Strict):
     max_restarts: Annotated[int, Field(ge=0, description="times every worker is started again after one fails")] = 0
     rdzv_timeout_s: PositiveInt = Field(120, description="how long nodes wait for each other at the rendezvous")
     preflight_timeout_s: PositiveInt = Field(60, description="how long each rank waits for every other before training")
-    collective_timeout_s: PositiveInt = Field(300, description="a collective that takes longer is reported as hung, naming the ranks")
+    collective_timeout_s: PositiveInt = Field(300, description=(
+        "a collective that takes longer is reported as hung, naming the ranks; also how often a rank still running "
+        "after the others finished is named (it is waited for, not killed)"))
     monitor_interval_s: Annotated[float, Field(gt=0, le=10, description="how often the elastic agent checks its workers")] = 0.1
     shutdown_grace_s: PositiveInt = Field(5, description="after a failure, seconds the other workers have to exit before SIGKILL")
     stop_grace_s: PositiveInt = Field(25, description="after a stop signal, seconds the workers have to save a checkpoint and "

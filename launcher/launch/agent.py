@@ -11,15 +11,19 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
+from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID, RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.utils.store import _barrier_nonblocking
 from torch.distributed.launcher import api as launcher_api
 
-from launcher.launch import failures
+from launcher.launch import failures, rendezvous, report
+from launcher.runtime import outputs
 
 log = logging.getLogger("dlaunch")
 # Before a restart, how long an emulated node waits to learn that a peer node's agent is gone: a worker that failed
@@ -45,7 +49,11 @@ class Agent(LocalElasticAgent):
     teardown_marker: Path | None = None
     lost_peer: Callable[[float], int | None] | None = None  # an emulated node's: the node whose agent is gone (None: none)
     _last: Any = None  # the last RunResult seen: what a restart follows
+    run_dir: Path | None = None  # the ranks' completion markers and heartbeats (None: nothing said while waiting)
+    wait_note_s: float = 300.0  # launch.collective_timeout_s: how often a rank others finished before is named
+    _waiting: tuple[float, float] | None = None  # since when ranks finished while another runs, and the next line's time
     killed: ClassVar[list[int]] = []  # the ranks a stop killed (SIGKILL) once launch.stop_grace_s had passed
+    started: ClassVar[list[int]] = []  # this node's group rank, once per start of its workers: the nodes had met
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         self._last = super()._monitor_workers(worker_group)
@@ -60,7 +68,70 @@ class Agent(LocalElasticAgent):
                 # Its workers went with it, and nothing starts that agent again: a restart would wait in the
                 # rendezvous for a node that never comes. dlaunch's parent names the lost node as the root cause.
                 self._remaining_restarts = 0
+            if self._remaining_restarts == 0:  # torch stops the workers for good next: the other nodes stop theirs
+                rendezvous.announce_failure(worker_group.spec.rdzv_handler, worker_group.group_rank)
+        elif self._last.state == WorkerState.HEALTHY and rendezvous.failed_peer(worker_group.spec.rdzv_handler) is not None:
+            # another node's workers failed for good: these are stopped as on one node (teardown), before node 0's
+            # store goes, and _stop_workers reports them, each with its exit, as a failure of this node
+            self._remaining_restarts = 0
+            self._last = RunResult(state=WorkerState.FAILED, failures={})
+        elif self._last.state == WorkerState.HEALTHY:
+            self._note_waiting(worker_group)
         return self._last
+
+    def _note_waiting(self, worker_group: Any) -> None:
+        """Ranks that finished while another still runs (a file it writes after the script's last collective): the
+        agent waits for it, as it should for a rank that is only slow, and says so every ``wait_note_s``."""
+        if self.run_dir is None or not worker_group.workers:
+            return
+        world = worker_group.workers[0].world_size
+        finished = [r for r in range(world) if outputs.completion_marker(self.run_dir, r).exists()]
+        running = {w.global_rank: w.id or 0 for w in worker_group.workers
+                   if w.global_rank not in finished and exit_code(self._pcontext, w.local_rank) is None}
+        now = time.monotonic()
+        if not finished or not running:
+            self._waiting = None
+            return
+        since, due = self._waiting or (now, now + self.wait_note_s)
+        self._waiting = (since, due)
+        if now >= due:
+            self._waiting = (since, now + self.wait_note_s)
+            log.warning("%s", report.waiting_on(self.run_dir, finished, running, now - since, self.wait_note_s))
+
+    def _exit_barrier(self) -> None:
+        """This node's workers succeeded; the other nodes' may still run. torch's waits 300 s, then this agent leaves,
+        with node 0's store, under a rank that is only slow (one writing a file after its script's last collective):
+        this one waits however long, says so every ``wait_note_s``, and leaves at once when another node failed."""
+        group = self._worker_group
+        self._in_exit_barrier = True  # torch's: the health check keeps the agent alive meanwhile
+        try:
+            last = _barrier_nonblocking(store=self._store, world_size=group.group_world_size,
+                                        key_prefix=_TERMINAL_STATE_SYNC_ID)
+            since = time.monotonic()
+            due = since + self.wait_note_s
+            while not self._store.check([last]):
+                lost = self.lost_peer is not None and self.lost_peer() is not None
+                if lost or rendezvous.failed_peer(group.spec.rdzv_handler) is not None:
+                    return
+                if time.monotonic() >= due:
+                    due += self.wait_note_s
+                    log.warning("node %d's ranks finished; waiting on the other nodes' for %.0f s (dlaunch waits however "
+                                "long it takes; Ctrl-C or SIGTERM stops the run)", group.group_rank, time.monotonic() - since)
+                time.sleep(0.2)
+        except SignalException:
+            raise
+        except Exception:  # noqa: BLE001 - node 0's store is gone: nothing is left to wait for
+            return
+        finally:
+            self._in_exit_barrier = False
+
+    def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> None:
+        super()._stop_workers(worker_group, *args, **kwargs)
+        last = self._last
+        if last is not None and last.state == WorkerState.FAILED and not last.failures:  # stopped for another node
+            last.failures.update({w.global_rank: ProcessFailure(
+                local_rank=w.local_rank, pid=w.id or 0, exitcode=exit_code(self._pcontext, w.local_rank) or 0,
+                error_file=self._pcontext.error_files.get(w.local_rank, "")) for w in worker_group.workers})
 
     def _restart_workers(self, worker_group: Any) -> None:
         """torch restarts the workers silently (its agent's log is quiet): say which rank failed and why, once."""
@@ -75,6 +146,7 @@ class Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         started = super()._start_workers(worker_group)
+        Agent.started.append(worker_group.group_rank)
         pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
         close = pcontext.close
 
@@ -141,7 +213,8 @@ def graceful_agent(config: Any) -> Iterator[None]:
     launcher_api.LocalElasticAgent = type("_Agent", (Agent,), {
         "grace_s": config.dlaunch_grace_s, "stop_grace_s": config.dlaunch_stop_grace_s,
         "teardown_marker": config.dlaunch_teardown_marker,
-        "lost_peer": staticmethod(config.dlaunch_lost_peer) if config.dlaunch_lost_peer else None})
+        "lost_peer": staticmethod(config.dlaunch_lost_peer) if config.dlaunch_lost_peer else None,
+        "run_dir": config.dlaunch_run_dir, "wait_note_s": config.dlaunch_wait_note_s})
     try:
         yield
     finally:

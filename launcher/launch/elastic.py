@@ -63,7 +63,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
 def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None, listen_fd: int | None = None) -> LaunchConfig:
     """The elastic agent's settings for node ``node_rank`` of the spec's cluster."""
     c = spec.cluster
-    return local_config(
+    config = local_config(
         c.devices_per_node, run_dir / "logs" / (f"node{node_rank}" if c.nodes > 1 else ""),
         addr=c.master_addr, port=c.master_port,
         max_restarts=spec.launch.max_restarts, join_timeout_s=spec.launch.rdzv_timeout_s,
@@ -71,6 +71,8 @@ def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None
         stop_grace_s=spec.launch.stop_grace_s, teardown_marker=teardown_marker(run_dir), nodes=c.nodes,
         node_rank=node_rank, run_id=run_id, listen_fd=listen_fd, local_addr=_local_addr(spec, node_rank),
     )
+    config.dlaunch_run_dir, config.dlaunch_wait_note_s = run_dir, spec.launch.collective_timeout_s
+    return config
 
 
 def teardown_marker(run_dir: Path) -> Path:
@@ -132,6 +134,8 @@ def local_config(
     config.dlaunch_stop_grace_s = stop_grace_s  # a stop signal's: the workers save a checkpoint before they exit
     config.dlaunch_teardown_marker = teardown_marker  # while it exists, a SIGTERM is a failure's teardown, not a stop
     config.dlaunch_lost_peer = None  # an emulated node's check for a peer agent that is gone (run_node sets it)
+    config.dlaunch_run_dir = None  # where a job's ranks leave completion markers (node_config sets it)
+    config.dlaunch_wait_note_s = 300.0  # how often ranks that wait on one that has not finished are named
     return config
 
 
@@ -184,6 +188,7 @@ def run_node(
     try:
         trace = nccl_trace_prefix(plan, run_dir)
         agent.Agent.killed.clear()
+        agent.Agent.started.clear()
         with _stop_signals_raise():
             start_workers(config, WORKER_MODULE, job, single_node=spec.cluster.loopback, nccl_trace_prefix=trace,
                           master_addr=spec.cluster.master_addr)
@@ -205,13 +210,14 @@ def run_node(
         log.warning("interrupted; all workers were shut down")
         return 130
     except RendezvousError as exc:
-        log.error("%s", rendezvous_problem(spec, exc))
+        log.error("%s", store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc))
         return 1
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
         log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
         return 1
     finally:
         rendezvous.release_claims()  # a node started again with this node rank may claim it
+        rendezvous.leave_after_failure(spec.launch.shutdown_grace_s + 5)
 
 
 class _StoppedBeforeWorkers(SignalException):
@@ -235,6 +241,13 @@ def nccl_trace_prefix(plan: Plan, run_dir: Path) -> str | None:
     if plan.backend != "nccl":
         return None
     return str(run_dir.resolve() / outputs.STATE_DIR / "nccl_trace_rank_")
+
+
+def store_lost(spec: RunSpec, exc: Exception) -> str:
+    """The nodes had met and the workers ran when node 0's store went away: no rendezvous problem."""
+    c = spec.cluster
+    return (f"node 0's store at {c.master_addr}:{c.master_port} went away while this node's workers ran (node 0's "
+            f"dlaunch ended or was killed, or the network to it dropped), so this node stopped its workers: {exc}")
 
 
 def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:

@@ -12,11 +12,13 @@ so that a node that never comes can be named.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import time
 from datetime import timedelta
+from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
@@ -95,6 +97,7 @@ class _BoundRendezvousHandler(DynamicRendezvousHandler):
     node_rank: int | None = None
     nodes: PrefixStore | None = None
     claim: str | None = None  # what this node wrote under its node rank
+    failed_node: int | None = None  # a node whose workers failed for good (announce_failure)
 
     def _create_tcp_store_server(self, master_addr: str, master_port: int) -> TCPStore:
         return listening_store(self.bind_host, master_port)
@@ -235,3 +238,44 @@ def register() -> str:
         rendezvous_handler_registry.register(BACKEND, _create_handler)
         _registered = True
     return BACKEND
+
+
+# ---------- a multi-node job's end after a failure, in order ----------
+# Node 0's agent hosts the store that every agent and worker talks to. A node whose workers failed for good says so
+# there; the others stop their workers (teardown), and node 0 keeps the store up until they have left: a node that
+# found the store gone under its workers printed torch's C++ traces and "could not meet", and named none of its ranks.
+def announce_failure(handler: Any, node_rank: int) -> None:
+    """This node's workers failed and will not restart: the other nodes stop theirs."""
+    if getattr(handler, "nodes", None) is None:
+        return
+    handler.failed_node = node_rank
+    with contextlib.suppress(Exception):  # the store is gone already: the others find that out themselves
+        handler.nodes.compare_set("failed", "", str(node_rank))
+
+
+def failed_peer(handler: Any) -> int | None:
+    """The node whose workers failed for good (this one's did not), or None."""
+    if getattr(handler, "nodes", None) is None:
+        return None
+    try:
+        if not handler.nodes.check(["failed"]):
+            return None
+        handler.failed_node = int(handler.nodes.get("failed").decode())
+    except Exception:  # noqa: BLE001 - node 0's store is gone: torch's own check says so next
+        return None
+    return handler.failed_node
+
+
+def leave_after_failure(grace_s: float) -> None:
+    """Once a node failed: node 0 waits (up to ``grace_s``) for the other nodes to leave before its store goes;
+    the others say they left, as the last thing they ask of the store."""
+    for handler in _handlers:
+        if handler.nodes is None or getattr(handler, "failed_node", None) is None:
+            continue
+        with contextlib.suppress(Exception):  # a store gone, or a node that never says it left
+            if handler.node_rank:
+                handler.nodes.add("left", 1)
+                continue
+            deadline = time.monotonic() + grace_s
+            while handler.nodes.add("left", 0) < handler._settings.max_nodes - 1 and time.monotonic() < deadline:
+                time.sleep(0.05)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import signal
+import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def _unless_unwritable(path: Path) -> Iterator[None]:
 
 def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
     """A run stopped by a signal (exit ``code``, 128 + the signal): its summary.json says so, and where it saved."""
-    if outputs.completed(run_dir):  # the signal came after the run had completed
+    if outputs.completed(run_dir) and not _ranks_still_running(spec, run_dir):  # the signal came after the run completed
         return
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,
@@ -150,6 +151,17 @@ def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None
         summary["unsaved_checkpoint"] = lost
     with _unless_unwritable(run_dir / outputs.SUMMARY):
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+
+
+def _ranks_still_running(spec: RunSpec, run_dir: Path) -> bool:
+    """Some of this node's ranks completed (their marker) and another had not: rank 0 writes "completed" once its own
+    part ends, and a stop while another rank still worked (a file it writes after the script's last collective) is a
+    stop. A launch with no markers (in one process) has nothing to add to the summary's word."""
+    world = spec.strategy.world_size(spec.cluster)
+    per_node, node = max(1, world // spec.cluster.nodes), spec.cluster.node_rank
+    ranks = range(world) if node is None else range(node * per_node, min(world, (node + 1) * per_node))
+    done = [outputs.completion_marker(run_dir, r).exists() for r in ranks]
+    return any(done) and not all(done)
 
 
 # What a script's run has no use for: it runs its own loop, not dlaunch's.
@@ -220,3 +232,20 @@ def _operation(run_dir: Path, rank: int) -> str:
         return str(json.loads(outputs.progress_file(run_dir, rank).read_text()).get("operation") or "")
     except (OSError, ValueError, AttributeError):
         return ""
+
+
+def waiting_on(run_dir: Path, finished: Sequence[int], running: dict[int, int], waited_s: float, every_s: float) -> str:
+    """The line for ranks that finished while others (``running``: rank to pid) still run, after ``waited_s``."""
+    def one(rank: int, pid: int) -> str:
+        try:
+            beat = json.loads(outputs.progress_file(run_dir, rank).read_text())
+        except (OSError, ValueError):
+            beat = {}
+        seen = f'last seen in "{beat["operation"]}"' if beat.get("operation") else "no heartbeat says where (a script)"
+        where = f' at {beat["where"]}' if beat.get("operation") and beat.get("where") else ""
+        return f"rank {rank} (pid {pid}, host {beat.get('host') or socket.gethostname()}) for {waited_s:.0f} s, {seen}{where}"
+
+    done = ", ".join(map(str, finished))
+    return (f"rank{'s' if len(finished) > 1 else ''} {done} finished; waiting on " + "; ".join(one(r, p) for r, p in running.items())
+            + f" (dlaunch waits however long it takes and says so every launch.collective_timeout_s={every_s:g} s; "
+            "Ctrl-C or SIGTERM stops the run)")

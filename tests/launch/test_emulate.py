@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import emulate
+from launcher.launch import elastic, emulate
 from tests.conftest import summary
 from tests.launch.test_restarts import finish, logged_steps, run_processes, start, wait_for
 
@@ -87,3 +87,52 @@ def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failur
     assert proc.returncode == 143, out[-3000:]
     assert "before it could report" not in out and "root cause" not in out, out[-3000:]
     assert "resume with: dlaunch resume" in out and summary(run_dir)["status"] == "stopped", out[-3000:]
+
+
+HUNG_SCRIPT = """\
+import time, torch, torch.distributed as dist
+for step in range(1, 100):
+    if dist.get_rank() == 1 and step == 3:
+        time.sleep(10_000)
+    t = torch.ones(1); dist.all_reduce(t)
+"""
+
+
+def test_a_rank_that_hangs_on_another_node_is_named_once_without_cpp_traces(run_dlaunch, tmp_path):
+    """Node 0's rank timed out and its agent exited with the rendezvous store while node 1's still ran: node 1's
+    agent found the store gone under its hung worker, printed torch's C++ store traces (`frame #N: c10::...`) and
+    "the nodes could not meet" (they had met long before), and reported none of its ranks. Now node 1 stops its
+    workers before node 0's store goes, and the panel names the hung rank as it does on one node."""
+    (tmp_path / "hang.py").write_text(HUNG_SCRIPT)
+    proc, run_dir = run_dlaunch("script=hang.py", "strategy=multi_worker_mirrored", "cluster=2x1",
+                                "launch.collective_timeout_s=5")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert out.count("root cause") == 1 and "Timed out waiting 5000ms" in out, out[-3000:]
+    assert "rank 1: exit code 143: ScriptStopped" in out, out[-3000:]
+    assert "frame #" not in out and "TCPStore" not in out and "could not meet" not in out, out[-3000:]
+    assert summary(run_dir)["status"] == "failed"
+
+
+LATE_FAILURE_SCRIPT = """\
+import time, torch, torch.distributed as dist
+t = torch.ones(1); dist.all_reduce(t)
+if dist.get_rank() == 1:
+    time.sleep(3)
+    raise ValueError("rank 1 could not write its eval file")
+"""
+
+
+def test_a_node_that_finished_leaves_its_wait_for_the_others_when_another_node_fails(run_dlaunch, tmp_path):
+    """Node 0's rank finished while node 1's still ran: node 0's agent waits for the other nodes (torch's exit
+    barrier, 300 s) and, when node 1's rank then failed, went on waiting until dlaunch tore it down. Now it waits
+    however long the others run, and leaves as soon as another node failed for good."""
+    (tmp_path / "late.py").write_text(LATE_FAILURE_SCRIPT)
+    proc, run_dir = run_dlaunch("script=late.py", "strategy=multi_worker_mirrored", "cluster=2x1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "worker rank 1 failed: root cause" in out and "could not write its eval file" in out, out[-3000:]
+    assert "frame #" not in out, out[-3000:]
+    assert not elastic.teardown_marker(run_dir).exists(), "node 0 was torn down: it went on waiting for node 1"
+    assert summary(run_dir)["status"] == "failed"
+

@@ -229,3 +229,30 @@ def test_a_stop_with_checkpoints_off_says_it_saves_nothing(tmp_path):
     assert proc.returncode == 143, out[-3000:]
     assert "SIGTERM received: the ranks stop together within a step, and save nothing (checkpoints are off)" in out
     assert "then save" not in out and layout.latest(run_dir / "checkpoints") is None
+
+
+LATE_RANK_SCRIPT = """\
+import time, torch, torch.distributed as dist
+t = torch.ones(1); dist.all_reduce(t)
+if dist.get_rank() == 1:
+    time.sleep(10_000)  # a big eval file, written after the last collective
+"""
+
+
+def test_a_rank_still_running_after_the_others_finished_is_named_and_a_stop_then_is_a_stop(tmp_path):
+    """Rank 0 finished its script (and wrote summary.json "completed") while rank 1 still ran outside any collective:
+    dlaunch waited with no word for as long as it took, and a SIGTERM then left the summary "completed". Now the wait
+    is said every launch.collective_timeout_s, naming the rank, and the stop is recorded as one."""
+    (tmp_path / "late.py").write_text(LATE_RANK_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "script=late.py", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
+                 "launch.collective_timeout_s=2", common=())
+    try:
+        wait_for(lambda: "waiting on rank 1" in ((run_dir / "dlaunch.log").read_text()
+                                                  if (run_dir / "dlaunch.log").exists() else ""), 120, "the waiting line")
+    finally:
+        proc.send_signal(signal.SIGTERM)  # waited on or not, rank 1 sleeps until stopped
+        out = finish(proc)
+    assert proc.returncode == 143, out[-3000:]
+    assert re.search(r"rank 0 finished; waiting on rank 1 \(pid \d+, host [^)]+\) for \d+ s", out), out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped", out[-3000:]
