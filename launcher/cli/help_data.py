@@ -77,7 +77,10 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
             ('max_restarts', '0', 'times every worker is started again after one fails'),
             ('rdzv_timeout_s', '120', 'how long nodes wait for each other at the rendezvous'),
             ('preflight_timeout_s', '60', 'how long each rank waits for every other before training'),
-            ('collective_timeout_s', '300', 'a collective that takes longer is reported as hung, naming the ranks'),
+            ('collective_timeout_s',
+             '300',
+             'a collective that takes longer is reported as hung, naming the ranks; also how often a rank still '
+             'running after the others finished is named (it is waited for, not killed)'),
             ('monitor_interval_s', '0.1', 'how often the elastic agent checks its workers'),
             ('shutdown_grace_s', '5', 'after a failure, seconds the other workers have to exit before SIGKILL'),
             ('stop_grace_s',
