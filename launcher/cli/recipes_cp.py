@@ -13,8 +13,8 @@ import argparse
 import json
 import os
 import re
+import ast
 import shlex
-import shutil
 from pathlib import Path
 
 import yaml
@@ -69,6 +69,26 @@ def copied_yaml(source: Path, name: str, command: str, directory: str) -> str:
     rest = {k: v for k, v in (data.get("recipe") or {}).items() if k not in ("name", "entry")}
     data["recipe"] = {"entry": entry, **rest}
     return "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False)
+
+
+def copied_module(source: Path, name: str, directory: str) -> str:
+    """The shipped module, with each ``dlaunch recipe=SRC`` (and ``python -m launcher.recipes.SRC``) of its docstring
+    running the copy instead; all else as is."""
+    text = source.read_text()
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:
+        return text
+    first = body[0] if body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
+        return text
+    lines = text.splitlines(keepends=True)
+    runs_copy = shlex.join(["dlaunch", "--config-dir", directory, f"recipe={name}"])
+    old = re.compile(rf"\bdlaunch recipe={re.escape(source.stem)}(?![\w-])")
+    module = re.compile(rf"\bpython -m launcher\.recipes\.{re.escape(source.stem)}\b")  # the data writer: the copy's
+    doc = old.sub(lambda _: runs_copy, "".join(lines[: first.end_lineno]))
+    doc = module.sub(lambda _: shlex.join(["python", str(Path(directory) / f"{name}.py")]), doc)
+    return doc + "".join(lines[first.end_lineno :])
 
 
 def _is_header_or_command(line: str) -> bool:
@@ -148,7 +168,7 @@ def cmd_cp(args: argparse.Namespace, out: Console) -> int:
         config.parent.mkdir(parents=True, exist_ok=True)
         for path in existing:
             path.unlink()
-        shutil.copyfile(source.with_suffix(".py"), py)
+        py.write_text(copied_module(source.with_suffix(".py"), name, shown))
         config.write_text(text)
     except OSError as exc:
         raise Refused(f"cannot copy into {directory}: {exc.strerror or exc}") from None

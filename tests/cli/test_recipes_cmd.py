@@ -102,7 +102,7 @@ def test_cp_writes_a_relocatable_copy_whose_first_line_runs_it(name, tmp_path, c
     out = capsys.readouterr().out
     py, config = tmp_path / "mine" / f"{name}.py", tmp_path / "mine" / "recipe" / f"{name}.yaml"
     source = recipe_files()[name]
-    assert py.read_text() == source.with_suffix(".py").read_text()
+    assert_copied_module(py, source.with_suffix(".py"), f"dlaunch --config-dir mine recipe={name}", "mine")
     text = config.read_text()
     copied, shipped = yaml.safe_load(text), yaml.safe_load(source.read_text())
     assert copied["recipe"].pop("entry") == f"../{name}.py" and "name" not in copied["recipe"]  # the file's stem names it
@@ -119,7 +119,7 @@ def test_cp_to_a_name_makes_the_recipe_of_that_name_ready_to_run(tmp_path, capsy
     assert main(["cp", "linear", "mine"]) == 0
     command = run_command_of(capsys.readouterr().out)
     py, config = tmp_path / "mine.py", tmp_path / "recipe" / "mine.yaml"
-    assert py.read_text() == recipe_files()["linear"].with_suffix(".py").read_text()
+    assert_copied_module(py, recipe_files()["linear"].with_suffix(".py"), "dlaunch --config-dir . recipe=mine", ".", "mine")
     assert shlex.split(command)[:4] == ["dlaunch", "--config-dir", ".", "recipe=mine"]
     text = config.read_text()
     assert text.splitlines()[0] == f"# {command}" and "recipe=linear" not in text
@@ -137,6 +137,20 @@ def test_cp_to_a_name_makes_the_recipe_of_that_name_ready_to_run(tmp_path, capsy
     assert "holds config.yaml" in refusal(capsys) and not (tmp_path / "other.py").exists()
     assert main(["cp", "linear", "no good"]) == 2
     assert "cannot name a recipe" in refusal(capsys)
+
+
+def assert_copied_module(py: Path, source: Path, runs_copy: str, directory: str, name: str | None = None) -> None:
+    """The copy is the shipped module, but its docstring's commands run the copy (they ran the shipped recipe)."""
+    name = name or source.stem
+    copied, shipped = py.read_text(), source.read_text()
+    doc_end = shipped.index('"""', 3) + 3
+    assert copied.endswith(shipped[doc_end:])  # the code itself: byte for byte
+    doc = copied[: len(copied) - len(shipped) + doc_end]
+    assert f"dlaunch recipe={source.stem}" not in doc and f"launcher.recipes.{source.stem}" not in doc, doc
+    commands = [line.strip() for line in shipped[:doc_end].splitlines() if line.strip().startswith("dlaunch recipe=")]
+    assert doc.count(runs_copy) == len(commands) > 0, doc
+    if f"python -m launcher.recipes.{source.stem}" in shipped:
+        assert f"python {Path(directory) / (name + '.py')}" in doc
 
 
 def copy_and_edit(tmp_path: Path, capsys) -> tuple[Path, str]:
@@ -212,7 +226,9 @@ def test_cp_refuses_to_overwrite_unless_forced(tmp_path, capsys):
     assert main(["cp", "linear", str(dest)]) == 2
     assert str(dest / "recipe" / "linear.yaml") in refusal(capsys)
     assert main(["cp", "linear", str(dest), "--force"]) == 0
-    assert (dest / "linear.py").read_text() == recipe_files()["linear"].with_suffix(".py").read_text()
+    assert "# my work" not in (dest / "linear.py").read_text()
+    assert_copied_module(dest / "linear.py", recipe_files()["linear"].with_suffix(".py"),
+                         shlex.join(["dlaunch", "--config-dir", str(dest), "recipe=linear"]), str(dest))
 
 
 def test_cp_refuses_a_destination_that_is_a_file(tmp_path, capsys):

@@ -70,11 +70,21 @@ def sweep_table(jobs: list[Job], metric: str, best: list[Job]) -> str:
         s = j.summary or {}
         name = f"{e(j.name)} &#9733;" if j in best else e(j.name)  # the star marks the highlighted bars
         row = [Raw(name), " ".join(j.overrides) or "(none)", Raw(status_html(j))]
+        part = Raw("*") if s.get("resumed_from_step") else None  # the last command's steps only, as the terminal says
         row += [s.get("first_loss"), s.get("final_loss"), *(j.metrics.get(k) for k in metric_keys),
-                s.get("examples_per_sec"), s.get("wall_seconds")]
+                _marked(s.get("examples_per_sec"), part), _marked(s.get("wall_seconds"), part)]
         rows.append(row)
     stars = "; &#9733; marks the best job" + ("s (tied)" if len(best) > 1 else "") if best else ""
-    return f"<p>Charted metric: <b>{e(metric)}</b>{stars}.</p>" + table(header, rows)
+    resumed = [f"job {j.name} from step {(j.summary or {})['resumed_from_step']}" for j in jobs
+               if (j.summary or {}).get("resumed_from_step")]
+    note = (f"<p>* resumed ({e(', '.join(resumed))}): examples/s and wall_seconds cover only the steps its last command "
+            "trained after that checkpoint, not the job as a whole.</p>") if resumed else ""
+    return f"<p>Charted metric: <b>{e(metric)}</b>{stars}.</p>" + table(header, rows) + note
+
+
+def _marked(value: Any, mark: Raw | None) -> Any:
+    """A cell's value with ``mark`` after it (a resumed job's throughput and time)."""
+    return value if mark is None or value is None else Raw(cell(value) + mark)
 
 
 def failed_jobs(unfinished: list[Job]) -> str:

@@ -203,3 +203,20 @@ def test_a_null_grad_norm_is_a_gap_in_its_curve_and_a_dash_in_the_table(tmp_path
     assert steps == [1, 10, 20, 30] and math.isnan(values[1]) and all(math.isfinite(v) for v in values[::2])
     (row,) = re.findall(r"<tr><td>10</td>.*?</tr>", (run / "report.html").read_text())
     assert row.count("&mdash;") == 1  # the grad_norm cell
+
+
+def test_a_resumed_jobs_throughput_and_time_are_marked_as_its_last_commands(sweep):
+    summary_path = sweep / "1" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["resumed_from_step"] = 120
+    summary_path.write_text(json.dumps(summary))
+
+    assert report.main([str(sweep)]) == 0
+
+    page = (sweep / "report.html").read_text()
+    table = page.split("<table>", 1)[1].split("</table>", 1)[0]
+    rows = {re.match(r"<td>(\d+)", row).group(1): row for row in table.split("<tr>")[2:]}  # by job (job 1: starred)
+    resumed, fresh = rows["1"], rows["0"]
+    assert "<td>5100*</td>" in resumed and "<td>1.5*</td>" in resumed, resumed
+    assert "*" not in fresh, fresh
+    assert "* resumed (job 1 from step 120): examples/s and wall_seconds cover only the steps" in page
