@@ -71,6 +71,14 @@ def latest(root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+def newest(spec: Any, run_dir: Path) -> Path | None:
+    """The newest complete checkpoint a run in ``run_dir`` goes on from (None: checkpoints off, or none complete). A
+    script's: ScriptCheckpoints' default directory (a directory of the script's own choosing is not known here)."""
+    if spec.script is not None:
+        return latest(run_dir / "checkpoints")
+    return latest(spec.trainer.checkpoint.root(run_dir)) if spec.trainer.checkpoint.every_steps else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The checkpoint to resume from (None: none intact, or none at all), and those passed over with the reason."""

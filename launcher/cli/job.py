@@ -265,8 +265,8 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool
         if not spec.cluster.node_rank:
             report.record_stop(spec, run_dir, code, checkpoint)
         console.print(resume.after_signal(spec, run_dir, code, checkpoint, in_sweep=multirun))
-    elif code and resume.after_failure(spec, run_dir):
-        console.print(resume.after_failure(spec, run_dir))
+    elif code and resume.after_failure(spec, run_dir, in_sweep=multirun):
+        console.print(resume.after_failure(spec, run_dir, in_sweep=multirun))
     if 0 < code < 128 and scheduler_tasks():  # a stop is no failure: its summary goes back, and the sweep's table says so
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "

@@ -71,23 +71,21 @@ def _why_none(spec: Any, run_dir: Path) -> str:
     return "none was complete" if begun else "it stopped before it saved one"
 
 
-def after_failure(spec: Any, run_dir: Path) -> str:
+def after_failure(spec: Any, run_dir: Path, in_sweep: bool = False) -> str:
     """After a failed run, the newest checkpoint and how to go on from it once the cause is fixed ("": none). A
-    script's: ScriptCheckpoints' default directory, which ``dlaunch resume`` runs the script again beside (a
-    directory of the script's own choosing is not known here)."""
-    if spec.cluster.node_rank:
-        return ""
-    checkpoint = saved(spec, run_dir) if spec.script is None else _script_saved(run_dir)
-    if checkpoint is None:
-        return ""
-    again = " (the script runs again; its ScriptCheckpoints.restore goes on from there)" if spec.script else ""
-    return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}{again}"
-
-
-def _script_saved(run_dir: Path) -> Path | None:
+    script's: ScriptCheckpoints' default directory, which ``dlaunch resume`` runs the script again beside. A sweep's
+    job (``in_sweep``) leaves how to go on to the sweep's own line, which resumes every job."""
     from launcher.checkpoint import layout
 
-    return layout.latest(run_dir / "checkpoints")
+    if spec.cluster.node_rank:
+        return ""
+    checkpoint = layout.newest(spec, run_dir)
+    if checkpoint is None:
+        return ""
+    if in_sweep:
+        return f"newest checkpoint: {checkpoint} (the sweep's last line says how to go on)"
+    again = " (the script runs again; its ScriptCheckpoints.restore goes on from there)" if spec.script else ""
+    return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}{again}"
 
 
 def _config_args(hydra_yaml: Path) -> list[str]:

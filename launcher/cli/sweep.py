@@ -71,11 +71,24 @@ class SweepSummary(Callback):
         show(rows, sweep_dir, output.results())
         _outcome["failed"] = sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows)
         _outcome["stopped"] = max((r.get("_exit_code") or 0 for r in rows if r["status"] == "stopped"), default=0)
-        if any(r["status"] in _CUT_SHORT for r in rows):
-            from launcher.cli import resume
+        line = _how_to_go_on(rows, sweep_dir)
+        if line:
+            output.messages().print(line)
 
-            output.messages().print(f"the sweep was stopped; go on with: {resume.command(sweep_dir)} (completed jobs are "
-                                    "kept, a stopped job resumes from its checkpoint where it saved one, the others start)")
+
+def _how_to_go_on(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
+    """The sweep's one resume command, where a job was stopped, or failed after a checkpoint ("": neither)."""
+    from launcher.cli import resume
+
+    kept = ", ".join(f"job {r['job']} at step {r['_checkpoint_step']}" for r in rows
+                     if r["status"] not in ("completed", *_CUT_SHORT) and r.get("_checkpoint_step") is not None)
+    stopped = any(r["status"] in _CUT_SHORT for r in rows)
+    if not (stopped or kept):
+        return ""
+    head = "the sweep was stopped" + (f", and failed jobs saved checkpoints ({kept})" if kept else "") + ";" if stopped \
+        else f"failed jobs saved checkpoints ({kept}); once the cause is fixed,"
+    return (f"{head} go on with: {resume.command(sweep_dir)} (completed jobs are kept, a stopped or failed job resumes "
+            "from its newest checkpoint where it saved one, the others start)")
 
 
 def refused(run_dir: Path, status: str, reason: str) -> None:
@@ -175,6 +188,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
         "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
         "dir": str(job),
         "_exit_code": summary.get("exit_code"),  # a stopped job's 128 + N; not written out
+        "_checkpoint_step": summary.get("checkpoint_step"),  # a stopped or failed job's newest; not written out
     }
 
 

@@ -122,7 +122,10 @@ def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, other
     text = failures.as_text(root, list(others), last_logged_step(run_dir))
     # a script's steps are its own: what its metrics.jsonl logged (last_logged_step, as the panel says), not dlaunch's
     completed = {} if spec.script is not None else {"last_completed_step": root.last_step}
-    summary = {**_partial_summary(spec, run_dir, "failed"), **completed, "error": root.as_dict()}
+    checkpoint = layout.newest(spec, run_dir)  # what a resume goes on from, once the cause is fixed
+    saved = {"checkpoint": str(checkpoint) if checkpoint else None,
+             "checkpoint_step": layout.step_of(checkpoint) if checkpoint else None}
+    summary = {**_partial_summary(spec, run_dir, "failed"), **completed, **saved, "error": root.as_dict()}
     with _unless_unwritable(run_dir / outputs.ERROR):
         (run_dir / outputs.ERROR).write_text(text, encoding="utf-8")
     with _unless_unwritable(run_dir / outputs.SUMMARY):

@@ -110,6 +110,29 @@ def test_a_job_whose_recipe_raises_at_import_is_a_failed_job_not_a_config_error(
     assert "broken.py:2" in jobs[1]["error"] and "the user broke it" in jobs[1]["error"]
 
 
+def test_a_job_that_failed_after_a_save_is_resumed_by_the_sweeps_one_command(tmp_path):
+    """A failed job printed its own `dlaunch resume JOB_DIR`, in the middle of the sweep's output; the sweep's last
+    line named no way on. Now the job names its checkpoint, and the sweep ends with one command that resumes it."""
+    from tests.conftest import PROBE
+
+    sweep = tmp_path / "sweep"
+    common = [f"recipe.entry={PROBE}", "recipe.fail_step=5", "trainer.steps=8", "trainer.checkpoint.every_steps=2",
+              f"hydra.sweep.dir={sweep}"]
+    proc = dlaunch("-m", "recipe.fail_replica=0", "trainer.seed=1,2", *common, cwd=tmp_path)  # job 0 fails at step 5
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "dlaunch resume " + str(sweep / "0") not in out
+    assert f"newest checkpoint: {sweep / '0' / 'checkpoints' / 'step-00000004'} (the sweep's last line says" in out
+    assert out.rstrip().splitlines()[-1].startswith(
+        f"failed jobs saved checkpoints (job 0 at step 4); once the cause is fixed, go on with: dlaunch resume {sweep} ")
+    assert json.loads((sweep / "0" / "summary.json").read_text())["checkpoint_step"] == 4
+    again = dlaunch("resume", str(sweep), "recipe.fail_replica=-1", cwd=tmp_path)  # the cause, fixed
+    assert again.returncode == 0, again.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(j["status"], j["resumed_from_step"]) for j in jobs] == [("completed", 4), ("completed", None)]
+    assert "failed jobs saved" not in again.stdout + again.stderr
+
+
 @pytest.mark.slow
 def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_path):
     """Ctrl-C in a sweep ends the sweep, not only the job it reached: that job saves and stops, the later jobs are
