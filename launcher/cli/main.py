@@ -262,7 +262,12 @@ def _interrupted_before_start(launcher: str | None) -> int:
     A job that trains in this process, or starts its workers from it, needs torch: imported first, while a
     Ctrl-C is still only noted, since one raised inside that import could be lost there.
     """
-    if launcher is None and any(not spec.launch.dry_run for spec in job.Status.validated.values()):
+    running = [spec for spec in job.Status.validated.values() if not spec.launch.dry_run]
+    if launcher is None and running:
+        if any(spec.cluster.nodes > 1 for spec in running):
+            from launcher.cluster import env
+
+            env.quiet_cpp_warnings()
         import torch  # noqa: F401
 
     return interrupts.hand_over()

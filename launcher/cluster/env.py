@@ -112,6 +112,14 @@ def task_environment(task: PSTask) -> dict[str, str]:
             "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
 
 
+def quiet_cpp_warnings() -> None:
+    """Before torch loads, for a run on several nodes: where a node's store goes away (node 0 killed, the network
+    dropped), torch's C++ store client prints each failed send as a warning with dozens of ``frame #N`` lines, on
+    the agent and every worker; dlaunch says it once in its own words (the store went away, the rank it took).
+    Errors still print, and a ``TORCH_CPP_LOG_LEVEL`` the user set stands. Workers inherit it."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 def tf_config(environ: Mapping[str, str] | None = None) -> dict:
     """The ``TF_CONFIG`` JSON (cluster, task, rpc_layer, environment), or ``{}`` when unset."""
     import json

@@ -46,20 +46,26 @@ def agent_pid(run_dir, node: int) -> int | None:
     return None
 
 
+def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[subprocess.Popen, str]:
+    """Emulated 2x1, node ``node``'s agent SIGKILLed while replica 1 is inside step 3; (the run, its output)."""
+    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
+                 *overrides, "+recipe.pause_replica=1", "+recipe.pause_step=3")
+    try:
+        paused = run_dir / "paused-replica1"
+        wait_for(lambda: paused.exists() and paused.read_text().strip(), 120, "replica 1 to pause in step 3")
+        os.kill(agent_pid(run_dir, node), signal.SIGKILL)
+    finally:
+        out = finish(proc)
+    return proc, out
+
+
 @pytest.mark.parametrize("restarts", [0, 1])
 def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_it(tmp_path, restarts):
     """node 1's agent killed (its worker goes with it): rank 0's broken collective blamed rank 0 ("rank 1 has
     exited"), and with restarts node 0 started its workers again to wait for a node that could not come back, then
     said "restarts exhausted". The killed agent is named now, and node 0 is torn down, not said to be stopped."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
-                 f"launch.max_restarts={restarts}", "+recipe.pause_replica=1", "+recipe.pause_step=3")
-    try:
-        paused = run_dir / "paused-replica1"
-        wait_for(lambda: paused.exists() and paused.read_text().strip(), 120, "replica 1 to pause in step 3")
-        os.kill(agent_pid(run_dir, 1), signal.SIGKILL)
-    finally:
-        out = finish(proc)
+    proc, out = kill_agent_in_step_3(run_dir, 1, f"launch.max_restarts={restarts}")
     assert proc.returncode == 1, out[-3000:]
     assert "node 1's elastic agent" in out and "ended by signal SIGKILL before it could report" in out, out[-3000:]
     assert "worker rank 1 failed: root cause" in out and "rank 0 failed: root cause" not in out, out[-3000:]
@@ -70,6 +76,19 @@ def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_i
         assert "node 1's agent is gone" in out and "no node restarted its workers" in out, out[-3000:]
         log = (run_dir / "dlaunch.log").read_text()  # in the order the terminal showed: the panel, then the line
         assert log.index("worker rank 1 failed: root cause") < log.index("node 1's agent is gone"), log[-3000:]
+    wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
+
+
+def test_node_0s_agent_killed_is_said_once_without_torchs_cpp_store_traces(tmp_path, monkeypatch):
+    """Node 0's agent SIGKILLed takes the store with it: node 1's agent and worker each printed torch's C++ store
+    warnings (`[W ...TCPStore.cpp] sendBytes failed`, ~30 `frame #N` lines each) around dlaunch's own line."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    run_dir = tmp_path / "run"
+    proc, out = kill_agent_in_step_3(run_dir, 0)
+    assert proc.returncode == 1, out[-3000:]
+    assert "frame #" not in out and "TCPStore.cpp" not in out, out[-3000:]
+    assert "node 0's store at 127.0.0.1:" in out and "went away while this node's workers ran" in out, out[-3000:]
+    assert "node 0's elastic agent" in out and "ended by signal SIGKILL" in out, out[-3000:]
     wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
 
 
