@@ -101,7 +101,8 @@ class Agent(LocalElasticAgent):
     def _exit_barrier(self) -> None:
         """This node's workers succeeded; the other nodes' may still run. torch's waits 300 s, then this agent leaves,
         with node 0's store, under a rank that is only slow (one writing a file after its script's last collective):
-        this one waits however long, says so every ``wait_note_s``, and leaves at once when another node failed."""
+        this one waits however long, says so every ``wait_note_s`` (where the nodes are emulated, the node of the rank
+        still running names it: one line, not two), and leaves at once when another node failed."""
         group = self._worker_group
         self._in_exit_barrier = True  # torch's: the health check keeps the agent alive meanwhile
         try:
@@ -115,6 +116,8 @@ class Agent(LocalElasticAgent):
                     return
                 if time.monotonic() >= due:
                     due += self.wait_note_s
+                    if self.lost_peer is not None:  # emulated nodes share the run dir: the running rank's node names it
+                        continue
                     log.warning("node %d's ranks finished; waiting on the other nodes' for %.0f s (dlaunch waits however "
                                 "long it takes; Ctrl-C or SIGTERM stops the run)", group.group_rank, time.monotonic() - since)
                 time.sleep(0.2)

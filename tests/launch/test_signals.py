@@ -239,20 +239,23 @@ if dist.get_rank() == 1:
 """
 
 
-def test_a_rank_still_running_after_the_others_finished_is_named_and_a_stop_then_is_a_stop(tmp_path):
+@pytest.mark.parametrize("layout_", [("strategy=mirrored", "cluster=1x2"), ("strategy=multi_worker_mirrored", "cluster=2x1")],
+                         ids=["one node", "two emulated nodes"])
+def test_a_rank_still_running_after_the_others_finished_is_named_and_a_stop_then_is_a_stop(tmp_path, layout_):
     """Rank 0 finished its script (and wrote summary.json "completed") while rank 1 still ran outside any collective:
     dlaunch waited with no word for as long as it took, and a SIGTERM then left the summary "completed". Now the wait
-    is said every launch.collective_timeout_s, naming the rank, and the stop is recorded as one."""
+    is said every launch.collective_timeout_s, naming the rank, and the stop is recorded as one. On two emulated
+    nodes, node 0 also said its own node-level line each period: the rank's line alone is said now."""
     (tmp_path / "late.py").write_text(LATE_RANK_SCRIPT)
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "script=late.py", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
-                 "launch.collective_timeout_s=2", common=())
+    proc = start(run_dir, "script=late.py", *layout_, "cluster.device=cpu", "launch.collective_timeout_s=2", common=())
     try:
-        wait_for(lambda: "waiting on rank 1" in ((run_dir / "dlaunch.log").read_text()
-                                                  if (run_dir / "dlaunch.log").exists() else ""), 120, "the waiting line")
+        log = run_dir / "dlaunch.log"  # three periods: node 0's own line, where it was said, came in each
+        wait_for(lambda: (log.read_text() if log.exists() else "").count("waiting on rank 1") >= 3, 120, "three waiting lines")
     finally:
         proc.send_signal(signal.SIGTERM)  # waited on or not, rank 1 sleeps until stopped
         out = finish(proc)
     assert proc.returncode == 143, out[-3000:]
     assert re.search(r"rank 0 finished; waiting on rank 1 \(pid \d+, host [^)]+\) for \d+ s", out), out[-3000:]
+    assert "waiting on the other nodes" not in out, out[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped", out[-3000:]
