@@ -77,7 +77,7 @@ def help_text() -> str:
 _FLAG = re.compile(r"^--?([A-Za-z][\w-]*)(?:=(.*))?$")
 _SAME_AS = {
     "nproc_per_node": "cluster=NODESx{v} (devices per node)",
-    "num_processes": "cluster=1x{v} (processes on one machine)",
+    "num_processes": "strategy=mirrored cluster=1x{v} (a process per device on one machine)",
     "nnodes": "cluster={v}xDEVICES (nodes)",
     "num_machines": "cluster={v}xDEVICES (nodes)",
     "node_rank": "cluster.node_rank={v}",
@@ -150,9 +150,10 @@ def flag_message(argv: list[str]) -> str | None:
     if at is not None:
         rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
         same = _same_run(dict(flags), argv[at], argv[at + 1:])
-        after = [f"the same run: {same}"] if same else []
-    else:
-        after = ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
+    else:  # a recipe's run: the overrides typed beside the flags, and what the flags say
+        same = _same_run(dict(flags), None, [], [a for a in head if "=" in a and not a.startswith("-")])
+    after = [f"the same run: {same}"] if same else \
+        ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
     width = max(28, *(len(given) for given, _ in rows))
     return "\n".join(["dlaunch takes KEY=VALUE overrides, not launcher flags:",
                       *(f"  {given:<{width}} {use}" for given, use in rows), *after])
@@ -168,15 +169,16 @@ def _count(value: str | None) -> str:
     return value or "N"
 
 
-def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str | None:
-    """The dlaunch command of a torchrun command line: its cluster, a strategy with a process per device, where
-    the nodes meet, the script, and the script's own arguments after ``--``. None where the sizes are not plain
-    numbers (``--nnodes=1:4``, ``--nproc_per_node=gpu``)."""
+def _same_run(flags: dict[str, str | None], script: str | None, args: list[str], typed: list[str] = ()) -> str | None:
+    """The dlaunch command of a torchrun or Accelerate command line: its cluster, a strategy with a process per
+    device, where the nodes meet, the script (or the overrides ``typed`` beside the flags, for a recipe), and the
+    script's own arguments after ``--``. None where the sizes are not plain numbers (``--nnodes=1:4``,
+    ``--nproc_per_node=gpu``), or where no flag says anything a recipe's run would take."""
     nodes = flags.get("nnodes") or flags.get("num_machines") or "1"
     per_node = flags.get("nproc_per_node") or flags.get("num_processes") or "1"
     if not (nodes.isdigit() and per_node.isdigit()):
         return None
-    words = ["dlaunch", f"script={script}"]
+    words = ["dlaunch", f"script={script}" if script else "", *typed]
     if f"{nodes}x{per_node}" != "1x1":
         words += ["strategy=" + ("mirrored" if nodes == "1" else "multi_worker_mirrored"), f"cluster={nodes}x{per_node}"]
     words += [_SAME_AS[name].format(v=value) for name, value in flags.items()
@@ -185,6 +187,9 @@ def _same_run(flags: dict[str, str | None], script: str, args: list[str]) -> str
     words += [f"trainer.precision={precision}"] if precision else []
     words += ["cluster.device=cpu"] if "cpu" in flags else []  # Accelerate's --cpu
     args = [a for a in args if a != "--"]
+    words = [w for w in words if w]
+    if script is None and len(words) == 1 + len(typed):
+        return None
     return " ".join([*words, *(["--", *args] if args else [])])
 
 

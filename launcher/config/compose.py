@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import shapes, user_recipes
-from launcher.config.errors import ConfigError, Problem, UserCodeError, did_you_mean
+from launcher.config.errors import ConfigError, Problem, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
 from launcher.config.validation import key_of, validate
 
@@ -346,10 +346,10 @@ def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> 
     try:
         if unknown | groups | unparsable and len(unknown | groups | unparsable) == len({p.key for p in exc.problems}) and rest != overrides:
             _check_the_rest(rest, cuda_devices)
-    except ConfigError as more:  # not where the recipe's own code failed (UserCodeError): the unknown keys first
+    except ConfigError as more:  # the recipe's own code failing at import (UserCodeError) too: one screen names all
         # checked against a default in place of an unknown option, the groups' own rules would blame the default
         found = [p for p in more.problems if p not in exc.problems and not (groups and p.key.split(".")[0] in GROUPS)]
-        return exc if isinstance(more, UserCodeError) else ConfigError([*exc.problems, *found])
+        return ConfigError([*exc.problems, *found])
     return exc
 
 

@@ -96,13 +96,14 @@ def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[P
 def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.LoadedRecipe | None:
     """The loaded recipe (None if it is at fault: its problems are added to ``problems``).
 
-    An exception raised by the recipe's own code at import is no config problem: ``UserCodeError``, exit 1.
+    An exception raised by the recipe's own code at import is no config problem: ``UserCodeError``, exit 1, where
+    it is the only problem; beside config problems it is one of them, so that one screen names every one.
     """
     try:
         return recipe_lib.load(recipe)
     except recipe_lib.RecipeError as exc:
         problem = Problem(key=exc.key, value=exc.value, message=exc.message)
-        if exc.in_user_code:
+        if exc.in_user_code and not problems:
             raise UserCodeError([problem]) from None
         problems.append(problem)
     except ValidationError as exc:

@@ -18,20 +18,16 @@ the plain module).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import logging
-import re
-import sys
-import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from launcher.runtime.recipe_import import RecipeError, import_entry, one_line, where_raised
 
 if TYPE_CHECKING:  # validating a config imports this module: torch only where a recipe is built
     import torch
@@ -139,6 +135,8 @@ def checked_metrics(found: Any, evaluate: Any) -> dict[str, float]:
     out = {}
     for key, value in found.items():
         try:
+            if isinstance(value, (str, bytes)):  # float("0.27") would hide the recipe's bug
+                raise TypeError(value)
             out[str(key)] = float(value)
         except (TypeError, ValueError, RuntimeError):
             raise RecipeContractError(f"{head} {described(value, returned=False)} for {key!r}; each value must be a "
@@ -196,15 +194,6 @@ def warn_if_files_unused(parts: "Parts", ctx: BuildContext, recipe: str) -> None
             type(parts.train_data).__name__)
 
 
-class RecipeError(Exception):
-    """The recipe cannot be loaded; ``key`` names the config key at fault."""
-
-    def __init__(self, key: str, value: Any, message: str, in_user_code: bool = False):
-        super().__init__(f"{key}: {message}")
-        self.key, self.value, self.message = key, value, message
-        self.in_user_code = in_user_code  # the recipe's own code raised (exit 1), rather than being missing or malformed (exit 2)
-
-
 @dataclasses.dataclass(frozen=True)
 class LoadedRecipe:
     module: ModuleType
@@ -213,97 +202,6 @@ class LoadedRecipe:
 
     def evaluate(self) -> Any:
         return getattr(self.module, "evaluate", None)
-
-
-MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def import_entry(entry: str) -> ModuleType:
-    """Import a recipe by module name (``launcher.recipes.linear``) or by file path.
-
-    Whatever goes wrong while the recipe's own code runs (a SyntaxError, an
-    exception or ``sys.exit`` at import) is a ``RecipeError`` naming the file and line.
-    """
-    if entry.endswith(".py"):
-        return _import_file(entry)
-    if not MODULE_NAME.match(entry):
-        raise RecipeError("recipe.entry", entry, f"{entry!r} is neither a .py file nor a module name (package.module)")
-    return _guarded(entry, importlib.import_module, entry)
-
-
-_FILES: dict[Path, tuple[int, ModuleType]] = {}  # a recipe file -> (its mtime, the module), as sys.modules for names
-
-
-def _import_file(entry: str) -> ModuleType:
-    """The recipe at path ``entry``, executed once per version of the file in this process (validation, the plan and
-    a run in this process share it, as they share a module imported by name)."""
-    path = Path(entry)
-    if not path.is_file():
-        missing = "is not a file" if path.exists() else "does not exist"
-        raise RecipeError("recipe.entry", entry, f"recipe file {entry} {missing}")
-    name = f"dlaunch_recipe_{path.stem}"
-    mtime, (seen, loaded) = path.stat().st_mtime_ns, _FILES.get(path.resolve(), (None, None))
-    if seen == mtime and sys.modules.get(name) is loaded:
-        return loaded
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        with _folder_importable(path):
-            _guarded(entry, spec.loader.exec_module, module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    _FILES[path.resolve()] = (mtime, module)
-    return module
-
-
-@contextlib.contextmanager
-def _folder_importable(path: Path) -> Iterator[None]:
-    """The recipe's own folder first on ``sys.path`` while it imports, as ``python mine.py`` puts it (its sibling
-    modules import); then last, so that a function importing a sibling later still finds it, and a sibling
-    whose name is an installed package's (``yaml.py``) cannot replace that package for dlaunch."""
-    folder = str(path.resolve().parent)
-    sys.path.insert(0, folder)
-    entry = sys.path[0]
-    try:
-        yield
-    finally:
-        at = next((i for i, p in enumerate(sys.path) if p is entry), None)  # ours, not one the recipe put there itself
-        if at is not None:
-            del sys.path[at]
-        if folder not in sys.path:
-            sys.path.append(folder)
-
-
-def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:
-    """``run(*args)``, with what the recipe's code raises turned into a ``RecipeError``."""
-    try:
-        return run(*args)
-    except (KeyboardInterrupt, RecipeError):
-        raise
-    except ModuleNotFoundError as exc:
-        if exc.name and (entry == exc.name or entry.startswith(exc.name + ".")):  # the recipe itself is missing
-            raise RecipeError("recipe.entry", entry, f"cannot import recipe module {entry}: {exc}") from None
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}", True) from None
-    except SyntaxError as exc:
-        where = f"{exc.filename}:{exc.lineno}" if exc.filename else entry
-        raise RecipeError("recipe.entry", entry, f"{where}: {type(exc).__name__}: {exc.msg}", True) from None
-    except SystemExit as exc:
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} called sys.exit({exc.code!r}) at import{_where(exc)}", True) from None
-    except BaseException as exc:  # noqa: BLE001 - the recipe's own code failed: one line, no traceback
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {_one_line(exc)} at import{_where(exc)}", True) from None
-
-
-def _where(exc: BaseException) -> str:
-    """`` (file:line)`` of the innermost frame outside importlib, or nothing."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
-    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames and frames[-1].filename != __file__ else ""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def config_class(module: ModuleType, entry: str) -> type[RecipeConfig]:
@@ -354,7 +252,7 @@ def load(recipe: dict[str, Any]) -> LoadedRecipe:
     except (ValidationError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - a validator of the recipe's Config failed by itself
-        raise RecipeError("recipe", entry, f"the recipe's Config raised {_one_line(exc)}{_where(exc)}") from None
+        raise RecipeError("recipe", entry, f"the recipe's Config raised {one_line(exc)}{where_raised(exc)}") from None
     return LoadedRecipe(module=module, config=config, manual=manual)
 
 

@@ -108,6 +108,18 @@ def test_accelerates_mixed_precision_with_a_script_points_at_trainer_precision_a
     assert "trainer.precision" not in flag_message(["--mixed_precision=no", "train.py"]).split("the same run")[1]
 
 
+def test_launcher_flags_beside_a_recipes_overrides_get_the_same_run_with_them():
+    """`dlaunch --num_processes=2 --mixed_precision=bf16 recipe=linear` said `use cluster=1x2` and a torchrun example:
+    `cluster=1x2` alone is refused (one_device has one replica). A recipe's run gets its whole command, as a script's."""
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--num_processes=2", "--mixed_precision=bf16", "recipe=linear"])
+    assert "the same run: dlaunch recipe=linear strategy=mirrored cluster=1x2 trainer.precision=bf16-mixed" in text
+    assert "use strategy=mirrored cluster=1x2" in text and "torchrun" not in text
+    unknown = flag_message(["--foo=3", "recipe=linear"])  # nothing a run would take from it: the example, as before
+    assert "the same run" not in unknown and "e.g. torchrun --nnodes=2" in unknown
+
+
 def test_accelerates_cpu_flag_is_cluster_device_cpu_in_the_mapping_and_the_same_run():
     from launcher.cli.usage import flag_message
 

@@ -125,6 +125,20 @@ def test_a_recipe_that_raises_at_import_is_the_users_code_failing(tmp_path, monk
     assert f"{tmp_path / 'broken.py'}:3" in caught.value.problems[0].message
 
 
+@pytest.mark.parametrize("other", ["trainer.steps=-1", "trainer.stpes=5"], ids=["bad-value", "unknown-key"])
+def test_a_recipe_that_raises_at_import_is_named_beside_the_commands_config_problems(tmp_path, monkeypatch, other):
+    """A new user fixed `trainer.stpes=5`, then met the import error, then the next: three tries for one screen's
+    worth. Beside config problems (exit 2), the recipe's failed import is one of them."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.py").write_text("import math\n\nraise RuntimeError('no data here')\n")
+    with pytest.raises(ConfigError) as caught:
+        spec_of(["recipe=broken.py", other])
+    assert caught.value.exit_code == 2 and not isinstance(caught.value, UserCodeError)
+    keys = [p.key for p in caught.value.problems]
+    assert keys == [other.split("=")[0], "recipe.entry"], keys
+    assert f"RuntimeError: no data here at import ({tmp_path / 'broken.py'}:3)" in caught.value.problems[1].message
+
+
 def test_three_independent_mistakes_are_reported_together():
     text = problems_of(["trainer.steps=-1", "input.global_batch_size=65", "strategy=mirrored", "cluster=1x3",
                         "recipe.optimizer.lr=abc", "trainer.stpes=2"])

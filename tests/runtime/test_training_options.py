@@ -184,6 +184,11 @@ BROKEN = {
         '    return {"eval_loss": torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()}',
         "    return torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()",
         "RecipeContractError: the recipe's evaluate() ({path}:{evaluate}) returned a float; it must return a dict of names to numbers"),
+    "evaluate returns a number as a string": (  # float("0.27") accepted it, and logged it: a bug of the recipe's
+        '    return {"eval_loss": torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()}',
+        '    return {"eval_loss": str(torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item())}',
+        "RecipeContractError: the recipe's evaluate() ({path}:{evaluate}) returned a str for 'eval_loss'; each value "
+        "must be a number"),
     "the loss is NaN": (
         "    return torch.nn.functional.mse_loss(model(x), y)",
         "    return torch.nn.functional.mse_loss(model(x), y) * float('nan')",
