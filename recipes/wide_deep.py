@@ -130,12 +130,11 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 def evaluate(model: nn.Module, parts: Parts) -> dict[str, float]:
     """Held-out log loss, AUC and accuracy (threshold 0.5).
 
-    The data goes through ``model`` in chunks, to the parameters' device (under a parameter server
-    they are not in this process: their local copies are shapes on ``meta``, and the ids stay on the CPU).
+    The data goes through ``model`` in chunks, to the parameters' device (under a parameter server too:
+    for the evaluation the chief's module holds the values, pulled from the ps tasks).
     """
     ids, clicks = parts.eval_data.tensors
-    first = next(model.parameters(), None)
-    device = first.device if first is not None and first.device.type != "meta" else torch.device("cpu")
+    device = next(model.parameters()).device
     with torch.no_grad():
         logits = torch.cat([model(chunk.to(device)).detach().float().cpu() for chunk in ids.split(EVAL_CHUNK)])
     return {

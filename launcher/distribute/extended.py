@@ -77,6 +77,11 @@ class StrategyExtended:
     def finish(self) -> None:
         """Training ended here (completed, or stopped after its save): processes serving it may end. Default: none."""
 
+    def logged_metrics(self, step: int, value: torch.Tensor) -> torch.Tensor:
+        """The metrics logged for ``step`` from this process's reduced ``value``: those (the default: that reduce was
+        over every replica); a parameter-server sync job's tasks share theirs, and the chief logs their mean."""
+        return value
+
     def stop_requested(self) -> int:
         """A stop signal another process of the job stopped on, that this one must stop on too (0: none, the
         default; a parameter-server chief's sync job, whose worker stopped)."""

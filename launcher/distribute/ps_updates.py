@@ -1,4 +1,5 @@
-"""How a ps task applies pushed gradients: sync rounds (``SyncReplicasOptimizer``'s accumulator), and sparse rows.
+"""How a ps task applies pushed gradients: sync rounds (``SyncReplicasOptimizer``'s accumulator), and sparse rows;
+and, on ps 0, the training tasks' metrics of a sync step (``StepReports``).
 
 ``SyncRound`` works on the ps task's ``VariableStore`` (``server.py``): its lock, ``_apply``, global step and
 ``stop_signal``.
@@ -19,6 +20,7 @@ class SyncRound:
         self.grads: dict[str, list[Any]] = {}
         self.waiting: list[torch.futures.Future] = []
         self.increment = False
+        self.last_count = 0  # the training tasks whose gradients made the last applied step
 
     def add(self, store: Any, grads: dict[str, Any], increment: bool) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
@@ -39,6 +41,7 @@ class SyncRound:
                 self._apply(store)
 
     def _apply(self, store: Any) -> None:
+        self.last_count = len(self.waiting)
         store._apply({k: _sum(v) for k, v in self.grads.items()}, len(self.waiting))
         store.global_step += int(self.increment)
         self._resolve((store.global_step, False, store.stop_signal))
@@ -51,6 +54,38 @@ class SyncRound:
         waiting, self.waiting, self.grads, self.increment = self.waiting, [], {}, False
         for future in waiting:
             future.set_result(answer)
+
+
+class StepReports:
+    """On ps 0, in sync mode: every training task's metrics of a logged step, so that the chief logs the global batch's.
+
+    Each task that pushed a step's gradients sends its metrics of that step (at logged steps only: the loop reads
+    them nowhere else); the chief's report is answered once all of theirs are in, with their mean. The tasks' shares
+    of a global batch are equal (the batch divides, whole batches only), so that is the global batch's mean, what
+    one device logs. A worker's report is answered at once.
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[int, list[torch.Tensor]] = {}  # step -> the metrics reported so far
+        self.chief: dict[int, tuple[int, torch.futures.Future]] = {}  # step -> (tasks that made it, the chief's answer)
+
+    def add(self, lock: Any, step: int, value: torch.Tensor, expected: int | None) -> torch.futures.Future:
+        """``expected``: the chief's report, with the number of tasks whose gradients made ``step``; None: a worker's."""
+        mine: torch.futures.Future = torch.futures.Future()
+        with lock:
+            self.values.setdefault(step, []).append(value)
+            if expected is not None:
+                self.chief[step] = (expected, mine)
+            count, answer = self.chief.get(step, (0, None))
+            done = answer is not None and len(self.values[step]) >= count
+            if done:
+                del self.chief[step]
+                got = self.values.pop(step)
+        if answer is not mine:  # a worker's report: answered at once
+            mine.set_result(None)
+        if done:
+            answer.set_result(torch.stack(got).mean(dim=0))
+        return mine
 
 
 def _sum(grads: list[Any]) -> Any:

@@ -29,7 +29,7 @@ import torch.distributed.rpc as trpc
 from launcher.checkpoint import shards  # here, not in the RPC handler: two handler threads importing DCP at once see a half-made module
 from launcher.cluster import rpc
 from launcher.cluster.resolvers import ClusterSpec
-from launcher.distribute.ps_updates import SyncRound, as_gradient
+from launcher.distribute.ps_updates import StepReports, SyncRound, as_gradient
 
 log = logging.getLogger("dlaunch")
 
@@ -147,6 +147,7 @@ class VariableStore:
         self.stop_signal = 0  # sync mode: a task that left stopped on this signal
         self._lock = threading.Lock()
         self._sync: SyncRound | None = None
+        self._reports = StepReports()  # ps 0, sync mode: the tasks' metrics of logged steps
         self._left: set[str] = set()
 
     # ----- set-up -----
@@ -197,6 +198,12 @@ class VariableStore:
                 self.global_step += int(increment)
                 return (self.global_step, False, 0)
         return self._sync.add(self, grads, increment)
+
+    def report(self, step: int, value: torch.Tensor, chief: bool) -> torch.futures.Future:
+        """A training task's metrics of sync step ``step`` (just applied, when the chief reports): the chief's answer
+        is every task's mean, once the tasks whose gradients made the step have all reported."""
+        expected = (self._sync.last_count if self._sync is not None else 1) if chief else None
+        return self._reports.add(self._lock, step, value, expected)
 
     def _apply(self, grads: dict[str, Any], count: int) -> None:
         """``optimizer.step()`` over the shards that got a gradient (the mean of ``count`` pushes)."""
@@ -309,6 +316,11 @@ def remote_push(task: str, grads: dict[str, Any], increment: bool) -> torch.futu
     done: torch.futures.Future = torch.futures.Future()
     done.set_result(answer)
     return done
+
+
+@trpc.functions.async_execution
+def remote_report(step: int, value: torch.Tensor, chief: bool) -> torch.futures.Future:
+    return local_store().report(step, value, chief)
 
 
 def remote_global_step() -> int:

@@ -37,11 +37,12 @@ from launcher.input.position import DataStream, EpochBatchSampler
 from launcher.input.tensor_rows import batched_reads
 from launcher.runtime import heartbeat, outputs, recipe as recipe_lib
 from launcher.runtime.compiled import compile_model
+from launcher.runtime.evaluation import Evaluator, said
 from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
-from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, loop_state,
+from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, is_logged, loop_state,
                                    loss_not_finite, make_schedule, restore_loop_state, warn_if_all_skipped)
 
 
@@ -130,7 +131,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)
-    evaluator = _Evaluator(loaded.evaluate(), model, parts, step, rank == 0, strategy.extended.collective_forward)
+    evaluator = Evaluator(loaded.evaluate(), model, parts, step, rank == 0, strategy.extended.collective_forward)
     checkpointer = Checkpointer(spec, run_dir, rank, strategy.extended, parts.objects)
     loop = _Loop(spec, strategy, model, optimizer, stream, checkpointer, run_dir, rank == 0, console, step,
                  make_schedule(spec.trainer, optimizer), evaluator, StepProfiler(spec.trainer.profile, run_dir, f"rank{rank}", strategy.extended.device_type))
@@ -145,7 +146,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
         metrics = loop.evaluation(watch, "evaluation at the end")
     warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps, rank)
     if metrics and rank == 0:
-        log.info("eval: %s", _said(metrics))
+        log.info("eval: %s", said(metrics))
         outputs.append_evaluation(run_dir / outputs.METRICS, spec.trainer.steps, metrics)
     summary = _summary(spec, plan, env, strategy, loop, losses, model, metrics, resumed_at, (started, loop_seconds))
     summary["history"] = outputs.history(run_dir)  # over every command since the run began afresh
@@ -210,32 +211,6 @@ def _finishing(strategy: Any) -> Iterator[None]:
         raise
 
 
-class _Evaluator:
-    """The recipe's ``evaluate`` under the run's precision, with the model in eval mode; {} without one."""
-
-    def __init__(self, evaluate: Any, model: Any, parts: Any, step: ReplicaStep, chief: bool, everywhere: bool):
-        self.evaluate, self.model, self.parts, self.step = evaluate, model, parts, step
-        self.here = evaluate is not None and (chief or everywhere)  # a split model's forward needs every rank
-        self.chief_alone = evaluate is not None and not everywhere  # the other ranks wait for rank 0's
-
-    def __call__(self) -> dict[str, float]:
-        if not self.here:
-            return {}
-        module = unwrap(self.model)
-        was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad(), self.step.autocast():
-                found = self.evaluate(module, self.parts)
-        finally:
-            module.train(was_training)
-        return recipe_lib.checked_metrics(found, self.evaluate)
-
-
-def _said(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.6g}" for k, v in metrics.items())
-
-
 @dataclasses.dataclass
 class _Loop:
     """The steps from a (possibly resumed) start to ``trainer.steps``: log, evaluate, checkpoint, stop on signals."""
@@ -251,7 +226,7 @@ class _Loop:
     console: Console | None
     step: ReplicaStep
     schedule: Any  # torch LR scheduler, or None for a constant lr
-    evaluate: _Evaluator
+    evaluate: Evaluator
     profiler: StepProfiler
     curve: list[float] = dataclasses.field(default_factory=list)  # the whole run's logged losses, once run() ends
     loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
@@ -287,7 +262,7 @@ class _Loop:
         if self.ckpt.enabled:
             with watch.operation("checkpoint clean-up barrier"):
                 self.ckpt.start(start)
-        steps, every = self.spec.trainer.steps, self.spec.trainer.log_every
+        steps = self.spec.trainer.steps
         progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
@@ -299,7 +274,7 @@ class _Loop:
             with stops as stop, self.profiler as prof:
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
-                    logged = step == 1 or step % every == 0 or step == steps
+                    logged = is_logged(step, self.spec.trainer)
                     with watch.step(step):
                         with prof.region("dlaunch.data"):
                             batch = next(self.stream)
@@ -337,7 +312,7 @@ class _Loop:
         if eval_every and step % eval_every == 0 and step < steps:
             found = self.evaluation(watch, f"evaluation at step {step}")
             if found and self.chief:
-                log.info("eval at step %d: %s", step, _said(found))
+                log.info("eval at step %d: %s", step, said(found))
             self._write({"step": step, **found}, metrics_log)
         if self.ckpt.due(step):
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
@@ -361,7 +336,8 @@ class _Loop:
 
     def _log(self, step: int, per_replica: Any, lr: float | None, meter: Meter, progress: ProgressReporter,
              metrics_log: Any) -> float:
-        loss, norm, skipped, *extras = self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None).tolist()
+        reduced = self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None)
+        loss, norm, skipped, *extras = self.strategy.extended.logged_metrics(step, reduced).tolist()
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             raise loss_not_finite(loss, step, self.spec.trainer.log_every)
         rate, eta = meter.window(step)

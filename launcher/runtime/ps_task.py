@@ -23,10 +23,12 @@ from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
+from launcher.distribute.reduce_op import ReduceOp
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import log
+from launcher.runtime.step import is_logged
 from launcher.runtime.stop_signals import handling_stop_signals
 from launcher.strategies.impl.ps_module import contents_for
 from launcher.strategies.parameter_server import cluster_def
@@ -116,7 +118,7 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, r
             with prof.region("dlaunch.data"):
                 batch = next(stream)
             with prof.region("dlaunch.step"):
-                strategy.run(replica_step, args=(batch, False))
+                _step(spec, strategy, replica_step, batch)
             with prof.region("dlaunch.data"):
                 stream.read_ahead()  # input.prefetch: the next batch, while the device runs this step
             prof.step()
@@ -127,3 +129,13 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, r
         raise Preempted(stop.signum, strategy.global_step, saved_elsewhere=chief_saves)
     log.info("%s: %d step(s) from global step %d to %d", name, local, start, strategy.global_step)
     return {"status": "completed", "task": name, "local_steps": local}
+
+
+def _step(spec: RunSpec, strategy: Any, replica_step: Any, batch: Any) -> None:
+    """One step of a worker. In sync mode the tasks step together, so this is global step ``global_step + 1``: at a
+    step the chief logs, the worker measures its metrics too and reports them (the chief logs every task's mean)."""
+    step = strategy.global_step + 1
+    logged = spec.strategy.mode == "sync" and is_logged(step, spec.trainer)
+    per_replica = strategy.run(replica_step, args=(batch, logged))
+    if logged and not strategy.finished:  # a push the chief's end released was not a step
+        strategy.extended.logged_metrics(step, strategy.reduce(ReduceOp.MEAN, per_replica, axis=None))

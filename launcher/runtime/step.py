@@ -53,6 +53,11 @@ class LossNotFinite(FloatingPointError):
     explained = True  # the step, the value and what to try: dlaunch's frames add nothing
 
 
+def is_logged(step: int, trainer: TrainerSpec) -> bool:
+    """Whether the loop logs step ``step`` (reads its metrics): the first, every ``trainer.log_every``-th and the last."""
+    return step == 1 or step % trainer.log_every == 0 or step == trainer.steps
+
+
 def loss_not_finite(loss: float, step: int, every: int) -> LossNotFinite:
     """The loss read at log step ``step`` is not finite; it may have become so at any step since the last log."""
     since = ""

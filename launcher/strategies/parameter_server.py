@@ -122,7 +122,9 @@ class ParameterServerSpec(StrategyUnit):
                          f"a dead worker does not stop the job" + (" (async only)" if sync else "")),
             ("batch", rows.batch("task(s)")),
             rows.row("input"),
-            ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every})"),
+            ("steps", f"{spec.trainer.steps} global steps, counted by the chief (seed {spec.trainer.seed}, log every {spec.trainer.log_every}); "
+                      + ("the loss logged is the global batch's (every task's, met at ps 0 at logged steps)" if sync else
+                         "the loss logged is the chief's share's (async: no step is one global batch)")),
             rows.row("training"),
             ("checkpoints", rows.checkpoints() + ("; written by the ps tasks from their shards" if spec.trainer.checkpoint.every_steps else "")),
             *rows.resume(),

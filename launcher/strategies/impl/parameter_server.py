@@ -172,6 +172,17 @@ class _PSExtended(StrategyExtended):
 
         return functools.partial(ps_task.train_worker, name=self._args["task"])
 
+    def logged_metrics(self, step: int, value: torch.Tensor) -> torch.Tensor:
+        """Sync mode: every training task's metrics of logged step ``step`` meet at ps 0, and the chief gets their
+        mean, the global batch's (a worker, its own). Async mode: this task's own, on its share of a batch: the
+        tasks do not step together, so no step is one global batch's."""
+        if self._args["mode"] != "sync" or self.client is None:
+            return value
+        future = trpc.rpc_async("ps:0", ps_server.remote_report, args=(int(step), value.detach().cpu(), self._proc.rank == 0),
+                                timeout=float(self._args["sync_timeout_s"]))
+        mean = self.client.wait(0, future)
+        return value if mean is None else mean.to(value.device)
+
     def stop_requested(self) -> int:
         """Sync mode: the signal a worker stopped on (the job needs every worker: the chief stops and saves)."""
         signum = self.client.stop_signal if self.client else 0
@@ -216,8 +227,9 @@ class ParameterServerStrategy(Strategy):
             advance it, so that it counts the chief's steps (what dlaunch's ``trainer.steps`` is).
         reduce_over: ``"tasks"`` (default): ``reduce`` combines every training task's values,
             as ``num_replicas_in_sync`` counts them; every task must call it. ``"this_task"``:
-            this task's values only, for tasks that do not step together (dlaunch's runtime,
-            where the chief logs its own loss and workers never wait for it).
+            this task's values only, for tasks that do not step together (dlaunch's runtime, whose
+            workers never meet the chief in ``reduce``; in sync mode the tasks share their logged
+            metrics through ps 0 instead: ``logged_metrics``).
         rpc_timeout_s: a ps that does not answer in this time is reported unavailable.
         sync_timeout_s: sync mode: how long a push may wait for the other tasks' gradients of the step.
         device: the task's compute device (default ``cuda:0`` with ``num_gpus_per_worker=1``, else
@@ -313,7 +325,7 @@ def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
         resolver, spec.partitioner.build(cluster.ps), mode=spec.mode, rpc_timeout_s=spec.rpc_timeout_s,
         ready_timeout_s=runtime.run_spec.launch.rdzv_timeout_s + 300, device=device, open_on_prepare=False,
         global_step_rule="chief",  # trainer.steps counts the chief's steps; workers stop when it has made them
-        reduce_over="this_task",  # the chief logs its own loss: workers do not stop to meet it
+        reduce_over="this_task",  # workers do not stop to meet the chief; sync mode shares logged metrics (logged_metrics)
         sync_timeout_s=runtime.run_spec.launch.collective_timeout_s,
     )
 

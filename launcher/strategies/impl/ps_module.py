@@ -6,8 +6,9 @@ Also what each ps task is given (``contents_for``). Used by ``ParameterServerStr
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,24 +33,52 @@ class PSModule(torch.nn.Module):
         object.__setattr__(self, "_client", client)
         object.__setattr__(self, "_device", device)
         object.__setattr__(self, "records", [])  # (variable, row ids or None, pulled leaf) since the last push
+        object.__setattr__(self, "lookups", {})  # embedding -> its forward that pulls rows
         sparse = []
         for prefix, sub in module.named_modules():
             if isinstance(sub, torch.nn.Embedding) and sub.weight.requires_grad:
                 name = f"{prefix}.weight" if prefix else "weight"
-                sub.forward = functools.partial(self._lookup, name, sub)  # type: ignore[method-assign]
+                sub.forward = self.lookups[sub] = functools.partial(self._lookup, name, sub)  # type: ignore[method-assign]
                 sparse.append(name)
         object.__setattr__(self, "sparse_names", sparse)
         object.__setattr__(self, "dense_names", [n for n in client.placement.names() if n not in sparse])
         object.__setattr__(self, "trainable", {s.name: s.trainable for s in client.placement.shards})
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(t, torch.Tensor) and t.is_meta for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+            raise MetaInput(f"the model's input is on the meta device: {META_REASON}")
         values = {n: v.to(self._device) for n, v in self._client.pull(self.dense_names).items()}
         if torch.is_grad_enabled():
             for name, value in values.items():
                 if self.trainable[name]:
                     value.requires_grad_(True)
                     self.records.append((name, None, value))
-        return torch.func.functional_call(self.local, values, args, kwargs, strict=False)
+        with said_on_meta(self.local):
+            return torch.func.functional_call(self.local, values, args, kwargs, strict=False)
+
+    @contextlib.contextmanager
+    def materialized(self) -> Iterator[torch.nn.Module]:
+        """The user's module holding the variables' values, on this task's device, for an evaluation: a normal model
+        (``next(model.parameters()).device`` is where data goes, ``state_dict()`` holds values). Every variable is
+        pulled whole, embedding tables too; afterwards the module is shapes on meta again, and forwards pull."""
+        local = self.local
+        values = self._client.pull(self._client.placement.names())
+        held = {**dict(local.named_parameters()), **dict(local.named_buffers())}
+        real = {id(held[n]): _like(held[n], v.to(self._device)) for n, v in values.items()}
+        slots = [(box, key, t) for m in local.modules() for box in (m._parameters, m._buffers)
+                 for key, t in box.items() if t is not None and id(t) in real]  # tied variables: every place
+        for box, key, t in slots:
+            box[key] = real[id(t)]
+        for sub in self.lookups:
+            del sub.forward  # the embedding's own lookup, in its table
+        try:
+            with said_on_meta(local):
+                yield local
+        finally:
+            for box, key, t in slots:
+                box[key] = t
+            for sub, lookup in self.lookups.items():
+                sub.forward = lookup  # type: ignore[method-assign]
 
     def _lookup(self, name: str, module: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
         unique, inverse = torch.unique(ids.reshape(-1).cpu(), return_inverse=True)
@@ -87,6 +116,34 @@ class PSModule(torch.nn.Module):
     def state_dict_from_ps(self) -> dict[str, torch.Tensor]:
         """The whole model's values, pulled (small models only: this materializes every table)."""
         return self._client.pull(self._client.placement.names())
+
+
+META_REASON = ("under strategy=parameter_server a training task's module holds no values: its parameters are shapes "
+               "on the meta device (the values live on the ps tasks and are pulled at each forward), so "
+               "next(model.parameters()).device is meta in a train_step; a train_step gets its batch on the task's "
+               "device already, and evaluate sees the values, on that device")
+
+
+class MetaInput(RuntimeError):
+    """A training task's step moved its data to the meta device (its module's parameters' device)."""
+
+
+@contextlib.contextmanager
+def said_on_meta(module: torch.nn.Module) -> Iterator[None]:
+    """A torch error about the meta device in the user's forward gets a note with the reason, in dlaunch's words."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError) as exc:
+        if "meta" in str(exc) and not isinstance(exc, MetaInput):
+            left = [f"{prefix}.{n}".lstrip(".") for prefix, m in module.named_modules() for n in m._non_persistent_buffers_set
+                    if m._buffers.get(n) is not None and m._buffers[n].is_meta]
+            exc.add_note(f"dlaunch: {META_REASON}" + (f"; still on meta here: {', '.join(left[:8])} (a buffer "
+                         "registered with persistent=False is not kept on the ps tasks)" if left else ""))
+        raise
+
+
+def _like(old: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return torch.nn.Parameter(value, requires_grad=old.requires_grad) if isinstance(old, torch.nn.Parameter) else value
 
 
 def _dense_piece(grad: torch.Tensor, s: Any) -> torch.Tensor:
