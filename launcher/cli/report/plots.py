@@ -93,7 +93,7 @@ def sweep_metrics(jobs: list[Job], sweep: str) -> Figure | None:
         return None
     cols = min(2, len(keys))
     rows = math.ceil(len(keys) / cols)
-    fig = Figure(figsize=(6 * cols + 2.5, 3.8 * rows + 0.5))
+    fig = Figure(figsize=(6 * cols + 2.5, 3.8 * rows + 0.5), layout="constrained")  # no label over a title
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, keys):
         drawn: list[float] = []
