@@ -148,6 +148,9 @@ class Agent(LocalElasticAgent):
         super()._restart_workers(worker_group)
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        notes = [outputs.teardown_note(self.run_dir, w.global_rank) for w in worker_group.workers] if self.run_dir else []
+        for note in notes:  # an earlier attempt's: this one's workers stop for a user's signal until told otherwise
+            note.unlink(missing_ok=True)
         started = super()._start_workers(worker_group)
         Agent.started.append(worker_group.group_rank)
         pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
@@ -157,6 +160,8 @@ class Agent(LocalElasticAgent):
             # torch's agent closes from its `except SignalException` on a stop signal, and after a failure from none;
             # a SIGTERM from dlaunch's parent process after another node failed comes with the marker
             stopping = isinstance(sys.exc_info()[1], SignalException) and not (marker is not None and marker.exists())
+            if not stopping:  # the workers' SIGTERM is a teardown: they do not announce a stop and a save
+                _touch(notes)
             close(death_sig, stop_grace if stopping else min(timeout, grace))
             if stopping:  # those still running after the grace were killed: said by name, not "shut down"
                 Agent.killed[:] = [w.global_rank for w in worker_group.workers
@@ -173,8 +178,21 @@ class Agent(LocalElasticAgent):
                 return join(timeout, grace / 2 if grace_period is None else grace_period)
 
             processes.join = bounded_join
+            settle = processes._join_procs_with_timeout  # after a failure: before the SIGTERM, then before the SIGKILL
+
+            def settle_torn_down(timeout: float) -> None:
+                _touch(notes)
+                settle(timeout)
+
+            processes._join_procs_with_timeout = settle_torn_down
             pcontext._poll = _every_failure(pcontext, processes)
         return started
+
+
+def _touch(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.touch()
 
 
 def exit_code(pcontext: Any, local_rank: int) -> int | None:

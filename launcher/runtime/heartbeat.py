@@ -46,6 +46,7 @@ log = logging.getLogger("dlaunch")
 INTERVAL_S = 1.0
 STALE_AFTER_S = 5.0  # no record for this long: the process is dead or stopped
 STORE_TIMEOUT_S = 10.0
+STORE_LOSS_SETTLE_S = 5.0  # the store stopped answering: how long this rank's agent has to tear it down first
 MAX_LISTED = 8  # ranks named one per line in a timeout message
 _TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")  # gloo's, nccl's
 
@@ -166,8 +167,14 @@ class Heartbeat:
             store.set(f"rank{record.rank}", record.dumps())
             return store
         except Exception as exc:  # noqa: BLE001 - e.g. node 0 is gone with its store
-            log.warning("heartbeat: the job's store stopped answering (%s); heartbeats stop", exc)
+            # node 0 gone: this rank's agent finds it too, tears this rank down and says so; a lost connection is
+            # this rank's own news
+            if not self._stopping.wait(STORE_LOSS_SETTLE_S) and not self._torn_down():
+                log.warning("heartbeat: the job's store stopped answering (%s); heartbeats stop", exc)
             return None
+
+    def _torn_down(self) -> bool:
+        return self.run_dir is not None and self.env is not None and outputs.teardown_note(self.run_dir, self.env.rank).exists()
 
     def _save(self, record: Record) -> None:
         if self.run_dir is None:

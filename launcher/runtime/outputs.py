@@ -289,6 +289,12 @@ def completion_marker(run_dir: Path, rank: int) -> Path:
     return run_dir / STATE_DIR / f"rank-{rank}.done"
 
 
+def teardown_note(run_dir: Path, rank: int) -> Path:
+    """Written by a rank's agent just before it stops the rank for a failure (its node's or another's): the SIGTERM
+    that follows is a teardown, which dlaunch reports once, not a stop the rank saves for and announces."""
+    return run_dir / STATE_DIR / f"rank-{rank}.teardown"
+
+
 def progress_file(run_dir: Path, rank: int) -> Path:
     """A rank's last heartbeat record (``step``: its last completed step), rewritten about once a second."""
     return run_dir / STATE_DIR / f"rank-{rank}.progress.json"

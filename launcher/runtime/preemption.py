@@ -54,10 +54,11 @@ class StopRequests:
     """
 
     def __init__(self, distributed: bool, force_on_repeat: bool = False, elsewhere: Callable[[], int] = lambda: 0,
-                 saves: bool = True):
+                 saves: bool = True, torn_down: Callable[[], bool] = lambda: False):
         """``elsewhere``: a signal another process of the job stopped on, to stop on as if received here.
-        ``saves``: a checkpoint is saved at the stop (checkpoints are on)."""
-        self.signum, self._saves = 0, saves
+        ``saves``: a checkpoint is saved at the stop (checkpoints are on). ``torn_down``: the signal came from this
+        rank's agent, stopping it for a failure that dlaunch reports (no stop to announce)."""
+        self.signum, self._saves, self._torn_down = 0, saves, torn_down
         self._force, self._elsewhere = force_on_repeat, elsewhere
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -85,8 +86,12 @@ class StopRequests:
         first, self.signum = not self.signum, self.signum or signum
         if first:  # set before the log: a second signal (the terminal's SIGINT, then the agent's SIGTERM) arriving
             # inside this log call logs nothing, rather than re-enter the log file's writer (a "Logging error")
-            log.warning("%s received: the ranks stop together within a step, %s", signal.Signals(signum).name,
-                        "then save" if self._saves else "and save nothing (checkpoints are off)")
+            name = signal.Signals(signum).name
+            if self._torn_down():
+                log.debug("%s from this rank's agent: the job is torn down after a failure", name)
+            else:
+                log.warning("%s received: the ranks stop together within a step, %s", name,
+                            "then save" if self._saves else "and save nothing (checkpoints are off)")
 
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""

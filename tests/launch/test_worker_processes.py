@@ -68,9 +68,10 @@ def test_a_peer_that_ignores_sigterm_is_killed_after_the_grace_not_30s(run_dlaun
     assert workers_of(run_dir) == []
 
 
-def test_a_hung_rank_is_named_when_the_collective_times_out(run_dlaunch):
+@pytest.mark.parametrize("warm", ["true", "false"])
+def test_a_hung_rank_is_named_when_the_collective_times_out(run_dlaunch, warm):
     proc, run_dir = run_dlaunch(*PROBE_1X2, "+recipe.hang_replica=1", "+recipe.hang_step=12", "trainer.log_every=5",
-                                "launch.collective_timeout_s=10")
+                                "launch.collective_timeout_s=10", f"launch.warm_workers={warm}")
     assert proc.returncode == 1
     hung = json.loads((run_dir / ".dlaunch" / "rank-1.progress.json").read_text())
     assert hung["operation"] == "train step 12" and hung["step"] == 11
@@ -85,6 +86,8 @@ def test_a_hung_rank_is_named_when_the_collective_times_out(run_dlaunch):
     assert 'and is in "train step 12" for ' in out and "at train_step (probe_recipe.py:" in out and "(alive: heartbeat" in out
     # the stuck rank takes SIGTERM as a request to stop after its step, which never ends: SIGKILL after the grace
     assert "last completed step 11" in out and "rank 1: signal SIGKILL (stopped by dlaunch)" in out
+    # that SIGTERM was its agent's teardown, forked or started as a process: no "SIGTERM received ... then save"
+    assert "SIGTERM received" not in out, out[-3000:]
     assert summary(run_dir)["error"]["exception"].startswith("CollectiveTimeout")
     assert workers_of(run_dir) == []
 
