@@ -27,16 +27,26 @@ from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log, log_to_file, setup_logging
 
 
+# A failure's or a stop's exception, kept until the process leaves with os._exit. Freeing it frees its traceback's
+# frames: a script's DDP model whose gradient all-reduce a signal interrupted then destroys its gloo group while
+# holding the GIL, and the group's thread, finishing that all-reduce, waits for the GIL (a deadlock inside torch).
+_UNFREED: list[BaseException] = []
+
+
 def die_with_launcher() -> None:
     """If dlaunch itself is killed (SIGKILL, OOM), its workers must not train on as orphans."""
     die_with_parent()
 
 
-def teardown() -> None:
-    """Leave the process group in step with the others: no rank closes its connections while a peer still uses them."""
+def teardown(in_step: bool = True) -> None:
+    """Leave the process group in step with the others: no rank closes its connections while a peer still uses them.
+
+    ``in_step=False``: the ranks did not stop at one agreed point (a script stops wherever a signal finds it), so a
+    barrier here would meet a peer's gradient all-reduce and both would wait forever. The group is left as it is:
+    the process ends with ``os._exit``, and its sockets close with it."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and in_step:
         try:
             dist.barrier()
         except Exception:  # noqa: BLE001 - a peer already gone; destroying is all that is left
@@ -74,7 +84,7 @@ def run(job_path: Path) -> int:
         return 0
     if task is not None:
         outputs.completion_marker(run_dir, rank).unlink(missing_ok=True)
-    leave = teardown if task is None else (lambda: None)  # a ps task's groups end with its RPC agent
+    leave = teardown if task is None else (lambda in_step=True: None)  # a ps task's groups end with its RPC agent
     try:
         spec, plan = read_job(job)
         if task is not None:
@@ -87,14 +97,17 @@ def run(job_path: Path) -> int:
         leave()
         return 0
     except Preempted as exc:  # the launcher was signalled too, or only the workers were (then this is the cause)
+        _UNFREED.append(exc)
         log.warning("%s", exc)
         write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step, "stopped_by": exc.signal_name})
-        leave()
+        leave(in_step=exc.step is not None)  # a script's stop (no step): wherever the signal found each rank
         return exc.exit_code
     except KeyboardInterrupt as exc:
+        _UNFREED.append(exc)
         write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
         return 130
     except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
+        _UNFREED.append(exc)
         write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
         return exit_status(exc)
 
