@@ -27,7 +27,7 @@ from launcher.cluster.env import WorkerEnv
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute.context import experimental_set_strategy
-from launcher.runtime import outputs
+from launcher.runtime import outputs, user_frames
 from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log
 from launcher.runtime.stop_signals import handling_stop_signals
@@ -36,9 +36,11 @@ from launcher.runtime.stop_signals import handling_stop_signals
 class ScriptStopped(Preempted):
     """A stop signal reached the script; a script saves its own checkpoints (dlaunch cannot know its state)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, where: str = ""):
+        """``where``: the script's frame the signal found it in (``main (train.py:63)``), for a rank that hung."""
         super().__init__(signum, step=None)
-        self.args = (f"stopped by {signal.Signals(signum).name}; a script saves its own checkpoints "
+        at = f" in {where}" if where else ""
+        self.args = (f"stopped by {signal.Signals(signum).name}{at}; a script saves its own checkpoints "
                      "(ScriptCheckpoints)",)
 
 
@@ -199,7 +201,7 @@ def _stop_signals_raise() -> Iterator[None]:
     def stop(signum: int, frame: Any) -> None:
         if not received:  # once: Ctrl-C reaches a worker both from the terminal and forwarded by its agent
             received.append(signum)
-            raise (ScriptInterrupted if signum == signal.SIGINT else ScriptStopped)(signum)
+            raise (ScriptInterrupted if signum == signal.SIGINT else ScriptStopped)(signum, user_frames.innermost(frame))
 
     with handling_stop_signals(stop):
         yield

@@ -26,7 +26,7 @@ def where(main_thread: int) -> str:
     me = threading.get_ident()
     others = [f for ident, f in frames.items() if ident not in (main_thread, me) and _runs_dlaunch(f)]
     for frame in [frames.get(main_thread), *others]:
-        found = _innermost_user_frame(frame)
+        found = innermost(frame)
         if found:
             return found
     return ""
@@ -46,7 +46,8 @@ def _is_user_file(filename: str) -> bool:
     return filename.startswith(_RECIPES_DIR) or not (filename.startswith(_NOT_USER) or filename.startswith("<"))
 
 
-def _innermost_user_frame(frame: FrameType | None) -> str:
+def innermost(frame: FrameType | None) -> str:
+    """The innermost frame of user code from ``frame`` outwards: ``main (train.py:63)`` ("": none)."""
     while frame is not None:
         if _is_user_file(frame.f_code.co_filename):
             return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"

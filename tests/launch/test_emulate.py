@@ -123,14 +123,14 @@ def test_a_rank_that_hangs_on_another_node_is_named_once_without_cpp_traces(run_
     """Node 0's rank timed out and its agent exited with the rendezvous store while node 1's still ran: node 1's
     agent found the store gone under its hung worker, printed torch's C++ store traces (`frame #N: c10::...`) and
     "the nodes could not meet" (they had met long before), and reported none of its ranks. Now node 1 stops its
-    workers before node 0's store goes, and the panel names the hung rank as it does on one node."""
+    workers before node 0's store goes, and the panel names the hung rank as it does on one node, with the line the signal found it at."""
     (tmp_path / "hang.py").write_text(HUNG_SCRIPT)
     proc, run_dir = run_dlaunch("script=hang.py", "strategy=multi_worker_mirrored", "cluster=2x1",
                                 "launch.collective_timeout_s=5")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert out.count("root cause") == 1 and "Timed out waiting 5000ms" in out, out[-3000:]
-    assert "rank 1: exit code 143: ScriptStopped" in out, out[-3000:]
+    assert "rank 1: exit code 143: ScriptStopped: stopped by SIGTERM in <module> (hang.py:4)" in out, out[-3000:]
     assert "frame #" not in out and "TCPStore" not in out and "could not meet" not in out, out[-3000:]
     assert summary(run_dir)["status"] == "failed"
 

@@ -182,7 +182,9 @@ def test_a_stop_signal_stops_every_script_process_and_ctrl_c_is_a_keyboard_inter
         out = finish(proc, timeout=30)
     assert proc.returncode == code, out[-3000:]
     assert [(tmp_path / f"interrupted{r}").exists() for r in (0, 1)] == [signum == signal.SIGINT] * 2, out[-3000:]
-    assert f"stopped by {signal.Signals(signum).name}; a script saves its own checkpoints" in out
+    # each rank says where the signal found its script (its loop), in its own line and in the run's report
+    assert f"stopped by {signal.Signals(signum).name} in <module> (stoppable.py:" in out, out[-3000:]
+    assert "; a script saves its own checkpoints" in out
     assert "runs it again with the same arguments" in " ".join(out.split()) and "trainer.checkpoint.every_steps" not in out
 
 
