@@ -44,6 +44,7 @@ class Strategy:
     _is_user_strategy = True
     _precision = "fp32"  # trainer.precision where dlaunch runs the script; the ``precision`` setter elsewhere
     _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
+    _prepared = False  # whether prepare() distributed a model (a script under fsdp or mesh is told if not)
     _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
 
     def __init__(self, extended: StrategyExtended, cluster_resolver: Any = None):
@@ -214,6 +215,7 @@ class Strategy:
         if optimizer is not None:
             align_optimizer_state(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
+        self._prepared = True
         return module if optimizer is None else (module, optimizer)
 
     # ----- a custom loop's precision, accumulation and clipping, as dlaunch's loop does them -----

@@ -95,6 +95,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         experimental_set_strategy(None)
     if rank == 0:
         _say_if_precision_unused(strategy)
+        _say_if_not_prepared(strategy, spec.strategy.name)
     summary = {
         "status": "completed",
         "strategy": spec.strategy.name,
@@ -126,6 +127,21 @@ def _say_if_precision_unused(strategy: Any) -> None:
     if "grad_scaler" in unused:
         log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
                     "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
+
+
+# What a script gets from these strategies only through strategy.prepare(model, optimizer)
+_LAID_OUT_BY_PREPARE = {"fsdp": "FSDP2's sharding (fully_shard)", "mesh": "the mesh's DTensor layout"}
+
+
+def _say_if_not_prepared(strategy: Any, name: str) -> None:
+    """A script under fsdp or mesh that wraps its model itself (its own DDP) trains, but unsharded: the plan's
+    strategy would be a label only, which the user should not have to find out from the memory it takes."""
+    what = _LAID_OUT_BY_PREPARE.get(name)
+    if what and not strategy._prepared:
+        log.warning("strategy=%s: the script never called strategy.prepare(model, optimizer), so its model did not get "
+                    "%s: it trained as the script set it up (its own DDP, if it wraps one); in place of that wrapper, "
+                    "`model, optimizer = dl.get_strategy().prepare(model, optimizer)` with `from launcher import "
+                    "distribute as dl` (docs/SCRIPTS.md)", name, what)
 
 
 @contextlib.contextmanager

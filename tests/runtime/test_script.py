@@ -151,6 +151,26 @@ def test_only_the_workers_run_the_script_the_plan_does_not(strategy, tmp_path):
         proc, _ = _run(tmp_path, "script=count.py", "strategy=fsdp", "cluster=1x2")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert sorted((tmp_path / "ran.txt").read_text().split()) == ["0", "1"]
+        # it never called strategy.prepare: nothing was sharded, and the user is told so, once
+        text = " ".join(proc.stderr.split())
+        assert text.count("strategy=fsdp: the script never called strategy.prepare(model, optimizer)") == 1, text[-3000:]
+
+
+PREPARED = """import torch
+from launcher import distribute as dl
+strategy = dl.get_strategy()
+with strategy.scope():
+    model = torch.nn.Linear(8, 1)
+    model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+print("sharded:", type(next(model.parameters())).__name__)
+"""
+
+
+def test_a_script_that_prepares_its_model_under_fsdp_is_sharded_and_not_warned(tmp_path):
+    (tmp_path / "prepared.py").write_text(PREPARED)
+    proc, _ = _run(tmp_path, "script=prepared.py", "strategy=fsdp", "cluster=1x2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sharded: DTensor" in proc.stdout and "never called strategy.prepare" not in proc.stderr, proc.stderr[-3000:]
 
 
 STOPPABLE = """import os, pathlib, sys, time

@@ -136,6 +136,17 @@ def test_an_optimizer_that_has_stepped_is_refused_one_built_with_state_is_not():
     assert len(adagrad.state) == 2
 
 
+def test_an_optimizer_over_other_parameters_is_refused_by_name_not_a_keyerror():
+    """A KeyError of an object id (``KeyError: 140635916955120``) was all a script's user saw."""
+    from launcher.strategies.impl.fsdp import _rebind
+
+    model = torch.nn.Linear(2, 1)
+    before = {id(p): name for name, p in model.named_parameters()}
+    stray = torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"holds 1 parameter\(s\) that are not the model's"):
+        _rebind(stray, before, model)
+
+
 def test_prepare_leaves_placing_to_fully_shard_which_moves_one_unit_at_a_time():
     """Under fsdp the whole model never sits on one GPU: prepare() does not move it before sharding, and
     fully_shard moves each unit to the mesh's device as it shards it. A scope on the meta device stands in for a GPU:

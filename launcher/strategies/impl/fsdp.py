@@ -121,6 +121,11 @@ def _rebind(optimizer: Any, before: dict[int, str], module: torch.nn.Module) -> 
         return
     if any(float(state.get("step", 1)) > 0 for state in optimizer.state.values()):  # no step count: it has stepped
         raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
+    foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in before)
+    if foreign:
+        raise ValueError(f"the optimizer holds {foreign} parameter(s) that are not the model's: FSDP shards the model's "
+                         "parameters in prepare() and hands the optimizer the sharded ones, so build the optimizer "
+                         "over model.parameters()")
     after = dict(module.named_parameters())
     moved = {after[before[id(p)]]: {key: _sharded_like(value, after[before[id(p)]]) for key, value in state.items()}
              for p, state in optimizer.state.items()}
