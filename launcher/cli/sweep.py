@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,8 @@ def _row(job: Path, number: int) -> dict[str, Any]:
 
 
 def _overrides(job: Path) -> list[str]:
+    """The job's overrides as typed, then its script's own arguments (``-- --epochs 2``) as one item: the job's
+    whole command, which running it again needs."""
     path = job / outputs.HYDRA_RECORD / "overrides.yaml"
     if not path.exists():
         return []
@@ -200,7 +203,17 @@ def _overrides(job: Path) -> list[str]:
 
     from launcher.config.user_recipes import as_shown
 
-    return [o for o in as_shown(str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra")) if o != RESUMING]
+    typed = [o for o in as_shown(str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra")) if o != RESUMING]
+    args = _read_json_list(job / outputs.HYDRA_RECORD / outputs.SCRIPT_ARGS)
+    return typed + ([shlex.join(["--", *args])] if args else [])
+
+
+def _read_json_list(path: Path) -> list[str]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(a) for a in found] if isinstance(found, list) else []
 
 
 def _read_json(path: Path) -> dict[str, Any]:

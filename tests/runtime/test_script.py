@@ -360,6 +360,21 @@ def test_a_sweep_over_a_scripts_arguments_ranks_its_jobs_by_the_loss_the_script_
                                               for n in (2, 3)]
 
 
+def test_a_sweeps_record_of_each_job_keeps_the_scripts_arguments_after_the_dashes(tmp_path):
+    """`-- --steps 2` reached every job, but the `every job:` line and sweep_summary's overrides left it out: a job
+    run again from its record ran 8 steps, not 2."""
+    shutil.copy(CHIEF, tmp_path / "chief_metrics.py")
+    sweep_dir = tmp_path / "sweep"
+    proc = dlaunch("-m", "script=chief_metrics.py", "trainer.seed=0,1", f"hydra.sweep.dir={sweep_dir}", "--", "--steps", "2",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "every job: script=chief_metrics.py cluster.device=cpu -- --steps 2\n" in proc.stdout, proc.stdout[-3000:]
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert [j["overrides"] for j in jobs] == [f"script=chief_metrics.py trainer.seed={n} cluster.device=cpu -- --steps 2"
+                                              for n in (0, 1)]
+    assert [json.loads((sweep_dir / str(j) / "metrics.jsonl").read_text().splitlines()[-1])["step"] for j in (0, 1)] == [2, 2]
+
+
 PARTIAL = """import sys
 
 import torch
