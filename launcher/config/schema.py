@@ -274,8 +274,11 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _check_plan(self, info: ValidationInfo) -> "RunSpec":
         cuda = int((info.context or {}).get("cuda_devices", 0))
-        rules = (script_fits, *self.strategy.shape_rules(), _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
-                 _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, *self.strategy.device_rules(),
+        # a strategy that cannot run a script: its own rules' problems (cluster.ps=0) would be fixes that fix nothing
+        moot = self.script is not None and not self.strategy.runs_scripts
+        shape, device = ((), ()) if moot else (self.strategy.shape_rules(), self.strategy.device_rules())
+        rules = (script_fits, *shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
+                 _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, *device,
                  accumulation_divides, strategy_trains_so, precision_runs_here)
         check_rules(tuple(r for r in rules if self.script is None or r not in _LOOP_RULES), self, cuda)
         return self

@@ -108,11 +108,14 @@ def test_dlaunch_exits_with_the_scripts_own_exit_code_as_python_does(run_dlaunch
     assert "its own message is above" not in proc.stdout + proc.stderr  # it printed nothing
 
 
-def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path):
+@pytest.mark.parametrize("ps", [1, 0])
+def test_parameter_server_is_refused_for_a_script(run_dlaunch, tmp_path, ps):
+    """Without cluster.ps the screen also asked for cluster.ps=1, a fix that would have fixed nothing."""
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
-    proc, _ = run_dlaunch("script=custom_loop.py", "strategy=parameter_server", "cluster.ps=1")
+    proc, _ = run_dlaunch("script=custom_loop.py", "strategy=parameter_server", f"cluster.ps={ps}")
     assert proc.returncode == 2
-    assert "a script runs only in the training processes" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "a script runs only in the training processes" in out and "(1 problem)" in out, out[-3000:]
 
 
 def test_profiling_a_script_is_refused_naming_the_key(run_dlaunch, tmp_path):
