@@ -75,10 +75,7 @@ def node_config(spec: RunSpec, run_dir: Path, node_rank: int, run_id: str | None
     return config
 
 
-def teardown_marker(run_dir: Path) -> Path:
-    """Made by dlaunch before it stops the node agents (or tasks) that outlived another's failure: their SIGTERM is
-    then a teardown (``launch.shutdown_grace_s``), not a stop whose workers save (``launch.stop_grace_s``)."""
-    return run_dir / outputs.STATE_DIR / "teardown"
+teardown_marker = outputs.teardown_marker
 
 
 def _local_addr(spec: RunSpec, node_rank: int) -> str | None:

@@ -31,6 +31,7 @@ from launcher.cluster.env import PSTask, task_environment
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, emulate, failures, rendezvous, report
+from launcher.runtime.stop_signals import STOP_SIGNALS
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.tasks"
@@ -74,7 +75,8 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
                 args = [str(job), t.type, str(t.index), str(t.attempt)]
                 procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
             fatal = _wait(procs, spec)
-            stopped = _stop_the_rest(procs, spec.launch.stop_grace_s + 5, marker) if fatal else set()
+            saves = _chief_can_save(spec, {t: procs[t].returncode for t in fatal})
+            stopped = _stop_the_rest(procs, spec.launch.stop_grace_s + 5, marker, saves) if fatal else set()
         except emulate._Stopped as signalled:
             emulate._stop(list(procs.values()), spec.launch.stop_grace_s + 5, signalled.signum)
             log.warning("stopped by signal %d; every task was shut down", signalled.signum)
@@ -119,15 +121,25 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
         time.sleep(0.05)
 
 
-def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float, marker: Path) -> set[PSTask]:
+def _chief_can_save(spec: RunSpec, fatal: dict[PSTask, int | None]) -> bool:
+    """Whether a running chief, signalled, can save: checkpoints are on, and no sync round waits on a worker that
+    died (the chief's push would wait for its gradients, where no signal reaches Python, until SIGKILL). A worker
+    that stopped on a signal told the ps tasks first: the chief stops and saves too."""
+    stopped = {128 + int(sig) for sig in STOP_SIGNALS}
+    sync_round_lost = spec.strategy.mode == "sync" and any(t.type == "worker" and code not in stopped
+                                                           for t, code in fatal.items())
+    return spec.trainer.checkpoint.every_steps > 0 and not sync_round_lost
+
+
+def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float, marker: Path, chief_saves: bool) -> set[PSTask]:
     """The others cannot go on without the chief or a ps: a moment to end on their own, then stopped as a signal
-    to dlaunch stops them (a chief that can still save has ``grace_s`` to; without one, ``marker`` tells the
-    agents it is a teardown); returns those stopped."""
+    to dlaunch stops them (a chief that can still save, ``chief_saves``, has ``grace_s`` to; without one,
+    ``marker`` tells the agents it is a teardown); returns those stopped."""
     deadline = time.monotonic() + STOP_OTHERS_AFTER_S
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     running = {t for t, p in procs.items() if p.poll() is None}
-    saving = any(t.type == "chief" for t in running)  # else no one saves, and a ps serves on until it is killed
+    saving = chief_saves and any(t.type == "chief" for t in running)  # else no one saves; a ps serves on until killed
     if not saving:
         emulate.mark_teardown(marker)
     emulate._stop([procs[t] for t in running], grace_s if saving else STOP_OTHERS_AFTER_S)

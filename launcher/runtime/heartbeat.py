@@ -174,7 +174,7 @@ class Heartbeat:
             return None
 
     def _torn_down(self) -> bool:
-        return self.run_dir is not None and self.env is not None and outputs.teardown_note(self.run_dir, self.env.rank).exists()
+        return self.run_dir is not None and self.env is not None and outputs.torn_down(self.run_dir, self.env.rank)
 
     def _save(self, record: Record) -> None:
         if self.run_dir is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -269,9 +270,8 @@ class _Loop:
         meter = Meter(self.stream, steps, start, self.step_seconds, aside=lambda: self.aside_seconds)
         losses: list[float] = []
         try:
-            note = outputs.teardown_note(self.run_dir, self.ckpt.rank)
             stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested,
-                                 saves=self.ckpt.enabled, torn_down=note.exists)
+                                 saves=self.ckpt.enabled, torn_down=functools.partial(outputs.torn_down, self.run_dir, self.ckpt.rank))
             with stops as stop, self.profiler as prof:
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()

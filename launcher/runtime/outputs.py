@@ -295,6 +295,17 @@ def teardown_note(run_dir: Path, rank: int) -> Path:
     return run_dir / STATE_DIR / f"rank-{rank}.teardown"
 
 
+def teardown_marker(run_dir: Path) -> Path:
+    """Made by dlaunch before it stops the node agents (or tasks) that outlived another's failure: their SIGTERM is
+    then a teardown (``launch.shutdown_grace_s``), not a stop whose workers save (``launch.stop_grace_s``)."""
+    return run_dir / STATE_DIR / "teardown"
+
+
+def torn_down(run_dir: Path, rank: int) -> bool:
+    """A stop signal reaching rank ``rank`` now is a failure's teardown: its agent's, or dlaunch's of the whole job."""
+    return teardown_note(run_dir, rank).exists() or teardown_marker(run_dir).exists()
+
+
 def progress_file(run_dir: Path, rank: int) -> Path:
     """A rank's last heartbeat record (``step``: its last completed step), rewritten about once a second."""
     return run_dir / STATE_DIR / f"rank-{rank}.progress.json"

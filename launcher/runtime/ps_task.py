@@ -24,6 +24,7 @@ from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
 from launcher.distribute.partitioners import place_module
 from launcher.distribute.reduce_op import ReduceOp
+from launcher.runtime import outputs
 from launcher.runtime import recipe as recipe_lib
 from launcher.runtime.preemption import Preempted, StopRequests
 from launcher.runtime.profiling import StepProfiler
@@ -75,7 +76,7 @@ def serve(spec: RunSpec, task: PSTask, run_dir: Path) -> None:
     log.info("%s holds %d shard(s), %.1f MiB: %s", task.name, len(mine), sum(s.nbytes for s in mine) / 2**20,
              ", ".join(s.key for s in mine) or "none")
     _checkpoint_group(spec, task)
-    with _serving_through_stop_signals(task):
+    with _serving_through_stop_signals(task, run_dir):
         server.join()
     log.info("%s: the chief is done and every worker has left; stopping", task.name)
     if dist.is_initialized():
@@ -83,15 +84,15 @@ def serve(spec: RunSpec, task: PSTask, run_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def _serving_through_stop_signals(task: PSTask) -> Iterator[None]:
+def _serving_through_stop_signals(task: PSTask, run_dir: Path) -> Iterator[None]:
     """A stop signal reaches every task at once; a ps serves on, so that the chief can save the variables it holds.
 
     The chief ends the job after its save; if it is gone instead, dlaunch tears this task down (its agent's
-    ``launch.shutdown_grace_s``, the teardown marker telling it that no save comes).
+    ``launch.shutdown_grace_s``, the teardown marker telling it that no save comes): nothing to say then.
     """
     def note(signum: int, frame: object) -> None:
-        # Also what a ps sees when dlaunch stops the job after the chief or another ps failed: then no save comes,
-        # and the teardown's grace ends this task. The message holds in both cases.
+        if outputs.teardown_marker(run_dir).exists():
+            return
         log.warning("%s: %s received; serving on, so that a chief that is saving can read the variables held here "
                     "(this task ends with the job)", task.name, signal.Signals(signum).name)
 
@@ -113,7 +114,7 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, r
         stream.seek(stream.position_at(start))
     local = 0
     profiler = StepProfiler(spec.trainer.profile, run_dir, name.replace(":", ""), replica_step.device_type)  # worker0.*
-    with StopRequests(distributed=False) as stop, profiler as prof:
+    with StopRequests(distributed=False, torn_down=outputs.teardown_marker(run_dir).exists) as stop, profiler as prof:
         while not strategy.finished and strategy.global_step < spec.trainer.steps and not stop.agreed():
             with prof.region("dlaunch.data"):
                 batch = next(stream)
