@@ -99,13 +99,14 @@ def refused(run_dir: Path, status: str, reason: str) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from launcher.config import script as script_config
     from launcher.config import user_recipes
 
     hydra = HydraConfig.get()
     if hydra.mode != RunMode.MULTIRUN or hydra.job.num is None:
         return
     typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in hydra.overrides.task]))
-    own = [o for o in typed if not o.startswith("hydra") and o != RESUMING]
+    own = [o for o in typed if not o.startswith("hydra") and o != RESUMING] + _script_tail(list(script_config.ARGS))
     row = {"job": int(hydra.job.num), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
            "error": reason, "dir": str(run_dir), "_overrides": own}
     (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
@@ -204,8 +205,12 @@ def _overrides(job: Path) -> list[str]:
     from launcher.config.user_recipes import as_shown
 
     typed = [o for o in as_shown(str(o) for o in OmegaConf.load(path) if not str(o).startswith("hydra")) if o != RESUMING]
-    args = _read_json_list(job / outputs.HYDRA_RECORD / outputs.SCRIPT_ARGS)
-    return typed + ([shlex.join(["--", *args])] if args else [])
+    return typed + _script_tail(_read_json_list(job / outputs.HYDRA_RECORD / outputs.SCRIPT_ARGS))
+
+
+def _script_tail(args: list[str]) -> list[str]:
+    """A script's own arguments as one item of a job's overrides: ``-- --epochs 2`` (none: nothing)."""
+    return [shlex.join(["--", *args])] if args else []
 
 
 def _read_json_list(path: Path) -> list[str]:

@@ -31,7 +31,6 @@ from launcher.cluster.env import PSTask, task_environment
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch import elastic, emulate, failures, rendezvous, report
-from launcher.runtime.stop_signals import STOP_SIGNALS
 
 log = logging.getLogger("dlaunch")
 MODULE = "launcher.launch.tasks"
@@ -75,7 +74,7 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
                 args = [str(job), t.type, str(t.index), str(t.attempt)]
                 procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
             fatal = _wait(procs, spec)
-            saves = _chief_can_save(spec, {t: procs[t].returncode for t in fatal})
+            saves = _chief_can_save(spec, fatal, {c.task for c in _causes(run_dir, tasks) if c.stopped_by})
             stopped = _stop_the_rest(procs, spec.launch.stop_grace_s + 5, marker, saves) if fatal else set()
         except emulate._Stopped as signalled:
             emulate._stop(list(procs.values()), spec.launch.stop_grace_s + 5, signalled.signum)
@@ -121,13 +120,12 @@ def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
         time.sleep(0.05)
 
 
-def _chief_can_save(spec: RunSpec, fatal: dict[PSTask, int | None]) -> bool:
+def _chief_can_save(spec: RunSpec, fatal: list[PSTask], stopped: set[str]) -> bool:
     """Whether a running chief, signalled, can save: checkpoints are on, and no sync round waits on a worker that
     died (the chief's push would wait for its gradients, where no signal reaches Python, until SIGKILL). A worker
-    that stopped on a signal told the ps tasks first: the chief stops and saves too."""
-    stopped = {128 + int(sig) for sig in STOP_SIGNALS}
-    sync_round_lost = spec.strategy.mode == "sync" and any(t.type == "worker" and code not in stopped
-                                                           for t, code in fatal.items())
+    that stopped on a signal (``stopped``: the tasks whose report says so) told the ps tasks first: the chief stops
+    and saves too."""
+    sync_round_lost = spec.strategy.mode == "sync" and any(t.type == "worker" and t.name not in stopped for t in fatal)
     return spec.trainer.checkpoint.every_steps > 0 and not sync_round_lost
 
 

@@ -37,6 +37,8 @@ def start_run(run_dir: Path, resuming: bool = False, script: bool = False) -> No
     (run_dir / SUMMARY).unlink(missing_ok=True)
     (run_dir / ERROR).unlink(missing_ok=True)
     (run_dir / STATE_DIR / UNSAVED_STOP).unlink(missing_ok=True)
+    for note in (run_dir / STATE_DIR).glob("rank-*.teardown"):  # an earlier command's: this one's stops are stops
+        note.unlink(missing_ok=True)
     if not resuming and not script:
         (run_dir / METRICS).unlink(missing_ok=True)
         (run_dir / STATE_DIR / HISTORY).unlink(missing_ok=True)

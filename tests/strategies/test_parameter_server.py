@@ -202,6 +202,8 @@ def test_a_worker_that_stops_before_the_chief_in_sync_mode_lets_the_chief_save(r
                            "trainer.checkpoint.every_steps=1000", "+recipe.term_task=worker:0", "+recipe.kill_step=5",
                            "+recipe.step_sleep=0.02", "launch.collective_timeout_s=120")
     assert proc.returncode == 143, proc.stderr[-3000:]
+    # a stop, not a teardown: the chief is given launch.stop_grace_s to save, and says so
+    assert "SIGTERM received: the ranks stop together within a step, then save" in proc.stderr, proc.stderr[-3000:]
     saved = layout.latest(run_dir / "checkpoints")
     assert saved is not None and 5 <= layout.step_of(saved) < 400, proc.stderr[-3000:]
     assert summary(run_dir)["status"] == "stopped"
