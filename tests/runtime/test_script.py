@@ -378,6 +378,19 @@ def test_a_sweeps_record_of_each_job_keeps_the_scripts_arguments_after_the_dashe
     assert [json.loads((sweep_dir / str(j) / "metrics.jsonl").read_text().splitlines()[-1])["step"] for j in (0, 1)] == [2, 2]
 
 
+def test_a_refused_sweep_jobs_row_keeps_the_scripts_arguments_too(tmp_path):
+    """A job the plan refuses (one_device on 1x2) is recorded apart from the others: its row lacked `-- --steps 2`,
+    so the `every job:` line lost it and the other row repeated it."""
+    shutil.copy(CHIEF, tmp_path / "chief_metrics.py")
+    sweep_dir = tmp_path / "sweep"
+    proc = dlaunch("-m", "script=chief_metrics.py", "strategy=one_device,mirrored", "cluster=1x2",
+                   f"hydra.sweep.dir={sweep_dir}", "--", "--steps", "2", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "every job: script=chief_metrics.py cluster=1x2 cluster.device=cpu -- --steps 2\n" in proc.stdout, proc.stdout[-3000:]
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert [(j["status"], j["overrides"].endswith(" -- --steps 2")) for j in jobs] == [("config error", True), ("completed", True)]
+
+
 PARTIAL = """import sys
 
 import torch
