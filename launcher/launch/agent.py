@@ -156,12 +156,15 @@ class Agent(LocalElasticAgent):
         pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
         close = pcontext.close
 
+        def note_teardown() -> None:  # the running workers' next SIGTERM is a teardown: no stop and save to announce
+            _touch([note for w, note in zip(worker_group.workers, notes) if exit_code(pcontext, w.local_rank) is None])
+
         def graceful_close(death_sig: Any = None, timeout: float = grace) -> None:
             # torch's agent closes from its `except SignalException` on a stop signal, and after a failure from none;
             # a SIGTERM from dlaunch's parent process after another node failed comes with the marker
             stopping = isinstance(sys.exc_info()[1], SignalException) and not (marker is not None and marker.exists())
-            if not stopping:  # the running workers' SIGTERM is a teardown: no stop and save to announce
-                _touch([note for w, note in zip(worker_group.workers, notes) if exit_code(pcontext, w.local_rank) is None])
+            if not stopping:
+                note_teardown()
             close(death_sig, stop_grace if stopping else min(timeout, grace))
             if stopping:  # those still running after the grace were killed: said by name, not "shut down"
                 Agent.killed[:] = [w.global_rank for w in worker_group.workers
@@ -181,7 +184,7 @@ class Agent(LocalElasticAgent):
             settle = processes._join_procs_with_timeout  # after a failure: before the SIGTERM, then before the SIGKILL
 
             def settle_torn_down(timeout: float) -> None:
-                _touch([note for w, note in zip(worker_group.workers, notes) if exit_code(pcontext, w.local_rank) is None])
+                note_teardown()
                 settle(timeout)
 
             processes._join_procs_with_timeout = settle_torn_down

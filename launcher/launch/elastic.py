@@ -49,7 +49,7 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
     node = spec.cluster.node_rank
     if not node:
         # a reused run directory must not speak for this run
-        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json", "rank-*.teardown"):
+        for pattern in ("rank-*.done", "rank-*.progress.json", "node-*.failures.json"):
             for stale in state.glob(pattern):
                 stale.unlink()
         (spec.trainer.checkpoint.root(run_dir) / layout.TIMELINE).unlink(missing_ok=True)  # this command saved nothing yet
