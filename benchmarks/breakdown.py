@@ -41,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
+from rounding import bench_rounding  # noqa: E402
 
 WARMUP = 19
 PHASE_NAMES = ("loop + data", "forward", "backward (+ grad sync)", "optimizer")
@@ -291,46 +292,6 @@ def bench_launch(rounds: int, quiet_wait: float) -> dict[str, Any]:
                     walls[label].append(time.perf_counter() - t0)
                 print(f"  launch round {r + 1}/{rounds}  {label:<70} {time.perf_counter() - t0:.2f} s  rc {proc.returncode}", flush=True)
     return {label: {"wall_s": c.median(v), "spread": c.spread(v)} for label, v in walls.items()}
-
-
-# ----- rounding sensitivity -----
-
-def bench_rounding(steps: int) -> dict[str, list[float]]:
-    import torch
-
-    import workload as w
-
-    torch.set_num_threads(2)
-    data = w.make_data(0)
-    x_all, y_all = data.tensors
-    order = torch.tensor(w.epoch_order(0, 0))
-
-    def run(scale: float, halves: bool) -> list[float]:
-        torch.manual_seed(0)
-        model = w.make_model()
-        with torch.no_grad():
-            model[0].weight.mul_(scale)
-        optimizer = torch.optim.SGD(model.parameters(), lr=w.LR, momentum=w.MOMENTUM)
-        out = []
-        for step in range(steps):
-            idx = order[step * w.GLOBAL_BATCH:(step + 1) * w.GLOBAL_BATCH]
-            x, y = x_all[idx], y_all[idx]
-            if halves:  # the mean gradient as two halves' means, averaged: dlaunch's 2-replica arithmetic
-                for h in range(2):
-                    part = slice(h * w.GLOBAL_BATCH // 2, (h + 1) * w.GLOBAL_BATCH // 2)
-                    (torch.nn.functional.cross_entropy(model(x[part]), y[part]) / 2).backward()
-                with torch.no_grad():
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-            else:
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if (step + 1) % 40 == 0:
-                out.append(loss.item())
-        return out
-
-    return {"as is": run(1.0, False), "first layer x (1 + 1e-7)": run(1 + 1e-7, False), "gradient as two halves": run(1.0, True)}
 
 
 # ----- report -----

@@ -45,7 +45,7 @@ def contiguous_deal(order: list[int], world: int) -> list[int]:
     return out
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
@@ -55,14 +55,11 @@ def main() -> None:
                         help="interleaved: DistributedSampler(shuffle=True) as usual; contiguous: dlaunch's halves")
     parser.add_argument("--phases", action="store_true", help="also time data, forward, backward, optimizer (breakdown.py)")
     parser.add_argument("--out", required=True, help="JSON file for the harness (rank 0 writes it)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    return parser.parse_args()
 
-    torch.manual_seed(args.seed)
-    model = DistributedDataParallel(w.make_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=w.LR, momentum=w.MOMENTUM)
+
+def _batches(args: argparse.Namespace, rank: int, world: int):
+    """This rank's batches, epoch after epoch, through DistributedSampler as a hand-written DDP script reads them."""
     data = w.make_data(args.seed)
     if args.layout == "contiguous":
         source = Subset(data, contiguous_deal(w.epoch_order(args.seed, 0), world))  # its length fixes the sampler's
@@ -71,19 +68,27 @@ def main() -> None:
         source = data
         sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(source, batch_size=w.GLOBAL_BATCH // world, sampler=sampler, drop_last=True)
+    epoch = 0
+    while True:
+        if args.layout == "contiguous":
+            source.indices = contiguous_deal(w.epoch_order(args.seed, epoch), world)
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+        if not len(loader):
+            raise ValueError("the loader yields no batch")
 
-    def batches():
-        epoch = 0
-        while True:
-            if args.layout == "contiguous":
-                source.indices = contiguous_deal(w.epoch_order(args.seed, epoch), world)
-            sampler.set_epoch(epoch)
-            yield from loader
-            epoch += 1
-            if not len(loader):
-                raise ValueError("the loader yields no batch")
 
-    stream = batches()
+def main() -> None:
+    args = _args()
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(w.make_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=w.LR, momentum=w.MOMENTUM)
+    stream = _batches(args, rank, world)
     step_seconds: list[float] = []
     first_step_time = 0.0
     logged: dict[int, torch.Tensor] = {}
