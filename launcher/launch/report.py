@@ -198,7 +198,7 @@ def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
         "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None,
         "examples_per_sec": records[-1].get("examples_per_sec") if records else None,
-        "wall_seconds": None,
+        "wall_seconds": outputs.since_start(run_dir),
         "param_norm": None,
         "metrics": {},
         "last_logged_step": int(every[-1]["step"]) if every else None,

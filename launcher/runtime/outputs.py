@@ -126,6 +126,15 @@ def command_restarts(run_dir: Path) -> int:
     return sum(bool(e.get("restart")) for e in events[last + 1:] if e.get("event") == "start")
 
 
+def since_start(run_dir: Path) -> float | None:
+    """Seconds since this command's workers last started (rank 0's ``start`` event, once it had built and resumed):
+    a failed or stopped run's ``wall_seconds``. None where they never got that far (a build error)."""
+    events = read_records(run_dir / STATE_DIR / HISTORY)
+    last = max((i for i, e in enumerate(events) if e.get("event") == "command"), default=-1)
+    starts = [e["time"] for e in events[last + 1:] if e.get("event") == "start" and isinstance(e.get("time"), (int, float))]
+    return max(0.0, time.time() - starts[-1]) if starts else None
+
+
 def _append_history(run_dir: Path, event: dict[str, Any]) -> None:
     path = run_dir / STATE_DIR / HISTORY
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,13 @@ def test_every_rank_present_passes_and_all_reduces():
 
 
 @pytest.mark.slow
-def test_a_rank_that_never_joins_is_named_within_30s():
+def test_a_rank_that_never_joins_is_named_before_it_would_have_joined():
+    """Rank 1 would join after 120 s; the 3 s preflight names it long before. Two process starts and two torch
+    imports took 31 s on a loaded CI machine, so the bound is the late rank's delay, not a timing claim."""
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as info:
-        run_function(rank_1_is_late, device="cpu", nproc=2, args=(60.0, 3.0))
-    assert time.monotonic() - start < 30
+        run_function(rank_1_is_late, device="cpu", nproc=2, args=(120.0, 3.0))
+    assert time.monotonic() - start < 100
     root = info.value.root
     assert root.rank == 0 and "PreflightError" in root.exception
     assert "1 of 2 ranks joined within 3 s" in root.exception

@@ -45,6 +45,7 @@ def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
     summary = json.loads((run_dir / "summary.json").read_text())  # `dlaunch report` marks the run stopped, not failed
     assert (summary["status"], summary["stopped_by"], summary["exit_code"]) == ("stopped", signal.Signals(signum).name, 128 + signum)
     assert (summary["checkpoint"], summary["checkpoint_step"]) == (str(saved), layout.step_of(saved))
+    assert 0 < summary["wall_seconds"] < 300  # from the workers' start to the stop, as a sweep's `wall s` shows it
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
@@ -112,8 +113,10 @@ def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_p
     assert code == 143, out[-3000:]
     assert 2.5 < gone < 10, f"{gone:.1f} s"
     text = " ".join(out.split())  # it said "all workers were shut down": not which were killed, nor why
-    # the first rank killed breaks its peer's collective, which may then exit on that before its own kill
-    killed = r"rank \d \(train step \d+\)(, rank \d \(train step \d+\))? did not exit within launch.stop_grace_s=3 s"
+    # the first rank killed breaks its peer's collective, which may then exit on that before its own kill; on a loaded
+    # machine (CI) a rank may be caught in its loss reduce rather than its train step
+    doing = r"rank \d \((train step|loss reduce at step) \d+\)"
+    killed = doing + "(, " + doing + ")? did not exit within launch.stop_grace_s=3 s"
     assert re.search(killed + r" of the signal and (was|were) killed \(SIGKILL\)", text), out[-3000:]
 
 

@@ -35,6 +35,22 @@ def test_the_history_counts_commands_restarts_and_resumes_until_a_fresh_start(tm
     assert outputs.history(tmp_path) == {"commands": 0, "restarts": 0, "resumes": 0}
 
 
+def test_a_run_that_ends_early_counts_its_wall_seconds_from_this_commands_last_start(tmp_path, monkeypatch):
+    """A failed or stopped run's summary.json had wall_seconds null: a sweep's `wall s` showed nothing for a job
+    that failed after hours. Now it is the time since the last start of this command's workers."""
+    clock = [1000.0]
+    monkeypatch.setattr(outputs.time, "time", lambda: clock[0])
+    outputs.record_command(tmp_path)
+    assert outputs.since_start(tmp_path) is None  # a build error: the workers never started training
+    outputs.record_start(tmp_path, restart=0, resumed_from_step=0)
+    clock[0] = 1030.0
+    outputs.record_start(tmp_path, restart=1, resumed_from_step=0)  # restarted: the last attempt's time, as completed
+    clock[0] = 1042.5
+    assert outputs.since_start(tmp_path) == 12.5
+    outputs.record_command(tmp_path)  # the next command, before its workers started: not the last command's
+    assert outputs.since_start(tmp_path) is None
+
+
 def test_a_script_run_keeps_its_own_metrics_and_history_and_counts_its_resumes(tmp_path):
     """metrics.jsonl is a script's own file (start_run(script=True): the directory's last run was of that script);
     only its ScriptCheckpoints.restore knows that it resumed."""
