@@ -131,6 +131,14 @@ class MirroredModule(ReplicaParameters):
         return self
 
 
+def check_own_parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module, why: str = "") -> None:
+    """Refuse an optimizer over tensors the model does not hold: the strategy hands it the model's own copies."""
+    own = {id(p) for p in model.parameters()}
+    foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in own)
+    if foreign:
+        raise ValueError(f"the optimizer holds {foreign} parameter(s) that are not the model's{why}")
+
+
 class DelegatingOptimizer(torch.optim.Optimizer):
     """Wraps a real optimizer (``primary``): its param groups, state and state dict are this one's."""
 
@@ -203,14 +211,10 @@ class MirroredOptimizer(DelegatingOptimizer):
 
 def _clone_for(primary: torch.optim.Optimizer, source: torch.nn.Module, replica: torch.nn.Module) -> torch.optim.Optimizer:
     """A fresh optimizer of the same kind and hyper-parameters over ``replica``'s parameters."""
+    check_own_parameters(primary, source)
     mapping = {id(p): q for p, q in zip(source.parameters(), replica.parameters())}
-    groups = []
-    for group in primary.param_groups:
-        try:
-            params = [mapping[id(p)] for p in group["params"]]
-        except KeyError:
-            raise ValueError("the optimizer holds parameters that are not the model's") from None
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [mapping[id(p)] for p in group["params"]]}
+              for group in primary.param_groups]
     # Every setting is in the groups; pass on only the defaults the constructor accepts
     # (AdamW's defaults hold keys its __init__ does not take).
     accepted = inspect.signature(type(primary)).parameters

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 
@@ -96,20 +97,20 @@ def run(job_path: Path) -> int:
         outputs.completion_marker(run_dir, rank).touch()
         leave()
         return 0
-    except Preempted as exc:  # the launcher was signalled too, or only the workers were (then this is the cause)
+    except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
         _UNFREED.append(exc)
+        return _leave_on(exc, rank, leave)
+
+
+def _leave_on(exc: BaseException, rank: int, leave: Callable[..., None]) -> int:
+    """Record why this rank ends (the error file the launcher reads) and the exit code to end with."""
+    if isinstance(exc, Preempted):  # the launcher was signalled too, or only the workers were (then this is the cause)
         log.warning("%s", exc)
         write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step, "stopped_by": exc.signal_name})
         leave(in_step=exc.step is not None)  # a script's stop (no step): wherever the signal found each rank
         return exc.exit_code
-    except KeyboardInterrupt as exc:
-        _UNFREED.append(exc)
-        write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
-        return 130
-    except BaseException as exc:  # noqa: BLE001 - reported once, by the launcher
-        _UNFREED.append(exc)
-        write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
-        return exit_status(exc)
+    write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
+    return 130 if isinstance(exc, KeyboardInterrupt) else exit_status(exc)
 
 
 def _train(spec: RunSpec, plan: Plan, env: env_lib.WorkerEnv | None, run_dir: Path, as_written: dict, console: Console) -> None:

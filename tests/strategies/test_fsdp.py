@@ -122,7 +122,7 @@ def test_an_optimizer_with_state_from_its_construction_is_sharded_with_its_param
 
 def test_an_optimizer_that_has_stepped_is_refused_one_built_with_state_is_not():
     """SGD's momentum buffers come from steps (no step count says otherwise); Adagrad's sum from its constructor."""
-    from launcher.strategies.impl.fsdp import _rebind
+    from launcher.strategies.impl.fsdp import _check_optimizer, _rebind
 
     model = torch.nn.Linear(2, 1)
     before = {id(p): name for name, p in model.named_parameters()}
@@ -130,21 +130,21 @@ def test_an_optimizer_that_has_stepped_is_refused_one_built_with_state_is_not():
     model(torch.ones(1, 2)).sum().backward()
     sgd.step()
     with pytest.raises(ValueError, match="give it an optimizer that has not stepped yet"):
-        _rebind(sgd, before, model)
+        _check_optimizer(sgd, model)
     adagrad = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    _check_optimizer(adagrad, model)
     _rebind(adagrad, before, model)
     assert len(adagrad.state) == 2
 
 
 def test_an_optimizer_over_other_parameters_is_refused_by_name_not_a_keyerror():
     """A KeyError of an object id (``KeyError: 140635916955120``) was all a script's user saw."""
-    from launcher.strategies.impl.fsdp import _rebind
+    from launcher.strategies.impl.fsdp import _check_optimizer
 
     model = torch.nn.Linear(2, 1)
-    before = {id(p): name for name, p in model.named_parameters()}
     stray = torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.ones(1))], lr=0.1)
     with pytest.raises(ValueError, match=r"holds 1 parameter\(s\) that are not the model's"):
-        _rebind(stray, before, model)
+        _check_optimizer(stray, model)
 
 
 def test_prepare_leaves_placing_to_fully_shard_which_moves_one_unit_at_a_time():

@@ -35,7 +35,7 @@ from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ThreadRendezvous
 from launcher.distribute.extended import StrategyExtended
-from launcher.distribute.replicated import DelegatingOptimizer, ReplicaParameters, _local_id
+from launcher.distribute.replicated import DelegatingOptimizer, ReplicaParameters, _local_id, check_own_parameters
 from launcher.distribute.strategy import Strategy
 from launcher.strategies import Runtime
 
@@ -160,9 +160,7 @@ class CentralOptimizer(DelegatingOptimizer):
     """
 
     def __init__(self, primary: torch.optim.Optimizer, module: CentralModule):
-        central = {id(p) for p in module.module.parameters()}
-        if any(id(p) not in central for g in primary.param_groups for p in g["params"]):
-            raise ValueError("the optimizer holds parameters that are not the model's")
+        check_own_parameters(primary, module.module)
         super().__init__(primary)
         self._module = module
 

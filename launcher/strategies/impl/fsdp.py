@@ -32,6 +32,7 @@ from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.meta_scope import MetaScope
+from launcher.distribute.replicated import check_own_parameters
 from launcher.distribute.strategy import Strategy
 from launcher.strategies import Runtime
 
@@ -111,21 +112,21 @@ def wrapped_units(module: torch.nn.Module, wrap: Sequence[str]) -> list[torch.nn
     return list(reversed(units))
 
 
+def _check_optimizer(optimizer: Any, module: torch.nn.Module) -> None:
+    """Before sharding: an optimizer that has stepped is refused (its state belongs to an unsharded training), and
+    so is one over tensors the model does not hold."""
+    if any(float(state.get("step", 1)) > 0 for state in optimizer.state.values()):  # no step count: it has stepped
+        raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
+    check_own_parameters(optimizer, module, ": FSDP shards the model's parameters in prepare() and hands the optimizer "
+                         "the sharded ones, so build the optimizer over model.parameters()")
+
+
 def _rebind(optimizer: Any, before: dict[int, str], module: torch.nn.Module) -> None:
     """fully_shard replaces each parameter by a DTensor one: the optimizer built before ``prepare`` takes the new ones.
 
     State an optimizer makes when it is built (Adagrad's ``sum``, filled with its initial value) is sharded as its
-    parameter is; an optimizer that has stepped is refused (its state belongs to an unsharded training).
+    parameter is.
     """
-    if optimizer is None:
-        return
-    if any(float(state.get("step", 1)) > 0 for state in optimizer.state.values()):  # no step count: it has stepped
-        raise ValueError("FSDP shards the model in prepare(); give it an optimizer that has not stepped yet")
-    foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in before)
-    if foreign:
-        raise ValueError(f"the optimizer holds {foreign} parameter(s) that are not the model's: FSDP shards the model's "
-                         "parameters in prepare() and hands the optimizer the sharded ones, so build the optimizer "
-                         "over model.parameters()")
     after = dict(module.named_parameters())
     moved = {after[before[id(p)]]: {key: _sharded_like(value, after[before[id(p)]]) for key, value in state.items()}
              for p, state in optimizer.state.items()}
@@ -218,11 +219,14 @@ def shard(module: torch.nn.Module, optimizer: Any, mesh: Any, options: dict, wra
     from torch.distributed.fsdp import fully_shard
 
     units = wrapped_units(module, wrap)
+    if optimizer is not None:
+        _check_optimizer(optimizer, module)
     before = {id(p): name for name, p in module.named_parameters()}
     for unit in units:
         fully_shard(unit, mesh=mesh, **options)
     fully_shard(module, mesh=mesh, **options)
-    _rebind(optimizer, before, module)
+    if optimizer is not None:
+        _rebind(optimizer, before, module)
     return module
 
 
