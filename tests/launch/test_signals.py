@@ -158,7 +158,7 @@ def test_a_save_on_a_stop_signal_gets_the_stop_grace_not_the_failure_grace(tmp_p
     run_dir = tmp_path / "run"
     proc = sigterm_with_saves_held(run_dir, "launch.shutdown_grace_s=2")
     try:
-        wait_for(lambda: (run_dir / "saving").exists(), 30, "the save on the signal")
+        wait_for(lambda: (run_dir / "saving").exists(), 90, "the save on the signal")  # 30 s was too few on a slow day
         time.sleep(4)
         (run_dir / "hold-save").unlink()
         wait_for(lambda: proc.poll() is not None, 30, "dlaunch to end")
@@ -198,7 +198,9 @@ def test_emulated_nodes_stop_on_sigterm_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     code, gone, out = stop_with(run_dir, signal.SIGTERM, "strategy=mirrored", "cluster=2x1")
     assert code == 143, out[-3000:]
-    assert gone < 20  # saved and stopped, well before torch elastic's 30 s close would end them
+    # saved and stopped by themselves: no rank outlasted the stop grace and was killed (20.7 s on a slow day, so
+    # the time is only a guard against a hang; the message is what tells a clean stop from a kill)
+    assert "did not exit within" not in " ".join(out.split()) and gone < 60, out[-3000:]
     assert layout.latest(run_dir / "checkpoints") is not None
 
 

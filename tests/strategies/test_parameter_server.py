@@ -158,6 +158,7 @@ def test_each_task_can_run_its_own_dlaunch_as_on_separate_machines(tmp_path):
     assert "ps:1 done; the chief (127.0.0.1) wrote the results" in " ".join(outputs["ps1"].split())
 
 
+@pytest.mark.timeout(900)  # two parameter-server commands of 9 interpreters each: past 300 s on a slow day
 def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path):
     """Preemption: every task gets the signal; the ps tasks serve on until the chief has saved, then all stop."""
     from tests.launch.test_restarts import logged_steps
