@@ -59,7 +59,7 @@ def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[sub
     return proc, out
 
 
-@pytest.mark.parametrize("restarts", [0, 1])
+@pytest.mark.parametrize("restarts", [1])  # asserts all that 0 restarts would; the next test has the default 0
 def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_it(tmp_path, restarts):
     """node 1's agent killed (its worker goes with it): rank 0's broken collective blamed rank 0 ("rank 1 has
     exited"), and with restarts node 0 started its workers again to wait for a node that could not come back, then
