@@ -132,6 +132,19 @@ def test_checkpoints_see_the_central_module_and_optimizer():
     assert set(state["optim"]["state"]) == set(state["model"])
 
 
+def test_an_optimizer_over_another_models_parameters_is_refused():
+    """The central optimizer steps the model's own parameters: one built over other tensors would train nothing."""
+    strategy = dl.CentralStorageStrategy(compute_devices=TWO_CPUS)
+    with strategy.scope():
+        model = _mlp()
+        stray = torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+        with pytest.raises(ValueError, match=r"holds 1 parameter\(s\) that are not the model's"):
+            strategy.prepare(model, stray)
+        elsewhere = torch.optim.SGD(_mlp().parameters(), lr=0.1)
+        with pytest.raises(ValueError, match=r"holds 4 parameter\(s\) that are not the model's"):
+            strategy.prepare(model, elsewhere)
+
+
 def test_a_failed_step_leaves_no_gradient_pending():
     strategy = dl.CentralStorageStrategy(compute_devices=TWO_CPUS)
     with strategy.scope():
