@@ -8,12 +8,14 @@ state and the loss curve after the resume point must be identical.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from tests.conftest import PROBE, summary
+from tests.conftest import PROBE, dlaunch, summary
 
 pytestmark = pytest.mark.slow
 COMMON = ("recipe=linear", "recipe.examples=640", "trainer.log_every=1", "trainer.checkpoint.every_steps=5")
@@ -58,12 +60,31 @@ def run_ok(run_dlaunch, name, *args):
     return proc, run_dir
 
 
+_mirrored: dict[str, Path] = {}
+
+
+def mirrored_1x2(tmp_path_factory, tmp_path):
+    """Mirrored 1x2 straight through 30 steps, and a copy (in ``tmp_path``) of a run stopped after 17: both runs are
+    made once per test process and shared by the tests that resume at 1x2, 1x1 and 2x2."""
+    if not _mirrored:
+        root = tmp_path_factory.mktemp("mirrored-1x2")
+        for name, steps in (("straight", 30), ("stopped", 17)):
+            proc = dlaunch(*COMMON, "strategy=mirrored", "cluster=1x2", f"trainer.steps={steps}", f"hydra.run.dir={root / name}", cwd=root)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        _mirrored.update(straight=root / "straight", stopped=root / "stopped")
+    shutil.copytree(_mirrored["stopped"], tmp_path / "stopped")
+    return _mirrored["straight"], "stopped"
+
+
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, strategy):
+def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, tmp_path_factory, tmp_path, strategy):
     args = STRATEGIES[strategy]
-    _, straight = run_ok(run_dlaunch, "straight", *args, "trainer.steps=30")
-    _, stopped = run_ok(run_dlaunch, "stopped", *args, "trainer.steps=17")
-    proc, resumed = run_ok(run_dlaunch, "stopped", *args, "trainer.steps=30")
+    if strategy == "mirrored":
+        straight, stopped = mirrored_1x2(tmp_path_factory, tmp_path)
+    else:
+        _, straight = run_ok(run_dlaunch, "straight", *args, "trainer.steps=30")
+        run_ok(run_dlaunch, stopped := "stopped", *args, "trainer.steps=17")
+    proc, resumed = run_ok(run_dlaunch, stopped, *args, "trainer.steps=30")
     assert "resume" in proc.stdout + proc.stderr and "from step 17" in proc.stdout + proc.stderr and "epoch 1, batch 7" in proc.stdout + proc.stderr
 
     model_a, optim_a = final_state(straight)
@@ -77,13 +98,11 @@ def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, strat
     assert s["resumed_from_step"] == 17 and s["first_loss"] == curve_a[1] and s["final_loss"] == curve_a[30]
 
 
-@pytest.mark.parametrize("shape,name", [("1x1", "one"), ("2x2", "four")])
-def test_resume_at_another_world_size_continues_the_loss(run_dlaunch, shape, name):
+@pytest.mark.parametrize("shape", ["1x1", "2x2"])
+def test_resume_at_another_world_size_continues_the_loss(run_dlaunch, tmp_path_factory, tmp_path, shape):
     """Saved at 1x2, resumed at 1x1 or 2x2: DCP reshards, the plan says what changed, the loss follows."""
-    args = ("strategy=mirrored",)
-    _, straight = run_ok(run_dlaunch, "straight", *args, "cluster=1x2", "trainer.steps=30")
-    run_ok(run_dlaunch, name, *args, "cluster=1x2", "trainer.steps=17")
-    proc, resumed = run_ok(run_dlaunch, name, *args, f"cluster={shape}", "trainer.steps=30")
+    straight, stopped = mirrored_1x2(tmp_path_factory, tmp_path)
+    proc, resumed = run_ok(run_dlaunch, stopped, "strategy=mirrored", f"cluster={shape}", "trainer.steps=30")
     workers = {"1x1": 1, "2x2": 4}[shape]
     assert f"world size 2 -> {workers}" in proc.stdout + proc.stderr
     assert f"per-replica batch 32 -> {64 // workers}" in proc.stdout + proc.stderr
