@@ -71,24 +71,24 @@ def test_fp16_mixed_is_refused_with_the_reason(run_dlaunch):
 
 @pytest.mark.slow
 def test_fsdp_on_2_and_4_processes_trains_like_one_device_and_checkpoints_reshard(run_dlaunch):
-    """Final parameters within float32 reduction-order error of one device; the 1x4 checkpoint resumes on 1x2 and on one device."""
+    """Final parameters within float32 reduction-order error of one device; the 1x4 checkpoint resumes on 1x2 (whose
+    20 steps end where 1x4's, and so one device's, do) and on one device."""
     from launcher.checkpoint import layout, read_tensors
 
     runs = {}
-    for name, args in (("one", ("strategy=one_device",)), ("fsdp2", ("cluster=1x2",)), ("fsdp4", ("cluster=1x4",))):
+    for name, args in (("one", ("strategy=one_device",)), ("fsdp4", ("cluster=1x4",))):
         proc, runs[name] = run_dlaunch(*LINEAR, *args, name=name)
         assert proc.returncode == 0, proc.stderr[-3000:]
     final = {name: read_tensors(layout.step_dir(d / "checkpoints", 40)) for name, d in runs.items()}
-    for name in ("fsdp2", "fsdp4"):
-        assert summary(runs[name])["world_size"] == int(name[-1])
-        for key, value in final["one"].items():
-            torch.testing.assert_close(final[name][key], value, **TOLERANCE, msg=f"{name}: {key}")
+    assert summary(runs["fsdp4"])["world_size"] == 4
+    for key, value in final["one"].items():
+        torch.testing.assert_close(final["fsdp4"][key], value, **TOLERANCE, msg=f"fsdp4: {key}")
 
     halfway = layout.step_dir(runs["fsdp4"] / "checkpoints", 20)
     for name, args in (("resumed2", ("cluster=1x2",)), ("resumed1", ("strategy=one_device",))):
         proc, run_dir = run_dlaunch(*LINEAR, f"trainer.resume={halfway}", *args, name=name)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert summary(run_dir)["resumed_from_step"] == 20
+        assert (summary(run_dir)["resumed_from_step"], summary(run_dir)["world_size"]) == (20, int(name[-1]))
         resumed = read_tensors(layout.step_dir(run_dir / "checkpoints", 40))
         for key, value in final["fsdp4"].items():
             torch.testing.assert_close(resumed[key], value, **TOLERANCE, msg=f"{name}: {key}")
