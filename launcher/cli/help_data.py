@@ -88,8 +88,10 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
              'after a stop signal, seconds the workers have to save a checkpoint and exit before SIGKILL (a '
              "scheduler's own grace, often 30 s, bounds it too)"),
             ('warm_workers', 'True', 'local CPU workers fork from a process that imported them while dlaunch planned')],
- 'cluster': [('device', 'auto', ''),
-             ('backend', 'auto', ''),
+ 'cluster': [('device',
+              'auto',
+              'auto: cuda where this machine has a CUDA GPU (those CUDA_VISIBLE_DEVICES shows), else cpu'),
+             ('backend', 'auto', 'process-group backend; auto: nccl on cuda, gloo on cpu'),
              ('master_addr', '127.0.0.1', "node 0's address, where the rendezvous listens"),
              ('master_port', '0', '0 picks a free port (one machine only)'),
              ('node_rank', 'null', "this machine's node; unset with nodes > 1: every node is emulated on this machine"),

@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:
 class TaskSpec(Strict):
     """``cluster.task``: this machine's entry in ``cluster.tasks`` (TF_CONFIG's ``task``)."""
 
-    type: Literal["chief", "worker", "ps"]
+    type: Literal["chief", "worker", "ps"] = Field(description="this task's role")
     index: Annotated[int, Field(ge=0, description="this task's position among the tasks of its type")] = 0
 
 
@@ -52,15 +52,19 @@ class ClusterSpec(Strict):
 
     nodes: PositiveInt = Field(1, description="machines (N of cluster=NxM)")
     devices_per_node: PositiveInt = Field(1, description="devices, and so worker processes, per machine (M of cluster=NxM)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda where this machine has a CUDA GPU (those CUDA_VISIBLE_DEVICES shows), else cpu",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="process-group backend; auto: nccl on cuda, gloo on cpu")
     master_addr: str = Field("127.0.0.1", min_length=1, description="node 0's address, where the rendezvous listens")
     master_port: Port = Field(0, description="0 picks a free port (one machine only)")
     node_rank: Annotated[int, Field(ge=0)] | None = Field(
         None, description="this machine's node; unset with nodes > 1: every node is emulated on this machine",
     )
-    tasks: dict[Literal["chief", "worker", "ps"], list[Annotated[str, Field(min_length=1)]]] | None = None
-    task: TaskSpec | None = None
+    tasks: dict[Literal["chief", "worker", "ps"], list[Annotated[str, Field(min_length=1)]]] | None = Field(
+        None, description="TF_CONFIG-style: each role's host:port list, chief first (instead of NxM)",
+    )
+    task: TaskSpec | None = Field(None, description="with tasks: which of them this machine is")
     token: str | None = Field(
         None, min_length=8,
         description="multi-node admission: every node gives node 0's token; null: node 0 makes one and shows it in its plan",

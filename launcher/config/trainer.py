@@ -212,9 +212,10 @@ def precision_runs_here(spec: "RunSpec", cuda: int) -> None:
 
     # Not torch.cuda.is_bf16_supported(): by default it says True where bf16 is only emulated (a V100, a T4), slowly.
     # The driver says, from a child process: the parent never initialises CUDA.
-    c = spec.cluster  # the GPUs this job uses: each node's, or every emulated node's here
+    c = spec.cluster  # the GPUs this job uses: those the strategy names, else each node's (every emulated node's here)
     found = gpus.devices()
-    used = found[:c.world_size if c.emulated else c.devices_per_node]
+    named = [int(d.split(":")[1]) for _, d in spec.strategy.named_devices() if d.startswith("cuda:")]
+    used = [found[i] for i in named if i < len(found)] if named else found[:c.world_size if c.emulated else c.devices_per_node]
     older = [d for d in used if d.capability < (8, 0)]
     if older:
         raise PlanError("trainer.precision", "bf16-mixed",

@@ -32,6 +32,10 @@ class OneDeviceSpec(StrategyUnit):
     def named_devices(self) -> list[tuple[str, str]]:
         return [("strategy.device", self.device)] if self.device else []
 
+    def plan_rows(self, rows: Any) -> list[tuple[str, str]]:
+        standard = rows.standard()
+        return [(k, self.device) if k == "devices" and self.device else (k, v) for k, v in standard]
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str | None) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from launcher.cli import plan
 from launcher.config.compose import compose_and_validate
 
@@ -97,3 +99,14 @@ def test_file_sharding_says_a_longer_workers_partial_last_batch_is_dropped_despi
             "worker's") in shards
     batch, shards = shown()
     assert "FILE" not in batch and "after 85 steps; 2752 of 8192 elements" in shards and "drop_remainder" not in shards
+
+
+def test_one_device_on_a_named_gpu_says_that_gpu():
+    """strategy.device=cuda:1 trained there while the plan's devices row said cuda:0."""
+    from launcher.config.plan import Plan
+
+    spec = compose_and_validate(["cluster.device=cuda", "strategy=one_device", "strategy.device=GPU:1"], 2)
+    rows = dict(plan.plan_rows(spec, Plan.resolve(spec, 2), Path("run")))
+    assert (rows["strategy"], rows["devices"]) == ("one_device on cuda:1", "cuda:1")
+    spec = compose_and_validate(["cluster.device=cuda", "strategy=one_device"], 2)
+    assert dict(plan.plan_rows(spec, Plan.resolve(spec, 2), Path("run")))["devices"] == "cuda:0"

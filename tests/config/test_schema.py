@@ -128,5 +128,9 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused(monkeypatch):
     (p,) = problems(both, cuda_devices=2)
     assert p.key == "trainer.precision" and "Tesla V100-SXM2-16GB (compute capability 7.0) does not compute in bf16" in p.message
     composer.compose_and_validate(["trainer.precision=bf16-mixed", "cluster.device=cuda"], cuda_devices=2)  # cuda:0 only
+    (p,) = problems(["trainer.precision=bf16-mixed", "cluster.device=cuda", "strategy.device=cuda:1"], cuda_devices=2)
+    assert "Tesla V100-SXM2-16GB" in p.message  # the device one_device names, not cuda:0
+    composer.compose_and_validate(["trainer.precision=bf16-mixed", "strategy=central_storage",
+                                   "strategy.compute_devices=[cuda:0]"], cuda_devices=2)
     monkeypatch.setattr(gpus, "devices", lambda: (gpus.Device(9, 0, "NVIDIA H100"),) * 2)
     composer.compose_and_validate(both, cuda_devices=2)

@@ -26,3 +26,17 @@ def test_mirrored_local_replicas_on_every_gpu_agree():
     v = s.experimental_distribute_values_from_function(lambda ctx: torch.tensor([float(ctx.replica_id_in_sync_group)], device=devices[ctx.replica_id_in_sync_group]))
     total = s.reduce(dl.ReduceOp.SUM, v, axis=None)
     assert float(total) == sum(range(len(devices)))
+
+
+def test_one_device_on_the_last_gpu_makes_it_the_current_device():
+    """strategy.device=cuda:N: what takes no device in a recipe (torch.cuda.max_memory_allocated()) means cuda:N."""
+    from launcher.strategies import Runtime
+    from launcher.strategies.one_device import OneDeviceSpec
+
+    last = torch.cuda.device_count() - 1
+    before = torch.cuda.current_device()
+    try:
+        OneDeviceSpec(name="one_device", device=f"cuda:{last}").build(Runtime(env=None, device_type="cuda", backend="nccl"))
+        assert torch.cuda.current_device() == last
+    finally:
+        torch.cuda.set_device(before)

@@ -33,4 +33,6 @@ class OneDeviceStrategy(Strategy):
 
 def from_spec(spec: Any, runtime: Runtime) -> OneDeviceStrategy:
     device = spec.device or ("cuda:0" if runtime.device_type == "cuda" else "cpu:0")
+    if device.startswith("cuda"):  # what takes no device (a recipe's torch.cuda.max_memory_allocated()) means this one
+        torch.cuda.set_device(device)
     return OneDeviceStrategy(device)
