@@ -114,11 +114,19 @@ def device(spec: Any, info: Sinfo, partition: str | None) -> tuple[str, str]:
 
 
 def cpus_per_task(spec: Any, device: str, partition: Partition | None) -> dict[str, int]:
-    """Asked unless given: a CPU worker per CPU, as many as a node of the partition has (more only share them)."""
-    if device != "cpu":
-        return {}
-    most = max(partition.cpus) if partition and any(partition.cpus) else spec.cluster.devices_per_node
-    return {"cpus_per_task": min(spec.cluster.devices_per_node, most)}
+    """Asked unless given (SLURM's default is one CPU per task, and one task runs a node's every worker).
+
+    CPU nodes: a worker per CPU, as many as a node of the partition has (more only share them). GPU nodes: the
+    node's CPUs in proportion to the GPUs the job takes (8 of 8: all of them), and at least one per worker and per
+    loader process (``input.num_workers``), as many as a node has.
+    """
+    m = spec.cluster.devices_per_node
+    most = max(partition.cpus) if partition and any(partition.cpus) else None
+    if device == "cpu":
+        return {"cpus_per_task": min(m, most or m)}
+    needed = m * (1 + spec.input.num_workers)
+    shares = [cpus * m // gpus for cpus, gpus in zip(partition.cpus, partition.gpus) if gpus >= m] if partition else []
+    return {"cpus_per_task": min(max(needed, min(shares, default=0)), most or needed)}
 
 
 def fits(params: dict[str, Any], spec: Any, partition: Partition | None) -> list[Problem]:

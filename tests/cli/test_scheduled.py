@@ -30,7 +30,8 @@ def test_slurm_gets_nodes_one_task_per_node_and_gpus():
 
 def test_overrides_fill_in_what_the_user_left_out():
     extra = scheduled.resource_overrides("submitit_slurm", ["hydra.launcher.nodes=2"], [spec("cluster=2x8")], lambda: GPU_PARTITION)
-    assert extra == ["hydra.launcher.tasks_per_node=1", "hydra.launcher.gpus_per_node=8"]
+    # a node's 8 GPUs, and so its 64 CPUs: SLURM's default of one CPU per task would hold 8 workers on one
+    assert extra == ["hydra.launcher.tasks_per_node=1", "hydra.launcher.gpus_per_node=8", "hydra.launcher.cpus_per_task=64"]
 
 
 def test_a_cpu_job_asks_a_cpu_per_worker_unless_told_otherwise():

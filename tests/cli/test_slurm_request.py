@@ -59,7 +59,12 @@ def test_the_request_names_every_resource_and_where_to_change_it():
 def test_cpu_workers_get_a_cpu_each_as_far_as_a_node_has_them():
     assert slurm.cpus_per_task(spec(), "cpu", SINFO.get("gpu")) == {"cpus_per_task": 2}
     assert slurm.cpus_per_task(spec("cluster=1x4"), "cpu", SINFO.get("debug")) == {"cpus_per_task": 2}  # 4 workers share 2 CPUs
-    assert slurm.cpus_per_task(spec(), "cuda", SINFO.get("gpu")) == {}
+    # GPU nodes: the node's CPUs in proportion to the GPUs taken, at least a CPU per worker and loader process
+    assert slurm.cpus_per_task(spec("cluster=1x8"), "cuda", SINFO.get("gpu")) == {"cpus_per_task": 64}
+    assert slurm.cpus_per_task(spec(), "cuda", SINFO.get("gpu")) == {"cpus_per_task": 16}  # 2 of 8 GPUs: 64 x 2 / 8
+    assert slurm.cpus_per_task(spec("cluster=1x2", "input.num_workers=7"), "cuda", SINFO.get("mixed")) == {"cpus_per_task": 16}
+    assert slurm.cpus_per_task(spec("cluster=1x4", "input.num_workers=15"), "cuda", SINFO.get("mixed")) == {"cpus_per_task": 32}
+    assert slurm.cpus_per_task(spec("cluster=1x2", "input.num_workers=3"), "cuda", None) == {"cpus_per_task": 8}  # no sinfo
 
 
 def test_a_job_no_node_can_hold_is_refused_before_it_waits_in_the_queue_for_ever():
