@@ -183,9 +183,12 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
         Status.codes.append(0)
         return done
     plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
-    if spec.cluster.device == "auto" and plan.device_type == "cpu" and gpus.cpu_torch_beside_gpus():
-        log.warning("this machine has NVIDIA GPUs, but the installed torch is a CPU build, so cluster.device=auto "
-                    "trains on the CPU: install a CUDA build of torch (2.11 to 2.14), or say cluster.device=cpu")
+    if spec.cluster.device == "auto" and plan.device_type == "cpu":
+        if gpus.cpu_torch_beside_gpus():
+            log.warning("this machine has NVIDIA GPUs, but the installed torch is a CPU build, so cluster.device=auto "
+                        "trains on the CPU: install a CUDA build of torch (2.11 to 2.14), or say cluster.device=cpu")
+        elif why := gpus.driver_too_old():
+            log.warning(f"cluster.device=auto trains on the CPU: {why}; or say cluster.device=cpu")
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     # A dry run reads the input files whole, and a ps plan runs the recipe's build(): either may refuse here.
     sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)

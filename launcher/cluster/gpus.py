@@ -9,6 +9,8 @@ should answer at once: importing torch alone takes seconds on a busy machine.
   which honour ``CUDA_VISIBLE_DEVICES``), for each device's compute capability too
   (``devices()``: the bf16 rule reads it). It does so in a short child process, so
   that this process never initialises CUDA, nor holds a context on a GPU its workers use.
+  Where torch's CUDA build is newer than the driver supports, torch sees no device, and
+  neither does this count (``driver_too_old`` says why).
 - Where neither tells (a ROCm build, an unusual layout), torch itself is asked.
 
     >>> from launcher.cluster import gpus
@@ -21,21 +23,24 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
-# Runs in a child: ``python -S -I -c`` starts in tens of milliseconds and imports nothing of ours. It prints one
-# [major, minor, name] per device: the driver's compute capability (attributes 75 and 76) and name.
+# Runs in a child: ``python -S -I -c`` starts in tens of milliseconds and imports nothing of ours. It prints the
+# CUDA version the driver supports (cuDriverGetVersion: 12040 is 12.4) and one [major, minor, name] per device: the
+# driver's compute capability (attributes 75 and 76) and name.
 _ASK_THE_DRIVER = """
 import ctypes, json
 try:
     cuda = ctypes.CDLL("libcuda.so.1")
 except OSError:
-    print("[]")
+    print(json.dumps({"cuda": 0, "devices": []}))
 else:
-    n, found = ctypes.c_int(0), []
+    n, version, found = ctypes.c_int(0), ctypes.c_int(0), []
+    cuda.cuDriverGetVersion(ctypes.byref(version))
     if cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(n)) == 0:
         for i in range(n.value):
             dev, major, minor, name = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(256)
@@ -44,7 +49,7 @@ else:
             cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
             cuda.cuDeviceGetName(name, 256, dev)
             found.append([major.value, minor.value, name.value.decode(errors="replace")])
-    print(json.dumps(found))
+    print(json.dumps({"cuda": version.value, "devices": found}))
 """
 
 
@@ -106,12 +111,49 @@ def build_of(lib: Path) -> str:
     return "cpu"
 
 
-@functools.cache
+def driver_too_old() -> str | None:
+    """Why torch sees none of the GPUs the driver shows: its CUDA build is newer than the driver supports (a CUDA 13
+    wheel from PyPI on a driver for 12.x). torch then counts 0 devices, with a warning; dlaunch says why."""
+    told = _driver() if torch_build() == "cuda" and sys.platform.startswith("linux") else None
+    built = torch_cuda_version()
+    if not told or not told[0] or not told[1] or built is None or told[0] // 1000 >= built[0]:
+        return None
+    supports = f"{told[0] // 1000}.{told[0] % 1000 // 10}"
+    return (f"the installed torch is built for CUDA {built[0]}.{built[1]}, and this machine's NVIDIA driver supports CUDA "
+            f"up to {supports}, so torch sees none of its {len(told[1])} GPU(s): update the driver, or install a torch "
+            f"built for CUDA {told[0] // 1000}.x")
+
+
+def torch_cuda_version() -> tuple[int, int] | None:
+    """The CUDA version the installed torch was built for, from its ``version.py`` (without importing torch)."""
+    spec = importlib.util.find_spec("torch")
+    places = list(spec.submodule_search_locations or []) if spec else []
+    try:
+        return cuda_version_of((Path(places[0]) / "version.py").read_text()) if places else None
+    except OSError:
+        return None
+
+
+def cuda_version_of(text: str) -> tuple[int, int] | None:
+    """``(13, 0)`` from a torch ``version.py`` that says ``cuda: Optional[str] = '13.0'``; None for a CPU build."""
+    found = re.search(r"^cuda\b[^=\n]*=\s*['\"](\d+)\.(\d+)", text, re.MULTILINE)
+    return (int(found[1]), int(found[2])) if found else None
+
+
 def _driver_devices() -> tuple[Device, ...] | None:
+    """The devices the driver shows, or none where torch's CUDA build is newer than the driver (torch sees none)."""
+    told = _driver()
+    return None if told is None else () if driver_too_old() else told[1]
+
+
+@functools.cache
+def _driver() -> tuple[int, tuple[Device, ...]] | None:
+    """(the CUDA version the driver supports, e.g. 12040; its devices), or None where the child could not tell."""
     try:
         done = subprocess.run([sys.executable, "-S", "-I", "-c", _ASK_THE_DRIVER], capture_output=True, text=True, timeout=60)
-        return tuple(Device(*d) for d in json.loads(done.stdout)) if done.returncode == 0 else None
-    except (OSError, ValueError, TypeError, subprocess.TimeoutExpired):
+        told = json.loads(done.stdout) if done.returncode == 0 else None
+        return None if told is None else (int(told["cuda"]), tuple(Device(*d) for d in told["devices"]))
+    except (OSError, ValueError, TypeError, KeyError, subprocess.TimeoutExpired):
         return None
 
 

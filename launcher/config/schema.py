@@ -363,7 +363,11 @@ def _devices_exist(spec: RunSpec, cuda: int) -> None:
     if spec.device_type(cuda) != "cuda":
         return
     if cuda == 0:
-        raise PlanError("cluster.device", "cuda", "cuda was asked for, but no CUDA device is visible; use cluster.device=cpu")
+        from launcher.cluster import gpus
+
+        why = gpus.driver_too_old()  # asked here alone: a worker never gets this far with no device
+        raise PlanError("cluster.device", "cuda", f"cuda was asked for, but {why}; or use cluster.device=cpu" if why else
+                        "cuda was asked for, but no CUDA device is visible; use cluster.device=cpu")
     wanted = spec.cluster.devices_per_node
     if wanted > cuda:
         raise PlanError(

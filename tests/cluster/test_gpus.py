@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from launcher.cluster import gpus
@@ -58,3 +59,50 @@ def test_a_cpu_build_of_torch_beside_an_nvidia_gpu_is_told(tmp_path, monkeypatch
     assert gpus.cpu_torch_beside_gpus(device_file)
     monkeypatch.setattr(gpus, "torch_build", lambda: "cuda")
     assert not gpus.cpu_torch_beside_gpus(device_file)
+
+
+def test_a_torch_built_for_a_newer_cuda_than_the_driver_sees_no_gpu_and_says_why(monkeypatch):
+    """A CUDA 13.0 wheel (PyPI's default) on a driver for 12.4: torch counts 0 devices, so dlaunch must too (it counted
+    8, planned nccl, and every worker failed in set_device), and it says why. The driver's answer is stood in for."""
+    from launcher.config.compose import compose_and_validate
+    from launcher.config.errors import ConfigError
+
+    eight = tuple(gpus.Device(9, 0, "NVIDIA H100") for _ in range(8))
+    monkeypatch.setattr(gpus, "torch_build", lambda: "cuda")
+    monkeypatch.setattr(gpus, "torch_cuda_version", lambda: (13, 0))
+    monkeypatch.setattr(gpus, "_driver", lambda: (12040, eight))
+    monkeypatch.setattr(gpus.sys, "platform", "linux")
+    assert gpus._driver_devices() == ()
+    why = gpus.driver_too_old()
+    assert why == ("the installed torch is built for CUDA 13.0, and this machine's NVIDIA driver supports CUDA up to 12.4, "
+                   "so torch sees none of its 8 GPU(s): update the driver, or install a torch built for CUDA 12.x")
+    with pytest.raises(ConfigError) as refused:
+        compose_and_validate(["cluster.device=cuda"], cuda_devices=0)
+    (p,) = refused.value.problems
+    assert p.key == "cluster.device" and why in p.message
+    for driver in (13000, 13020):  # the driver supports the build's major version: minor-version compatibility
+        monkeypatch.setattr(gpus, "_driver", lambda driver=driver: (driver, eight))
+        assert gpus.driver_too_old() is None and gpus._driver_devices() == eight
+
+
+def test_the_cuda_version_is_read_from_torchs_version_file():
+    assert gpus.cuda_version_of("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip = None\n") == (13, 0)
+    assert gpus.cuda_version_of("cuda = '12.8'\n") == (12, 8)
+    assert gpus.cuda_version_of("cuda: Optional[str] = None\n") is None  # a CPU build
+    assert gpus.torch_cuda_version() == (tuple(int(x) for x in torch.version.cuda.split(".")[:2]) if torch.version.cuda else None)
+
+
+@pytest.mark.parametrize("cause", ["cpu build", "old driver"])
+def test_auto_on_the_cpu_of_a_gpu_machine_is_warned_with_the_cause(cause, monkeypatch, tmp_path, capsys):
+    from launcher.cli import job
+    from launcher.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(job, "cuda_devices", lambda: 0)
+    monkeypatch.setattr(gpus, "cpu_torch_beside_gpus", lambda: cause == "cpu build")
+    monkeypatch.setattr(gpus, "driver_too_old", lambda: "the installed torch is built for CUDA 13.0, and ..." if cause == "old driver" else None)
+    assert main(["launch.dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    said = {"cpu build": "the installed torch is a CPU build, so cluster.device=auto trains on the CPU",
+            "old driver": "cluster.device=auto trains on the CPU: the installed torch is built for CUDA 13.0"}
+    assert said[cause] in err, err
