@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousInfo, RendezvousStateError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -261,6 +262,8 @@ def failed_peer(handler: Any) -> int | None:
         if not handler.nodes.check(["failed"]):
             return None
         handler.failed_node = int(handler.nodes.get("failed").decode())
+    except SignalException:  # a stop signal during the store's answer (torch's handler raises it): the agent's, not ours
+        raise
     except Exception:  # noqa: BLE001 - node 0's store is gone: torch's own check says so next
         return None
     return handler.failed_node

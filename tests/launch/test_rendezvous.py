@@ -59,3 +59,35 @@ def test_a_node_rank_claim_is_taken_over_only_from_a_node_that_is_gone():
     nodes.compare_set("node2", "", "")  # released on the way out
     announce(nodes, 2, "hostB (pid 123, pidns 9)")
     assert joined_nodes(nodes, 4) == {1: mine, 2: "hostB (pid 123, pidns 9)", 3: f"hostA (pid {dead_pid}, pidns 1)"}
+
+
+def test_a_stop_signal_during_the_failed_node_check_stops_the_agent_and_is_not_swallowed():
+    """The agent asks node 0's store every monitor pass whether another node failed, inside ``except Exception``
+    (a store gone is no failure of this node). A Ctrl-C landing during that call raised torch's SignalException
+    there, which the except swallowed: the run trained on, the stop lost (1 in ~15 under load). The store stands in
+    for one whose answer the signal interrupts; the signal and torch's own handler are real."""
+    import os
+    import signal
+    import types
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
+
+    from launcher.launch import rendezvous
+
+    class Interrupted:
+        def check(self, keys):
+            os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: inside failed_peer's try
+            return False
+
+    before = signal.signal(signal.SIGINT, _terminate_process_handler)
+    try:
+        with pytest.raises(SignalException):
+            rendezvous.failed_peer(types.SimpleNamespace(nodes=Interrupted()))
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+    class Gone:  # node 0's store is gone: no failure of this node
+        def check(self, keys):
+            raise RuntimeError("Connection reset by peer")
+
+    assert rendezvous.failed_peer(types.SimpleNamespace(nodes=Gone())) is None
