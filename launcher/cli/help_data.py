@@ -69,7 +69,10 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
             'globs, relative to the directory dlaunch starts in; validation resolves them to absolute paths'),
            ('format', 'null', "default: the files' extension"),
            ('seed', 'null', 'shuffle seed; default: trainer.seed'),
-           ('auto_shard_policy', 'AUTO', 'AUTO | FILE | DATA | OFF: how files are divided among worker processes'),
+           ('auto_shard_policy',
+            'AUTO',
+            "how input.files are split among processes (tf.data's names): FILE: its own files; DATA: every n-th "
+            'element; OFF: its block of each global batch; AUTO: FILE with a file per process, else DATA'),
            ('prefetch',
             '1',
             'steps fetched to the devices ahead of the one in use (each holds a batch in device memory)')],

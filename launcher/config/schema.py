@@ -143,7 +143,11 @@ class InputSpec(Strict):
     )
     format: Literal["jsonl", "csv", "pt", "npy"] | None = Field(None, description="default: the files' extension")
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = Field(None, description="shuffle seed; default: trainer.seed")
-    auto_shard_policy: Literal["AUTO", "FILE", "DATA", "OFF"] = "AUTO"
+    auto_shard_policy: Literal["AUTO", "FILE", "DATA", "OFF"] = Field(
+        "AUTO",
+        description="how input.files are split among processes (tf.data's names): FILE: its own files; DATA: every "
+                    "n-th element; OFF: its block of each global batch; AUTO: FILE with a file per process, else DATA",
+    )
     prefetch: Annotated[int, Field(ge=0, le=32)] = Field(1, description="steps fetched to the devices ahead of the one in use (each holds a batch in device memory)")
 
     @field_validator("auto_shard_policy", mode="before")

@@ -34,6 +34,7 @@ def test_every_group_and_strategy_has_its_keys_listed():
         assert key in keys, key
     assert keys["trainer.clip_grad_norm"][:2] == ["float (> 0) or null", "`null`"]
     assert keys["trainer.precision"][0] == r"fp32 \| bf16-mixed \| fp16-mixed"
+    assert [key for key, (_, _, meaning) in keys.items() if not meaning] == []  # every key says what it does
 
 
 def _yaml_defaults(node: dict, model: type, prefix: str):
