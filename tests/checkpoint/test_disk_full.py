@@ -147,7 +147,7 @@ def test_a_stop_whose_save_fails_says_so_and_resume_goes_on_from_the_last_good_s
     whose save fails (ENOSPC)."""
     import signal
 
-    from tests.launch.test_restarts import finish, start, wait_for
+    from tests.launch.test_restarts import STARTUP_S, finish, start, wait_for
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -156,7 +156,7 @@ def test_a_stop_whose_save_fails_says_so_and_resume_goes_on_from_the_last_good_s
     proc = start(run_dir, "trainer.steps=1000", "trainer.checkpoint.every_steps=7", "trainer.checkpoint.on_error=warn",
                  "+recipe.hold_saves=true")
     try:
-        wait_for(lambda: (run_dir / "saving").exists(), 120, "the save of step 14")
+        wait_for(lambda: (run_dir / "saving").exists(), STARTUP_S, "the save of step 14")
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "SIGTERM received" in (run_dir / "dlaunch.log").read_text(), 30, "the signal to reach rank 0")
         (run_dir / "hold-save").unlink()

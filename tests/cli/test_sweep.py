@@ -141,7 +141,7 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
     import subprocess
 
     from tests.conftest import PROBE, command
-    from tests.launch.test_restarts import finish, logged_steps, wait_for
+    from tests.launch.test_restarts import STARTUP_S, finish, logged_steps, wait_for
 
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen(command("-m", f"recipe.entry={PROBE}", "+recipe.step_sleep=0.05", "trainer.steps=100000",
@@ -149,7 +149,7 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
                                     f"hydra.sweep.dir={sweep}"),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: max(logged_steps(sweep / "0"), default=0) >= 3, 120, "job 0 to train")
+        wait_for(lambda: max(logged_steps(sweep / "0"), default=0) >= 3, STARTUP_S, "job 0 to train")
         proc.send_signal(signal.SIGINT)
     finally:
         out = finish(proc, timeout=60)

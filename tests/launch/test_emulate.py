@@ -13,7 +13,7 @@ import pytest
 
 from launcher.launch import elastic, emulate
 from tests.conftest import summary
-from tests.launch.test_restarts import finish, logged_steps, run_processes, start, wait_for
+from tests.launch.test_restarts import STARTUP_S, finish, logged_steps, run_processes, start, wait_for
 
 
 def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
@@ -52,7 +52,7 @@ def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[sub
                  *overrides, "+recipe.pause_replica=1", "+recipe.pause_step=3")
     try:
         paused = run_dir / "paused-replica1"
-        wait_for(lambda: paused.exists() and paused.read_text().strip(), 120, "replica 1 to pause in step 3")
+        wait_for(lambda: paused.exists() and paused.read_text().strip(), STARTUP_S, "replica 1 to pause in step 3")
         os.kill(agent_pid(run_dir, node), signal.SIGKILL)
     finally:
         out = finish(proc)
@@ -101,7 +101,7 @@ def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failur
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
                  "launch.max_restarts=1", "+recipe.step_sleep=0.05")
     try:
-        wait_for(lambda: len(logged_steps(run_dir)) >= 6, 120, "six logged steps")
+        wait_for(lambda: len(logged_steps(run_dir)) >= 6, STARTUP_S, "six logged steps")
         os.kill(agent_pid(run_dir, 1), signal.SIGTERM)
     finally:
         out = finish(proc)

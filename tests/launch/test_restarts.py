@@ -76,11 +76,17 @@ def worker_pids(run_dir: Path) -> dict[int, int]:
     return found
 
 
+# How long a run may take to start training: only a guard against one that never does. Two emulated nodes in fresh
+# interpreters took over 120 s under five test streams and a CPU hog on two cores.
+STARTUP_S = 240
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` (often a scan of /proc) ten times a second: faster polls took CPU from the run awaited."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+        time.sleep(0.1)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180) -> str:
@@ -117,7 +123,7 @@ def test_sigkill_of_a_worker_restarts_once_from_the_last_checkpoint(tmp_path, tm
                  f"+recipe.pause_step={kill_at}", "+recipe.record_attempts=true")
     try:
         paused = run_dir / f"paused-replica{victim}"
-        wait_for(lambda: paused.exists() and paused.read_text().strip(), 120, f"replica {victim} to pause in step {kill_at}")
+        wait_for(lambda: paused.exists() and paused.read_text().strip(), STARTUP_S, f"replica {victim} to pause in step {kill_at}")
         os.kill(int(paused.read_text()), signal.SIGKILL)  # the paused worker's own pid
     finally:
         out = finish(proc)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.checkpoint import layout
-from tests.launch.test_restarts import COMMON, finish, logged_steps, run_processes, start, wait_for, worker_pids
+from tests.launch.test_restarts import COMMON, STARTUP_S, finish, logged_steps, run_processes, start, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 LONG = ("trainer.steps=100000", "trainer.checkpoint.every_steps=100000", "+recipe.step_sleep=0.05")
@@ -23,7 +23,7 @@ def stop_with(run_dir, signum, *args, in_process=False, within=30):
     ``within``: the seconds after the signal by which every process must have ended."""
     proc = start(run_dir, *LONG, *args)
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and (in_process or worker_pids(run_dir)), 120, "training")
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and (in_process or worker_pids(run_dir)), STARTUP_S, "training")
         sent = time.monotonic()
         proc.send_signal(signum)
         wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, within, "every process to end (no orphans)")
@@ -62,7 +62,7 @@ def test_a_signal_to_dlaunchs_whole_process_group_saves_before_anything_ends(tmp
     proc = subprocess.Popen(command(*args), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}, start_new_session=True)
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, 120, "training")
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, STARTUP_S, "training")
         os.killpg(proc.pid, signum)
         wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
     finally:
@@ -94,7 +94,7 @@ def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path, re
     run_dir = tmp_path / "run"
     proc = start(run_dir, *LONG, f"launch.max_restarts={restarts}")
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and len(worker_pids(run_dir)) == 2, 120, "training")
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and len(worker_pids(run_dir)) == 2, STARTUP_S, "training")
         for pid in worker_pids(run_dir).values():
             os.kill(pid, signal.SIGTERM)
         wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
@@ -127,7 +127,7 @@ def sigterm_with_saves_held(run_dir, *args):
     (run_dir / "hold-save").write_text("1")
     proc = start(run_dir, *LONG, "+recipe.hold_saves=true", *args)
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and worker_pids(run_dir), 120, "training")
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and worker_pids(run_dir), STARTUP_S, "training")
     except AssertionError:
         proc.kill()
         proc.wait()
@@ -211,7 +211,7 @@ def test_sigterm_while_an_in_process_run_builds_is_a_stop_with_its_summary(tmp_p
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=one_device", "cluster=1x1", "trainer.steps=5", "+recipe.build_sleep=5")
     try:
-        wait_for(lambda: (run_dir / "config.yaml").exists(), 120, "the run to start building")
+        wait_for(lambda: (run_dir / "config.yaml").exists(), STARTUP_S, "the run to start building")
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
     finally:
@@ -228,7 +228,7 @@ def test_a_stop_with_checkpoints_off_says_it_saves_nothing(tmp_path):
     proc = start(run_dir, "trainer.steps=100000", "trainer.checkpoint.every_steps=0", "+recipe.step_sleep=0.05",
                  "strategy=one_device", "cluster=1x1")
     try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, 120, "training")
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, STARTUP_S, "training")
         proc.send_signal(signal.SIGTERM)
     finally:
         out = finish(proc, timeout=60)
@@ -257,7 +257,7 @@ def test_a_rank_still_running_after_the_others_finished_is_named_and_a_stop_then
     proc = start(run_dir, "script=late.py", *layout_, "cluster.device=cpu", "launch.collective_timeout_s=2", common=())
     try:
         log = run_dir / "dlaunch.log"  # three periods: node 0's own line, where it was said, came in each
-        wait_for(lambda: (log.read_text() if log.exists() else "").count("waiting on rank 1") >= 3, 120, "three waiting lines")
+        wait_for(lambda: (log.read_text() if log.exists() else "").count("waiting on rank 1") >= 3, STARTUP_S, "three waiting lines")
     finally:
         proc.send_signal(signal.SIGTERM)  # waited on or not, rank 1 sleeps until stopped
         out = finish(proc)

@@ -191,14 +191,14 @@ except KeyboardInterrupt:  # as under python and torchrun: a script's own last w
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_stop_signal_stops_every_script_process_and_ctrl_c_is_a_keyboard_interrupt_there(signum, code, tmp_path):
-    from tests.launch.test_restarts import finish, run_processes, start, wait_for
+    from tests.launch.test_restarts import STARTUP_S, finish, run_processes, start, wait_for
 
     (tmp_path / "stoppable.py").write_text(STOPPABLE)
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"script={tmp_path / 'stoppable.py'}", "strategy=mirrored", "cluster=1x2", "--",
                  str(tmp_path), common=())  # the probe recipe's trainer keys: a script is refused them
     try:
-        wait_for(lambda: (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), 120, "both ranks in the script")
+        wait_for(lambda: (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), STARTUP_S, "both ranks in the script")
         proc.send_signal(signum)
         wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, 30, "every process to end (no orphans)")
     finally:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.launch.test_restarts import finish, run_processes, start, wait_for
+from tests.launch.test_restarts import STARTUP_S, finish, run_processes, start, wait_for
 
 DDP_SCRIPT = """import os, pathlib, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -40,7 +40,7 @@ def test_a_ddp_script_signalled_through_dlaunch_alone_stops_at_once_every_time(t
         proc = start(run_dir, f"script={tmp_path / 'ddp.py'}", "strategy=mirrored", "cluster=1x2",
                      "launch.stop_grace_s=10", "--", str(tmp_path), common=())
         try:
-            wait_for(lambda: all((tmp_path / f"rank{r}").exists() for r in (0, 1)), 120, "both ranks training")
+            wait_for(lambda: all((tmp_path / f"rank{r}").exists() for r in (0, 1)), STARTUP_S, "both ranks training")
             time.sleep(0.1 * attempt)  # a different point in the step each time
             signalled = time.monotonic()
             proc.send_signal(signal.SIGINT)
