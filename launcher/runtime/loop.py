@@ -294,6 +294,8 @@ class _Loop:
                     if step < steps:
                         with watch.operation(f"reading ahead after step {step}"), prof.region("dlaunch.data"):
                             self.stream.read_ahead()
+                    if prof.ending:
+                        stop.settle()  # no collective may record into the profiler while torch stops it
                     prof.step()
                     self.step_seconds.append(time.perf_counter() - tick)
         finally:

@@ -93,6 +93,11 @@ class StopRequests:
                 log.warning("%s received: the ranks stop together within a step, %s", name,
                             "then save" if self._saves else "and save nothing (checkpoints are off)")
 
+    def settle(self) -> None:
+        """Wait for the agreement launched after the last step (``agreed`` reads it as before): none runs on."""
+        if self._pending is not None:
+            self._pending[0].wait()
+
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""
         if self._group is None:

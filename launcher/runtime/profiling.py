@@ -82,6 +82,13 @@ class StepProfiler:
 
         return tp.record_function(name)
 
+    @property
+    def ending(self) -> bool:
+        """The next ``step()`` ends the window: torch stops and reads its events then. A collective still running on
+        a backend thread (gloo's) carries the profiler's thread state there and records into it meanwhile; that
+        race corrupted the heap (an async all-reduce of step N, waited at step N+1), so the loop settles it first."""
+        return self._prof is not None and self._steps + 1 >= self.spec.window
+
     def step(self) -> None:
         if self._prof is None:
             return

@@ -64,6 +64,19 @@ def test_the_profiler_stops_when_the_window_is_recorded(tmp_path):
     assert len(named(prof.written, "dlaunch.step")) == 1
 
 
+def test_ending_is_said_before_the_step_that_ends_the_window_and_only_then(tmp_path):
+    """The loop settles its collectives in flight when ``ending`` is true (launcher/runtime/loop.py)."""
+    said = []
+    with StepProfiler(ProfileSpec(enabled=True, wait=1, warmup=1, active=2), tmp_path, "rank0", "cpu") as prof:
+        for _ in range(6):
+            said.append(prof.ending)
+            torch.ones(4).sum()
+            prof.step()
+    assert said == [False, False, False, True, False, False] and prof.written is not None
+    with StepProfiler(ProfileSpec(), tmp_path, "rank0", "cpu") as off:
+        assert not off.ending
+
+
 def test_an_error_inside_the_window_writes_no_partial_trace(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="dlaunch"), pytest.raises(RuntimeError, match="the recipe failed"):
         with StepProfiler(ProfileSpec(enabled=True, wait=1, warmup=1, active=3), tmp_path, "rank0", "cpu") as prof:
