@@ -272,7 +272,7 @@ class _Loop:
         try:
             stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested,
                                  saves=self.ckpt.enabled, torn_down=functools.partial(outputs.torn_down, self.run_dir, self.ckpt.rank))
-            with stops as stop, self.profiler as prof:
+            with self.profiler as prof, stops as stop:  # stops settles its all-reduce before a cut-short window stops
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
                     logged = is_logged(step, self.spec.trainer)
