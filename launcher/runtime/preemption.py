@@ -73,12 +73,11 @@ class StopRequests:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-        if self._pending is not None:
-            try:
-                self._pending[0].wait()
-            except Exception:  # noqa: BLE001 - a peer is gone; the real error is reported elsewhere
-                pass
-            self._pending = None
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001 - a peer is gone; the real error is reported elsewhere
+            pass
+        self._pending = None
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.signum and self._force:
