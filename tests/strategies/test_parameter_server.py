@@ -19,7 +19,7 @@ import torch
 from launcher.checkpoint import layout, read_tensors
 from launcher.runtime.outputs import read_records
 from tests.conftest import FIXTURES, command, summary
-from tests.launch.test_restarts import run_processes
+from tests.launch.test_restarts import STARTUP_S, run_processes
 
 pytestmark = pytest.mark.slow
 RECIPE = ("recipe.name=ps_probe", f"recipe.entry={FIXTURES / 'ps_recipe.py'}", "recipe.strategies=[one_device,parameter_server]")
@@ -101,8 +101,9 @@ def test_a_dead_ps_is_named_within_the_rpc_timeout(run_dlaunch):
 
 def restarted_once(run_dlaunch, steps: int, *kill: str):
     """A job of ``steps`` steps, checkpointed every 5, whose ``kill`` probe ends a task once: it restarts and completes."""
+    # two starts of four tasks in one command: 114 s alone on a busy day, past 240 s under five test streams and a hog
     proc, run_dir = ps_run(run_dlaunch, f"trainer.steps={steps}", "trainer.checkpoint.every_steps=5",
-                           "launch.max_restarts=1", *kill, "+recipe.step_sleep=0.03")
+                           "launch.max_restarts=1", *kill, "+recipe.step_sleep=0.03", timeout=2 * STARTUP_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "restarting every task from the newest checkpoint (restart 1 of 1)" in text
