@@ -43,6 +43,10 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
               "torch.compile's mode: reduce-overhead uses CUDA graphs, max-autotune also tunes kernels"),
              ('compile.fullgraph', 'False', 'fail on any graph break instead of falling back to eager for that part'),
              ('compile.dynamic', 'null', 'null: torch decides; false: one graph per shape'),
+             ('activation_checkpointing',
+              '[]',
+              "module class names (a transformer's block) whose forward is recomputed in backward instead of keeping "
+              'its activations: less memory, about one more forward of compute'),
              ('grad_accum_steps', '1', 'micro-batches per replica per step; gradients sync once per step'),
              ('clip_grad_norm', 'null', "clip the averaged gradients' total norm to this"),
              ('lr_schedule.decay', 'constant', 'constant | cosine | linear, after the warm-up'),

@@ -89,11 +89,12 @@ def _script_rows(spec: RunSpec, rows: list[tuple[str, str]]) -> list[tuple[str, 
     where = "in each of the processes" if spec.num_processes > 1 else "in this process"
     kept = [row for row in rows if row[0] in _SCRIPT_ROWS]
     script = ("script", f"{spec.script.command()} (as __main__ {where}; dl.get_strategy() returns this strategy)")
-    precision = spec.trainer.precision
-    if precision == "fp32":
-        return [kept[0], script, *kept[1:]]
+    precision, recomputed = spec.trainer.precision, spec.trainer.activation_checkpointing
     scaler = " and strategy.grad_scaler()" if precision == "fp16-mixed" else ""
-    return [kept[0], script, ("precision", f"{precision} where the script enters strategy.autocast(){scaler}"), *kept[1:]]
+    extra = [("precision", f"{precision} where the script enters strategy.autocast(){scaler}")] if precision != "fp32" else []
+    if recomputed:
+        extra.append(("recompute", f"{', '.join(recomputed)} in backward, in the model the script gives strategy.prepare()"))
+    return [kept[0], script, *extra, *kept[1:]]
 
 
 def _batch(spec: RunSpec, n: int, what: str) -> str:
@@ -123,6 +124,8 @@ def _training(spec: RunSpec, device: str) -> str:
     parts = [precision, *filter(None, [spec.strategy.precision_note(t.precision)])]
     if t.compile.enabled:
         parts.append(f"torch.compile (mode {t.compile.mode}{', fullgraph' if t.compile.fullgraph else ''})")
+    if t.activation_checkpointing:
+        parts.append(f"recompute {', '.join(t.activation_checkpointing)} in backward (activation checkpointing)")
     if t.clip_grad_norm is not None:
         parts.append(f"clip grad norm {t.clip_grad_norm:g}")
     if not t.lr_schedule.constant:

@@ -128,15 +128,19 @@ INSTEAD = {
 def script_fits(spec: Any, cuda: int) -> None:
     """A strategy that builds the model in ps tasks needs a recipe's ``build``: a script cannot give it one.
     Every ``trainer`` key a script does not honour, set to other than its default, is refused with what to do instead,
-    and fp16-mixed where the strategy refuses it for its loop (the script's GradScaler would meet the same)."""
+    and fp16-mixed or activation checkpointing where the strategy refuses it for its loop (the script's GradScaler
+    or ``strategy.prepare()`` would meet the same)."""
     if spec.script is None:
         return
     errors = [PlanError(f"trainer.{key}", value, f"a script runs its own loop, so dlaunch does not apply this; "
                                                  f"{INSTEAD[key.split('.')[0]]}")
               for key, value in _set_for_a_script(spec.trainer)]
-    refused = spec.strategy.refusal("fp16-mixed", spec)
-    if spec.trainer.precision == "fp16-mixed" and refused:  # strategy.grad_scaler() would meet what the loop's does
-        errors.append(PlanError("trainer.precision", "fp16-mixed", f"strategy {spec.strategy.name} cannot do this: {refused}"))
+    for feature, key, value in (("fp16-mixed", "trainer.precision", spec.trainer.precision == "fp16-mixed" and "fp16-mixed"),
+                                ("activation_checkpointing", "trainer.activation_checkpointing",
+                                 spec.trainer.activation_checkpointing)):
+        refused = value and spec.strategy.refusal(feature, spec)  # the script's grad_scaler() or prepare() meets it too
+        if refused:
+            errors.append(PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {refused}"))
     if not spec.strategy.runs_scripts:
         errors.append(PlanError("strategy", spec.strategy.name,
                                 f"strategy {spec.strategy.name} builds the model on its ps tasks from a recipe's build(); "

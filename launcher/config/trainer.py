@@ -108,6 +108,10 @@ class TrainerSpec(Strict):
         "fp32", description="fp32 | bf16-mixed (bf16 autocast, fp32 weights) | fp16-mixed (fp16 autocast + GradScaler)",
     )
     compile: CompileSpec = CompileSpec()
+    activation_checkpointing: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="module class names (a transformer's block) whose forward is recomputed in backward instead of "
+                    "keeping its activations: less memory, about one more forward of compute")
     grad_accum_steps: PositiveInt = Field(1, description="micro-batches per replica per step; gradients sync once per step")
     clip_grad_norm: Annotated[float, Field(gt=0)] | None = Field(None, description="clip the averaged gradients' total norm to this")
     lr_schedule: ScheduleSpec = ScheduleSpec()
@@ -141,6 +145,13 @@ class TrainerSpec(Strict):
                             f"the profile window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {p.window} steps) is "
                             f"longer than trainer.steps={self.steps}; lower {key} or raise trainer.steps")
         return self
+
+    @field_validator("activation_checkpointing", mode="after")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) < len(value):
+            raise PlanError("trainer.activation_checkpointing", value, "names a module class twice; name each once")
+        return value
 
     @field_validator("loggers", mode="after")
     @classmethod
@@ -193,6 +204,8 @@ def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
     used = {
         "fp16-mixed": ("trainer.precision", t.precision == "fp16-mixed", t.precision),
         "compile": ("trainer.compile.enabled", t.compile.enabled, True),
+        "activation_checkpointing": ("trainer.activation_checkpointing", bool(t.activation_checkpointing),
+                                     t.activation_checkpointing),
         "lr_schedule": (schedule_key, not t.lr_schedule.constant, schedule_value),
         "clip_grad_norm": ("trainer.clip_grad_norm", t.clip_grad_norm is not None, t.clip_grad_norm),
     }

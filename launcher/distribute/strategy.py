@@ -23,12 +23,13 @@ The same custom training loop runs under every strategy::
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from launcher.distribute import gradient_sync, placement, precision
+from launcher.distribute import activation_checkpointing, gradient_sync, placement, precision
 from launcher.distribute.grad_norm import averaged_grad_norm
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute import run_options
@@ -36,6 +37,8 @@ from launcher.distribute.input_context import InputOptions, InputReplicationMode
 from launcher.distribute.input_iterator import InputIterator
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.run_options import RunOptions
+
+log = logging.getLogger("dlaunch")
 
 
 class Strategy:
@@ -46,9 +49,13 @@ class Strategy:
     _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
     _prepared = False  # whether prepare() distributed a model (a script under fsdp or mesh is told if not)
     _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
+    #: module class names whose forward ``prepare()`` makes recompute in backward (``trainer.activation_checkpointing``
+    #: where dlaunch runs the script; set it before ``prepare()`` elsewhere)
+    activation_checkpointing: Sequence[str] = ()
 
     def __init__(self, extended: StrategyExtended, cluster_resolver: Any = None):
         self._extended = extended
+        self._module_types: set[str] = set()  # the classes of the models prepare() was given
         self._cluster_resolver = cluster_resolver
         extended._container = self
 
@@ -212,6 +219,16 @@ class Strategy:
         """
         if not self._extended.places_itself:
             placement.settle(module)  # called inside scope(): the parameters go to the device first
+        if self.activation_checkpointing and self._extended._num_local > 1:
+            raise ValueError("activation checkpointing needs one replica per process: replica threads share the CPU's "
+                             "random generator, and a recomputed forward restores its state under the other replicas")
+        # before DDP, FSDP or DTensor wrap it; a script may prepare several models, each with some of the classes
+        recomputed = activation_checkpointing.apply(module, self.activation_checkpointing, strict=False)
+        present = activation_checkpointing.types_in(module)
+        self._module_types |= present
+        if recomputed:
+            log.info("activation checkpointing: %d module(s) of %s recompute their forward in backward", recomputed,
+                     ", ".join(name for name in self.activation_checkpointing if name in present))
         if optimizer is not None:
             align_optimizer_state(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
@@ -273,6 +290,10 @@ class Strategy:
         fp16-mixed, ``grad_scaler`` (never made). dlaunch tells a script's user at its end."""
         unused = ["autocast"] if self._precision != "fp32" and not self._autocast_used else []
         return unused + (["grad_scaler"] if self._precision == "fp16-mixed" and self._scaler is None else [])
+
+    def _unfound_recompute(self) -> list[str]:
+        """``activation_checkpointing`` names that no model given to ``prepare()`` contains (a script is told)."""
+        return [name for name in self.activation_checkpointing if name not in self._module_types]
 
     def __repr__(self) -> str:
         return (

@@ -29,6 +29,7 @@ from launcher.checkpoint.state import unwrap
 from launcher.cluster.env import PSTask, WorkerEnv
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
+from launcher.distribute import activation_checkpointing
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
@@ -122,7 +123,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     )
     with strategy.scope():
         parts = recipe_lib.checked_parts(loaded.module.build(loaded.config, ctx), loaded.module.build)
-        recipe_lib.warn_if_files_unused(parts, ctx, spec.recipe.name)
+        _check_built(parts, ctx, spec, strategy)
         model, optimizer = strategy.prepare(parts.model, parts.optimizer)
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
     compile_model(model, spec.trainer.compile)
@@ -155,6 +156,13 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
     return summary
+
+
+def _check_built(parts: recipe_lib.Parts, ctx: recipe_lib.BuildContext, spec: RunSpec, strategy: Strategy) -> None:
+    """Before the first step: input files the recipe ignores (a warning), and a class named in
+    ``trainer.activation_checkpointing`` that its one model lacks (an error, which a script's models are spared)."""
+    recipe_lib.warn_if_files_unused(parts, ctx, spec.recipe.name)
+    activation_checkpointing.apply(parts.model, strategy.activation_checkpointing)
 
 
 def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, loop: "_Loop", losses: list[float],

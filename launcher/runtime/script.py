@@ -96,6 +96,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     if rank == 0:
         _say_if_precision_unused(strategy)
         _say_if_not_prepared(strategy, spec.strategy.name)
+        _say_if_not_recomputed(strategy)
     summary = {
         "status": "completed",
         "strategy": spec.strategy.name,
@@ -127,6 +128,17 @@ def _say_if_precision_unused(strategy: Any) -> None:
     if "grad_scaler" in unused:
         log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
                     "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
+
+
+def _say_if_not_recomputed(strategy: Any) -> None:
+    """``trainer.activation_checkpointing`` reaches a script through ``strategy.prepare()``; a name that no model
+    given to it contains recomputed nothing (a script may prepare several models, so it is not an error there)."""
+    unfound = strategy._unfound_recompute()
+    if unfound:
+        log.warning("trainer.activation_checkpointing names %s, but no model the script gave strategy.prepare() "
+                    "contains a module of that class%s, so nothing was recomputed for it; name the class of the model's "
+                    "blocks (docs/TRAINING.md)", ", ".join(unfound),
+                    "" if strategy._prepared else " (it never called strategy.prepare)")
 
 
 # What a script gets from these strategies only through strategy.prepare(model, optimizer)

@@ -77,11 +77,13 @@ def lookup(name: str) -> type["StrategyUnit"]:
 
 def build(spec: Any, runtime: Runtime) -> "Strategy":
     """Build the strategy ``spec`` (a validated unit) describes, for this worker; an unknown name lists the known ones.
-    Its ``precision`` is the run's ``trainer.precision`` (``strategy.autocast()`` in a script's own loop)."""
+    Its ``precision`` is the run's ``trainer.precision`` (``strategy.autocast()`` in a script's own loop), and
+    ``prepare()`` applies ``trainer.activation_checkpointing``."""
     lookup(spec.name)
     strategy = spec.build(runtime)
     if runtime.run_spec is not None:
         strategy.precision = runtime.run_spec.trainer.precision
+        strategy.activation_checkpointing = tuple(runtime.run_spec.trainer.activation_checkpointing)
     return strategy
 
 

@@ -30,10 +30,17 @@ class CentralStorageSpec(StrategyUnit):
                       "steps are per replica; use trainer.precision=bf16-mixed (no scaler needed)",
         "compile": "its replicas are threads of one process that run views of one module; torch.compile is not "
                    "made for that; use strategy=mirrored (one process per device) to compile",
+        "activation_checkpointing": "its 2+ replicas are threads of one process that share the CPU's random generator, "
+                                    "and a recomputed block restores that generator's state under the other replicas; "
+                                    "use strategy=mirrored (one process per device)",
     }
 
     def replicas(self, cluster: Any) -> int:
         return len(self.compute_devices) if self.compute_devices else 1
+
+    def refusal(self, feature: str, spec: Any) -> str | None:
+        one_replica = self.replicas(spec.cluster) == 1  # no replica threads: the recompute has the RNG to itself
+        return None if feature == "activation_checkpointing" and one_replica else self.refuses.get(feature)
 
     def describe(self) -> str:
         if not self.compute_devices:

@@ -77,6 +77,8 @@ class ParameterServerSpec(StrategyUnit):
                       "use trainer.precision=bf16-mixed (no scaler needed)",
         "compile": "each forward pulls the variables from the ps tasks over RPC (a functional call on a meta "
                    "module), which torch.compile cannot capture",
+        "activation_checkpointing": "each forward runs the module on the variables pulled for it (a functional call "
+                                    "on a meta module), and a forward recomputed in backward would find only meta tensors",
         "lr_schedule": "the ps tasks own the optimizer and its learning rate; set recipe.optimizer.lr instead",
         "clip_grad_norm": "the ps tasks apply each task's gradient shard by shard, so no process sees the whole "
                           "gradient to clip",

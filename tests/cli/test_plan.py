@@ -19,6 +19,13 @@ def test_the_training_row_names_precision_compile_clipping_schedule_and_evaluati
                    "evaluate every 25 steps")
 
 
+def test_the_training_row_names_the_recomputed_modules_and_one_replica_of_central_storage_may_recompute():
+    row = training_row("recipe=charlm", "trainer.activation_checkpointing=[TransformerEncoderLayer]")
+    assert row == "fp32; recompute TransformerEncoderLayer in backward (activation checkpointing)"
+    # central_storage refuses it over replica threads (tests/config/test_bad_configs.py), not on one device
+    assert "recompute Linear" in training_row("strategy=central_storage", "trainer.activation_checkpointing=[Linear]")
+
+
 def test_under_fsdp_bf16_the_training_row_names_fsdps_mixed_precision_policy():
     """FSDP's MixedPrecisionPolicy gathers and computes in bf16, which plain autocast does not: the row says both."""
     policy = "FSDP MixedPrecisionPolicy: parameters gathered and computed in bf16, gradients reduced in fp32"

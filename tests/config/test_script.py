@@ -11,8 +11,9 @@ from tests.conftest import FIXTURES, dlaunch
 LOOP = FIXTURES / "custom_loop.py"
 
 
-def test_every_trainer_key_but_the_seed_and_precision_is_one_a_script_does_not_honour_and_says_why():
-    assert set(script.INSTEAD) == set(TrainerSpec.model_fields) - {"seed", "precision"}  # a new trainer key needs its reason
+def test_every_trainer_key_but_the_seed_precision_and_recompute_is_one_a_script_does_not_honour_and_says_why():
+    honoured = {"seed", "precision", "activation_checkpointing"}  # the last two by strategy.autocast() and prepare()
+    assert set(script.INSTEAD) == set(TrainerSpec.model_fields) - honoured  # a new trainer key needs its reason
 
 
 def test_trainer_keys_a_script_does_not_honour_are_refused_in_one_screen(tmp_path):
@@ -31,14 +32,15 @@ def test_trainer_keys_a_script_does_not_honour_are_refused_in_one_screen(tmp_pat
 
 
 def test_the_keys_a_script_honours_or_that_mean_nothing_to_it_are_accepted(tmp_path):
-    """trainer.seed seeds the RNGs; trainer.precision reaches the script's strategy.autocast(); resume=never (and auto,
+    """trainer.seed seeds the RNGs; trainer.precision reaches the script's strategy.autocast(), and
+    trainer.activation_checkpointing its strategy.prepare(); resume=never (and auto,
     what dlaunch resume adds) change nothing for a script. The default recipe's YAML (trainer.steps=200) is not
     composed into a script's run, so it is not held against it."""
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
     proc = dlaunch("script=custom_loop.py", "trainer.seed=3", "trainer.resume=never", "trainer.precision=bf16-mixed",
-                   "launch.dry_run=true", cwd=tmp_path)
+                   "trainer.activation_checkpointing=[Linear]", "launch.dry_run=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "custom_loop.py (as __main__" in proc.stdout
+    assert "custom_loop.py (as __main__" in proc.stdout and "Linear in backward" in proc.stdout
 
 
 def test_a_recipe_chosen_or_set_beside_a_script_is_refused_not_ignored(tmp_path):
@@ -63,6 +65,16 @@ def test_fp16_is_refused_for_a_script_where_the_strategy_refuses_it_for_its_loop
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     said = " ".join(proc.stderr.split())
     assert "trainer.precision = fp16-mixed" in said and "strategy fsdp cannot do this: GradScaler checks only this rank's" in said
+
+
+def test_recompute_is_refused_for_a_script_over_replica_threads(tmp_path):
+    """strategy.prepare() would meet what the loop's does: replica threads sharing the CPU's random generator."""
+    shutil.copy(LOOP, tmp_path / "custom_loop.py")
+    proc = dlaunch("script=custom_loop.py", "strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]",
+                   "trainer.activation_checkpointing=[Linear]", "launch.dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = " ".join(proc.stderr.split())
+    assert "trainer.activation_checkpointing = ['Linear']" in said and "threads of one process" in said, said
 
 
 def test_a_script_in_the_users_own_primary_config_takes_the_recipes_place_too(tmp_path):

@@ -65,7 +65,8 @@ def test_one_seed_gives_the_same_initial_parameters_on_cpu_and_cuda(tmp_path):
      "trainer.eval_every=20", "recipe.sample_chars=8"),
     ("trainer.precision=bf16-mixed", "trainer.grad_accum_steps=2", "trainer.clip_grad_norm=1.0",
      "trainer.lr_schedule.decay=cosine", "trainer.lr_schedule.warmup_steps=5"),
-], ids=["bf16", "fp16", "bf16-compile", "bf16-cuda-graphs-eval", "bf16-accum-clip-cosine"])
+    ("trainer.precision=bf16-mixed", "trainer.compile.enabled=true", "trainer.activation_checkpointing=[TransformerEncoderLayer]"),
+], ids=["bf16", "fp16", "bf16-compile", "bf16-cuda-graphs-eval", "bf16-accum-clip-cosine", "bf16-compile-recompute"])
 def test_charlm_trains_in_mixed_precision_on_the_gpu(run_dlaunch, extra):
     proc, run_dir = run_dlaunch("recipe=charlm", "trainer.steps=40", "trainer.log_every=10", "cluster.device=cuda", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -46,6 +46,34 @@ def test_every_strategy_trains_in_bf16_with_accumulation(run_dlaunch, strategy):
     assert summary(run_dir)["precision"] == "bf16-mixed"
 
 
+RECOMPUTED = {
+    # the recompute inside FSDP2's per-block gather (dropout on), and inside DTensor's split layers
+    "fsdp": ("TransformerEncoderLayer", "recipe=charlm", "recipe.dropout=0.1", "strategy=fsdp", "cluster=1x2",
+             "strategy.wrap=[TransformerEncoderLayer]"),
+    "mesh": ("Linear", "recipe=tp_mlp", "strategy=mesh", "cluster=1x2"),
+}
+
+
+@pytest.mark.parametrize("strategy", list(RECOMPUTED))
+def test_recomputed_blocks_train_bit_for_bit_as_kept_activations_do(run_dlaunch, strategy):
+    name, *args = RECOMPUTED[strategy]
+    common = ("trainer.steps=4", "trainer.log_every=1", "input.global_batch_size=8", *args)
+    kept_proc, kept = run_dlaunch(*common, name="kept")
+    proc, recomputed = run_dlaunch(*common, f"trainer.activation_checkpointing=[{name}]", name="recomputed")
+    assert kept_proc.returncode == 0 and proc.returncode == 0, (kept_proc.stderr + proc.stderr)[-3000:]
+    assert f"recompute {name} in backward" in proc.stdout  # the plan
+    assert f"module(s) of {name} recompute their forward in backward" in proc.stdout + proc.stderr
+    assert losses(recomputed) == losses(kept) and len(losses(kept)) == 4
+
+
+def test_a_class_the_recipes_model_lacks_ends_the_run_before_the_first_step_naming_its_classes(run_dlaunch):
+    proc, _ = run_dlaunch("recipe=digits", "trainer.activation_checkpointing=[Block]", "trainer.steps=5")
+    assert proc.returncode == 1
+    out = " ".join((proc.stdout + proc.stderr).replace("│", " ").split())
+    assert out.count("trainer.activation_checkpointing names Block, but ") == 1 and "Traceback" not in out
+    assert "its module types are: " in out and "step 1" not in out
+
+
 def test_accumulation_trains_like_the_whole_batch_at_once(run_dlaunch):
     """Mirrored 1x2 with 2 micro-batches of 16 per replica ends where one device with batches of 64 does."""
     common = ("trainer.steps=20", "trainer.checkpoint.every_steps=20", "recipe.examples=640")

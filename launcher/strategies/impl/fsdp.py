@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
+from launcher.distribute.activation_checkpointing import instances
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.extended import StrategyExtended
@@ -103,13 +104,7 @@ class WrapError(ValueError):
 
 def wrapped_units(module: torch.nn.Module, wrap: Sequence[str]) -> list[torch.nn.Module]:
     """Every submodule of a class named in ``wrap``, children before parents (fully_shard's order)."""
-    types = sorted({type(m).__name__ for m in module.modules()})
-    missing = [name for name in wrap if name not in types]
-    if missing:
-        raise WrapError(f"strategy.wrap names {', '.join(missing)}, but {type(module).__name__} contains no module of "
-                        f"that class; its module types are: {', '.join(types)}")
-    units = [m for m in module.modules() if type(m).__name__ in wrap and m is not module]
-    return list(reversed(units))
+    return list(reversed(instances(module, wrap, "strategy.wrap", WrapError)))
 
 
 def _check_optimizer(optimizer: Any, module: torch.nn.Module) -> None:
