@@ -14,7 +14,6 @@ are the same as without it, bit for bit; compiled, they are the same as compiled
 
 from __future__ import annotations
 
-import functools
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -44,21 +43,51 @@ def instances(module: torch.nn.Module, names: Sequence[str], key: str,
 KEY = "trainer.activation_checkpointing"
 
 
+class NotRecomputable(ValueError):
+    """A named module whose recompute would not be the forward it replays (running statistics, its own forward)."""
+
+    explained = True
+
+
 def apply(module: torch.nn.Module, names: Sequence[str], strict: bool = True) -> int:
     """Recompute the forward of every instance of a class in ``names`` in backward; how many there are.
 
     ``strict``: a name ``module`` lacks raises ``UnknownModuleClass`` (a recipe's one model); otherwise it is
     skipped (a script may prepare several models, each with some of the classes). An instance inside another
-    recomputed one is left alone: its parent's recompute already covers it. Applying twice changes nothing."""
+    recomputed one is left alone: its parent's recompute already covers it. Applying twice changes nothing.
+    A shallow copy (``copy.copy``, ``nn.parallel.replicate``) would run the original's forward: copy deeply."""
+    if isinstance(names, str):
+        raise TypeError(f"activation_checkpointing takes a list of module class names, not the string {names!r}")
     if not names:
         return 0
+    root = type(module).__name__
+    if root in names and not any(type(m).__name__ == root for m in module.modules() if m is not module):
+        raise NotRecomputable(f"{KEY} names {root}, the model itself: its recompute in backward would hold all its "
+                              f"activations at once, as its forward does; name the classes of its blocks")
     present = types_in(module)
     found = instances(module, names if strict else [name for name in names if name in present], KEY)
     inside = {id(sub) for m in found for sub in m.modules() if sub is not m}
     chosen = [m for m in found if id(m) not in inside]
+    paths = {id(m): path for path, m in module.named_modules()}
     for m in chosen:
+        _check_recomputable(m, paths[id(m)])
         m.forward = types.MethodType(_recomputed_forward, m)  # deepcopy (mirrored's replicas) binds the copy
     return len(chosen)
+
+
+def _check_recomputable(m: torch.nn.Module, path: str) -> None:
+    """Refuse what the recompute would get wrong: a forward set on the instance (it would be bypassed), and
+    running statistics (batch norm's would be updated a second time each step)."""
+    cls = type(m).__name__
+    own = m.__dict__.get("forward")
+    if own is not None and getattr(own, "__func__", None) is not _recomputed_forward:
+        raise NotRecomputable(f"{KEY}: {path} ({cls}) has a forward set on the instance, which the recompute would "
+                              f"bypass; set it after strategy.prepare(), or leave {cls} out")
+    stats = [f"{sub_path} ({type(sub).__name__})" for sub_path, sub in m.named_modules(prefix=path)
+             if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.track_running_stats]
+    if stats:
+        raise NotRecomputable(f"{KEY}: {path} ({cls}) holds {', '.join(stats[:3])}, whose running statistics the "
+                              f"recompute would update a second time each step; name classes without batch norm")
 
 
 def types_in(module: torch.nn.Module) -> set[str]:
@@ -68,11 +97,18 @@ def types_in(module: torch.nn.Module) -> set[str]:
 
 def _recomputed_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The class's ``forward`` under ``torch.utils.checkpoint`` while training with gradients; as is otherwise
-    (evaluation, ``no_grad``), where there is nothing to save."""
+    (evaluation, ``no_grad``), where there is nothing to save. Keyword arguments reach ``checkpoint`` as positional
+    ones: it saves the RNG state of the devices of those alone, and it would take a keyword of its own (``debug``)."""
     forward = type(self).forward
     if not (self.training and torch.is_grad_enabled()):
         return forward(self, *args, **kwargs)
-    return checkpoint(functools.partial(forward, self), *args, use_reentrant=False, **kwargs)
+    keys = tuple(kwargs)
+
+    def replay(*inputs: Any) -> Any:
+        cut = len(inputs) - len(keys)
+        return forward(self, *inputs[:cut], **dict(zip(keys, inputs[cut:])))
+
+    return checkpoint(replay, *args, *kwargs.values(), use_reentrant=False)
 
 
 def checkpointed(module: torch.nn.Module) -> int:

@@ -222,7 +222,7 @@ class Strategy:
         if self.activation_checkpointing and self._extended._num_local > 1:
             raise ValueError("activation checkpointing needs one replica per process: replica threads share the CPU's "
                              "random generator, and a recomputed forward restores its state under the other replicas")
-        # before DDP, FSDP or DTensor wrap it; a script may prepare several models, each with some of the classes
+        # before DDP or FSDP2 wrap it; a script may prepare several models, each with some of the classes
         recomputed = activation_checkpointing.apply(module, self.activation_checkpointing, strict=False)
         present = activation_checkpointing.types_in(module)
         self._module_types |= present

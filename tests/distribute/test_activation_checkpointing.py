@@ -4,6 +4,7 @@ the same losses and gradients, the model's names unchanged."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -100,6 +101,51 @@ def test_a_name_the_model_lacks_is_said_with_the_models_module_types():
     with pytest.raises(ac.UnknownModuleClass, match=r"trainer.activation_checkpointing names Blok, but Net contains no module "
                        r"of that class; its module types are: Block, Dropout, Linear, ModuleList, Net$"):
         ac.apply(Net(), ["Block", "Blok"])
+
+
+class Scaled(torch.nn.Module):
+    """A block given a tensor by keyword, under a name torch.utils.checkpoint also takes (``debug``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.drop = torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor, *, debug: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x)) * debug
+
+
+def test_keyword_tensors_reach_the_forward_and_train_as_without_it():
+    torch.manual_seed(0)
+    plain = torch.nn.ModuleList([Scaled()])
+    recomputed = copy.deepcopy(plain)
+    ac.apply(recomputed, ["Scaled"])
+    x, scale = torch.randn(4, 8), torch.full((4, 8), 3.0, requires_grad=True)
+    results = []
+    for model in (plain, recomputed):
+        scale.grad = None
+        torch.manual_seed(1)
+        model[0](x, debug=scale).square().sum().backward()
+        results.append([scale.grad.clone(), model[0].lin.weight.grad.clone()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("model, names, said", [
+    (torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))), ["Sequential"],
+     "0 (Sequential) holds 0.1 (BatchNorm1d), whose running statistics the recompute would update a second time"),
+    (Net(), ["Net"], "names Net, the model itself: its recompute in backward would hold all its activations at once"),
+], ids=["batch norm", "the model itself"])
+def test_what_the_recompute_would_get_wrong_is_refused(model, names, said):
+    with pytest.raises(ac.NotRecomputable, match=re.escape(said)):
+        ac.apply(model, names)
+
+
+def test_a_forward_set_on_the_instance_and_a_string_are_refused():
+    model = Net()
+    model.blocks[1].forward = lambda x: x
+    with pytest.raises(ac.NotRecomputable, match=r"blocks.1 \(Block\) has a forward set on the instance"):
+        ac.apply(model, ["Block"])
+    with pytest.raises(TypeError, match="a list of module class names, not the string 'Block'"):
+        ac.apply(Net(), "Block")
 
 
 def test_a_name_a_model_lacks_is_skipped_where_not_strict():
