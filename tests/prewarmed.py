@@ -103,7 +103,10 @@ class Zygote:
         self._root, self._env = root, env  # the environment it imports under: the session's, not a test's
         self._proc: subprocess.Popen | None = None
         self._busy = threading.Lock()
-        self._scratch = tempfile.mkdtemp(prefix="dlaunch-zygote-")  # the running command's stdout and stderr files
+        # the running command's stdout and stderr files, made at the first command: every process that imports
+        # the conftest builds a Zygote (spawned workers unpickling a test's function, the xdist controller), and
+        # only the pytest session's closes it
+        self._scratch: str | None = None
 
     def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
         """``dlaunch ARGS`` forked from the zygote; None where it cannot (busy, or not on Linux)."""
@@ -149,6 +152,8 @@ class Zygote:
         self._proc = None
 
     def _started(self) -> subprocess.Popen:
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="dlaunch-zygote-")
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 # ``tests`` from the checkout, last on the path: ``launcher`` is the installed copy, as a fresh
@@ -177,7 +182,8 @@ class Zygote:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.stdin.close()
             self._proc.wait(30)
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def _read(path: str) -> str:
