@@ -14,7 +14,7 @@ are the same as without it, bit for bit; compiled, they are the same as compiled
 
 from __future__ import annotations
 
-import types
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +55,8 @@ def apply(module: torch.nn.Module, names: Sequence[str], strict: bool = True) ->
     ``strict``: a name ``module`` lacks raises ``UnknownModuleClass`` (a recipe's one model); otherwise it is
     skipped (a script may prepare several models, each with some of the classes). An instance inside another
     recomputed one is left alone: its parent's recompute already covers it. Applying twice changes nothing.
-    A shallow copy (``copy.copy``, ``nn.parallel.replicate``) would run the original's forward: copy deeply."""
+    A shallow copy (``copy.copy``, ``nn.parallel.replicate``) would run the original's forward: copy deeply.
+    A whole-model pickle keeps the recompute, and loads where this module can be imported."""
     if isinstance(names, str):
         raise TypeError(f"activation_checkpointing takes a list of module class names, not the string {names!r}")
     if not names:
@@ -71,7 +72,9 @@ def apply(module: torch.nn.Module, names: Sequence[str], strict: bool = True) ->
     paths = {id(m): path for path, m in module.named_modules()}
     for m in chosen:
         _check_recomputable(m, paths[id(m)])
-        m.forward = types.MethodType(_recomputed_forward, m)  # deepcopy (mirrored's replicas) binds the copy
+        # a partial, not a bound method: a whole-model pickle (torch.save(model)) rebuilds it by name, and deepcopy
+        # (mirrored's replicas) binds the copy
+        m.forward = functools.partial(_recomputed_forward, m)
     return len(chosen)
 
 
@@ -80,7 +83,7 @@ def _check_recomputable(m: torch.nn.Module, path: str) -> None:
     running statistics (batch norm's would be updated a second time each step)."""
     cls = type(m).__name__
     own = m.__dict__.get("forward")
-    if own is not None and getattr(own, "__func__", None) is not _recomputed_forward:
+    if own is not None and not _is_recomputed(own):
         raise NotRecomputable(f"{KEY}: {path} ({cls}) has a forward set on the instance, which the recompute would "
                               f"bypass; set it after strategy.prepare(), or leave {cls} out")
     stats = [f"{sub_path} ({type(sub).__name__})" for sub_path, sub in m.named_modules(prefix=path)
@@ -113,4 +116,8 @@ def _recomputed_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any
 
 def checkpointed(module: torch.nn.Module) -> int:
     """How many of ``module``'s submodules recompute their forward in backward (for the run's log)."""
-    return sum(1 for m in module.modules() if getattr(m.__dict__.get("forward"), "__func__", None) is _recomputed_forward)
+    return sum(1 for m in module.modules() if _is_recomputed(m.__dict__.get("forward")))
+
+
+def _is_recomputed(forward: Any) -> bool:
+    return isinstance(forward, functools.partial) and forward.func is _recomputed_forward
