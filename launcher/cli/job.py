@@ -43,8 +43,10 @@ class Status:
 
 
 def job_key(overrides: list[str]) -> tuple[str, ...]:
-    """The overrides that shape a job's config (Hydra's own settings do not)."""
-    return tuple(sorted(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))))
+    """The overrides that shape a job's config (Hydra's own settings do not), as the pre-check and the job both
+    write them: Hydra records a deletion ``~recipe`` (a script's) as ``~recipe=null``."""
+    return tuple(sorted(o.removesuffix("=null") if o.startswith("~") else o
+                        for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))))
 
 
 def cuda_devices() -> int:
@@ -89,7 +91,10 @@ def _job(cfg: Any) -> Any:
     ended = len(Status.codes)  # grows once the job has an exit code: a stop after that is not one before it started
     try:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
-        spec = Status.validated.get(key) or composer.validate(cfg, cuda)
+        # From where dlaunch was started, as the pre-check did: with hydra.job.chdir=true Hydra is in the job's own
+        # directory, and relative paths (script.path, input.files) name files beside the command
+        with contextlib.chdir(HydraConfig.get().runtime.cwd):
+            spec = Status.validated.get(key) or composer.validate(cfg, cuda)
         spec = scheduled.placed(spec)
         _checkpoint_dir_writable(spec, run_dir)
         with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL

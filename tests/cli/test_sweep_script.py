@@ -54,3 +54,33 @@ def test_a_refused_sweep_jobs_row_keeps_the_scripts_arguments_too(tmp_path):
     assert "every job: script=chief_metrics.py cluster=1x2 cluster.device=cpu -- --steps 2\n" in proc.stdout, proc.stdout[-3000:]
     jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
     assert [(j["status"], j["overrides"].endswith(" -- --steps 2")) for j in jobs] == [("config error", True), ("completed", True)]
+
+
+WRITES_HERE = """import sys
+from pathlib import Path
+
+Path("out.txt").write_text(" ".join(sys.argv[1:]))  # relative: the job's own directory under hydra.job.chdir=true
+"""
+
+
+def test_with_hydra_job_chdir_each_job_runs_in_its_own_directory_and_finds_the_script_beside_the_command(tmp_path):
+    """Each job was refused with `script.path=writes_here.py: no such file: SWEEP/0/writes_here.py`: the pre-check's
+    key for a script's job (`~recipe`) missed Hydra's record of it (`~recipe=null`), so the job validated again, from
+    the job's directory. A range axis (jobs the pre-check cannot list) is validated in the job, beside the command."""
+    (tmp_path / "writes_here.py").write_text(WRITES_HERE)
+    sweep_dir = tmp_path / "sweep"
+    proc = dlaunch("-m", "script=writes_here.py", "script.args=[a],[b]", "input.seed=range(1,2)", "hydra.job.chdir=true",
+                   f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [(sweep_dir / str(j) / "out.txt").read_text() for j in (0, 1)] == ["a", "b"]
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_scripts_job_has_the_key_its_pre_check_gave_it():
+    """Hydra records the pre-check's `~recipe` as `~recipe=null`: the keys differed, so every script job composed and
+    validated itself a second time (and, under hydra.job.chdir, from the wrong directory)."""
+    from launcher.cli.job import job_key
+
+    typed = ["++script.path=w.py", "~recipe", "hydra.job.chdir=true"]
+    assert job_key(["~recipe=null", "++script.path=w.py"]) == job_key(typed) == ("++script.path=w.py", "~recipe")
+    assert job_key(["~input.seed=3"]) == ("~input.seed=3",)  # a deletion of one value keeps it
