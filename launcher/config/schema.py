@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from launcher.cluster import address
 from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rules
 from launcher.config.script import ScriptSpec, script_fits
 from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
+from launcher.config.user_recipes import absolute_file
 from launcher.input import checks
 from launcher.input import files as files_lib
 from launcher.input.auto_shard import AutoShardPolicy, too_few_files
@@ -220,7 +221,7 @@ class RecipeSpec(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = Field(min_length=1, description="the recipe's name: its YAML under conf/recipe, or its file's stem")
-    entry: str = Field(min_length=1, description="module name, or path to the recipe's .py file")
+    entry: Annotated[str, AfterValidator(absolute_file)] = Field(min_length=1, description="module name, or path to the recipe's .py file")
     strategies: list[StrategyName] = Field(default_factory=list, description="strategies the recipe declares it supports")
 
 

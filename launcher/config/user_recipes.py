@@ -86,6 +86,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def absolute_file(entry: str) -> str:
+    """``recipe.entry``: a .py path made absolute from where dlaunch started, as workers get it (they may start in
+    another directory: hydra.job.chdir=true); a module name as is."""
+    return str(Path(entry).expanduser().absolute()) if entry.endswith(".py") else entry
+
+
 def _entry(path: Path, entry: Any, shipped: dict[str, Path]) -> str:
     if path in shipped.values():  # a shipped YAML names no entry: its module sits beside it in the package
         return f"launcher.recipes.{path.stem}"

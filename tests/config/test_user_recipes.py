@@ -83,6 +83,19 @@ def test_a_moved_copy_runs_by_path(tmp_path, capsys):
     assert summary(run_dir)["steps"] == 3
 
 
+def test_a_relative_recipe_entry_is_found_from_a_jobs_own_directory(tmp_path, capsys):
+    """`recipe.entry=mine.py` with hydra.job.chdir=true: the run imported `mine.py` from its run directory
+    (`recipe file mine.py does not exist`); the validated entry is absolute, from where dlaunch started."""
+    assert recipes.main(["cp", "linear", str(tmp_path) + "/"]) == 0
+    capsys.readouterr()
+    (tmp_path / "linear.py").rename(tmp_path / "mine.py")
+    run_dir = tmp_path / "run"
+    proc = dlaunch("recipe.entry=mine.py", "trainer.steps=3", "hydra.job.chdir=true", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(run_dir)["steps"] == 3
+    assert OmegaConf.load(run_dir / "config.yaml").recipe.entry == str(tmp_path / "mine.py")
+
+
 def problems_of(overrides: list[str]) -> str:
     with pytest.raises(ConfigError) as caught:
         spec_of(overrides)
