@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config import shapes, user_recipes
 from launcher.config.errors import ConfigError, Problem, did_you_mean
 from launcher.config.schema import ClusterSpec, RunSpec
+from launcher.config.unknown_keys import unknown_key_problem
 from launcher.config.validation import key_of, validate
 
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
@@ -295,35 +296,6 @@ def _value_text(ov: Override) -> Any:
         return ov.get_value_element_as_str()
     except Exception:  # noqa: BLE001 - only used for display
         return None
-
-
-def _in_a_section(node: Any, keys: list[str], part: str) -> str | None:
-    """``trainer.warmup_steps``: the section under ``node`` that has the key (``lr_schedule.warmup_steps``)."""
-    for key in keys:
-        child = node._get_node(key)  # not node[key]: a leaf's interpolation would be resolved (and may fail)
-        if key != "hydra" and isinstance(child, DictConfig) and part in child.keys():  # keys(): a ??? one too
-            return f"{key}.{part}"
-    return None
-
-
-def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | None:
-    """None if ``dotted`` exists in ``tree``; otherwise a problem naming the nearest key."""
-    parts = dotted.split(".")
-    node: Any = tree
-    for i, part in enumerate(parts):
-        if isinstance(node, DictConfig) and part in node:
-            node = node[part]
-            continue
-        siblings = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
-        prefix = ".".join(parts[:i])
-        guess = did_you_mean(part, siblings) or _in_a_section(node, siblings, part)
-        suggestion = ".".join([*parts[:i], guess, *parts[i + 1 :]]) if guess else None
-        where = f" under {prefix}" if prefix else ""
-        return Problem(
-            key=dotted, value=value, message=f"unknown key{where}",
-            allowed=tuple(s for s in siblings if s != "hydra"), suggestion=suggestion,
-        )
-    return None
 
 
 def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:

@@ -25,6 +25,15 @@ CASES = [
     (["+trainer.warmup_steps=5"], "trainer.warmup_steps", "did you mean trainer.lr_schedule.warmup_steps"),
     (["trainer.warmup_steps=5"], "trainer.warmup_steps", "did you mean trainer.lr_schedule.warmup_steps"),
     (["+trainer.foo=1"], "trainer.foo", "unknown key"),
+    # other tools' habits: the same name elsewhere beats a sibling that merely begins with it (lr_schedule)
+    (["trainer.lr=0.1"], "trainer.lr", "did you mean recipe.optimizer.lr?"),
+    (["lr=0.1"], "lr", "did you mean recipe.optimizer.lr?"),
+    (["optimizer.lr=0.1"], "optimizer.lr", "did you mean recipe.optimizer.lr?"),
+    (["steps=10"], "steps", "did you mean trainer.steps?"),
+    (["trainer.global_batch_size=64"], "trainer.global_batch_size", "did you mean input.global_batch_size?"),
+    (["trainer.batch_size=8"], "trainer.batch_size", "did you mean input.global_batch_size?"),
+    (["max_steps=100"], "max_steps", "did you mean trainer.steps?"),
+    (["trainer.step=3"], "trainer.step", "did you mean trainer.steps?"),
     (["recipe.optimizr.lr=0.1"], "recipe.optimizr.lr", "did you mean recipe.optimizer.lr"),
     (["+recipe.optimizer.nesterov=1"], "recipe.optimizer.nesterov", "unknown key"),
     # how each step trains (issue 15)
