@@ -93,7 +93,7 @@ def _job(cfg: Any) -> Any:
         # Validated once already by the pre-check; a sweeper's job that it could not foresee is validated here.
         # From where dlaunch was started, as the pre-check did: with hydra.job.chdir=true Hydra is in the job's own
         # directory, and relative paths (script.path, input.files) name files beside the command
-        with contextlib.chdir(HydraConfig.get().runtime.cwd):
+        with _where_started():
             spec = Status.validated.get(key) or composer.validate(cfg, cuda)
         spec = scheduled.placed(spec)
         _checkpoint_dir_writable(spec, run_dir)
@@ -117,6 +117,14 @@ def _job(cfg: Any) -> Any:
     if Status.codes and Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
         Status.stopped = f"job {run_dir.name} was stopped by {signal.Signals(Status.codes[-1] - 128).name}"
     return summary
+
+
+def _where_started() -> contextlib.AbstractContextManager:
+    """In the directory dlaunch was started from, where it exists (a SLURM node may not have the submit host's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    started = Path(HydraConfig.get().runtime.cwd)
+    return contextlib.chdir(started) if started.is_dir() else contextlib.nullcontext()
 
 
 def _not_run(run_dir: Path, cfg: Any, key: tuple[str, ...], console: Console) -> None:
