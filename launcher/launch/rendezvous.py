@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore
@@ -42,10 +44,36 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now (the socket is closed again: a process that binds it next may race another)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+    """A port free on ``host`` now, for another process to bind later; below the kernel's ephemeral range.
+
+    The socket is closed again, so the port is only likely to stay free. A port the kernel hands out (to a
+    port-0 bind, or to an outgoing connection: every gloo pair and store client makes some) can take it in
+    the meantime; one below that range only another explicit pick can. Port 0's answer is the fallback.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_low()
+    if low > _FIRST_PICKED + 1024:
+        for port in random.SystemRandom().sample(range(_FIRST_PICKED, low), 32):  # not the seeded global random
+            with socket.socket(family) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket(family) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+_FIRST_PICKED = 10000  # below: registered services more often listen
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port the kernel hands out on its own (Linux; 0 where unknown, so nothing is below it)."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def listening_store(host: str, port: int, timeout_s: float = 60.0, sock: socket.socket | None = None) -> TCPStore:

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 
 import pytest
 import torch
 
+from launcher.launch.rendezvous import free_port
 from tests.conftest import PROBE, command, summary
 
 pytestmark = pytest.mark.slow
 COMMON = ("recipe=linear", "strategy=mirrored", "trainer.steps=30", "trainer.log_every=10",
           f"recipe.entry={PROBE}", "+recipe.save_params=true", "+recipe.record_env=true", "input.global_batch_size=32")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def params(run_dir):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch.rendezvous import listening_store
+from launcher.launch.rendezvous import free_port, listening_store
 
 PROC_TCP = Path("/proc/net/tcp")
 
@@ -91,3 +91,28 @@ def test_a_stop_signal_during_the_failed_node_check_stops_the_agent_and_is_not_s
             raise RuntimeError("Connection reset by peer")
 
     assert rendezvous.failed_peer(types.SimpleNamespace(nodes=Gone())) is None
+
+
+RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+@pytest.mark.skipif(not RANGE.exists(), reason="needs Linux's ephemeral port range")
+def test_a_picked_port_is_below_the_ports_the_kernel_hands_out_so_no_connection_can_take_it_meanwhile():
+    """CI once lost a parameter-server test: the chief's picked port was taken by another test's connection."""
+    import random
+    import socket
+
+    low = int(RANGE.read_text().split()[0])
+    random.seed(0)  # a test's seed in this process must not make two processes pick the same ports
+    ports = {free_port() for _ in range(8)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    with socket.create_server(("127.0.0.1", ports.pop())):  # and it binds
+        pass
+
+
+def test_without_a_known_ephemeral_range_the_kernel_picks(tmp_path, monkeypatch):
+    from launcher.launch import rendezvous
+
+    assert rendezvous._ephemeral_low(str(tmp_path / "missing")) == 0
+    monkeypatch.setattr(rendezvous, "_ephemeral_low", lambda: 0)
+    assert 0 < free_port() < 65536

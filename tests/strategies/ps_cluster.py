@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from launcher.launch.rendezvous import free_port
+
 
 def cluster_spec(workers: int, ps: int) -> dict[str, list[str]]:
     """A chief on a free loopback port; the other tasks' addresses are placeholders (they meet at the chief's)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     return {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{1 + i}" for i in range(workers)],
             "ps": [f"127.0.0.1:{100 + i}" for i in range(ps)]}
 

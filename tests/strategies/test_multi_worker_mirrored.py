@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from launcher.cluster.resolvers import SimpleClusterResolver
+from launcher.launch.rendezvous import free_port
 from tests.conftest import PROBE
 
 pytestmark = pytest.mark.slow
@@ -28,12 +28,6 @@ print(json.dumps({"task": [r.task_type, r.task_id], "replicas": s.num_replicas_i
                   "sum_none": s.reduce("SUM", v, axis=None).tolist(), "sum0": int(s.reduce("SUM", v, axis=0)),
                   "mean_partial": float(s.reduce("MEAN", s.run(lambda t: t, args=(batch,)), axis=0))}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_tf_config_workers_started_by_hand_form_one_job(tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
+from launcher.launch.rendezvous import free_port
 from launcher.runtime.outputs import read_records
 from tests.conftest import FIXTURES, command, summary
 from tests.launch.test_restarts import STARTUP_S, run_processes
@@ -139,9 +139,7 @@ def test_a_partitioned_million_row_table_never_lands_on_a_worker(run_dlaunch):
 
 def test_each_task_can_run_its_own_dlaunch_as_on_separate_machines(tmp_path):
     """cluster=tasks with cluster.task: four dlaunch commands, one per task, meeting at the chief's address."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     tasks = f'{{chief: ["127.0.0.1:{port}"], worker: ["127.0.0.1:2223"], ps: ["127.0.0.1:2224", "127.0.0.1:2225"]}}'
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     procs = {
