@@ -12,13 +12,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from launcher.cluster import address
+from launcher.config import run_rules
 from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rules
 from launcher.config.script import ScriptSpec, script_fits
 from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
 from launcher.config.user_recipes import absolute_file
 from launcher.input import checks
 from launcher.input import files as files_lib
-from launcher.input.auto_shard import AutoShardPolicy, too_few_files
+from launcher.input.auto_shard import AutoShardPolicy
 from launcher import strategies
 
 # Every strategy's model, from its own file in launcher/strategies/ (the registry finds them).
@@ -286,115 +287,9 @@ class RunSpec(Strict):
         # a strategy that cannot run a script: its own rules' problems (cluster.ps=0) would be fixes that fix nothing
         moot = self.script is not None and not self.strategy.runs_scripts
         shape, device = ((), ()) if moot else (self.strategy.shape_rules(), self.strategy.device_rules())
-        rules = (script_fits, *shape, _fixed_port, _recipe_supports, _batch_divides, _whole_batches,
-                 _files_cover_workers, _devices_exist, _strategy_device_exists, _backend_fits, *device,
+        r = run_rules
+        rules = (script_fits, *shape, r.fixed_port, r.recipe_supports, r.batch_divides, r.whole_batches,
+                 r.files_cover_workers, r.devices_exist, r.strategy_device_exists, r.backend_fits, *device,
                  accumulation_divides, strategy_trains_so, precision_runs_here)
-        check_rules(tuple(r for r in rules if self.script is None or r not in _LOOP_RULES), self, cuda)
+        check_rules(tuple(rule for rule in rules if self.script is None or rule not in r.LOOP_RULES), self, cuda)
         return self
-
-
-def _fixed_port(spec: RunSpec, cuda: int) -> None:
-    c = spec.cluster
-    if c.nodes > 1 and c.node_rank is not None and c.master_port == 0:
-        raise PlanError(
-            "cluster.master_port", 0,
-            f"cluster {c.shape} with cluster.node_rank={c.node_rank}: every node must meet at the same "
-            f"address, so give a port (e.g. cluster.master_port=29500)",
-        )
-
-
-def _recipe_supports(spec: RunSpec, cuda: int) -> None:
-    declared = spec.recipe.strategies
-    if declared and spec.strategy.name not in declared:
-        raise PlanError(
-            "strategy", spec.strategy.name,
-            f"recipe {spec.recipe.name} declares strategies {', '.join(declared)}; {spec.strategy.name} is not among them "
-            f"(to run it anyway: 'recipe.strategies=[{spec.strategy.name}]')",
-        )
-
-
-def _batch_divides(spec: RunSpec, cuda: int) -> None:
-    n, gbs = spec.num_replicas, spec.input.global_batch_size
-    if gbs % n:
-        raise PlanError(
-            "input.global_batch_size", gbs,
-            f"cluster {spec.cluster.shape} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
-            f"(try {nearby_multiples(gbs, n)})",
-        )
-
-
-def nearby_multiples(value: int, n: int) -> str:
-    """The multiples of ``n`` either side of ``value``: ``50 or 52`` for 51 and 2."""
-    below, above = value - value % n, value + n - value % n
-    return f"{below} or {above}" if below > 0 else str(above)
-
-
-def _whole_batches(spec: RunSpec, cuda: int) -> None:
-    """A last partial global batch splits unevenly over the replicas (or leaves some none): dlaunch's loop weights
-    each replica's mean loss by its rows (launcher/runtime/step.py), so it trains as one device does; a strategy
-    with a loop of its own may not (a manual step neither: config/recipe_rules.py)."""
-    if spec.num_replicas == 1 or spec.input.drop_remainder:
-        return
-    why = spec.strategy.refusal("partial-batches", spec)
-    if why:
-        raise PlanError("input.drop_remainder", False,
-                        f"with {spec.num_replicas} replicas a last partial global batch leaves some replicas short or "
-                        f"empty, and {why}")
-
-
-def _files_cover_workers(spec: RunSpec, cuda: int) -> None:
-    if spec.input.auto_shard_policy != "FILE":
-        return
-    files, workers = len(spec.input.files), spec.num_processes
-    if files == 0:
-        raise PlanError(
-            "input.auto_shard_policy", "FILE",
-            "FILE shards input.files across workers, but input.files is not set; set input.files or use AUTO, DATA or OFF",
-        )
-    if files < workers:
-        raise PlanError(
-            "input.auto_shard_policy", "FILE",
-            f"input.files matched {too_few_files(files, workers)} (cluster {spec.cluster.shape} = {workers} worker processes)",
-        )
-
-
-def _strategy_device_exists(spec: RunSpec, cuda: int) -> None:
-    for key, device in spec.strategy.named_devices():
-        if device.startswith("cuda") and int(device.split(":")[1]) >= cuda:
-            raise PlanError(key, device, f"{device} was asked for, but this machine has {cuda} CUDA device(s)")
-
-
-def _devices_exist(spec: RunSpec, cuda: int) -> None:
-    if spec.device_type(cuda) != "cuda":
-        return
-    if cuda == 0:
-        from launcher.cluster import gpus
-
-        why = gpus.driver_too_old()  # asked here alone: a worker never gets this far with no device
-        raise PlanError("cluster.device", "cuda", f"cuda was asked for, but {why}; or use cluster.device=cpu" if why else
-                        "cuda was asked for, but no CUDA device is visible; use cluster.device=cpu")
-    wanted = spec.cluster.devices_per_node
-    if wanted > cuda:
-        raise PlanError(
-            "cluster.devices_per_node", wanted,
-            f"cluster {spec.cluster.shape} asks for {wanted} CUDA devices per node, but this machine has {cuda}",
-        )
-    if spec.cluster.emulated and spec.cluster.world_size > cuda:  # each emulated node gets GPUs of its own
-        raise PlanError(
-            "cluster.nodes", spec.cluster.nodes,
-            f"cluster {spec.cluster.shape} emulates {spec.cluster.nodes} nodes on this machine, one CUDA device per "
-            f"process: {spec.cluster.nodes} x {wanted} = {spec.cluster.world_size}, but this machine has {cuda}; set "
-            "cluster.node_rank on each real node, or ask for fewer",
-        )
-
-
-def _backend_fits(spec: RunSpec, cuda: int) -> None:
-    if spec.backend(cuda) == "nccl" and spec.device_type(cuda) != "cuda":
-        raise PlanError("cluster.backend", "nccl", "nccl needs CUDA devices; use cluster.backend=gloo (or auto) on CPU")
-
-
-# dlaunch's loop's rules (batch, input, trainer): a script brings its own loop, so they are not checked for it.
-# trainer.precision reaches a script too (strategy.autocast()): precision_runs_here holds for it, and script_fits
-# refuses fp16-mixed where the strategy does.
-_LOOP_RULES = (_recipe_supports, _batch_divides, _whole_batches, _files_cover_workers, accumulation_divides,
-               strategy_trains_so)

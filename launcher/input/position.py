@@ -125,7 +125,7 @@ class DataStream:
         """A setting that the config accepts: the batch's own size where it is a multiple of what the config asks."""
         if found % self._multiple == 0:
             return f" (set input.global_batch_size={found} to match)"
-        from launcher.config.schema import nearby_multiples
+        from launcher.config.run_rules import nearby_multiples
 
         return (f". Its batches are split over the replicas as evenly as tf.distribute does, and train as on one device; "
                 f"input.global_batch_size must be a multiple of {self._multiple} (replicas x trainer.grad_accum_steps), "

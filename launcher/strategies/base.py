@@ -39,7 +39,7 @@ class StrategyUnit(Strict):
     example: ClassVar[tuple[str, ...]] = ("cluster=1x1",)  # overrides giving a cluster that exercises it
     # Trainer features it cannot honour, and why: fp16-mixed, compile, activation_checkpointing, lr_schedule,
     # clip_grad_norm (checked in config/trainer.py), fused-non-adam (fused SGD/Adagrad kernels; config/recipe_rules.py) and partial-batches
-    # (input.drop_remainder=false over several replicas; config/schema.py).
+    # (input.drop_remainder=false over several replicas; config/run_rules.py).
     refuses: ClassVar[dict[str, str]] = {}
     runs_scripts: ClassVar[bool] = True  # a script= can replace the recipe and loop under it
 

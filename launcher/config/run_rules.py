@@ -1,0 +1,123 @@
+"""The rules across a run's sections: cluster and strategy against the batch, the input, the devices and the backend.
+
+Each rule takes the ``RunSpec`` and the number of CUDA devices here, and raises ``PlanError`` naming the key
+to change; ``RunSpec`` checks them in order (launcher/config/schema.py), with the strategy's own rules.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.config.base import PlanError
+from launcher.config.trainer import accumulation_divides, strategy_trains_so
+from launcher.input.auto_shard import too_few_files
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunSpec
+
+
+def fixed_port(spec: RunSpec, cuda: int) -> None:
+    c = spec.cluster
+    if c.nodes > 1 and c.node_rank is not None and c.master_port == 0:
+        raise PlanError(
+            "cluster.master_port", 0,
+            f"cluster {c.shape} with cluster.node_rank={c.node_rank}: every node must meet at the same "
+            f"address, so give a port (e.g. cluster.master_port=29500)",
+        )
+
+
+def recipe_supports(spec: RunSpec, cuda: int) -> None:
+    declared = spec.recipe.strategies
+    if declared and spec.strategy.name not in declared:
+        raise PlanError(
+            "strategy", spec.strategy.name,
+            f"recipe {spec.recipe.name} declares strategies {', '.join(declared)}; {spec.strategy.name} is not among them "
+            f"(to run it anyway: 'recipe.strategies=[{spec.strategy.name}]')",
+        )
+
+
+def batch_divides(spec: RunSpec, cuda: int) -> None:
+    n, gbs = spec.num_replicas, spec.input.global_batch_size
+    if gbs % n:
+        raise PlanError(
+            "input.global_batch_size", gbs,
+            f"cluster {spec.cluster.shape} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
+            f"(try {nearby_multiples(gbs, n)})",
+        )
+
+
+def nearby_multiples(value: int, n: int) -> str:
+    """The multiples of ``n`` either side of ``value``: ``50 or 52`` for 51 and 2."""
+    below, above = value - value % n, value + n - value % n
+    return f"{below} or {above}" if below > 0 else str(above)
+
+
+def whole_batches(spec: RunSpec, cuda: int) -> None:
+    """A last partial global batch splits unevenly over the replicas (or leaves some none): dlaunch's loop weights
+    each replica's mean loss by its rows (launcher/runtime/step.py), so it trains as one device does; a strategy
+    with a loop of its own may not (a manual step neither: config/recipe_rules.py)."""
+    if spec.num_replicas == 1 or spec.input.drop_remainder:
+        return
+    why = spec.strategy.refusal("partial-batches", spec)
+    if why:
+        raise PlanError("input.drop_remainder", False,
+                        f"with {spec.num_replicas} replicas a last partial global batch leaves some replicas short or "
+                        f"empty, and {why}")
+
+
+def files_cover_workers(spec: RunSpec, cuda: int) -> None:
+    if spec.input.auto_shard_policy != "FILE":
+        return
+    files, workers = len(spec.input.files), spec.num_processes
+    if files == 0:
+        raise PlanError(
+            "input.auto_shard_policy", "FILE",
+            "FILE shards input.files across workers, but input.files is not set; set input.files or use AUTO, DATA or OFF",
+        )
+    if files < workers:
+        raise PlanError(
+            "input.auto_shard_policy", "FILE",
+            f"input.files matched {too_few_files(files, workers)} (cluster {spec.cluster.shape} = {workers} worker processes)",
+        )
+
+
+def strategy_device_exists(spec: RunSpec, cuda: int) -> None:
+    for key, device in spec.strategy.named_devices():
+        if device.startswith("cuda") and int(device.split(":")[1]) >= cuda:
+            raise PlanError(key, device, f"{device} was asked for, but this machine has {cuda} CUDA device(s)")
+
+
+def devices_exist(spec: RunSpec, cuda: int) -> None:
+    if spec.device_type(cuda) != "cuda":
+        return
+    if cuda == 0:
+        from launcher.cluster import gpus
+
+        why = gpus.driver_too_old()  # asked here alone: a worker never gets this far with no device
+        raise PlanError("cluster.device", "cuda", f"cuda was asked for, but {why}; or use cluster.device=cpu" if why else
+                        "cuda was asked for, but no CUDA device is visible; use cluster.device=cpu")
+    wanted = spec.cluster.devices_per_node
+    if wanted > cuda:
+        raise PlanError(
+            "cluster.devices_per_node", wanted,
+            f"cluster {spec.cluster.shape} asks for {wanted} CUDA devices per node, but this machine has {cuda}",
+        )
+    if spec.cluster.emulated and spec.cluster.world_size > cuda:  # each emulated node gets GPUs of its own
+        raise PlanError(
+            "cluster.nodes", spec.cluster.nodes,
+            f"cluster {spec.cluster.shape} emulates {spec.cluster.nodes} nodes on this machine, one CUDA device per "
+            f"process: {spec.cluster.nodes} x {wanted} = {spec.cluster.world_size}, but this machine has {cuda}; set "
+            "cluster.node_rank on each real node, or ask for fewer",
+        )
+
+
+def backend_fits(spec: RunSpec, cuda: int) -> None:
+    if spec.backend(cuda) == "nccl" and spec.device_type(cuda) != "cuda":
+        raise PlanError("cluster.backend", "nccl", "nccl needs CUDA devices; use cluster.backend=gloo (or auto) on CPU")
+
+
+# dlaunch's loop's rules (batch, input, trainer): a script brings its own loop, so they are not checked for it.
+# trainer.precision reaches a script too (strategy.autocast()): precision_runs_here holds for it, and script_fits
+# refuses fp16-mixed where the strategy does.
+LOOP_RULES = (recipe_supports, batch_divides, whole_batches, files_cover_workers, accumulation_divides,
+              strategy_trains_so)
