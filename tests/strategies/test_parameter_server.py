@@ -210,13 +210,16 @@ def test_a_worker_that_stops_before_the_chief_in_sync_mode_lets_the_chief_save(r
     assert not run_processes(run_dir)
 
 
+GRACE_S = 200  # the stop grace a save would have waited out, far above a busy machine's teardown
+
+
 def test_a_worker_killed_in_sync_mode_ends_the_job_at_once_with_the_newest_checkpoint(run_dlaunch):
     """The chief's push waits for the dead worker's gradients, where a signal cannot reach its Python handler: dlaunch
     gave it launch.stop_grace_s to save all the same (30 s by default), then SIGKILLed it, while the chief and the
     ps said "SIGTERM received ... then save" and "serving on" for a save that never came. It is a teardown now."""
     proc, run_dir = ps_run(run_dlaunch, "cluster.ps=1", "strategy.mode=sync", "trainer.steps=400",
                            "trainer.checkpoint.every_steps=5", "+recipe.kill_task=worker:0", "+recipe.kill_step=12",
-                           "+recipe.step_sleep=0.02", "launch.stop_grace_s=60")
+                           "+recipe.step_sleep=0.02", f"launch.stop_grace_s={GRACE_S}", timeout=480)
     assert proc.returncode == 1, proc.stderr[-3000:]
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "task worker:0 failed: root cause" in text and "signal SIGKILL" in text, text[-3000:]
@@ -224,6 +227,7 @@ def test_a_worker_killed_in_sync_mode_ends_the_job_at_once_with_the_newest_check
     saved = layout.latest(run_dir / "checkpoints")
     assert saved is not None and layout.step_of(saved) in (5, 10), text[-3000:]
     assert f"newest checkpoint: {saved}" in text, text[-3000:]
-    # no wait for a save: the error's time to the run's end, well under the 60 s grace it was given before
-    assert summary(run_dir)["status"] == "failed" and time.time() - summary(run_dir)["error"]["time"] < 40
+    # no wait for a save: from the error to the run's end took 45 s once under a hog and five test streams, and
+    # waiting out the grace would take all of it
+    assert summary(run_dir)["status"] == "failed" and time.time() - summary(run_dir)["error"]["time"] < GRACE_S * 0.75
     assert not run_processes(run_dir)
