@@ -115,6 +115,21 @@ def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     )
 
 
+def popen(*args: str, cwd: Path, env: dict | None = None, device: str | None = "cpu", session: bool = False):
+    """Start the real command line and leave it running; stdout and stderr go to one text stream, as with
+    ``subprocess.Popen(..., stdout=PIPE, stderr=STDOUT, text=True)``. The command is forked from this test process's
+    prewarmed interpreter where it is free (``tests/prewarmed.py``; the handle has Popen's ``pid``, ``poll``,
+    ``wait``, ``send_signal``, ``kill`` and ``communicate``), else a fresh process. ``session``: a process group of
+    its own (``start_new_session``)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
+    args = pinned(args, device)
+    forked = ZYGOTE and ZYGOTE.start(list(args), cwd, full_env, session=session)
+    if forked:
+        return forked
+    return subprocess.Popen(command(*args, device=None), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=session)
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

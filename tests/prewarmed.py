@@ -7,12 +7,14 @@ a command from it instead. The fork is a separate process, as a fresh one would 
 directory, environment, stdout and stderr files and exit status, stopped by a signal as any process is, and its
 workers, forkserver and agents are started by dlaunch itself exactly as from a fresh interpreter.
 
-What a fork cannot show, fresh interpreters cover: the tests of import cost, of the installed console script
-(``tests/test_packaging.py``) and of the warm forkserver, and every test that starts ``dlaunch`` with
-``subprocess.Popen``. ``DLAUNCH_TEST_FRESH=1`` runs every command in a fresh interpreter instead.
+``Zygote.start`` leaves the command running and hands back a ``Forked``, which a test signals and waits for as
+it would a ``subprocess.Popen`` (``conftest.popen``). What a fork cannot show, fresh interpreters cover: the
+tests of import cost, of the installed console script (``tests/test_packaging.py``) and of the warm forkserver,
+and every test that starts ``dlaunch`` with ``subprocess.Popen`` itself. ``DLAUNCH_TEST_FRESH=1`` runs every
+command in a fresh interpreter instead.
 
-The protocol, on the zygote's stdin and stdout, one command at a time: a JSON line ``{argv, cwd, env, out, err}``
-in; ``pid N`` out once forked, then ``status S`` (the raw wait status) once it has ended.
+The protocol, on the zygote's stdin and stdout, one command at a time: a JSON line ``{argv, cwd, env, out, err,
+session}`` in; ``pid N`` out once forked, then ``status S`` (the raw wait status) once it has ended.
 """
 
 from __future__ import annotations
@@ -61,10 +63,15 @@ def _child(request: dict) -> None:
     code = 1
     try:
         die_with_parent()
+        if request.get("session"):
+            os.setsid()  # as ``Popen(start_new_session=True)``: a group of its own, for ``os.killpg``
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, request["out"], os.O_WRONLY), (2, request["err"], os.O_WRONLY)):
+            if fd == 2 and path == request["out"]:
+                os.dup2(1, 2)  # ``stderr=STDOUT``: one file, one offset
+                continue
             opened = os.open(path, mode)
             os.dup2(opened, fd)
             os.close(opened)
@@ -109,7 +116,22 @@ class Zygote:
         self._scratch: str | None = None
 
     def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
-        """``dlaunch ARGS`` forked from the zygote; None where it cannot (busy, or not on Linux)."""
+        """``dlaunch ARGS`` forked from the zygote, to its end; None where it cannot (busy, or not on Linux)."""
+        proc = self.start(args, cwd, env, merged=False)
+        if proc is None:
+            return None
+        try:
+            proc.wait(timeout)  # any other exception (pytest-timeout's, say) discards the zygote with the command
+        except subprocess.TimeoutExpired:
+            self._discard(proc.pid)  # as subprocess.run does on its timeout; dlaunch's workers die with it
+            self._busy.release()
+            raise subprocess.TimeoutExpired(proc.args, timeout, _read(proc.out), _read(proc.err)) from None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, _read(proc.out), _read(proc.err))
+
+    def start(self, args: list[str], cwd, env: dict, merged: bool = True, session: bool = False) -> Forked | None:
+        """``dlaunch ARGS`` forked from the zygote and left running: a handle as ``subprocess.Popen`` gives, with
+        stderr in stdout where ``merged`` and a session of its own where ``session``. The zygote is this command's
+        until it has ended and the handle has seen it end. None where it cannot (busy, or not on Linux)."""
         if sys.platform != "linux" or not self._busy.acquire(blocking=False):
             return None
         if threading.current_thread() is not threading.main_thread() and (self._proc is None or self._proc.poll() is not None):
@@ -118,29 +140,21 @@ class Zygote:
             self._busy.release()
             return None
         try:
-            return self._run(args, cwd, env, timeout)
-        finally:
-            self._busy.release()
-
-    def _run(self, args, cwd, env, timeout) -> subprocess.CompletedProcess:
-        proc = self._started()
-        out, err = os.path.join(self._scratch, "stdout"), os.path.join(self._scratch, "stderr")
-        for path in (out, err):
-            open(path, "w").close()
-        request = {"argv": args, "cwd": str(cwd), "env": env, "out": out, "err": err}
-        proc.stdin.write((json.dumps(request) + "\n").encode())
-        proc.stdin.flush()
-        pid = None
-        try:
+            proc = self._started()
+            out, err = os.path.join(self._scratch, "stdout"), os.path.join(self._scratch, "stderr")
+            for path in (out, err):
+                open(path, "w").close()
+            err = out if merged else err
+            request = {"argv": args, "cwd": str(cwd), "env": env, "out": out, "err": err, "session": session}
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.flush()
             pid = int(self._reply(proc, "pid", 60).split()[1])
-            status = int(self._reply(proc, "status", timeout).split()[1])
-        except subprocess.TimeoutExpired:
-            self._discard(pid)  # as subprocess.run does on its timeout; dlaunch's workers die with it
-            raise subprocess.TimeoutExpired(["dlaunch", *args], timeout, _read(out), _read(err)) from None
-        except BaseException:  # pytest-timeout's, say: the next command must not meet a zygote still waiting
-            self._discard(pid)
+        except BaseException:
+            if self._proc is not None:
+                self._discard(None)
+            self._busy.release()
             raise
-        return subprocess.CompletedProcess(["dlaunch", *args], os.waitstatus_to_exitcode(status), _read(out), _read(err))
+        return Forked(self, ["dlaunch", *args], pid, out, err)
 
     def _discard(self, pid: int | None) -> None:
         """Kill the command and the zygote (its next command starts a new one); dlaunch's workers die with them."""
@@ -184,6 +198,53 @@ class Zygote:
             self._proc.wait(30)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class Forked:
+    """A command forked from the zygote, used as a ``subprocess.Popen(..., stdout=PIPE, text=True)`` is: ``pid``,
+    ``poll``, ``wait``, ``send_signal``, ``kill`` and ``communicate`` (its output, once it has ended)."""
+
+    def __init__(self, zygote: Zygote, args: list[str], pid: int, out: str, err: str):
+        self.args, self.pid, self.out, self.err = args, pid, out, err
+        self.returncode: int | None = None
+        self._zygote = zygote
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._zygote._proc.stdout], [], [], 0)[0]:
+            self.wait(60)  # its status line is there
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            zygote = self._zygote
+            try:
+                reply = zygote._reply(zygote._proc, "status", 1e9 if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                raise  # still running, as Popen.wait's timeout leaves it
+            except BaseException:  # the zygote is gone or garbled: the command with it, and the next one starts anew
+                zygote._discard(self.pid)
+                zygote._busy.release()
+                raise
+            self.returncode = os.waitstatus_to_exitcode(int(reply.split()[1]))
+            zygote._busy.release()
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(self.args, timeout, _read(self.out)) from None
+        return _read(self.out), (None if self.err == self.out else _read(self.err))
 
 
 def _read(path: str) -> str:

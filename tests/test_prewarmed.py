@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -59,3 +61,26 @@ def test_a_busy_zygote_declines_so_the_caller_runs_fresh(zygote, tmp_path):
     with zygote._busy:  # another thread's command is running
         assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60) is None
     assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60).returncode == 0
+
+
+def test_a_started_command_is_handled_as_a_popen_is(zygote, tmp_path):
+    """``Zygote.start``: a running command that a test signals, polls and reads once it has ended (``conftest.popen``)."""
+    run_dir = tmp_path / "long"
+    args = ["recipe=linear", "trainer.steps=100000000", "cluster.device=cpu", f"hydra.run.dir={run_dir}"]
+    proc = zygote.start(args, tmp_path, ENV, session=True)
+    try:
+        assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60) is None  # the zygote is the running command's
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.1)
+        assert proc.poll() is None and os.getpgid(proc.pid) == proc.pid  # a session, and so a group, of its own
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err is None  # stderr is in stdout, as with stderr=STDOUT
+    assert "stopped by SIGTERM after step" in out and "stopped (exit 143)" in out, out[-3000:]
+    assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60).returncode == 0  # free again

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from launcher.checkpoint import layout, read_tensors
-from launcher.launch import elastic
-from tests.conftest import PROBE, command, summary, with_overrides
+from tests.conftest import PROBE, popen, summary, with_overrides
 
 pytestmark = pytest.mark.slow
 COMMON = (f"recipe.entry={PROBE}", "recipe.examples=640", "trainer.steps=30", "trainer.log_every=1",
@@ -32,14 +31,11 @@ SHAPES = {"mirrored": ("strategy=mirrored", "cluster=1x2"), "multi_worker_mirror
           "one_device": ("strategy=one_device", "cluster=1x1")}
 
 
-def start(run_dir: Path, *args: str, common: tuple[str, ...] = COMMON) -> subprocess.Popen:
-    """dlaunch with ``common`` (the probe recipe's) and ``args`` (mirrored 1x2 unless ``args`` name a strategy)."""
+def start(run_dir: Path, *args: str, common: tuple[str, ...] = COMMON):
+    """dlaunch with ``common`` (the probe recipe's) and ``args`` (mirrored 1x2 unless ``args`` name a strategy), left
+    running: the console script's path, local CPU workers forked from its warm forkserver (``conftest.popen``)."""
     shape = () if any(a.startswith("strategy=") for a in args) else MIRRORED
-    return subprocess.Popen(
-        command(*with_overrides((*common, *shape, *args), f"hydra.run.dir={run_dir}"), warm=False),  # before a `--`
-        cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"},
-    )
+    return popen(*with_overrides((*common, *shape, *args), f"hydra.run.dir={run_dir}"), cwd=run_dir.parent)  # before a `--`
 
 
 def logged_steps(run_dir: Path) -> list[int]:
@@ -50,11 +46,18 @@ def logged_steps(run_dir: Path) -> list[int]:
 
 
 def run_processes(run_dir: Path) -> list[int]:
-    """Live processes started for this run: workers and node agents (the run's job file is on their command line)."""
-    found = []
+    """Live processes started for this run: node agents and fresh workers (the run's job file is on their command
+    line), and whatever works in the run's parent directory, where the suite starts each run (dlaunch, its warm
+    forkserver and the workers forked from it). Not multiprocessing's resource tracker: it leaves by itself once the
+    last process that shared it has gone (it reads to the end of its pipe), a moment after dlaunch. Nor a process
+    already exiting: its memory, and with it its command line, is gone (once in 6 runs, one was still found so)."""
+    found, marker, here = [], str(run_dir / ".dlaunch").encode(), str(run_dir.parent)
     for proc in Path("/proc").iterdir():
         try:
-            if str(run_dir / ".dlaunch").encode() in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if not cmdline or b"multiprocessing.resource_tracker" in cmdline:
+                continue
+            if marker in cmdline or os.readlink(proc / "cwd") in (here, str(run_dir)):
                 found.append(int(proc.name))
         except (OSError, ValueError):
             continue
@@ -62,17 +65,17 @@ def run_processes(run_dir: Path) -> list[int]:
 
 
 def worker_pids(run_dir: Path) -> dict[int, int]:
-    """rank -> pid of this run's live worker processes."""
+    """rank -> pid of this run's live worker processes, from the pid each rank's heartbeat keeps in its progress file
+    (``RUN_DIR/.dlaunch/rank-R.progress.json``, about once a second)."""
     found = {}
-    for proc in Path("/proc").iterdir():
+    for path in (run_dir / ".dlaunch").glob("rank-*.progress.json"):
         try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            if elastic.WORKER_MODULE.encode() not in cmdline or str(run_dir).encode() not in b" ".join(cmdline):
-                continue
-            env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
-            found[int(env[b"RANK"])] = int(proc.name)
-        except (OSError, ValueError, KeyError):
+            record = json.loads(path.read_text())
+            state = Path(f"/proc/{record['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, KeyError, IndexError):
             continue
+        if state != "Z":
+            found[int(record["rank"])] = int(record["pid"])
     return found
 
 

@@ -53,14 +53,10 @@ def test_a_signal_saves_a_checkpoint_and_stops_every_worker(tmp_path, signum):
 def test_a_signal_to_dlaunchs_whole_process_group_saves_before_anything_ends(tmp_path, signum):
     """`timeout`, `kill -TERM -PGID`, a scheduler preempting a job step: every process gets it, the warm forkserver
     too. The server stays until dlaunch ends, so the workers it forked save the step they stop after."""
-    import subprocess
-
-    from tests.conftest import command
+    from tests.conftest import popen
 
     run_dir = tmp_path / "run"
-    args = (*COMMON, "strategy=mirrored", "cluster=1x2", *LONG, f"hydra.run.dir={run_dir}")
-    proc = subprocess.Popen(command(*args), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}, start_new_session=True)
+    proc = popen(*COMMON, "strategy=mirrored", "cluster=1x2", *LONG, f"hydra.run.dir={run_dir}", cwd=tmp_path, session=True)
     try:
         wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3, STARTUP_S, "training")
         os.killpg(proc.pid, signum)
