@@ -187,3 +187,20 @@ def test_a_ctrl_c_as_the_server_starts_waits_for_the_guard_and_ends_it_quietly()
             "print('server', os.waitstatus_to_exitcode(status), signal.pthread_sigmask(signal.SIG_BLOCK, []), flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "server 130 set()\n", ""), proc.stderr[-3000:]
+
+
+@linux_only
+def test_a_kept_server_whose_workers_have_ended_is_killed_not_left_to_shut_torch_down(monkeypatch):
+    # its own exit would shut down an interpreter with torch imported: seconds after a stop on a busy machine
+    assert warm.start_early(["cluster=1x2"])
+    pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
+    monkeypatch.setattr(warm, "_kept", True)  # the job's workers forked from it, and have all ended
+
+    def no_waiting(seconds):
+        raise AssertionError("shutdown waited for a server with no worker left")
+
+    monkeypatch.setattr(warm.time, "sleep", no_waiting)
+    warm.shutdown()
+    assert not warm.started()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped at once
