@@ -45,13 +45,17 @@ def test_a_job_without_local_cpu_workers_stops_the_early_server():
 
 
 @linux_only
-def test_a_server_no_job_kept_is_stopped_at_the_end_not_waited_for(monkeypatch):
-    # a config error: main() returns before keep_if_useful; the server may still be importing torch
+@pytest.mark.parametrize("kept", [False, True], ids=["no job kept it", "its workers have ended"])
+def test_the_server_is_killed_at_the_end_not_waited_for(monkeypatch, kept):
+    # no job kept it (a config error: main() returns before keep_if_useful): it may still be importing torch;
+    # a job's workers forked from it and have all ended: its own exit would shut down an interpreter with torch
+    # imported, seconds after a stop on a busy machine
     assert warm.start_early(["cluster=1x2", "trainer.steps=-1"])
     pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
+    monkeypatch.setattr(warm, "_kept", kept)
 
     def no_waiting(seconds):
-        raise AssertionError("shutdown waited for a server that no job kept")
+        raise AssertionError("shutdown waited for a server with no worker")
 
     monkeypatch.setattr(warm.time, "sleep", no_waiting)
     warm.shutdown()
@@ -188,19 +192,3 @@ def test_a_ctrl_c_as_the_server_starts_waits_for_the_guard_and_ends_it_quietly()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "server 130 set()\n", ""), proc.stderr[-3000:]
 
-
-@linux_only
-def test_a_kept_server_whose_workers_have_ended_is_killed_not_left_to_shut_torch_down(monkeypatch):
-    # its own exit would shut down an interpreter with torch imported: seconds after a stop on a busy machine
-    assert warm.start_early(["cluster=1x2"])
-    pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
-    monkeypatch.setattr(warm, "_kept", True)  # the job's workers forked from it, and have all ended
-
-    def no_waiting(seconds):
-        raise AssertionError("shutdown waited for a server with no worker left")
-
-    monkeypatch.setattr(warm.time, "sleep", no_waiting)
-    warm.shutdown()
-    assert not warm.started()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # killed and reaped at once
