@@ -191,3 +191,18 @@ def wait_for(check, timeout_s: float = 10.0, interval_s: float = 0.05):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {getattr(check, '__name__', check)}")
+
+
+def process_state(pid: int) -> tuple[str, int, int] | None:
+    """A process's state letter, parent and process group, from ``/proc/PID/stat``; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie: where nothing reaps an orphan, it stays in the table with state Z."""
+    state = process_state(pid)
+    return state is not None and state[0] != "Z"

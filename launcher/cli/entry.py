@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
-
-# Nothing else at the top, and the noting first in entry(): a Ctrl-C before it is Python's own, with a traceback
-# from an import, as for any program interrupted as it starts (``typing`` here alone took 3 ms of that window).
+from typing import Callable
 
 
 def entry() -> None:
-    from launcher.cli import interrupts  # the first line of dlaunch that runs
+    from launcher.cli import interrupts
 
     interrupts.note_early()  # a Ctrl-C while torch imports would be lost inside it: noted, acted on at a safe point
     from launcher.cli import usage
@@ -39,7 +37,7 @@ def entry() -> None:
     leave(code or interrupts.requested())  # a stop noted where nothing acted on it (--cfg job)
 
 
-def _quietly(stop: "Callable[[], None]") -> None:  # not evaluated: no typing import, above
+def _quietly(stop: Callable[[], None]) -> None:
     """``stop()``, through one more Ctrl-C (or the signal torch elastic turns into ``SignalException``): the run
     already stopped and said so, and its exit code stands; a second press only cuts the tidying short."""
     try:

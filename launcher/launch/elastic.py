@@ -267,21 +267,24 @@ def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
 
 
 def start_workers(config: LaunchConfig, module: str, job: Path, single_node: bool, nccl_trace_prefix: str | None = None,
-                  extra_env: dict[str, str] | None = None, master_addr: str | None = None) -> None:
+                  extra_env: dict[str, str] | None = None, master_addr: str | None = None,
+                  forked: Callable[[str], int] | None = None) -> None:
     """``python -m module job`` on every worker, under the elastic agent; raises on failure.
 
     ``nccl_trace_prefix``: an nccl job's flight-recorder dumps go to this prefix + rank.
     ``extra_env``: more variables for the workers (a parameter-server task's identity).
     ``master_addr``: a multi-node job's collectives use the interface whose route reaches it.
+    ``forked``: ``forked(job)`` in workers forked from the running forkserver instead (``run_function``'s);
+    dlaunch's own workers fork from the command's warm server (``warm.started()``).
     """
     _quiet_agent()
     route = None if single_node or master_addr is None else node_route(master_addr)
     variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
     with worker_env_set({**variables, **(extra_env or {})}), agent.graceful_agent(config):
-        if module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
-            from launcher.runtime.worker import run_job  # imported by the forkserver already
-
+        if forked is None and module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
+            from launcher.runtime.worker import run_job as forked  # imported by the forkserver already
+        if forked is not None:
             config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)
-            elastic_launch(config, run_job)(str(job))
+            elastic_launch(config, forked)(str(job))
         else:
             elastic_launch(config, sys.executable)("-u", "-m", module, str(job))

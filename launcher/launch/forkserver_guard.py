@@ -1,4 +1,4 @@
-"""The warm forkserver's first import (``warm.PRELOAD``), and nobody else's: the server dies with dlaunch, a
+"""The warm forkserver's first import (``warm.PRELOAD``, and ``run_function``'s server's), and nobody else's: the server dies with
 Ctrl-C while it is still importing ends it quietly, and SIGTERM or SIGHUP leave it be.
 
 Without the first, a SIGKILLed dlaunch leaves the server to notice the end of its
@@ -56,5 +56,5 @@ BEFORE = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
 for _signum, _handler in BEFORE.items():
     if _handler == signal.SIG_DFL:  # one ignored (nohup's SIGHUP) stays ignored
         signal.signal(_signum, _stays)
-# blocked since the server was started (warm._sigint_blocked): a Ctrl-C held back meanwhile ends it now
+# blocked since the server was started (warm.sigint_blocked): a Ctrl-C held back meanwhile ends it now
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -11,26 +11,49 @@ process group by themselves::
     run_function(fn, nproc=2)                  # {0: 2, 1: 2}
 
 ``fn`` and its arguments are pickled, so ``fn`` must be importable (defined at
-module level). Results travel back through ``torch.save`` and are loaded with
-``weights_only=True``: return tensors, numbers, strings, lists, tuples or dicts.
+module level, or in the script that calls ``run_function``). Results travel back through
+``torch.save`` and are loaded with ``weights_only=True``: return tensors, numbers,
+strings, lists, tuples or dicts.
+
+Warm workers: a fresh interpreter spends seconds importing torch before ``fn`` runs,
+so the first call starts a ``multiprocessing`` forkserver that imports torch and dlaunch
+once, and every call forks its workers from it, as notebook launchers do. Each worker
+then takes the caller's environment and working directory as they are at that call, so
+it sees what a fresh one would. A call whose environment differs in a variable read
+while torch imports (``OMP_NUM_THREADS``, ``TORCH*``, ``PYTHON*``: ``_IMPORT_TIME``)
+starts a new server. A warm worker that has returned stays until every rank has returned (torch
+elastic collects function workers' results then): its process group is destroyed, but a peer that
+watches its pid sees it running. ``warm=False`` starts fresh interpreters instead; so do calls for CUDA
+workers, calls from a ``dlaunch`` command (its own server forks only its workers) and calls on
+other systems than Linux.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
+from multiprocessing import forkserver
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file
+from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, worker_env_set, worker_environment
 from launcher.launch import elastic, failures
+from launcher.launch import warm as warm_command
 
 MODULE = "launcher.launch.function"
+# The server imports what a worker needs before it forks one: this module, dlaunch's worker side (the strategies)
+# and torch._dynamo, which a worker's first optimizer imports (3 of a fresh worker's 6-7 CPU-s here).
+PRELOAD = ["launcher.launch.forkserver_guard", MODULE, "launcher.runtime.worker", "torch._dynamo"]
+_IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "PYTHON", "LD_")
+_START_ENV = dict(os.environ)  # in the server: the environment it started with, which each worker's differs from
+_server: dict[str, Any] = {}  # the server this process started: its pid, and its import-time environment
 
 
 class WorkerFailed(RuntimeError):
@@ -42,12 +65,15 @@ class WorkerFailed(RuntimeError):
 
 
 def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeout_s: int = 120,
-                 device: str | None = None) -> dict[int, Any]:
+                 device: str | None = None, warm: bool = True) -> dict[int, Any]:
     """Call ``fn(*args)`` on ``nproc`` workers; return ``{rank: result}``.
 
     ``device``: ``"cpu"`` or ``"cuda"`` for the workers' strategies and process group (one GPU per
     process); None: CUDA where there is one, as ``MirroredStrategy()`` chooses.
+    ``warm``: fork the workers from a server kept for this process (above); False: fresh interpreters.
     """
+    extra_env = {DEVICE_VARIABLE: device} if device else {}
+    environ = {**os.environ, **worker_environment(single_node=True), **extra_env}  # what a fresh worker would see
     with tempfile.TemporaryDirectory(prefix="dlaunch-fn-") as tmp:
         work = Path(tmp)
         job = work / "job.pkl"
@@ -57,10 +83,13 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
             "sys_path": sys.path,
             "main_file": main_file if fn.__module__ == "__main__" else None,
             "out": str(work),
+            "environ": environ,
+            "cwd": os.getcwd(),
         }))
         config = elastic.local_config(nproc, work / "logs", join_timeout_s=timeout_s)
+        forked = _forked_worker if warm and _server_ready(environ, device) else None
         try:
-            elastic.start_workers(config, MODULE, job, single_node=True, extra_env={DEVICE_VARIABLE: device} if device else None)
+            elastic.start_workers(config, MODULE, job, single_node=True, extra_env=extra_env, forked=forked)
         except ChildFailedError as exc:
             # a rank that returned (exit 0) is listed beside the failed ones (elastic._Agent): it is no cause here
             causes = [failures.from_process_failure(r, f) for r, f in exc.failures.items() if f.exitcode != 0]
@@ -77,6 +106,53 @@ def _load_main(path: str) -> None:
     module = types.ModuleType("__mp_main__")
     module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+
+
+def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
+    """Whether this process's server runs (started now, or again, if need be) with ``environ``'s import-time
+    variables. Not for CUDA workers: forking them is what notebook launchers do, but it is unmeasured here."""
+    if sys.platform != "linux" or warm_command.started():  # a dlaunch command's server is for its own workers
+        return False
+    if device == "cuda" or (device is None and torch.cuda.is_available()):
+        return False
+    server, wanted = forkserver._forkserver, _import_time(environ)
+    if server._forkserver_pid is not None and server._forkserver_pid != _server.get("pid"):
+        return False  # started by someone else, with other imports: fresh workers
+    if server._forkserver_pid is not None and _server["env"] != wanted:
+        os.kill(server._forkserver_pid, signal.SIGKILL)  # imported under other settings: a new one
+        server._stop()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    with worker_env_set({k: v for k, v in environ.items() if os.environ.get(k) != v}), warm_command.sigint_blocked():
+        forkserver.ensure_running()  # at once where it runs; started again where it died
+    _server.update(pid=server._forkserver_pid, env=wanted)
+    return True
+
+
+def _import_time(environ: Mapping[str, str]) -> dict[str, str]:
+    # not torch elastic's own (its agent sets TORCHELASTIC_SIGNALS_TO_HANDLE in this process at the first call)
+    return {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME) and not k.startswith("TORCHELASTIC_")}
+
+
+def _forked_worker(job_path: str) -> int:
+    """A worker forked from the server: the caller's environment and directory at this call, then as a fresh one."""
+    from launcher.launch import forkserver_guard
+    from launcher.runtime.worker import die_with_launcher, fresh_start_method, release_forkserver
+
+    die_with_launcher()  # the server: it dies with the caller
+    forkserver_guard.restore_stop_signals()
+    release_forkserver()
+    fresh_start_method()
+    job = pickle.loads(Path(job_path).read_bytes())
+    ranked = {k: v for k, v in os.environ.items() if _START_ENV.get(k) != v}  # what the elastic agent set for it
+    os.environ.clear()
+    os.environ.update({**job["environ"], **ranked})
+    os.chdir(job["cwd"])
+    code = _worker(Path(job_path))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        os._exit(code)  # the error file says why
+    return 0
 
 
 def _worker(job_path: Path) -> int:

@@ -143,7 +143,6 @@ def shutdown(wait_s: float = 10.0) -> None:
     under five test streams and the hog. It holds nothing to save. A server no job kept (a config error, say) is stopped at once: it would finish importing
     torch first, seconds after the error was shown.
     """
-    global _started
     if not _started:
         return
     if not _kept:
@@ -167,13 +166,13 @@ def _launch() -> None:
     global _started
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    with worker_env_set(worker_environment(single_node=True)), _sigint_blocked():
+    with worker_env_set(worker_environment(single_node=True)), sigint_blocked():
         forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
 
 
 @contextlib.contextmanager
-def _sigint_blocked() -> Iterator[None]:
+def sigint_blocked() -> Iterator[None]:
     """SIGINT held back in this thread while it starts the server, which inherits the block through ``exec``.
 
     A Ctrl-C reaches the server too (it shares dlaunch's process group). In the interpreter's own start-up, before

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from launcher.launch.function import WorkerFailed, run_function
+from tests.conftest import ROOT, alive, process_state
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +53,88 @@ def chosen_device():
 def test_the_caller_chooses_the_workers_device():
     """device="cpu" holds on a GPU machine too: two processes on one GPU would otherwise both want cuda:N."""
     assert run_function(chosen_device, device="cpu", nproc=2) == {0: "cpu:0", 1: "cpu:0"}
+
+
+def where():
+    import torch
+
+    return {"server": os.getppid(), "mark": os.environ.get("DLAUNCH_TEST_MARK"), "gone": os.environ.get("DLAUNCH_TEST_GONE"),
+            "cwd": os.getcwd(), "rank": os.environ["RANK"], "threads": torch.get_num_threads()}
+
+
+def test_workers_fork_from_one_server_and_see_the_callers_environment_and_directory_of_each_call(monkeypatch, tmp_path):
+    """As a fresh worker would: the variables and the directory of this call, not those the server started with."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setenv("DLAUNCH_TEST_MARK", "a")
+    monkeypatch.setenv("DLAUNCH_TEST_GONE", "set")
+    monkeypatch.chdir(tmp_path / "a")
+    first = run_function(where, device="cpu")
+    monkeypatch.setenv("DLAUNCH_TEST_MARK", "b")
+    monkeypatch.delenv("DLAUNCH_TEST_GONE")
+    monkeypatch.chdir(tmp_path / "b")
+    second = run_function(where, device="cpu")
+    servers = {r["server"] for r in (*first.values(), *second.values())}
+    assert len(servers) == 1 and os.getpid() not in servers  # forked, twice, from one server
+    assert [(r["rank"], r["mark"], r["gone"], r["cwd"]) for r in first.values()] == [
+        ("0", "a", "set", str(tmp_path / "a")), ("1", "a", "set", str(tmp_path / "a"))]
+    assert [(r["rank"], r["mark"], r["gone"], r["cwd"]) for r in second.values()] == [
+        ("0", "b", None, str(tmp_path / "b")), ("1", "b", None, str(tmp_path / "b"))]
+
+
+def test_a_variable_torch_reads_as_it_imports_or_the_servers_death_starts_a_new_server(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = run_function(where, device="cpu")[0]
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    after = run_function(where, device="cpu")[0]
+    assert (before["threads"], after["threads"]) == (1, 2) and after["server"] != before["server"]
+    with pytest.raises(ProcessLookupError):  # the old server was stopped and reaped
+        os.kill(before["server"], 0)
+    os.kill(after["server"], signal.SIGKILL)
+    again = run_function(where, device="cpu")[0]
+    assert again["server"] not in (after["server"], os.getpid()) and again["threads"] == 2  # warm, from a new one
+    fresh = run_function(where, device="cpu", warm=False)[0]
+    assert fresh["server"] == os.getpid() and fresh["threads"] == 2  # warm=False: started by this process's agent
+
+
+SCRIPT = """
+import os, sys, time
+from launcher.launch.function import run_function
+
+def mine():
+    return os.getpid()
+
+def sleeper(path):
+    open(f"{path}.{os.getpid()}", "w").close()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    print("warm", sorted(run_function(mine, device="cpu").values()), flush=True)
+    print("fresh", sorted(run_function(mine, device="cpu", warm=False).values()), flush=True)
+    run_function(sleeper, device="cpu", args=(sys.argv[1],))
+"""
+
+
+def test_a_scripts_own_function_runs_and_killing_the_script_leaves_no_worker(tmp_path):
+    """A function of the calling script (``__main__``) runs on forked workers as on fresh ones, and a SIGKILLed
+    caller takes its server and their workers with it (nothing else would stop them)."""
+    script = tmp_path / "mine.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert lines[0].startswith("warm [") and lines[1].startswith("fresh ["), lines
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [int(p.suffix[1:]) for p in tmp_path.glob("pid.*")]
+        assert len(workers) == 2
+        server = {process_state(pid)[1] for pid in workers}
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in (*workers, *server)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in (*workers, *server)) and server != {proc.pid}

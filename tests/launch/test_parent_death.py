@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from launcher.launch import parent_death
-from tests.conftest import wait_for
+from tests.conftest import alive, wait_for
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -26,22 +26,17 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return bool(stat) and not stat.startswith("Z")
-
-
 @linux_only
 def test_the_forkserver_guard_makes_a_process_die_with_its_parent():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     try:
-        assert _alive(child)
+        assert alive(child)
         parent.send_signal(signal.SIGKILL)  # no handler runs, no pipe is read: only the kernel's parent-death signal
         parent.wait()
-        wait_for(lambda: not _alive(child), timeout_s=30)  # the kernel's signal is immediate; the slack is for a busy machine
+        wait_for(lambda: not alive(child), timeout_s=30)  # the kernel's signal is immediate; the slack is for a busy machine
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.checkpoint import layout
+from tests.conftest import process_state
 from tests.launch.test_restarts import COMMON, STARTUP_S, finish, logged_steps, run_processes, start, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
@@ -72,14 +73,8 @@ def test_a_signal_to_dlaunchs_whole_process_group_saves_before_anything_ends(tmp
 
 def _alive_in_group(pgid: int) -> bool:
     """A process of the group that is not a zombie (where nothing reaps an orphan, one stays in the table)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    states = (process_state(int(p.name)) for p in Path("/proc").glob("[0-9]*"))
+    return any(state is not None and state[2] == pgid and state[0] != "Z" for state in states)
 
 
 @pytest.mark.parametrize("restarts", [0, 2])

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.config import compose as composer
 from launcher.launch import warm
-from tests.conftest import PROBE, command, dlaunch, summary
+from tests.conftest import PROBE, alive, command, dlaunch, process_state, summary
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the forkserver is used on Linux")
 
@@ -135,23 +135,18 @@ def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_pat
             time.sleep(0.2)
         pids = [json.loads(p.read_text())["pid"] for p in (run_dir / ".dlaunch").glob("rank-*.progress.json")]
         assert len(pids) == 2, "the workers should be training"
-        server = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(pids[0])], capture_output=True, text=True).stdout)
+        server = process_state(pids[0])[1]
         proc.send_signal(signal.SIGKILL)  # no handler runs: only the kernel's parent-death signals are left
         proc.wait()
         deadline = time.monotonic() + 10
         left = pids + [server]
         while left and time.monotonic() < deadline:
-            left = [pid for pid in left if _alive(pid)]
+            left = [pid for pid in left if alive(pid)]
             time.sleep(0.1)
         assert left == [], "orphans: forked workers or their forkserver outlived dlaunch"
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def _alive(pid: int) -> bool:
-    stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return bool(stat) and not stat.startswith("Z")
 
 
 def test_a_ctrl_c_while_the_server_imports_ends_it_quietly_and_its_workers_keep_pythons_default():
