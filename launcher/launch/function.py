@@ -45,6 +45,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, worker_env_set, worker_environment
 from launcher.launch import elastic, failures
+from launcher.launch.parent_death import die_with_parent
 from launcher.launch import warm as warm_command
 
 MODULE = "launcher.launch.function"
@@ -136,9 +137,8 @@ def _import_time(environ: Mapping[str, str]) -> dict[str, str]:
 def _forked_worker(job_path: str) -> int:
     """A worker forked from the server: the caller's environment and directory at this call, then as a fresh one."""
     from launcher.launch import forkserver_guard
-    from launcher.runtime.worker import die_with_launcher, fresh_start_method, release_forkserver
+    from launcher.runtime.worker import fresh_start_method, release_forkserver
 
-    die_with_launcher()  # the server: it dies with the caller
     forkserver_guard.restore_stop_signals()
     release_forkserver()
     fresh_start_method()
@@ -156,6 +156,7 @@ def _forked_worker(job_path: str) -> int:
 
 
 def _worker(job_path: Path) -> int:
+    die_with_parent()  # the caller (its agent), or the server forked from it, which dies with it: no orphans
     job = pickle.loads(job_path.read_bytes())
     # The launching process's path, in its order (as multiprocessing's spawn does), then this process's own:
     # a directory the launcher appended must not come first here and shadow an installed package.

@@ -3,7 +3,8 @@
 The kernel sends them SIGKILL when their parent dies (``PR_SET_PDEATHSIG``). The
 chain from dlaunch down is: dlaunch -> the warm forkserver (``forkserver_guard``)
 -> its forked workers; or dlaunch -> a worker started as a fresh interpreter, or
-an emulated node's or a task's agent (``die_with_parent`` at their start).
+an emulated node's or a task's agent (``die_with_parent`` at their start). ``run_function``'s workers
+die with the process that called it, or with the server they were forked from, which dies with that process.
 """
 
 from __future__ import annotations
