@@ -23,7 +23,9 @@ it sees what a fresh one would. A call whose environment differs in a variable r
 while torch imports (``OMP_NUM_THREADS``, ``TORCH*``, ``PYTHON*``: ``_IMPORT_TIME``)
 starts a new server. A warm worker that has returned stays until every rank has returned (torch
 elastic collects function workers' results then): its process group is destroyed, but a peer that
-watches its pid sees it running. ``warm=False`` starts fresh interpreters instead; so do calls for CUDA
+watches its pid sees it running. Forked workers import the calling script as ``__mp_main__``, as
+multiprocessing does for its forkserver and spawn children (before the call's environment is in place): keep
+its work under ``if __name__ == "__main__":``. ``warm=False`` starts fresh interpreters instead; so do calls for CUDA
 workers, calls from a ``dlaunch`` command (its own server forks only its workers) and calls on
 other systems than Linux.
 """
@@ -54,6 +56,9 @@ MODULE = "launcher.launch.function"
 PRELOAD = ["launcher.launch.forkserver_guard", MODULE, "launcher.runtime.worker", "torch._dynamo"]
 _IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "PYTHON", "LD_")
 _START_ENV = dict(os.environ)  # in the server: the environment it started with, which each worker's differs from
+# What torch elastic's agent sets for every worker (LocalElasticAgent._start_workers, torch 2.11-2.13)
+_AGENT_SETS = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 _server: dict[str, Any] = {}  # the server this process started: its pid, and its import-time environment
 
 
@@ -85,12 +90,14 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
             "main_file": main_file if fn.__module__ == "__main__" else None,
             "out": str(work),
             "environ": environ,
-            "cwd": os.getcwd(),
+            "cwd": _cwd(),
         }))
         config = elastic.local_config(nproc, work / "logs", join_timeout_s=timeout_s)
         forked = _forked_worker if warm and _server_ready(environ, device) else None
         try:
             elastic.start_workers(config, MODULE, job, single_node=True, extra_env=extra_env, forked=forked)
+            if forked:  # multiprocessing starts the server again itself where it died just before
+                _server["pid"] = forkserver._forkserver._forkserver_pid
         except ChildFailedError as exc:
             # a rank that returned (exit 0) is listed beside the failed ones (elastic._Agent): it is no cause here
             causes = [failures.from_process_failure(r, f) for r, f in exc.failures.items() if f.exitcode != 0]
@@ -100,12 +107,15 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
 
 
 def _load_main(path: str) -> None:
-    """Make the launching script's functions importable as ``__main__`` (as multiprocessing does)."""
+    """Make the launching script's functions importable as ``__main__`` (as multiprocessing does). A worker forked
+    from the server has it already: multiprocessing ran the script as ``__mp_main__`` before the worker started."""
     import runpy
     import types
 
-    module = types.ModuleType("__mp_main__")
-    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    module = sys.modules.get("__mp_main__")
+    if os.path.normpath(getattr(module, "__file__", None) or "") != os.path.normpath(path):
+        module = types.ModuleType("__mp_main__")
+        module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
 
 
@@ -120,6 +130,8 @@ def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
     if server._forkserver_pid is not None and server._forkserver_pid != _server.get("pid"):
         return False  # started by someone else, with other imports: fresh workers
     if server._forkserver_pid is not None and _server["env"] != wanted:
+        if warm_command.has_children(server._forkserver_pid):
+            return False  # the caller's own processes (a DataLoader's workers) forked from it: it stays
         os.kill(server._forkserver_pid, signal.SIGKILL)  # imported under other settings: a new one
         server._stop()
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
@@ -127,6 +139,13 @@ def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
         forkserver.ensure_running()  # at once where it runs; started again where it died
     _server.update(pid=server._forkserver_pid, env=wanted)
     return True
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:  # the caller's directory was removed: the workers start where the server is
+        return None
 
 
 def _import_time(environ: Mapping[str, str]) -> dict[str, str]:
@@ -143,10 +162,13 @@ def _forked_worker(job_path: str) -> int:
     release_forkserver()
     fresh_start_method()
     job = pickle.loads(Path(job_path).read_bytes())
-    ranked = {k: v for k, v in os.environ.items() if _START_ENV.get(k) != v}  # what the elastic agent set for it
+    # what the elastic agent set for this rank: whatever it changed, and its own names whatever their value (the
+    # caller may have had RANK=1 when the server started, and none now)
+    ranked = {k: v for k, v in os.environ.items() if _START_ENV.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
     os.environ.clear()
     os.environ.update({**job["environ"], **ranked})
-    os.chdir(job["cwd"])
+    if job["cwd"] is not None:
+        os.chdir(job["cwd"])
     code = _worker(Path(job_path))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -164,7 +186,7 @@ def _worker(job_path: Path) -> int:
     rank = WorkerEnv.from_environ().rank
     try:
         if job["main_file"]:
-            _load_main(job["main_file"])
+            _load_main(job["main_file"])  # once: multiprocessing may have run it as __mp_main__ (a forked worker)
         fn, args = pickle.loads(job["payload"])
         result = fn(*args)
         torch.save(result, Path(job["out"]) / f"result-{rank}.pt")

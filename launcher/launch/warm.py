@@ -149,17 +149,20 @@ def shutdown(wait_s: float = 10.0) -> None:
         stop()
         return
     pid = forkserver._forkserver._forkserver_pid
-    children = f"/proc/{pid}/task/{pid}/children"
     deadline = time.monotonic() + wait_s
-    while pid is not None and time.monotonic() < deadline:
-        try:
-            with open(children) as f:
-                if not f.read().split():
-                    break
-        except OSError:  # gone already, or a kernel without the file: wait no longer
-            break
+    while pid is not None and time.monotonic() < deadline and has_children(pid):  # None: gone, or unreadable
         time.sleep(0.01)
     stop()
+
+
+def has_children(pid: int) -> bool | None:
+    """Whether process ``pid`` (a forkserver) has a child still running or unreaped; None where that cannot be read
+    (it is gone, or the kernel has no ``children`` file)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return bool(f.read().split())
+    except OSError:
+        return None
 
 
 def _launch() -> None:

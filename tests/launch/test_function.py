@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -59,7 +60,8 @@ def where():
     import torch
 
     return {"server": os.getppid(), "mark": os.environ.get("DLAUNCH_TEST_MARK"), "gone": os.environ.get("DLAUNCH_TEST_GONE"),
-            "cwd": os.getcwd(), "rank": os.environ["RANK"], "threads": torch.get_num_threads()}
+            "cwd": os.getcwd(), "rank": os.environ["RANK"], "threads": torch.get_num_threads(),
+            "local": os.environ.get("LOCAL_RANK"), "world": os.environ.get("WORLD_SIZE")}
 
 
 def test_workers_fork_from_one_server_and_see_the_callers_environment_and_directory_of_each_call(monkeypatch, tmp_path):
@@ -97,9 +99,44 @@ def test_a_variable_torch_reads_as_it_imports_or_the_servers_death_starts_a_new_
     assert fresh["server"] == os.getpid() and fresh["threads"] == 2  # warm=False: started by this process's agent
 
 
+def test_the_agents_rank_variables_win_over_the_callers_of_any_call(monkeypatch):
+    """The caller had RANK=1 (a test's, say) when the server started, then RANK=7 and no LOCAL_RANK: each worker
+    still gets the agent's. Before, a variable the agent set to its value at the server's start was taken from
+    the caller, and rank 1 ran as rank 7."""
+    monkeypatch.setenv("PYTHON_DLAUNCH_TEST_SERVER", "rank-variables")  # read at start-up (PYTHON*): a server of its own
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "4")):
+        monkeypatch.setenv(name, value)
+    first = run_function(where, device="cpu")
+    monkeypatch.setenv("RANK", "7")
+    monkeypatch.delenv("LOCAL_RANK")
+    second = run_function(where, device="cpu")
+    for results in (first, second):
+        assert [(r["rank"], r["local"], r["world"]) for r in results.values()] == [("0", "0", "2"), ("1", "1", "2")]
+    assert first[0]["server"] == second[0]["server"] != os.getpid()
+
+
+def test_a_server_the_caller_forks_its_own_processes_from_is_not_killed(monkeypatch):
+    """A new import-time setting needs a new server, but the caller's own processes (a DataLoader's, started with
+    the forkserver method) are children of this one: it stays, and this call's workers start fresh."""
+    monkeypatch.setenv("PYTHON_DLAUNCH_TEST_SERVER", "shared-1")
+    before = run_function(where, device="cpu")[0]
+    mine = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(600,))
+    mine.start()
+    try:
+        monkeypatch.setenv("PYTHON_DLAUNCH_TEST_SERVER", "shared-2")
+        after = run_function(where, device="cpu")[0]
+        assert after["server"] == os.getpid() and alive(before["server"]) and mine.is_alive()
+    finally:
+        mine.kill()
+        mine.join()
+
+
 SCRIPT = """
 import os, sys, time
 from launcher.launch.function import run_function
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "imports"), "a") as imports:
+    imports.write(f"{os.getpid()}\\n")  # once per process that runs this file's top level
 
 def mine():
     return os.getpid()
@@ -126,6 +163,9 @@ def test_a_scripts_own_function_runs_and_killing_the_script_leaves_no_worker(tmp
     try:
         line = proc.stdout.readline()
         assert line.startswith("ran ["), line
+        ran = [int(pid) for pid in line.strip()[5:-1].split(", ")]
+        imports = (tmp_path / "imports").read_text().split()
+        assert [imports.count(str(pid)) for pid in ran] == [1, 1], imports  # a forked worker ran it twice before
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
