@@ -71,10 +71,11 @@ def worker_pids(run_dir: Path) -> dict[int, int]:
     for path in (run_dir / ".dlaunch").glob("rank-*.progress.json"):
         try:
             record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            pid, rank = int(record["pid"]), int(record["rank"])
+        except (OSError, ValueError, KeyError):  # being written, or gone
             continue
-        if alive(int(record["pid"])):
-            found[int(record["rank"])] = int(record["pid"])
+        if alive(pid):
+            found[rank] = pid
     return found
 
 
