@@ -139,9 +139,9 @@ def shutdown(wait_s: float = 10.0) -> None:
     process's), kill it and reap it.
 
     Left to exit by itself (the end of its keep-alive pipe), the server shuts a whole interpreter down with torch
-    imported, before dlaunch could end: 5.3 s from a stop signal to the end under one CPU hog (3.5 s killed), 15.3 s
-    under five test streams and the hog. It holds nothing to save. A server no job kept (a config error, say) is stopped at once: it would finish importing
-    torch first, seconds after the error was shown.
+    imported, before dlaunch could end: 5.3 s from a stop signal to the end under one CPU hog (3.5 s killed),
+    15.3 s under five test streams and the hog. It holds nothing to save. A server no job kept (a config error,
+    say) is stopped at once: it would finish importing torch first, seconds after the error was shown.
     """
     if not _started:
         return

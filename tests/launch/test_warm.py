@@ -186,4 +186,3 @@ def test_a_ctrl_c_as_the_server_starts_waits_for_the_guard_and_ends_it_quietly()
             "print('server', os.waitstatus_to_exitcode(status), signal.pthread_sigmask(signal.SIG_BLOCK, []), flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "server 130 set()\n", ""), proc.stderr[-3000:]
-
