@@ -135,7 +135,10 @@ def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
         os.kill(server._forkserver_pid, signal.SIGKILL)  # imported under other settings: a new one
         server._stop()
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    with worker_env_set({k: v for k, v in environ.items() if os.environ.get(k) != v}), warm_command.sigint_blocked():
+    changed = {k: v for k, v in environ.items() if os.environ.get(k) != v}
+    # the caller's sys.path for the preloads: before 3.14 the server ignores it (its workers take the caller's own)
+    changed["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
+    with worker_env_set(changed), warm_command.sigint_blocked():
         forkserver.ensure_running()  # at once where it runs; started again where it died
     _server.update(pid=server._forkserver_pid, env=wanted)
     return True

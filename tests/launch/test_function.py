@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pytest
@@ -181,3 +182,34 @@ def test_a_scripts_own_function_runs_and_killing_the_script_leaves_no_worker(tmp
     while any(alive(pid) for pid in left) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in left)
+
+
+PATH_ONLY = """
+import os, sys
+sys.path[:0] = [sys.argv[1]]  # dlaunch found through this script's sys.path alone (a checkout, no install)
+sys.path.append(sys.argv[2])  # its dependencies' site-packages, without the .pth files that install dlaunch
+from launcher.launch.function import run_function
+
+def server_has_torch():
+    with open(f"/proc/{os.getppid()}/maps") as maps:
+        return os.getppid(), "libtorch" in maps.read()
+
+if __name__ == "__main__":
+    print(sorted(run_function(server_has_torch, device="cpu").values()), os.getpid(), flush=True)
+"""
+
+
+def test_a_caller_that_finds_dlaunch_through_its_own_path_gets_a_preloaded_server(tmp_path):
+    """Before Python 3.14 the forkserver ignores the caller's sys.path while it preloads: torch and dlaunch were not
+    imported there (silently), and every worker started cold. ``-S``: no site, so no install finds dlaunch."""
+    script = tmp_path / "checkout.py"
+    script.write_text(PATH_ONLY)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    site_packages = sysconfig.get_paths()["purelib"]
+    proc = subprocess.run([sys.executable, "-S", str(script), str(ROOT), site_packages], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    results, caller = proc.stdout.strip().rsplit(" ", 1)
+    (server, preloaded), again = eval(results)  # noqa: S307 - a list of tuples this test's script printed
+    assert again == (server, preloaded) and server != int(caller)  # both forked from one server
+    assert preloaded, proc.stderr
