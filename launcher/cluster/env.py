@@ -109,7 +109,12 @@ def ps_task(environ: Mapping[str, str] | None = None) -> PSTask | None:
 def task_environment(task: PSTask) -> dict[str, str]:
     """What the task launcher sets for a task's process; TensorPipe's per-connection warnings stay quiet."""
     return {"DLAUNCH_TASK": task.name, "DLAUNCH_TASK_RANK": str(task.rank), "DLAUNCH_ATTEMPT": str(task.attempt),
-            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+            **quiet_cpp_variables()}
+
+
+def quiet_cpp_variables() -> dict[str, str]:
+    """torch's C++ warnings off (errors still print), unless the user set ``TORCH_CPP_LOG_LEVEL``: read as torch loads."""
+    return {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
 
 
 def quiet_cpp_warnings() -> None:
@@ -117,7 +122,7 @@ def quiet_cpp_warnings() -> None:
     dropped), torch's C++ store client prints each failed send as a warning with dozens of ``frame #N`` lines, on
     the agent and every worker; dlaunch says it once in its own words (the store went away, the rank it took).
     Errors still print, and a ``TORCH_CPP_LOG_LEVEL`` the user set stands. Workers inherit it."""
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.update(quiet_cpp_variables())
 
 
 def tf_config(environ: Mapping[str, str] | None = None) -> dict:

@@ -9,6 +9,8 @@ the root cause once across all nodes.
 
     python -m launcher.launch.emulate JOB NODE_RANK RUN_ID PORT PEERS [LISTEN_FD]   # one node's agent
 
+or, where the job has dlaunch's warm server, the same forked from it (``launch/agents.py``).
+
 ``PEERS``: ``node:fd,...``, the read end of each other node's lifeline (``_lifelines``).
 """
 
@@ -31,12 +33,11 @@ from typing import Callable, Iterator
 from launcher.cluster.env import emulated_node_devices
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
-from launcher.launch import elastic, failures, rendezvous, report
+from launcher.launch import agents, elastic, failures, rendezvous, report
 from launcher.runtime import outputs
 from launcher.runtime.stop_signals import handling_stop_signals
 
 log = logging.getLogger("dlaunch")
-MODULE = "launcher.launch.emulate"
 
 
 def failures_file(run_dir: Path, node_rank: int) -> Path:
@@ -49,10 +50,12 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
     sock = rendezvous.bind(c.master_addr, c.master_port)  # node 0's store serves on it: the port is known up front
     port = sock.getsockname()[1]
     run_id = f"dlaunch-{uuid.uuid4().hex[:12]}"
-    log.info("emulating %d nodes on this machine: one elastic agent per node, rendezvous on %s:%d", c.nodes, c.master_addr, port)
-    procs, cuda = [], plan.device_type == "cuda"
+    log.info("emulating %d nodes on this machine: one elastic agent per node%s, rendezvous on %s:%d", c.nodes, agents.how(),
+             c.master_addr, port)
+    procs: list[agents.Agent] = []
+    cuda = plan.device_type == "cuda"
     elastic.teardown_marker(run_dir).unlink(missing_ok=True)  # an earlier command's
-    with _stop_on_signals():
+    with _stop_on_signals(), agents.killed_on_error(procs):
         try:
             with _lifelines(c.nodes) as lines:
                 for node in range(c.nodes):
@@ -61,8 +64,7 @@ def run(spec: RunSpec, plan: Plan, run_dir: Path, job: Path) -> int:
                     args = [str(job), str(node), run_id, str(port), ",".join(f"{n}:{fd}" for n, fd in peers.items()),
                             *map(str, listen)]
                     env = {**os.environ, **emulated_node_devices(node, c.devices_per_node)} if cuda else None
-                    procs.append(subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args], env=env,
-                                                  pass_fds=(*listen, lines[node][1], *peers.values())))
+                    procs.append(agents.start(node_main, args, (*listen, lines[node][1], *peers.values()), env))
             ended: dict[int, float] = {}
             codes = _wait(procs, spec.launch.shutdown_grace_s + 10, elastic.teardown_marker(run_dir), ended)
         except _Stopped as stopped:
@@ -115,7 +117,7 @@ def _stop_on_signals() -> Iterator[None]:
         yield
 
 
-def _wait(procs: list[subprocess.Popen], grace_s: float, marker: Path, ended: dict[int, float]) -> list[int]:
+def _wait(procs: list[agents.Agent], grace_s: float, marker: Path, ended: dict[int, float]) -> list[int]:
     """Every node's exit code; once one fails, the others get ``grace_s`` to fail or finish on their own, then
     are torn down (``marker``: their agents take the SIGTERM as a failure's teardown, not as a stop). ``ended``
     gets the time each node's agent was seen to end by itself (not torn down)."""
@@ -139,7 +141,7 @@ def mark_teardown(marker: Path) -> None:
     marker.touch()
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float, signum: int = signal.SIGTERM) -> None:
+def _stop(procs: list[agents.Agent], grace_s: float, signum: int = signal.SIGTERM) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signum)
@@ -152,7 +154,7 @@ def _stop(procs: list[subprocess.Popen], grace_s: float, signum: int = signal.SI
             p.wait()
 
 
-def _lost_nodes(spec: RunSpec, run_dir: Path, procs: list[subprocess.Popen], ended: dict[int, float]) -> list[failures.RootCause]:
+def _lost_nodes(spec: RunSpec, run_dir: Path, procs: list[agents.Agent], ended: dict[int, float]) -> list[failures.RootCause]:
     """Nodes whose agent was killed (SIGKILL, a crash) before it could report: its workers went with it, and that is
     the cause the other nodes' broken collectives follow from. A node torn down by this parent is not one, nor one
     that ended on its own (a stop signal: exit 128+N; an error it reported itself)."""
@@ -210,8 +212,8 @@ def node_main(argv: list[str]) -> int:
     def on_failure(real: list, finished: list, spec: RunSpec, run_dir: Path) -> int:
         return _record_failures(real, finished, spec, run_dir, node_rank)
 
-    listen_fd = int(fd[0]) if fd else None
-    peers = {int(n): int(r) for n, _, r in (pair.partition(":") for pair in lines.split(",") if pair)}
+    listen_fd = agents.inherited_fd(int(fd[0])) if fd else None
+    peers = {int(n): agents.inherited_fd(int(r)) for n, _, r in (pair.partition(":") for pair in lines.split(",") if pair)}
     return elastic.run_node(spec, run_dir, Path(job_path), plan, node_rank, run_id, listen_fd, on_failure,
                             lost_peer(peers))
 

@@ -47,6 +47,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, worker_env_set, worker_environment
 from launcher.launch import elastic, failures
+from launcher.launch.agents import as_started_now, working_directory
 from launcher.launch.parent_death import die_with_parent
 from launcher.launch import warm as warm_command
 
@@ -90,7 +91,7 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
             "main_file": main_file if fn.__module__ == "__main__" else None,
             "out": str(work),
             "environ": environ,
-            "cwd": _cwd(),
+            "cwd": working_directory(),  # None: removed; the workers start where the server is
         }))
         config = elastic.local_config(nproc, work / "logs", join_timeout_s=timeout_s)
         forked = _forked_worker if warm and _server_ready(environ, device) else None
@@ -144,13 +145,6 @@ def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
     return True
 
 
-def _cwd() -> str | None:
-    try:
-        return os.getcwd()
-    except FileNotFoundError:  # the caller's directory was removed: the workers start where the server is
-        return None
-
-
 def _import_time(environ: Mapping[str, str]) -> dict[str, str]:
     # not torch elastic's own (its agent sets TORCHELASTIC_SIGNALS_TO_HANDLE in this process at the first call)
     return {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME) and not k.startswith("TORCHELASTIC_")}
@@ -158,20 +152,11 @@ def _import_time(environ: Mapping[str, str]) -> dict[str, str]:
 
 def _forked_worker(job_path: str) -> int:
     """A worker forked from the server: the caller's environment and directory at this call, then as a fresh one."""
-    from launcher.launch import forkserver_guard
-    from launcher.runtime.worker import fresh_start_method, release_forkserver
-
-    forkserver_guard.restore_stop_signals()
-    release_forkserver()
-    fresh_start_method()
     job = pickle.loads(Path(job_path).read_bytes())
     # what the elastic agent set for this rank: whatever it changed, and its own names whatever their value (the
     # caller may have had RANK=1 when the server started, and none now)
     ranked = {k: v for k, v in os.environ.items() if _START_ENV.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
-    os.environ.clear()
-    os.environ.update({**job["environ"], **ranked})
-    if job["cwd"] is not None:
-        os.chdir(job["cwd"])
+    as_started_now({**job["environ"], **ranked}, job["cwd"])
     code = _worker(Path(job_path))
     sys.stdout.flush()
     sys.stderr.flush()

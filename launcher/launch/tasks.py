@@ -7,7 +7,8 @@ machines) it starts that task alone. Tasks are separate agents, not one group,
 so that a worker that dies does not stop the others, as TF promises: this
 parent reports it and the job goes on (async mode). The chief or a ps failing
 ends the attempt; with ``launch.max_restarts`` every task starts again and the
-chief resumes from the newest checkpoint.
+chief resumes from the newest checkpoint. Each agent is forked from the warm
+server where the job has one (``launch/agents.py``), else started as::
 
     python -m launcher.launch.tasks JOB TYPE INDEX ATTEMPT    # one task's agent
 """
@@ -18,7 +19,6 @@ import dataclasses
 import json
 import logging
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -30,10 +30,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from launcher.cluster.env import PSTask, task_environment
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
-from launcher.launch import elastic, emulate, failures, rendezvous, report
+from launcher.launch import agents, elastic, emulate, failures, rendezvous, report
 
 log = logging.getLogger("dlaunch")
-MODULE = "launcher.launch.tasks"
 STOP_OTHERS_AFTER_S = 2.0
 
 
@@ -50,8 +49,8 @@ def launch(spec: RunSpec, run_dir: Path, plan: Plan) -> int:
     for attempt in range(spec.launch.max_restarts + 1):
         tasks = [t for t in all_tasks(spec, attempt) if c.task is None or (t.type, t.index) == (c.task.type, c.task.index)]
         where = "on this machine" if c.task is None else "here (the other tasks run elsewhere)"
-        log.info("starting %s %s, each under its own torch.distributed.elastic agent%s",
-                 ", ".join(t.name for t in tasks), where, f" (attempt {attempt + 1})" if attempt else "")
+        log.info("starting %s %s, each under its own torch.distributed.elastic agent%s%s",
+                 ", ".join(t.name for t in tasks), where, f" (attempt {attempt + 1})" if attempt else "", agents.how())
         code, causes = _run_attempt(spec, run_dir, job, tasks)
         if code == 0 or code >= 128 or not causes:
             return code
@@ -66,13 +65,13 @@ def launch(spec: RunSpec, run_dir: Path, plan: Plan) -> int:
 
 
 def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -> tuple[int, list[failures.RootCause]]:
-    procs, marker = {}, elastic.teardown_marker(run_dir)
+    procs: dict[PSTask, agents.Agent] = {}
+    marker = elastic.teardown_marker(run_dir)
     marker.unlink(missing_ok=True)  # an earlier attempt's
-    with emulate._stop_on_signals():
+    with emulate._stop_on_signals(), agents.killed_on_error(procs.values()):
         try:
             for t in tasks:
-                args = [str(job), t.type, str(t.index), str(t.attempt)]
-                procs[t] = subprocess.Popen([sys.executable, "-u", "-m", MODULE, *args])
+                procs[t] = agents.start(task_main, [str(job), t.type, str(t.index), str(t.attempt)])
             fatal = _wait(procs, spec)
             saves = _chief_can_save(spec, fatal, {c.task for c in _causes(run_dir, tasks) if c.stopped_by})
             stopped = _stop_the_rest(procs, spec.launch.stop_grace_s + 5, marker, saves) if fatal else set()
@@ -97,7 +96,7 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
     return 1, causes
 
 
-def _wait(procs: dict[PSTask, subprocess.Popen], spec: RunSpec) -> list[PSTask]:
+def _wait(procs: dict[PSTask, agents.Agent], spec: RunSpec) -> list[PSTask]:
     """Wait for every task; return the ones whose failure ends the attempt (after stopping the rest).
 
     A worker's failure is reported and the job goes on, except in sync mode, where
@@ -129,7 +128,7 @@ def _chief_can_save(spec: RunSpec, fatal: list[PSTask], stopped: set[str]) -> bo
     return spec.trainer.checkpoint.every_steps > 0 and not sync_round_lost
 
 
-def _stop_the_rest(procs: dict[PSTask, subprocess.Popen], grace_s: float, marker: Path, chief_saves: bool) -> set[PSTask]:
+def _stop_the_rest(procs: dict[PSTask, agents.Agent], grace_s: float, marker: Path, chief_saves: bool) -> set[PSTask]:
     """The others cannot go on without the chief or a ps: a moment to end on their own, then stopped as a signal
     to dlaunch stops them (a chief that can still save, ``chief_saves``, has ``grace_s`` to; without one,
     ``marker`` tells the agents it is a teardown); returns those stopped."""
@@ -148,7 +147,7 @@ def _exit_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
 
-def _agent_ended(task: PSTask, proc: subprocess.Popen) -> failures.RootCause:
+def _agent_ended(task: PSTask, proc: agents.Agent) -> failures.RootCause:
     """A task whose agent ended without recording why (killed, out of memory): its exit is the cause."""
     return failures.RootCause(
         rank=task.rank, host=socket.gethostname(), pid=proc.pid, exit=_exit_text(proc.returncode),

@@ -12,12 +12,12 @@ a plain ``dlaunch recipe=charlm`` trains in dlaunch, and the server would cost i
 2 s of CPU). The forkserver imports ``launcher.runtime.worker``
 (and ``torch._dynamo``, which the first optimizer step would import) on another
 core while the launcher imports, composes, validates, plans and starts
-torch.distributed.elastic. Once the job is validated, a job whose workers
-are not local CPU processes (one process, CUDA, several machines, parameter-server
-tasks) stops it. The elastic agent
+torch.distributed.elastic. Once the job is validated, a job that is not local CPU
+processes (one process, CUDA, a node of several machines) stops it. The elastic agent
 then starts each worker as a function (``start_method="forkserver"``): a fork of
 an interpreter whose imports are done. Monitoring, restarts, output tagging and
-failure files stay the agent's.
+failure files stay the agent's. Emulated nodes and parameter-server tasks fork
+their agents from it instead (``launch/agents.py``); those start fresh workers.
 
 The forkserver inherits the workers' environment (``worker_environment``): it is
 started inside it, because torch reads some variables (``OMP_NUM_THREADS``) when it
@@ -38,26 +38,29 @@ import time
 from multiprocessing import forkserver, resource_tracker
 from typing import Any, Iterator
 
-from launcher.cluster.env import worker_environment, worker_env_set
+from launcher.cluster.env import quiet_cpp_variables, worker_environment, worker_env_set
 from launcher.config import shapes
 
 # torch._dynamo (with sympy, about 0.9 s here) is imported by a process's first optimizer step: in the
 # server it is imported once, off the workers' critical path. The server stays single-threaded.
-PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch._dynamo"]
+PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch._dynamo", "launcher.launch.agents",
+           "launcher.launch.tasks", "launcher.launch.emulate"]
 _started = False
-_kept = False  # the validated job will fork its workers from it (keep_if_useful)
+_kept = False  # the validated job will fork its workers, or its agents, from it (keep_if_useful)
+_server_torch: dict[str, str] = {}  # the TORCH* variables torch loaded with in the server
 
 
 def eligible(spec: Any, cuda_devices: int) -> bool:
-    """Local CPU workers of one node that this dlaunch starts with its own agent."""
+    """A local CPU job of more than one process: the workers of one node that this dlaunch starts with its own agent,
+    or the agents of emulated nodes or parameter-server tasks (``launch/agents.py``), whose workers start fresh."""
     c = spec.cluster
+    launcher = spec.strategy.launcher(spec)
     return (
         spec.launch.warm_workers
         and sys.platform == "linux"
-        and spec.strategy.launcher(spec) == "elastic"  # not in process, not emulated nodes, not tasks
         and spec.device_type(cuda_devices) == "cpu"
-        and c.nodes == 1 and c.task is None
-        and spec.num_processes > 1
+        and (launcher in ("emulated", "tasks")
+             or launcher == "elastic" and c.nodes == 1 and c.task is None and spec.num_processes > 1)
     )
 
 
@@ -82,7 +85,7 @@ def start_early(argv: list[str]) -> bool:
         return False
     if not may_ask_for_workers(argv):
         return False
-    _launch()
+    _launch(several_nodes(argv))
     return True
 
 
@@ -90,7 +93,8 @@ def may_ask_for_workers(argv: list[str]) -> bool:
     """Whether ``argv`` can make a run of more than one local process.
 
     With dlaunch's own config (cluster 1x1) and a shipped recipe (none sets a shape), only
-    the cluster's shape keys can; another primary config or a user's recipe YAML may set them too.
+    the cluster's shape keys and ``strategy=parameter_server`` (its tasks) can; another primary
+    config or a user's recipe YAML may set them too.
     """
     recipes = importlib.resources.files("launcher.recipes").iterdir()
     shipped = {f.name.removesuffix(".yaml") for f in recipes if f.name.endswith(".yaml")}
@@ -103,7 +107,18 @@ def may_ask_for_workers(argv: list[str]) -> bool:
             shape = shapes.SHAPE.match(value.strip())
             if not shape or int(shape[1]) * int(shape[2]) > 1:
                 return True
-        if key == "recipe" and value not in shipped:
+        if key == "recipe" and value not in shipped or key == "strategy" and value.strip() == "parameter_server":
+            return True
+    return False
+
+
+def several_nodes(argv: list[str]) -> bool:
+    """Whether ``argv`` sets a shape of more than one node: dlaunch will quiet torch's C++ store warnings
+    (``env.quiet_cpp_warnings``), which torch reads as it loads, so the server must load it so too."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        shape = shapes.SHAPE.match(value.strip()) if key == "cluster" else None
+        if shape and int(shape[1]) > 1 or key.lstrip("+~") == "cluster.nodes" and value.strip() not in ("", "1"):
             return True
     return False
 
@@ -121,6 +136,16 @@ def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
         return True
     stop()
     return False
+
+
+def forks_agents() -> bool:
+    """Whether the validated job forks its agents (emulated nodes', tasks') from the server: it kept it, and torch
+    loaded there with the ``TORCH*`` variables a fresh agent would load it with now (its C++ log level, say)."""
+    return _kept and _started and _torch_variables(os.environ) == _server_torch
+
+
+def _torch_variables(environ: Any) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.startswith("TORCH") and not k.startswith("TORCHELASTIC_")}
 
 
 def stop() -> None:
@@ -165,11 +190,15 @@ def has_children(pid: int) -> bool | None:
         return None
 
 
-def _launch() -> None:
-    global _started
+def _launch(quiet_cpp: bool = False) -> None:
+    global _started, _server_torch
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    with worker_env_set(worker_environment(single_node=True)), sigint_blocked():
+    env = worker_environment(single_node=True)
+    if quiet_cpp:
+        env.update(quiet_cpp_variables())
+    with worker_env_set(env), sigint_blocked():
+        _server_torch = _torch_variables(os.environ)
         forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.launch import elastic, emulate
-from tests.conftest import summary
-from tests.launch.test_restarts import STARTUP_S, finish, logged_steps, run_processes, start, wait_for
+from tests.conftest import process_state, summary
+from tests.launch.test_restarts import STARTUP_S, finish, logged_steps, run_processes, start, wait_for, worker_pids
 
 
 def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
@@ -34,16 +34,11 @@ def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
 
 
 def agent_pid(run_dir, node: int) -> int | None:
-    """The pid of emulated node ``node``'s elastic agent for this run (its job file is on its command line)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if emulate.MODULE.encode() in args and str(run_dir).encode() in b" ".join(args):
-            if args[args.index(emulate.MODULE.encode()) + 2] == str(node).encode():
-                return int(proc.name)
-    return None
+    """The pid of emulated node ``node``'s elastic agent for this run (2x1: node N runs rank N): its worker's parent.
+    A forked agent's command line is its server's, so it cannot be found by that."""
+    worker = worker_pids(run_dir).get(node)
+    state = process_state(worker) if worker else None
+    return state[1] if state else None
 
 
 def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[subprocess.Popen, str]:
@@ -52,7 +47,8 @@ def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[sub
                  *overrides, "+recipe.pause_replica=1", "+recipe.pause_step=3")
     try:
         paused = run_dir / "paused-replica1"
-        wait_for(lambda: paused.exists() and paused.read_text().strip(), STARTUP_S, "replica 1 to pause in step 3")
+        wait_for(lambda: paused.exists() and paused.read_text().strip() and agent_pid(run_dir, node), STARTUP_S,
+                 "replica 1 to pause in step 3")
         os.kill(agent_pid(run_dir, node), signal.SIGKILL)
     finally:
         out = finish(proc)
@@ -99,9 +95,9 @@ def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failur
     its resume hint), not node 1 "ended before it could report" and a failed run."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
-                 "launch.max_restarts=1", "+recipe.step_sleep=0.05")
+                 "launch.max_restarts=1", "+recipe.step_sleep=0.05", "launch.warm_workers=false")  # fresh agents too
     try:
-        wait_for(lambda: len(logged_steps(run_dir)) >= 6, STARTUP_S, "six logged steps")
+        wait_for(lambda: len(logged_steps(run_dir)) >= 6 and agent_pid(run_dir, 1), STARTUP_S, "six logged steps")
         os.kill(agent_pid(run_dir, 1), signal.SIGTERM)
     finally:
         out = finish(proc)

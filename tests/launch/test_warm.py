@@ -28,18 +28,39 @@ def test_command_lines_that_start_no_workers_start_no_server(argv):
 
 
 @linux_only
-def test_a_job_without_local_cpu_workers_stops_the_early_server():
-    argv = ["strategy=multi_worker_mirrored", "cluster=2x1"]
+def test_a_job_without_local_cpu_processes_stops_the_early_server():
+    argv = ["strategy=multi_worker_mirrored", "cluster=2x2", "cluster.node_rank=1", "cluster.master_port=29500"]
     assert warm.start_early(argv)
     try:
         pid = __import__("multiprocessing.forkserver").forkserver._forkserver._forkserver_pid
         assert warm.started() and pid is not None
-        spec = composer.compose_and_validate(argv, cuda_devices=0)  # two emulated nodes: no local workers of its own
+        spec = composer.compose_and_validate(argv, cuda_devices=0)  # one node of two machines: its workers start fresh
         assert not warm.eligible(spec, 0)
         assert not warm.keep_if_useful(spec, 0)
         assert not warm.started()
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # stopped and reaped
+    finally:
+        warm.stop()
+
+
+@linux_only
+def test_agents_fork_only_from_a_server_whose_torch_loaded_as_a_fresh_agents_would(monkeypatch):
+    """Emulated nodes: dlaunch quiets torch's C++ store warnings before torch loads (TORCH_CPP_LOG_LEVEL, read as it
+    loads). The server started by a command line of several nodes loads it so too; one that did not, or a TORCH*
+    variable set since, means fresh agents: forked ones printed the C++ warnings that fresh ones do not."""
+    monkeypatch.setattr(warm, "_kept", False)
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    argv = ["strategy=multi_worker_mirrored", "cluster=2x1"]
+    assert warm.several_nodes(argv) and warm.several_nodes(["+cluster.nodes=3"]) and not warm.several_nodes(["cluster=1x4"])
+    assert warm.start_early(argv)
+    try:
+        assert warm.keep_if_useful(composer.compose_and_validate(argv, cuda_devices=0), 0)
+        assert not warm.forks_agents()  # a fresh agent now would print C++ warnings
+        monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")  # what dlaunch's env.quiet_cpp_warnings() sets
+        assert warm.forks_agents()
+        monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+        assert not warm.forks_agents()
     finally:
         warm.stop()
 
@@ -67,9 +88,11 @@ def test_the_server_is_killed_at_the_end_not_waited_for(monkeypatch, kept):
 @pytest.mark.parametrize("argv", [
     ["cluster=1x2"], ["cluster=2x1"], ["cluster=tasks"], ["cluster.devices_per_node=4"], ["+cluster.nodes=2"],
     ["--config-dir", "mine"], ["--config-name=other"], ["recipe=mine.yaml"], ["recipe=path/to/mine.py"],
+    ["strategy=parameter_server"],
 ])
 def test_a_command_line_that_may_ask_for_workers_warms_them(argv):
-    """Another primary config, a user's recipe (its YAML may set the shape) or a shape of more than one device."""
+    """Another primary config, a user's recipe (its YAML may set the shape), a shape of more than one device, or
+    parameter-server tasks (their agents fork from the server)."""
     assert warm.may_ask_for_workers(argv)
 
 
@@ -77,8 +100,15 @@ def test_eligibility_follows_the_validated_job():
     mirrored = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
     assert warm.eligible(mirrored, 0) == (sys.platform == "linux")
     off = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2", "launch.warm_workers=false"], cuda_devices=0)
+    assert not warm.eligible(off, 0)
+    # agents fork from it: emulated nodes', parameter-server tasks'
     emulated = composer.compose_and_validate(["strategy=multi_worker_mirrored", "cluster=2x1"], cuda_devices=0)
-    assert not warm.eligible(off, 0) and not warm.eligible(emulated, 0)
+    tasks = composer.compose_and_validate(["recipe=wide_deep", "strategy=parameter_server", "cluster.ps=1"], cuda_devices=0)
+    assert warm.eligible(emulated, 0) == warm.eligible(tasks, 0) == (sys.platform == "linux")
+    node = composer.compose_and_validate(["strategy=multi_worker_mirrored", "cluster=2x2", "cluster.node_rank=1",
+                                          "cluster.master_port=29500"], cuda_devices=0)
+    on_gpus = composer.compose_and_validate(["strategy=multi_worker_mirrored", "cluster=2x1"], cuda_devices=2)
+    assert not warm.eligible(node, 0) and not warm.eligible(on_gpus, 2)
 
 
 @linux_only

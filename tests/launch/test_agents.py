@@ -1,0 +1,106 @@
+"""``agents.start``: an agent forked from the warm server behaves as the fresh ``python -u -m`` one it replaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing import forkserver
+from pathlib import Path
+
+import pytest
+
+from launcher.launch import agents, warm
+from tests.conftest import alive, process_state
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the warm server is Linux-only")
+
+
+def report(argv: list[str]) -> int:
+    """A stand-in agent: says where it runs, writes to the descriptor it was passed, exits with the code it is given."""
+    out, fd, code = argv
+    with os.fdopen(agents.inherited_fd(int(fd)), "w") as line:
+        line.write("from the agent")
+    Path(out).write_text(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "mark": os.environ.get("DLAUNCH_TEST_MARK"),
+                                     "argv": sys.argv, "sigterm": str(signal.getsignal(signal.SIGTERM))}))
+    return int(code)
+
+
+def sleeper(argv: list[str]) -> int:
+    time.sleep(600)
+    return 0
+
+
+@pytest.fixture
+def server(monkeypatch):
+    """The console script's warm server, kept as a validated parameter-server job keeps it."""
+    assert warm.start_early(["strategy=parameter_server"])
+    monkeypatch.setattr(warm, "_kept", True)
+    try:
+        yield forkserver._forkserver._forkserver_pid
+    finally:
+        warm.stop()
+
+
+def start_reporting(tmp_path: Path, code: int) -> tuple[agents.Agent, Path, int]:
+    read, write = os.pipe()
+    try:
+        proc = agents.start(report, [str(tmp_path / "where.json"), str(write), str(code)], pass_fds=(write,))
+    finally:
+        os.close(write)  # the agent holds the only other copy: the pipe ends once it has
+    return proc, tmp_path / "where.json", read
+
+
+@linux_only
+def test_a_forked_agent_takes_this_calls_environment_directory_and_descriptors(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLAUNCH_TEST_MARK", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    proc, where, read = start_reporting(tmp_path, 3)
+    assert isinstance(proc, agents.Forked)
+    assert proc.wait(timeout=60) == 3 and proc.poll() == proc.returncode == 3
+    with os.fdopen(read) as pipe:
+        assert pipe.read() == "from the agent"  # and then the end: no copy of the write end was left open elsewhere
+    seen = json.loads(where.read_text())
+    assert seen["pid"] == proc.pid != os.getpid()
+    assert seen["cwd"] == str(tmp_path) and seen["mark"] == "set after the server started"
+    assert seen["argv"][0] == __name__ and seen["sigterm"] == str(signal.SIG_DFL)
+
+
+@linux_only
+def test_a_forked_agent_is_the_servers_child_and_is_signalled_waited_for_and_killed_like_a_popen(server, tmp_path):
+    proc = agents.start(sleeper, [])
+    assert process_state(proc.pid)[1] == server  # it dies with the server, which dies with dlaunch
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    proc.send_signal(signal.SIGKILL)  # ended: nothing is sent to a pid that may be another process's now
+    other = agents.start(sleeper, [])
+    other.kill()
+    assert other.wait(timeout=60) == -signal.SIGKILL
+
+
+@linux_only
+def test_agents_running_when_dlaunch_itself_fails_are_killed_and_reaped(server):
+    procs = [agents.start(sleeper, []) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="a bug in dlaunch"):
+        with agents.killed_on_error(procs):
+            raise RuntimeError("a bug in dlaunch")
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2 and not any(alive(p.pid) for p in procs)
+
+
+def test_without_a_kept_server_an_agent_is_a_fresh_interpreter(tmp_path, monkeypatch):
+    """``launch.warm_workers=false``, CUDA nodes (``env``), or ``main()`` called from another program."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    proc, where, read = start_reporting(tmp_path, 0)
+    assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=120) == 0
+    with os.fdopen(read) as pipe:
+        assert pipe.read() == "from the agent"
+    assert json.loads(where.read_text())["argv"][0].endswith("test_agents.py")
+
+
+if __name__ == "__main__":  # the fresh interpreter's way in: python -u -m tests.launch.test_agents ARGS
+    sys.exit(report(sys.argv[1:]))
