@@ -136,7 +136,7 @@ def _agent(main: Callable[[list[str]], int], args: list[str], fds: list[int], en
     as_started_now(environ, cwd)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)
-    sys.argv = [main.__module__, *args]
+    sys.argv = [getattr(sys.modules[main.__module__], "__file__", None) or main.__module__, *args]  # as -m sets it
     raise SystemExit(main(args))
 
 

@@ -66,7 +66,7 @@ def test_a_forked_agent_takes_this_calls_environment_directory_and_descriptors(s
     seen = json.loads(where.read_text())
     assert seen["pid"] == proc.pid != os.getpid()
     assert seen["cwd"] == str(tmp_path) and seen["mark"] == "set after the server started"
-    assert seen["argv"][0] == __name__ and seen["sigterm"] == str(signal.SIG_DFL)
+    assert seen["argv"][0] == __file__ and seen["sigterm"] == str(signal.SIG_DFL)  # as `python -m` sets them
 
 
 @linux_only

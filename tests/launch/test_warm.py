@@ -150,30 +150,34 @@ def test_a_failing_forked_worker_is_restarted_then_reported_once_and_nothing_is_
 
 @linux_only
 @pytest.mark.slow
-def test_killing_dlaunch_takes_the_forked_workers_and_the_server_with_it(tmp_path):
+@pytest.mark.parametrize("job", [("strategy=mirrored", "cluster=1x2"), ("strategy=multi_worker_mirrored", "cluster=2x1")],
+                         ids=["forked workers", "forked node agents"])
+def test_killing_dlaunch_takes_what_it_forked_and_the_server_with_it(tmp_path, job):
     import signal
     import time
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        command("strategy=mirrored", "cluster=1x2", "trainer.steps=1000000", "trainer.log_every=50", f"hydra.run.dir={run_dir}"),
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    proc = subprocess.Popen(command(*job, "trainer.steps=1000000", "trainer.log_every=50", f"hydra.run.dir={run_dir}"),
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
         while len(list((run_dir / ".dlaunch").glob("rank-*.progress.json"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         pids = [json.loads(p.read_text())["pid"] for p in (run_dir / ".dlaunch").glob("rank-*.progress.json")]
         assert len(pids) == 2, "the workers should be training"
-        server = process_state(pids[0])[1]
+        left = set()  # each worker and what it descends from below dlaunch: the server, and a node's agent
+        for pid in pids:
+            while pid != proc.pid:
+                left.add(pid)
+                pid = process_state(pid)[1]
+        assert len(left) == (3 if job[1] == "cluster=1x2" else 5)  # two workers, (two agents,) one server
         proc.send_signal(signal.SIGKILL)  # no handler runs: only the kernel's parent-death signals are left
         proc.wait()
         deadline = time.monotonic() + 10
-        left = pids + [server]
         while left and time.monotonic() < deadline:
-            left = [pid for pid in left if alive(pid)]
+            left = {pid for pid in left if alive(pid)}
             time.sleep(0.1)
-        assert left == [], "orphans: forked workers or their forkserver outlived dlaunch"
+        assert left == set(), "orphans: forked workers, agents or their forkserver outlived dlaunch"
     finally:
         if proc.poll() is None:
             proc.kill()
