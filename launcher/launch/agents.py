@@ -24,12 +24,14 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from multiprocessing import reduction
 from typing import Any, Callable, Iterable, Iterator, Union
 
 from launcher.launch import warm
 
 _MOVED: dict[int, int] = {}  # in a forked agent: dlaunch's number of each descriptor it passed -> its number here
+_MAX_PASSED = 200  # multiprocessing sends at most 256 descriptors to its server with each process, 4 its own
 
 
 def start(main: Callable[[list[str]], int], args: list[str], pass_fds: tuple[int, ...] = (),
@@ -37,7 +39,8 @@ def start(main: Callable[[list[str]], int], args: list[str], pass_fds: tuple[int
     """Start ``main(args)`` as an agent: forked from the warm server where this job has one (``env``: None), else
     ``python -u -m MAIN_MODULE ARGS`` (the module runs ``main(sys.argv[1:])``). ``pass_fds``: descriptors the agent
     keeps; it finds each by dlaunch's number through ``inherited_fd``."""
-    if env is None and warm.forks_agents():
+    # a removed working directory: multiprocessing cannot start a process there (a fresh one keeps it)
+    if env is None and warm.forks_agents() and working_directory() is not None and len(pass_fds) < _MAX_PASSED:
         return Forked(main, args, pass_fds)
     return subprocess.Popen([sys.executable, "-u", "-m", main.__module__, *args], env=env, pass_fds=pass_fds)
 
@@ -78,7 +81,8 @@ class Forked:
         self.args = [main.__module__, *args]
         fds = [_Passed(fd) for fd in pass_fds]
         self._process = multiprocessing.get_context("forkserver").Process(
-            target=_agent, args=(main, args, fds, dict(os.environ), working_directory()), name=f"dlaunch agent ({main.__module__})")
+            target=_agent, args=(main, args, fds, dict(os.environ), working_directory()),
+            name=f"dlaunch agent ({main.__module__})")
         self._process.start()
         self.pid = self._process.pid
 
@@ -97,7 +101,8 @@ class Forked:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:  # not one that has ended: its pid may be another process's by now
-            os.kill(self.pid, signum)
+            with contextlib.suppress(ProcessLookupError):  # reaped by the server, its status not yet sent
+                os.kill(self.pid, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -134,10 +139,18 @@ def _agent(main: Callable[[list[str]], int], args: list[str], fds: list[int], en
     """In the forked agent: as a fresh ``python -u -m`` would start (dlaunch's environment, directory, signals and
     unbuffered output), then ``main``. ``fds`` are already in ``_MOVED``."""
     as_started_now(environ, cwd)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(write_through=True)
+    for stream in (sys.stdout, sys.stderr):  # as -u: each line out at once, whatever the server's buffering
+        stream.reconfigure(line_buffering=True, write_through=True)
     sys.argv = [getattr(sys.modules[main.__module__], "__file__", None) or main.__module__, *args]  # as -m sets it
-    raise SystemExit(main(args))
+    try:
+        code = main(args)
+    except KeyboardInterrupt:  # as Python ends a fresh one: the traceback, then by SIGINT (multiprocessing: exit 1)
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        raise
+    raise SystemExit(code)
 
 
 def as_started_now(environ: dict[str, str], cwd: str | None) -> None:

@@ -113,12 +113,15 @@ def may_ask_for_workers(argv: list[str]) -> bool:
 
 
 def several_nodes(argv: list[str]) -> bool:
-    """Whether ``argv`` sets a shape of more than one node: dlaunch will quiet torch's C++ store warnings
-    (``env.quiet_cpp_warnings``), which torch reads as it loads, so the server must load it so too."""
+    """Whether ``argv`` likely sets a shape of more than one node: dlaunch will quiet torch's C++ store warnings
+    (``env.quiet_cpp_warnings``), which torch reads as it loads, so the server must load it so too. A wrong guess
+    costs only the server: ``keep_if_useful`` stops one that loaded torch otherwise than the validated job needs."""
     for arg in argv:
         key, _, value = arg.partition("=")
-        shape = shapes.SHAPE.match(value.strip()) if key == "cluster" else None
-        if shape and int(shape[1]) > 1 or key.lstrip("+~") == "cluster.nodes" and value.strip() not in ("", "1"):
+        key, value = key.lstrip("+~"), value.strip()
+        shape = shapes.SHAPE.match(value) if key == "cluster" else None
+        if (shape and int(shape[1]) > 1 or key == "cluster.nodes" and value not in ("", "1")
+                or key == "cluster" and value == "tasks" or key == "cluster.tasks"):  # a task list: a node per task
             return True
     return False
 
@@ -131,11 +134,17 @@ def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
     which see that program's environment as it is at launch.
     """
     global _kept
-    if _started and eligible(spec, cuda_devices):
+    if _started and eligible(spec, cuda_devices) and _server_torch == _torch_variables(_job_environment(spec)):
         _kept = True
         return True
     stop()
     return False
+
+
+def _job_environment(spec: Any) -> dict[str, str]:
+    """This process's environment once the job starts: a job of several nodes quiets torch's C++ warnings
+    (``launcher/cli/main.py``), which the server's torch must have loaded with too."""
+    return {**os.environ, **(quiet_cpp_variables() if spec.cluster.nodes > 1 else {})}
 
 
 def forks_agents() -> bool:

@@ -24,14 +24,19 @@ def report(argv: list[str]) -> int:
     out, fd, code = argv
     with os.fdopen(agents.inherited_fd(int(fd)), "w") as line:
         line.write("from the agent")
-    Path(out).write_text(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "mark": os.environ.get("DLAUNCH_TEST_MARK"),
-                                     "argv": sys.argv, "sigterm": str(signal.getsignal(signal.SIGTERM))}))
+    Path(out).write_text(json.dumps({"pid": os.getpid(), "cwd": agents.working_directory(), "argv": sys.argv,
+                                     "mark": os.environ.get("DLAUNCH_TEST_MARK"),
+                                     "sigterm": str(signal.getsignal(signal.SIGTERM))}))
     return int(code)
 
 
 def sleeper(argv: list[str]) -> int:
     time.sleep(600)
     return 0
+
+
+def interrupted(argv: list[str]) -> int:
+    raise KeyboardInterrupt
 
 
 @pytest.fixture
@@ -81,6 +86,8 @@ def test_a_forked_agent_is_the_servers_child_and_is_signalled_waited_for_and_kil
     other = agents.start(sleeper, [])
     other.kill()
     assert other.wait(timeout=60) == -signal.SIGKILL
+    # a Ctrl-C its main does not catch ends it by SIGINT, as Python ends a fresh one (multiprocessing: exit 1)
+    assert agents.start(interrupted, []).wait(timeout=60) == -signal.SIGINT
 
 
 @linux_only
@@ -92,9 +99,18 @@ def test_agents_running_when_dlaunch_itself_fails_are_killed_and_reaped(server):
     assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2 and not any(alive(p.pid) for p in procs)
 
 
-def test_without_a_kept_server_an_agent_is_a_fresh_interpreter(tmp_path, monkeypatch):
-    """``launch.warm_workers=false``, CUDA nodes (``env``), or ``main()`` called from another program."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+@pytest.mark.parametrize("why", ["no server", "a removed working directory"])
+def test_otherwise_an_agent_is_a_fresh_interpreter(tmp_path, monkeypatch, request, why):
+    """``launch.warm_workers=false``, CUDA nodes (``env``), ``main()`` called from another program; and a working
+    directory removed under dlaunch, where multiprocessing cannot start a process and a fresh one can."""
+    path = [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))  # no empty entry: the directory may be gone
+    if why != "no server" and sys.platform == "linux":
+        request.getfixturevalue("server")
+        gone = tmp_path / "gone"
+        gone.mkdir()
+        monkeypatch.chdir(gone)
+        gone.rmdir()
     proc, where, read = start_reporting(tmp_path, 0)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=120) == 0
     with os.fdopen(read) as pipe:

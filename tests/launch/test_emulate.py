@@ -90,12 +90,14 @@ def test_node_0s_agent_killed_is_said_once_without_torchs_cpp_store_traces(tmp_p
     wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
 
 
-def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failure(tmp_path):
+@pytest.mark.parametrize("agents", ["forked", "fresh"])
+def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failure(tmp_path, agents):
     """Preempting one machine: node 1's agent gets SIGTERM, every rank saves and stops. That is a stop (exit 143,
-    its resume hint), not node 1 "ended before it could report" and a failed run."""
+    its resume hint), not node 1 "ended before it could report" and a failed run. Agents forked from dlaunch's
+    warm server (launcher/launch/agents.py), and fresh ones (``launch.warm_workers=false``)."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=300",
-                 "launch.max_restarts=1", "+recipe.step_sleep=0.05", "launch.warm_workers=false")  # fresh agents too
+                 "launch.max_restarts=1", "+recipe.step_sleep=0.05", f"launch.warm_workers={agents == 'forked'}")
     try:
         wait_for(lambda: len(logged_steps(run_dir)) >= 6 and agent_pid(run_dir, 1), STARTUP_S, "six logged steps")
         os.kill(agent_pid(run_dir, 1), signal.SIGTERM)
@@ -104,6 +106,7 @@ def test_a_node_whose_agent_is_sent_sigterm_stops_the_run_as_a_stop_not_a_failur
     assert proc.returncode == 143, out[-3000:]
     assert "before it could report" not in out and "root cause" not in out, out[-3000:]
     assert "resume with: dlaunch resume" in out and summary(run_dir)["status"] == "stopped", out[-3000:]
+    assert ("agent per node (forked from a process that imported torch" in out) == (agents == "forked"), out[-3000:]
 
 
 HUNG_SCRIPT = """\

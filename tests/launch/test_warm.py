@@ -66,6 +66,26 @@ def test_agents_fork_only_from_a_server_whose_torch_loaded_as_a_fresh_agents_wou
 
 
 @linux_only
+@pytest.mark.parametrize("argv, guess", [(["strategy=mirrored", "cluster=2x2", "cluster.nodes=1"], True),
+                                         (["strategy=mirrored", "cluster=tasks"], False)],
+                         ids=["guessed several nodes, validated one", "guessed one, validated several"])
+def test_a_server_whose_torch_loaded_otherwise_than_the_job_needs_is_stopped(monkeypatch, argv, guess):
+    """The command line's guess (``several_nodes``) against the validated job: a 1x2 job's warm workers must not
+    fork from a server whose torch hides C++ warnings, nor emulated nodes' agents from one that shows them."""
+    monkeypatch.setattr(warm, "_kept", False)
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    assert warm.several_nodes(argv)  # the first guess is wrong as it stands; the second one is forced wrong
+    monkeypatch.setattr(warm, "several_nodes", lambda argv: guess)
+    assert warm.start_early(argv)
+    try:
+        spec = composer.compose_and_validate(argv, cuda_devices=0)
+        assert warm.eligible(spec, 0)
+        assert not warm.keep_if_useful(spec, 0) and not warm.started()
+    finally:
+        warm.stop()
+
+
+@linux_only
 @pytest.mark.parametrize("kept", [False, True], ids=["no job kept it", "its workers have ended"])
 def test_the_server_is_killed_at_the_end_not_waited_for(monkeypatch, kept):
     # no job kept it (a config error: main() returns before keep_if_useful): it may still be importing torch;

@@ -41,6 +41,7 @@ def test_wide_deep_trains_asynchronously_on_two_workers_and_two_ps(run_dlaunch):
     out = proc.stdout + proc.stderr
     assert "variable placement" in out
     assert "deep_embedding.weight" in out and "1/2 rows 0-49999" in out and "2/2 rows 50000-99999" in out
+    assert "agent (forked from a process that imported torch" in out  # the five agents: not fresh interpreters
 
 
 def test_sync_mode_equals_one_device_and_its_checkpoint_resumes_there(run_dlaunch):
