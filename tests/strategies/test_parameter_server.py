@@ -158,14 +158,15 @@ def test_each_task_can_run_its_own_dlaunch_as_on_separate_machines(tmp_path):
     assert "ps:1 done; the chief (127.0.0.1) wrote the results" in " ".join(outputs["ps1"].split())
 
 
-@pytest.mark.timeout(900)  # two parameter-server commands of 9 interpreters each: past 300 s on a slow day
+@pytest.mark.timeout(900)  # two parameter-server commands of 9 processes each: past 300 s on a slow day
 def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path):
-    """Preemption: every task gets the signal; the ps tasks serve on until the chief has saved, then all stop."""
+    """Preemption: every task gets the signal; the ps tasks serve on until the chief has saved, then all stop.
+    (test_each_task_can_run_its_own_dlaunch_as_on_separate_machines starts fresh agents.)"""
     from tests.launch.test_restarts import logged_steps
 
     run_dir = tmp_path / "run"
     args = command(*RECIPE, *PS, "trainer.steps=60", "trainer.log_every=1", "trainer.checkpoint.every_steps=50",
-                   f"hydra.run.dir={run_dir}", warm=False)
+                   f"hydra.run.dir={run_dir}")  # the console script's path: agents forked from its warm server
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     proc = subprocess.Popen([*args, "+recipe.step_sleep=0.1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
