@@ -94,7 +94,10 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
              '25',
              'after a stop signal, seconds the workers have to save a checkpoint and exit before SIGKILL (a '
              "scheduler's own grace, often 30 s, bounds it too)"),
-            ('warm_workers', 'True', 'local CPU workers fork from a process that imported them while dlaunch planned')],
+            ('warm_workers',
+             'True',
+             'local CPU workers, and the agents of emulated nodes and parameter-server tasks, fork from a process that '
+             'imported them while dlaunch planned')],
  'cluster': [('device',
               'auto',
               'auto: cuda where this machine has a CUDA GPU (those CUDA_VISIBLE_DEVICES shows), else cpu'),
