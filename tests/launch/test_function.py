@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
 import os
 import signal
@@ -210,6 +211,6 @@ def test_a_caller_that_finds_dlaunch_through_its_own_path_gets_a_preloaded_serve
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     results, caller = proc.stdout.strip().rsplit(" ", 1)
-    (server, preloaded), again = eval(results)  # noqa: S307 - a list of tuples this test's script printed
+    (server, preloaded), again = ast.literal_eval(results)  # a list of tuples this test's script printed
     assert again == (server, preloaded) and server != int(caller)  # both forked from one server
     assert preloaded, proc.stderr
