@@ -50,10 +50,11 @@ def server(monkeypatch):
         warm.stop()
 
 
-def start_reporting(tmp_path: Path, code: int) -> tuple[agents.Agent, Path, int]:
+def start_reporting(tmp_path: Path, code: int, more_fds: tuple[int, ...] = ()) -> tuple[agents.Agent, Path, int]:
     read, write = os.pipe()
     try:
-        proc = agents.start(report, [str(tmp_path / "where.json"), str(write), str(code)], pass_fds=(write,))
+        proc = agents.start(report, [str(tmp_path / "where.json"), str(write), str(code)],
+                            pass_fds=(write, *more_fds))
     finally:
         os.close(write)  # the agent holds the only other copy: the pipe ends once it has
     return proc, tmp_path / "where.json", read
@@ -75,14 +76,19 @@ def test_a_forked_agent_takes_this_calls_environment_directory_and_descriptors(s
 
 
 @linux_only
-def test_a_forked_agent_is_the_servers_child_and_is_signalled_waited_for_and_killed_like_a_popen(server, tmp_path):
+def test_a_forked_agent_is_the_servers_child_and_is_signalled_waited_for_and_killed_like_a_popen(server, tmp_path,
+                                                                                                monkeypatch):
     proc = agents.start(sleeper, [])
     assert process_state(proc.pid)[1] == server  # it dies with the server, which dies with dlaunch
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
-    proc.send_signal(signal.SIGKILL)  # ended: nothing is sent to a pid that may be another process's now
+    sent: list[tuple[int, int]] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(agents.os, "kill", lambda pid, signum: sent.append((pid, signum)))
+        proc.send_signal(signal.SIGKILL)
+    assert sent == []  # ended: nothing is sent to a pid that may be another process's now
     other = agents.start(sleeper, [])
     other.kill()
     assert other.wait(timeout=60) == -signal.SIGKILL
@@ -99,19 +105,32 @@ def test_agents_running_when_dlaunch_itself_fails_are_killed_and_reaped(server):
     assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2 and not any(alive(p.pid) for p in procs)
 
 
-@pytest.mark.parametrize("why", ["no server", "a removed working directory"])
+@pytest.mark.parametrize("why", ["no server", "a removed working directory", "over 200 descriptors"])
 def test_otherwise_an_agent_is_a_fresh_interpreter(tmp_path, monkeypatch, request, why):
-    """``launch.warm_workers=false``, CUDA nodes (``env``), ``main()`` called from another program; and a working
-    directory removed under dlaunch, where multiprocessing cannot start a process and a fresh one can."""
+    """``launch.warm_workers=false``, CUDA nodes (``env``), ``main()`` called from another program; a working
+    directory removed under dlaunch, where multiprocessing cannot start a process and a fresh one can; and more
+    descriptors than multiprocessing sends its server with one process."""
     path = [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))  # no empty entry: the directory may be gone
+    more: list[int] = []
     if why != "no server" and sys.platform == "linux":
         request.getfixturevalue("server")
+        probe = agents.start(sleeper, [])  # forked here, as the one below would be but for why
+        assert isinstance(probe, agents.Forked)
+        probe.kill()
+        assert probe.wait(timeout=60) == -signal.SIGKILL
+    if why == "a removed working directory" and sys.platform == "linux":
         gone = tmp_path / "gone"
         gone.mkdir()
         monkeypatch.chdir(gone)
         gone.rmdir()
-    proc, where, read = start_reporting(tmp_path, 0)
+    if why == "over 200 descriptors" and sys.platform == "linux":
+        more = [fd for _ in range(agents._MAX_PASSED // 2) for fd in os.pipe()]
+    try:
+        proc, where, read = start_reporting(tmp_path, 0, tuple(more))
+    finally:
+        for fd in more:
+            os.close(fd)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=120) == 0
     with os.fdopen(read) as pipe:
         assert pipe.read() == "from the agent"
