@@ -96,6 +96,13 @@ def pytest_sessionfinish(session):
         ZYGOTE.close()
 
 
+def importable_from(directory: Path) -> dict[str, str]:
+    """``env`` for a command that imports a module the test wrote into ``directory`` (a Hydra callback): the console
+    script never has its working directory on ``sys.path``, and ``python -m`` has not under ``PYTHONSAFEPATH=1``
+    (``.ci/gpu-check``)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH")) if p)}
+
+
 def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None, device: str | None = "cpu") -> subprocess.CompletedProcess:
     """Run the real command line in a process of its own: forked from this test process's prewarmed
     interpreter (``tests/prewarmed.py``), or a fresh one where that is busy or ``DLAUNCH_TEST_FRESH=1``.

@@ -132,6 +132,8 @@ class Zygote:
         """``dlaunch ARGS`` forked from the zygote and left running: a handle as ``subprocess.Popen`` gives, with
         stderr in stdout where ``merged`` and a session of its own where ``session``. The zygote is this command's
         until it has ended and the handle has seen it end. None where it cannot (busy, or not on Linux)."""
+        if env.get("PYTHONPATH") != self._env.get("PYTHONPATH"):  # a fork keeps the zygote's sys.path
+            return None
         if sys.platform != "linux" or not self._busy.acquire(blocking=False):
             return None
         if threading.current_thread() is not threading.main_thread() and (self._proc is None or self._proc.poll() is not None):

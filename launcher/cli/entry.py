@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+
+from launcher.runtime.stop_signals import cut_short
 
 
 def entry() -> None:
@@ -29,24 +30,13 @@ def entry() -> None:
 
         code = main()
     except KeyboardInterrupt as exc:  # a Ctrl-C (or a second SIGTERM, interrupts.Stopped) before the run's own handling
-        print(f"dlaunch: stopped by {exc or 'Ctrl-C'}", file=sys.stderr, flush=True)  # took over: no traceback
+        print(f"dlaunch: stopped by {str(exc) or 'Ctrl-C'}", file=sys.stderr, flush=True)  # took over: no traceback
         code = getattr(exc, "exit_code", 130)
     finally:
-        _quietly(warm.shutdown)  # every worker has ended by now: the server follows, and is reaped
+        with cut_short():  # one more Ctrl-C here only cuts the tidying short
+            warm.shutdown()  # every worker has ended by now: the server follows, and is reaped
     interrupts.release()  # the run ended and said how: a signal while dlaunch exits is not raised in its exit steps
     leave(code or interrupts.requested())  # a stop noted where nothing acted on it (--cfg job)
-
-
-def _quietly(stop: Callable[[], None]) -> None:
-    """``stop()``, through one more Ctrl-C (or the signal torch elastic turns into ``SignalException``): the run
-    already stopped and said so, and its exit code stands; a second press only cuts the tidying short."""
-    try:
-        stop()
-    except KeyboardInterrupt:
-        pass
-    except Exception as exc:  # noqa: BLE001 - torch elastic's SignalException, by name: no torch import here
-        if type(exc).__name__ != "SignalException":
-            raise
 
 
 def leave(code: int) -> None:
@@ -68,9 +58,11 @@ def leave(code: int) -> None:
     # The interpreter's own first exit step: the thread-exit hooks (concurrent.futures' and joblib's executors
     # shut down there), then a wait for every non-daemon thread. Joining those threads without the hooks
     # would wait forever on an executor's manager thread (a joblib sweep's).
-    _stop_log_tailers()
-    shutdown()
-    exit_funcs()  # logging, multiprocessing's children, temporary files: as at a normal exit
+    # exit_funcs: logging, multiprocessing's children, temporary files, as at a normal exit. One more Ctrl-C while
+    # dlaunch exits cuts the step it lands in short: the run said how it ended, and its code stands.
+    for step in (_stop_log_tailers, shutdown, exit_funcs):
+        with cut_short():
+            step()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)

@@ -28,6 +28,7 @@ from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
 from launcher.runtime import outputs
+from launcher.runtime.stop_signals import closing
 
 log = logging.getLogger("dlaunch")
 
@@ -209,7 +210,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
         Status.codes.append(0)
         return None
     before = outputs.snapshot_record(run_dir) if _resumes_itself(spec, run_dir, resume_from) else None
-    interrupted = False
+    interrupted, code = False, None
     try:
         with interrupts.job_launches(), interrupts.stops_raise():  # until the launcher's (or loop's) own handling
             with interrupts.held():  # a run's record is written whole, or a stop's summary would name a run not there
@@ -223,15 +224,19 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             sweep_stop.raise_taken()  # the same, for joblib's jobs when it runs them here (n_jobs=1)
             code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
     except KeyboardInterrupt as exc:  # before the launcher's own signal handling: a stop all the same, with its summary
-        log.warning("stopped by %s before the workers started", exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C")
-        code, interrupted = getattr(exc, "exit_code", 130), True
-    Status.codes.append(code)
-    if before is not None and (0 < code < 128 or interrupted) and _trained_nothing(run_dir, resume_from):
-        outputs.restore_record(before)
-        console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's command "
-                      "(.hydra/, config.yaml) is kept as it was: `dlaunch resume` replays the run that is there "
-                      "(summary.json and error.txt say why this command failed)")
-    return _ended(spec, run_dir, code, console, multirun)
+        if code is None:  # else it came as the launcher returned, its stop (or end) already said: its code stands
+            how = exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C"
+            log.warning("stopped by %s before the workers started", how)
+            code, interrupted = getattr(exc, "exit_code", 130), True
+    # a stopped run's summary and lines are written whole: another Ctrl-C cut them off (no summary.json, a traceback)
+    with closing() if code >= 128 or interrupted else contextlib.nullcontext():
+        Status.codes.append(code)
+        if before is not None and (0 < code < 128 or interrupted) and _trained_nothing(run_dir, resume_from):
+            outputs.restore_record(before)
+            console.print(f"{run_dir}: nothing was trained past the checkpoint it resumed from, so the run's command "
+                          "(.hydra/, config.yaml) is kept as it was: `dlaunch resume` replays the run that is there "
+                          "(summary.json and error.txt say why this command failed)")
+        return _ended(spec, run_dir, code, console, multirun)
 
 
 def _resumes_itself(spec: Any, run_dir: Path, resume_from: Path | None) -> bool:

@@ -217,6 +217,7 @@ class Strategy:
         given. Plain torch code then runs unchanged: ``loss.backward()`` and
         ``optimizer.step()`` inside ``run`` average gradients over replicas.
         """
+        _refuse_wrapped(module)
         if not self._extended.places_itself:
             placement.settle(module)  # called inside scope(): the parameters go to the device first
         if self.activation_checkpointing and self._extended._num_local > 1:
@@ -314,3 +315,15 @@ def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != p.device and p.device.type != "meta":
                     state[key] = value.to(p.device)
+
+
+def _refuse_wrapped(module: torch.nn.Module) -> None:
+    """A model that DDP, DataParallel or FSDP (1) wraps already: ``prepare()`` would wrap it again (two all-reduces a
+    step, with DDP), or shard what another engine holds. The half-way move from a torchrun script keeps ``DDP(model)``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel, FullyShardedDataParallel)
+    if isinstance(module, wrappers):
+        raise TypeError(f"strategy.prepare() got a model wrapped in {type(module).__name__}: pass the model itself "
+                        f"(its .module), and drop the {type(module).__name__}(...) call: prepare() wraps it the way "
+                        "this strategy trains (docs/MIGRATION.md)")

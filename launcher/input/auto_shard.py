@@ -88,6 +88,24 @@ def resolve_policy(policy: AutoShardPolicy | str, num_files: int | None, num_wor
 _warned_data = False
 
 
+def refuse_sharded_loader(loader: object, num_workers: int) -> None:
+    """A ``DataLoader`` whose sampler is a ``DistributedSampler`` already gives each process its share: split again
+    as global batches, each rank would train on ``1/num_workers`` of that share, with no error (the usual half-way
+    move from a torchrun script). Raised, naming both ways out."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    found = next((s for s in samplers if isinstance(s, DistributedSampler) and s.num_replicas > 1), None)
+    if found is not None and num_workers > 1:
+        raise ValueError(
+            f"experimental_distribute_dataset got a DataLoader whose sampler is a DistributedSampler (num_replicas="
+            f"{found.num_replicas}): it already gives this process 1/{found.num_replicas} of the data, and splitting "
+            f"its batches across the {num_workers} processes again would train each on 1/{num_workers} of that. "
+            "Drop the DistributedSampler (shuffle=True, or your own sampler, over the whole dataset: dlaunch gives each "
+            "replica its rows of every global batch), or keep it and pass strategy.distribute_datasets_from_function "
+            "a function that returns this loader (docs/SCRIPTS.md)")
+
+
 def warn_data_once(num_files: int, num_workers: int) -> None:
     """DATA makes every worker read everything: say so, once per process."""
     global _warned_data

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
 from launcher.distribute.values import PerReplica, map_structure, regroup
-from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, warn_data_once
+from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, refuse_sharded_loader, resolve_policy, warn_data_once
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import EpochBatchSampler, Position
 from launcher.input.prefetch import Prefetcher
@@ -121,6 +121,7 @@ class DistributedDataset:
             self._shard = _shard_files(dataset, options.auto_shard_policy, ext._proc.world_size, ext._proc.rank)
             return
         resolve_policy(options.auto_shard_policy, None, ext._proc.world_size)  # FILE needs files: say so now
+        refuse_sharded_loader(dataset, ext._proc.world_size)
         if isinstance(dataset, DataLoader) and self._num_replicas > 1:
             found = _local_loader(dataset, self._first, self._num_local, self._num_replicas)
             if found is not None:

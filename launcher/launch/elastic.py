@@ -32,7 +32,7 @@ from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.launch import agent, rendezvous, report, warm
 from launcher.runtime import outputs, progress
-from launcher.runtime.stop_signals import handling_stop_signals
+from launcher.runtime.stop_signals import closing, handling_stop_signals
 
 log = logging.getLogger("dlaunch")
 WORKER_MODULE = "launcher.runtime.worker_entry"  # launcher.runtime.worker, quiet on a Ctrl-C while it imports
@@ -193,15 +193,18 @@ def run_node(
     except ChildFailedError as exc:
         return on_failure(*report.causes_of(exc, run_dir, spec), spec, run_dir)
     except _StoppedBeforeWorkers as exc:
-        rendezvous.leave_unfinished()  # the others must not count on this node
-        log.warning("stopped by %s before the workers started", exc.sigval.name)
+        with closing():  # a second Ctrl-C now would cut this short, and the run's summary with it
+            rendezvous.leave_unfinished()  # the others must not count on this node
+            said = "Ctrl-C" if exc.sigval == signal.SIGINT else exc.sigval.name  # as dlaunch says it before this
+            log.warning("stopped by %s before the workers started", said)
         return 128 + int(exc.sigval)
     except SignalException as exc:
-        if teardown_marker(run_dir).exists():  # dlaunch's parent tears this node down after another node failed
-            log.warning("node %d torn down after another node failed; its workers were shut down", node_rank or 0)
-        else:
-            killed = report.killed_on_stop(spec, run_dir, agent.Agent.killed)
-            log.warning("stopped by %s; %s", exc.sigval.name, killed or "all workers were shut down")
+        with closing():
+            if teardown_marker(run_dir).exists():  # dlaunch's parent tears this node down after another node failed
+                log.warning("node %d torn down after another node failed; its workers were shut down", node_rank or 0)
+            else:
+                killed = report.killed_on_stop(spec, run_dir, agent.Agent.killed)
+                log.warning("stopped by %s; %s", exc.sigval.name, killed or "all workers were shut down")
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         log.warning("interrupted; all workers were shut down")

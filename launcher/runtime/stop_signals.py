@@ -42,3 +42,30 @@ def handling_stop_signals(handler: Callable[[int, Any], None], signals: tuple[si
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _let_go(signum: int, frame: Any) -> None:
+    """A stop signal once the run has stopped: nothing more to do."""
+
+
+@contextlib.contextmanager
+def closing() -> Iterator[None]:
+    """The run has stopped and says how (its summary, its last lines): a further stop signal inside is let go.
+    Raised, it would cut the summary off half written and print a traceback from dlaunch's own code (a second
+    Ctrl-C, pressed as the workers started). The block is short, and after it the signals are as they were."""
+    with handling_stop_signals(_let_go):
+        yield
+
+
+@contextlib.contextmanager
+def cut_short() -> Iterator[None]:
+    """Tidying after the run ended and said how: one more stop signal (``KeyboardInterrupt``, or the
+    ``SignalException`` of torch elastic's handler, matched by name: nothing heavy is imported here) ends the block
+    quietly; the run's exit code stands. Any other error still raises."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is torch elastic's stop
+        if type(exc).__name__ != "SignalException":
+            raise

@@ -97,14 +97,27 @@ def test_one_more_ctrl_c_while_the_warm_server_is_reaped_keeps_the_exit_code_and
     import pytest
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from launcher.cli.entry import _quietly
+    from launcher.runtime.stop_signals import cut_short
 
-    def raising(exc):
-        def stop():
-            raise exc
-        return stop
-
-    _quietly(raising(KeyboardInterrupt()))
-    _quietly(raising(SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)))
+    for stop in (KeyboardInterrupt(), SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)):
+        with cut_short():
+            raise stop
     with pytest.raises(OSError):
-        _quietly(raising(OSError("a real problem")))
+        with cut_short():
+            raise OSError("a real problem")
+
+
+def test_a_ctrl_c_while_leave_waits_for_a_thread_cuts_that_wait_short_and_keeps_the_code():
+    """A new user's second Ctrl-C while dlaunch exits printed a traceback from its exit steps and exited 1: the
+    run's line and its code (130) stand, and the exit handlers still run."""
+    proc = run("""
+        import atexit, os, signal, threading, time
+        from launcher.cli.entry import leave
+        atexit.register(lambda: print("exit handler", flush=True))
+        threading.Thread(target=time.sleep, args=(60,)).start()  # not a daemon: leave() waits for it
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        print("dlaunch: stopped by Ctrl-C", flush=True)
+        leave(130)
+    """)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stdout == "dlaunch: stopped by Ctrl-C\nexit handler\n" and "Traceback" not in proc.stderr, proc.stderr

@@ -200,12 +200,13 @@ class SigtermAfterJob0(Callback):
 
 def test_a_sigterm_between_a_sweeps_jobs_stops_it_with_its_table_and_resume_hint(tmp_path):
     """It exited 143 without a word: no table, no resume hint, no directory for the next job."""
-    from tests.conftest import dlaunch
+    from tests.conftest import dlaunch, importable_from
 
     (tmp_path / "sigterm_between.py").write_text(SIGTERM_AFTER_JOB_0)
     sweep = tmp_path / "sweep"
     proc = dlaunch("-m", "strategy=mirrored", "cluster=1x2", "trainer.steps=3", "trainer.seed=1,2,3",
-                   "+hydra.callbacks.term._target_=sigterm_between.SigtermAfterJob0", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+                   "+hydra.callbacks.term._target_=sigterm_between.SigtermAfterJob0", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+                   env=importable_from(tmp_path))
     assert proc.returncode == 143, proc.stderr[-3000:]
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed", "not started", "not started"]
@@ -243,7 +244,7 @@ class SigtermAt(Callback):
 def test_a_sigterm_before_a_lone_run_records_itself_stops_it_with_a_line_and_exit_143(tmp_path, where):
     """Between the end of the early noting and the run's record (its checkpoints verified, its plan shown), SIGTERM
     had its default action: dlaunch ended without a word (exit -15). The run that was there stays as it was."""
-    from tests.conftest import dlaunch, summary
+    from tests.conftest import dlaunch, importable_from, summary
 
     run_dir = tmp_path / "run"
     first = dlaunch("trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -252,7 +253,7 @@ def test_a_sigterm_before_a_lone_run_records_itself_stops_it_with_a_line_and_exi
     (tmp_path / "sigterm_at.py").write_text(SIGTERM_AT)
     proc = dlaunch("trainer.steps=8", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}",
                    "+hydra.callbacks.term._target_=sigterm_at.SigtermAt", f"+hydra.callbacks.term.where={where}",
-                   cwd=tmp_path)
+                   cwd=tmp_path, env=importable_from(tmp_path))
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 143, out[-3000:]
     said = "stopped by SIGTERM before the run started" if where != "job start" else "dlaunch: stopped by SIGTERM"

@@ -109,12 +109,13 @@ class SigtermAtJob0(Callback):
 def test_joblib_with_one_job_at_a_time_runs_them_in_dlaunchs_process_and_stops_there_too(tmp_path):
     """joblib's n_jobs=1 runs the jobs one after the other in dlaunch's own process, under the stop handling of a
     sweep whose jobs run elsewhere: the job getting ready stops once its record is whole, the next does not start."""
-    from tests.conftest import dlaunch
+    from tests.conftest import dlaunch, importable_from
 
     (tmp_path / "sigterm_at_job_0.py").write_text(SIGTERM_AT_JOB_0)
     sweep = tmp_path / "sweep"
     proc = dlaunch("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1", "trainer.steps=3", "trainer.seed=1,2",
-                   "+hydra.callbacks.term._target_=sigterm_at_job_0.SigtermAtJob0", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+                   "+hydra.callbacks.term._target_=sigterm_at_job_0.SigtermAtJob0", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+                   env=importable_from(tmp_path))
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 143, out[-3000:]
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]

@@ -228,3 +228,31 @@ def test_nested_run_raises_instead_of_hanging(strategy):
     with pytest.raises(RuntimeError, match="inside strategy.run"):
         strategy.run(lambda: strategy.run(lambda: 1))
     assert strategy.run(lambda: 2).values == (2, 2)
+
+
+def _prepare_ddp_wrapped():
+    """A torchrun script's model, DDP(model) kept, given to prepare() in a real two-process mirrored run."""
+    strategy = dl.MirroredStrategy()
+    with strategy.scope():
+        model = _build()
+    try:
+        strategy.prepare(torch.nn.parallel.DistributedDataParallel(model), _sgd(model))
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.slow
+def test_a_model_ddp_wraps_already_is_refused_by_prepare_not_wrapped_twice():
+    """Wrapped again, each backward all-reduced twice without a word (the half-way move from torchrun)."""
+    from launcher.launch.function import run_function
+
+    for message in run_function(_prepare_ddp_wrapped, device="cpu", nproc=2).values():
+        assert message is not None and "wrapped in DistributedDataParallel: pass the model itself" in message
+
+
+def test_a_model_dataparallel_wraps_is_refused_by_prepare(strategy):
+    with strategy.scope():
+        wrapped = nn.DataParallel(_build())
+    with pytest.raises(TypeError, match="wrapped in DataParallel: pass the model itself"):
+        strategy.prepare(wrapped, _sgd(wrapped))

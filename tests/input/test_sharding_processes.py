@@ -128,3 +128,32 @@ def test_datasets_from_function_per_worker_gets_one_pipeline_per_process():
     assert results[0]["contexts"] == [(2, 0, 2)] and results[1]["contexts"] == [(2, 1, 2)]
     assert results[0]["steps"] == [[0, 2], [4, 6], [8, 10], [12, 14]]
     assert results[1]["steps"] == [[1, 3], [5, 7], [9, 11], [13, 15]]
+
+
+def sampler_loader_both_ways():
+    """A torchrun script's loader (a DistributedSampler over the whole dataset) given to each way in."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+    data = TensorDataset(torch.arange(16))
+    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, shuffle=False))
+    try:
+        strategy.experimental_distribute_dataset(loader)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    rows = [strategy.experimental_local_results(b)[0][0].tolist()
+            for b in strategy.distribute_datasets_from_function(lambda ctx: loader)]
+    return {"refused": refused, "rows": rows}
+
+
+def test_a_loader_a_distributed_sampler_already_shards_is_refused_not_split_again():
+    """Split again, each rank trained on half its share (8 of 16 rows over two ranks) without a word; the loader
+    is what distribute_datasets_from_function takes as it is."""
+    results = run_function(sampler_loader_both_ways, device="cpu", nproc=2)
+    for rank, found in results.items():
+        assert "sampler is a DistributedSampler (num_replicas=2)" in found["refused"]
+        assert "Drop the DistributedSampler" in found["refused"] and "distribute_datasets_from_function" in found["refused"]
+        assert sum(found["rows"], []) == list(range(rank, 16, 2))  # its whole share, once

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from launcher.runtime.stop_signals import STOP_SIGNALS, handling_stop_signals
+from launcher.runtime.stop_signals import STOP_SIGNALS, closing, handling_stop_signals
 
 
 class _Caught(Exception):
@@ -29,6 +29,22 @@ def test_the_handler_raises_inside_and_the_previous_handlers_come_back():
             os.kill(os.getpid(), signal.SIGHUP)
             time.sleep(0.05)
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+
+
+def test_a_stop_signal_while_a_stopped_run_closes_is_let_go_and_the_handlers_come_back():
+    """A second Ctrl-C as a stopped run wrote its summary cut the summary off and printed a traceback."""
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    done = []
+    with handling_stop_signals(_raise):
+        with closing():
+            for sig in STOP_SIGNALS:
+                os.kill(os.getpid(), sig)
+                time.sleep(0.05)
+            done.append("the summary")
+        with pytest.raises(_Caught):  # after the block, as before it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    assert done == ["the summary"] and {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
 
 
 def test_only_the_handlers_replaces_accepts_give_way():
