@@ -12,6 +12,7 @@ from the pydantic schema (``tests/cli/test_usage.py`` checks it is current).
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 
 from launcher.cli import help_data
@@ -25,6 +26,8 @@ HYDRA_FLAGS = {
 
 COMMANDS = (
     ("dlaunch [KEY=VALUE ...]", "run one job, e.g. dlaunch recipe=linear strategy=mirrored cluster=1x2"),
+    ("dlaunch script=train.py [KEY=VALUE ...] -- ARGS", "run your own training script on every rank, as torchrun "
+     "would (docs/SCRIPTS.md)"),
     ("dlaunch -m KEY=A,B ...", "a sweep: one job per combination, then one table (sweep_summary.json)"),
     ("dlaunch recipes ls | cp NAME DEST | validate PATH", "the recipe templates: list, copy, check"),
     ("dlaunch report RUN_OR_SWEEP_DIR", "PNG curves and report.html beside a run's or sweep's data"),
@@ -58,7 +61,8 @@ def _table(rows, indent: int = 2) -> list[str]:
 
 
 def help_text() -> str:
-    lines = ["dlaunch: train a PyTorch recipe on a planned cluster with tf.distribute-style strategies.", "",
+    lines = ["dlaunch: train a PyTorch recipe, or your own script, on a planned cluster with tf.distribute-style "
+             "strategies.", "",
              "Commands:", *_table(COMMANDS), "", "Options:", *_table(OPTIONS), "",
              "Config groups (pick one option each, e.g. strategy=mirrored):"]
     for group, options in help_data.GROUPS.items():
@@ -130,14 +134,15 @@ def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None]]:
 def flag_message(argv: list[str]) -> str | None:
     """One screen mapping torchrun-style flags to dlaunch overrides; None when there are none."""
     flags = _unknown_flags(argv)
-    if not flags:
+    head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
+    at = _script_at(head)
+    # `dlaunch train.py --epochs 1`, as python or accelerate launch takes it: Hydra's parser would refuse the flags
+    if not flags and (at is None or not any(a.startswith("-") for a in head[at + 1:])):
         return None
     rows = []  # (what was given, what to use): one column, as wide as the longest given
     script = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("script=")), None)
     unknown = f"unknown option; a script's own arguments go after --: dlaunch script={script} -- ARGS" if script else \
         "unknown option; dlaunch --help lists the options and settings"
-    head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
-    at = _script_at(head)
     for name, value in flags:
         given = f"--{name}" + (f"={value}" if value is not None else "")
         if name in _FOR_A_SCRIPT and (script or at is not None):
@@ -155,7 +160,8 @@ def flag_message(argv: list[str]) -> str | None:
     after = [f"the same run: {same}"] if same else \
         ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
     width = max(28, *(len(given) for given, _ in rows))
-    return "\n".join(["dlaunch takes KEY=VALUE overrides, not launcher flags:",
+    title = "not launcher flags" if flags else "and a script as script=PATH, its own arguments after --"
+    return "\n".join([f"dlaunch takes KEY=VALUE overrides, {title}:",
                       *(f"  {given:<{width}} {use}" for given, use in rows), *after])
 
 
@@ -190,7 +196,7 @@ def _same_run(flags: dict[str, str | None], script: str | None, args: list[str],
     words = [w for w in words if w]
     if script is None and len(words) == 1 + len(typed):
         return None
-    return " ".join([*words, *(["--", *args] if args else [])])
+    return shlex.join([*words, *(["--", *args] if args else [])])
 
 
 def early_exit(argv: list[str]) -> int | None:

@@ -94,6 +94,20 @@ def test_a_torchrun_command_line_gets_the_same_run_in_dlaunch_words():
     assert "script=cfg.py" not in after  # a .py after -- is the script's argument, not a script
 
 
+def test_a_script_with_its_own_flags_as_python_takes_them_gets_the_same_run_not_hydras_usage(tmp_path):
+    """`dlaunch train.py --epochs 1`, the first thing a `python train.py` or `accelerate launch` user types, got
+    Hydra's argparse usage and `unrecognized arguments`; the script's arguments keep their quoting."""
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    done = subprocess.run([sys.executable, "-m", "launcher.cli.entry", "train.py", "--epochs", "1", "--name", "my run"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "usage:" not in done.stderr + done.stdout, done.stderr
+    assert "the same run: dlaunch script=train.py -- --epochs 1 --name 'my run'" in done.stderr + done.stdout
+    from launcher.cli.usage import flag_message
+
+    assert flag_message(["train.py"]) is None  # no flag: the config error says `did you mean script=train.py?`
+    assert flag_message(["train.py", "lr=3"]) is None
+
+
 def test_accelerates_mixed_precision_with_a_script_points_at_trainer_precision_and_strategy_autocast():
     """A script runs its own loop: it takes trainer.precision by entering strategy.autocast(); a recipe gets it as is."""
     from launcher.cli.usage import flag_message
