@@ -153,6 +153,7 @@ class Agent(LocalElasticAgent):
             note.unlink(missing_ok=True)
         started = super()._start_workers(worker_group)
         Agent.started.append(worker_group.group_rank)
+        failures.STDERR_LOGS.update({w.global_rank: self._pcontext.stderrs.get(w.local_rank, "") for w in worker_group.workers})
         pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
         close = pcontext.close
 

@@ -108,6 +108,10 @@ def _script_exit(exc: BaseException) -> dict[str, int]:
     return {"script_exit": code} if isinstance(code, int) else {}
 
 
+#: each worker's stderr log where it has one (the ranks the terminal does not show: torch elastic's tee), by global
+#: rank, as this process's agent last started them (``agent.Agent._start_workers``)
+STDERR_LOGS: dict[int, str] = {}
+
 CLEAN_EXIT = "exit code 0"  # a worker that ended without an error: completed, or left the others early
 
 
@@ -116,18 +120,60 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
     data = failure.error_file_data or {}
     message = data.get("message", {}) if isinstance(data.get("message"), dict) else {}
     extra = data.get("dlaunch", {})
+    exception, stack = message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
+    if not exception and -(failure.exitcode or 0) in _CRASHES and STDERR_LOGS.get(rank):
+        exception, stack = native_crash(Path(STDERR_LOGS[rank]))
     return RootCause(
         rank=rank,
         host=extra.get("host", socket.gethostname()),
         pid=failure.pid or extra.get("pid", 0),
         exit=_exit_text(failure.exitcode),
-        exception=message.get("message", ""),
-        traceback=message.get("extraInfo", {}).get("py_callstack", ""),
+        exception=exception,
+        traceback=stack,
         time=float(extra.get("time", failure.timestamp)),
         last_step=extra.get("last_step"),
         stopped_by=str(extra.get("stopped_by", "")),
         script_exit=extra.get("script_exit"),
     )
+
+
+# Signals a process ends with by itself (a C++ exception nothing caught, NCCL's watchdog, a bad pointer): no Python
+# exception reaches the error file, but its last words and faulthandler's stack are in its stderr.
+_CRASHES = {int(s) for s in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)}
+_WHAT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.*)")
+_ENFORCE = re.compile(r"\[enforce fail at [^\]]+\] ")  # gloo's
+_FATAL = re.compile(r"^Fatal Python error: (.*)$", re.M)
+_FAULT_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)$')
+
+
+def native_crash(stderr_log: Path, tail_bytes: int = 1 << 18) -> tuple[str, str]:
+    """(what a rank that died by a signal said last, faulthandler's stack of it as a traceback) from its stderr log:
+    the C++ exception's type and first line (gloo's ``Is there a distributed collective mismatch in your code?``,
+    NCCL's watchdog timeout), else Python's ``Fatal Python error: Segmentation fault``. ("", "") where none is there."""
+    try:
+        with open(stderr_log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "", ""
+    thrown, fatal = list(_WHAT.finditer(text)), list(_FATAL.finditer(text))
+    if thrown:
+        exception = f"{thrown[-1].group(1)}: {_ENFORCE.sub('', _SOURCE.sub('', thrown[-1].group(2))).strip()}"
+    elif fatal:
+        exception = f"Fatal Python error: {fatal[-1].group(1).strip()}"
+    else:
+        return "", ""
+    lines = text[fatal[-1].end():].splitlines()[:400] if fatal else []
+    start = next((i for i, line in enumerate(lines[:5]) if _FAULT_FRAME.match(line)), len(lines))
+    frames = []  # faulthandler's first thread (the one that crashed), innermost first
+    for line in lines[start:]:
+        if not (found := _FAULT_FRAME.match(line)):
+            break
+        frames.insert(0, found.groups())
+    # the frames inside dlaunch's innermost one: the rank's own code and what it called (a Python traceback's part)
+    inner = max((i for i, frame in enumerate(frames) if _is_dlaunch_frame(frame[0])), default=-1)
+    stack = "".join(f'  File "{path}", line {line}, in {name}\n' for path, line, name in frames[inner + 1:] or frames)
+    return exception, f"Stack (most recent call last), from faulthandler:\n{stack}" if stack else ""
 
 
 # What a rank says when it failed only because a peer died first.

@@ -97,9 +97,10 @@ def test_a_torchrun_command_line_gets_the_same_run_in_dlaunch_words():
 def test_a_script_with_its_own_flags_as_python_takes_them_gets_the_same_run_not_hydras_usage(tmp_path):
     """`dlaunch train.py --epochs 1`, the first thing a `python train.py` or `accelerate launch` user types, got
     Hydra's argparse usage and `unrecognized arguments`; the script's arguments keep their quoting."""
+    from tests.conftest import dlaunch
+
     (tmp_path / "train.py").write_text("print('trained')\n")
-    done = subprocess.run([sys.executable, "-m", "launcher.cli.entry", "train.py", "--epochs", "1", "--name", "my run"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = dlaunch("train.py", "--epochs", "1", "--name", "my run", cwd=tmp_path, device=None)  # as typed
     assert done.returncode == 2 and "usage:" not in done.stderr + done.stdout, done.stderr
     assert "the same run: dlaunch script=train.py -- --epochs 1 --name 'my run'" in done.stderr + done.stdout
     from launcher.cli.usage import flag_message

@@ -232,3 +232,44 @@ def test_the_failure_text_a_run_directory_keeps_is_not_wrapped(tmp_path):
     assert f"  ValueError: {message}" in text.splitlines()
     assert any(line.startswith("  rank 0: exit code 1: RuntimeError: a long message") and "(at test_failures.py:" in line
                for line in text.splitlines()), text
+
+
+MISMATCH = """\
+import torch
+import torch.distributed as dist
+
+from launcher import distribute as dl
+
+dl.get_strategy()
+size = 10 if dist.get_rank() == 0 else 3  # a collective whose shape differs by rank
+dist.all_reduce(torch.ones(size))
+"""
+
+
+def test_a_rank_that_gloo_aborts_gets_gloos_words_and_its_own_line_in_the_panel(tmp_path):
+    """A collective mismatch: gloo throws in C++, and the rank dies by SIGABRT without a Python exception. The panel
+    said only `signal SIGABRT` (the cause was 35 lines up, in a stack dump with dlaunch's frames in it)."""
+    (tmp_path / "mismatch.py").write_text(MISMATCH)
+    proc = dlaunch("script=mismatch.py", "strategy=mirrored", "cluster=1x2", f"hydra.run.dir={tmp_path / 'run'}",
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    panel = " ".join(proc.stderr[proc.stderr.index("failed: root cause"):].split())
+    assert "signal SIGABRT" in panel and "Is there a distributed collective mismatch in your code?" in panel, panel
+    assert "gloo::EnforceNotMet: " in panel and "enforce fail at" not in panel, panel  # gloo's source path left out
+    assert 'mismatch.py", line 8, in <module>' in panel and "launcher/" not in panel, panel
+    error = json.loads((tmp_path / "run" / "summary.json").read_text())["error"]
+    assert "collective mismatch" in error["exception"] and error["exit"] == "signal SIGABRT"
+
+
+def test_a_segfault_gives_pythons_fatal_error_and_the_stack_inside_dlaunchs_frames(tmp_path):
+    log = tmp_path / "stderr.log"
+    log.write_text(
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+        '  File "/site-packages/mylib/ext.py", line 12 in crash\n  File "/home/me/train.py", line 40 in step\n'
+        f'  File "{failures._PACKAGE_DIR}/runtime/script.py", line 90 in run\n  File "<string>", line 1 in <module>\n\n'
+        "Extension modules: numpy\n")
+    exception, stack = failures.native_crash(log)
+    assert exception == "Fatal Python error: Segmentation fault"
+    assert stack.splitlines()[1:] == ['  File "/home/me/train.py", line 40, in step',
+                                      '  File "/site-packages/mylib/ext.py", line 12, in crash']
+    assert failures.native_crash(tmp_path / "missing.log") == ("", "")
