@@ -75,3 +75,31 @@ def attempt_store(env: WorkerEnv, timeout: datetime.timedelta) -> dist.Store | N
     if not env.agent_store:
         return None
     return job_store(env, f"dlaunch/{env.run_id}/attempt{env.restart_count}", timeout.total_seconds())
+
+
+LEAVE_WAIT_S = 10.0  # how long a rank that finished waits for its peers at the end, on gloo
+
+
+def leave_group(in_step: bool = True) -> None:
+    """Leave the process group in step with the others: no rank closes its connections while a peer still uses them.
+
+    ``in_step=False``: the ranks did not stop at one agreed point (a script stops wherever a signal finds it), so a
+    barrier here would meet a peer's gradient all-reduce and both would wait forever. The group is left as it is:
+    the process ends with ``os._exit``, and its sockets close with it."""
+    if not (dist.is_available() and dist.is_initialized() and in_step):
+        return
+    if dist.get_backend() == "gloo":
+        # Bounded: a peer still in a collective this rank never runs (a script whose ranks do uneven steps) would
+        # otherwise hold this barrier, and itself, until launch.collective_timeout_s. Leaving closes this rank's
+        # sockets, and the peer's collective fails at once (the launcher says why). A peer that is only slower
+        # (rank 0's last evaluation) finds this rank gone at its own barrier here, which it passes by.
+        try:
+            dist.barrier(async_op=True).wait(timeout=datetime.timedelta(seconds=LEAVE_WAIT_S))
+        except Exception:  # noqa: BLE001 - timed out, or a peer already gone: the group is left as it is (no
+            return  # destroy, which would wait for the barrier still pending in gloo's thread); os._exit follows
+    else:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer already gone; destroying is all that is left
+            pass
+    dist.destroy_process_group()

@@ -209,7 +209,8 @@ def exit_code(pcontext: Any, local_rank: int) -> int | None:
 
 
 def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
-    """The context's ``_poll``, reporting every worker that failed rather than the first one seen.
+    """The context's ``_poll``, reporting every worker that failed rather than the first one seen, and counting one
+    that exited 0 as having returned 0.
 
     torch.multiprocessing's context raises for the first process it sees exit; the
     rank that failed first (the root cause) may be another, and a rank killed by a
@@ -219,6 +220,11 @@ def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
     poll = pcontext._poll
 
     def poll_every_failure() -> Any:
+        for local_rank, proc in enumerate(processes.processes):
+            # a worker that completed leaves with os._exit(0) (worker.run_job), as a fresh one does: its return value
+            # never comes through torch's queue, and torch would wait for it, and for the rank, forever
+            if proc.exitcode == 0 and local_rank not in pcontext._return_values:
+                pcontext._return_values[local_rank] = 0
         result = poll()
         if result is not None and result.failures:
             for local_rank, proc in enumerate(processes.processes):

@@ -15,6 +15,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.checkpoint import layout
+from launcher.cluster.process_group import LEAVE_WAIT_S
 from launcher.config.schema import RunSpec
 from launcher.launch import failures
 from launcher.runtime import outputs, progress
@@ -75,14 +76,16 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
     show_root_cause(root, others, run_dir)
-    if finished and failures.waited_on_a_peer(root):
-        ranks = ", ".join(str(c.rank) for c in sorted(finished, key=lambda c: c.rank))
+    # ranks that completed: those that exited 0 are no failure of torch's, only their marker says so
+    completed = sorted({c.rank for c in finished} | (completed_ranks(run_dir) - {c.rank for c in real}))
+    if completed and failures.waited_on_a_peer(root):
         why = ("a rank that ends early (a script's sys.exit(0) or return on one rank)" if spec.script is not None else
                "a collective that only some ranks run (one inside the recipe's evaluate(), which rank 0 runs alone "
                "unless the strategy is fsdp or mesh: docs/RECIPES.md)")
         log.error("rank(s) %s had completed (their loop or script had ended) while %s waited for them in a collective: "
-                  "%s leaves the others waiting until launch.collective_timeout_s (%d s)", ranks, root.who, why,
-                  spec.launch.collective_timeout_s)
+                  "%s leaves the others in a collective it never runs, which fails once the finished rank has left "
+                  "(on gloo, %d s after it finished) or at launch.collective_timeout_s (%d s)",
+                  ", ".join(map(str, completed)), root.who, why, int(LEAVE_WAIT_S), spec.launch.collective_timeout_s)
     if spec.launch.max_restarts and lost_node is not None:
         log.error("node %d's agent is gone, and launch.max_restarts restarts workers under a live agent only: no node "
                   "restarted its workers (summary.json: restarts 0)", lost_node)
@@ -92,6 +95,12 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     if not spec.cluster.node_rank:  # node 0 owns summary.json (nodes may share the run directory)
         record_failure(spec, run_dir, root, others)
     return root.exit_status
+
+
+def completed_ranks(run_dir: Path) -> set[int]:
+    """The ranks whose loop or script completed in this attempt (their completion markers)."""
+    found = (m.name.removeprefix("rank-").removesuffix(".done") for m in (run_dir / outputs.STATE_DIR).glob("rank-*.done"))
+    return {int(rank) for rank in found if rank.isdigit()}
 
 
 def report_child_failure(exc: ChildFailedError, spec: RunSpec, run_dir: Path) -> int:

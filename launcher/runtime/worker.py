@@ -18,6 +18,7 @@ from rich.console import Console
 
 from launcher.cluster import env as env_lib
 from launcher.cluster import preflight
+from launcher.cluster.process_group import leave_group
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
 from launcher.launch.failures import exit_status, write_error_file
@@ -37,22 +38,6 @@ _UNFREED: list[BaseException] = []
 def die_with_launcher() -> None:
     """If dlaunch itself is killed (SIGKILL, OOM), its workers must not train on as orphans."""
     die_with_parent()
-
-
-def teardown(in_step: bool = True) -> None:
-    """Leave the process group in step with the others: no rank closes its connections while a peer still uses them.
-
-    ``in_step=False``: the ranks did not stop at one agreed point (a script stops wherever a signal finds it), so a
-    barrier here would meet a peer's gradient all-reduce and both would wait forever. The group is left as it is:
-    the process ends with ``os._exit``, and its sockets close with it."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and in_step:
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001 - a peer already gone; destroying is all that is left
-            pass
-        dist.destroy_process_group()
 
 
 def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
@@ -85,7 +70,7 @@ def run(job_path: Path) -> int:
         return 0
     if task is not None:
         outputs.completion_marker(run_dir, rank).unlink(missing_ok=True)
-    leave = teardown if task is None else (lambda in_step=True: None)  # a ps task's groups end with its RPC agent
+    leave = leave_group if task is None else (lambda in_step=True: None)  # a ps task's groups end with its RPC agent
     try:
         spec, plan = read_job(job)
         if task is not None:
@@ -135,18 +120,17 @@ def main() -> None:
 def run_job(job_path: str) -> int:
     """The worker as a function, forked from the warm server (``launcher/launch/warm.py``).
 
-    Success returns 0 to the agent (the forkserver's child then leaves with
-    ``os._exit`` itself); a failure leaves at once with its exit code, as ``main``.
+    It leaves with ``os._exit`` as ``main`` does, success included: returned, torch's process context would hold it
+    (and its sockets) until every rank had returned, so a rank that finished early kept a peer still in a collective
+    waiting for it until the collective's timeout. dlaunch's agent counts a worker that exited 0 as having returned 0
+    (``agent._every_failure``).
     """
     guard = sys.modules.get("launcher.launch.forkserver_guard")  # the server's, imported there before the fork
     if guard is not None:
         guard.restore_stop_signals()
     release_forkserver()
     fresh_start_method()
-    code = _run_flushed(Path(job_path))
-    if code:
-        os._exit(code)
-    return 0
+    os._exit(_run_flushed(Path(job_path)))
 
 
 def fresh_start_method() -> None:
