@@ -47,6 +47,9 @@ class Strategy:
     _is_user_strategy = True
     _precision = "fp32"  # trainer.precision where dlaunch runs the script; the ``precision`` setter elsewhere
     _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
+    #: called once, after the first step of an optimizer given to ``prepare()`` (a script's rank 0 is told then
+    #: what its precision lacks, not at the end of a long run)
+    _first_step_hook: Callable[[], None] | None = None
     _prepared = False  # whether prepare() distributed a model (a script under fsdp or mesh is told if not)
     _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
     #: module class names whose forward ``prepare()`` makes recompute in backward (``trainer.activation_checkpointing``
@@ -232,6 +235,7 @@ class Strategy:
                      ", ".join(name for name in self.activation_checkpointing if name in present))
         if optimizer is not None:
             align_optimizer_state(optimizer)
+            self._after_first_step(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
         self._prepared = True
         return module if optimizer is None else (module, optimizer)
@@ -285,6 +289,19 @@ class Strategy:
         if self._scaler is not None and self._scaler.is_enabled():
             precision.unscale_once(self._scaler, optimizer)
         return averaged_grad_norm(module, optimizer, max_norm)
+
+    def _after_first_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``_first_step_hook``, once, after the first ``optimizer.step()`` (replica 0's copy, under replica threads)."""
+        if self._first_step_hook is None:
+            return
+
+        def once(*_: Any) -> None:
+            hook, self._first_step_hook = self._first_step_hook, None
+            handle.remove()
+            if hook is not None:
+                hook()
+
+        handle = optimizer.register_step_post_hook(once)
 
     def _unused_precision_helpers(self) -> list[str]:
         """The helpers the precision needs that the script never used: ``autocast`` (never entered) and, under

@@ -84,6 +84,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     experimental_set_strategy(strategy)
     if rank == 0:  # the run's history counts the workers' (re)starts, as a recipe run's does
         outputs.record_start(run_dir, env.restart_count if env else 0, 0)
+        strategy._first_step_hook = lambda: _say_if_precision_unused(strategy, "after its first optimizer step, ")
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
                 _as_torchrun(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
@@ -117,17 +118,21 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     return summary
 
 
-def _say_if_precision_unused(strategy: Any) -> None:
+def _say_if_precision_unused(strategy: Any, when: str = "") -> None:
     """``trainer.precision`` reaches a script through ``strategy.autocast()`` (and fp16's ``strategy.grad_scaler()``):
-    a script that never asked for them did not train so, which the user should not have to find out from the speed."""
-    unused = strategy._unused_precision_helpers()
+    a script that never asked for them did not train so, which the user should not have to find out from the speed.
+    Said once: after the first step of an optimizer the script gave ``strategy.prepare()``, else at the end."""
+    told = strategy.__dict__.setdefault("_precision_told", set())  # each helper once
+    unused = [name for name in strategy._unused_precision_helpers() if name not in told]
+    told.update(unused)
     if "autocast" in unused:
-        log.warning("trainer.precision=%s: the script never entered strategy.autocast(), so unless it enters "
-                    "torch.autocast itself, its forward pass ran without autocast; wrap the forward pass and the loss "
-                    "in `with strategy.autocast():` (docs/SCRIPTS.md)", strategy.precision)
+        log.warning("trainer.precision=%s: %sthe script has not entered strategy.autocast(), so unless it enters "
+                    "torch.autocast itself, its forward pass runs without autocast; wrap the forward pass and the loss "
+                    "in `with strategy.autocast():` (docs/SCRIPTS.md)", strategy.precision, when)
     if "grad_scaler" in unused:
-        log.warning("trainer.precision=fp16-mixed: the script never called strategy.grad_scaler(), so its fp16 gradients "
-                    "were not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)")
+        log.warning("trainer.precision=fp16-mixed: %sthe script has not called strategy.grad_scaler(), so its fp16 "
+                    "gradients are not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)", when)
+
 
 
 def _say_if_not_recomputed(strategy: Any) -> None:
