@@ -51,6 +51,15 @@ def test_the_wheel_ships_the_modules_of_the_tree_and_no_others(wheel):
     assert shipped == tree, (sorted(tree - shipped), sorted(shipped - tree))
 
 
+def test_every_config_group_directory_is_a_listed_package():
+    """A directory of YAML under conf/ that pyproject does not list: setuptools warns at every install, 40 lines."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    groups = {"launcher.conf." + ".".join(d.relative_to(ROOT / "conf").parts) for d in (ROOT / "conf").rglob("*")
+              if d.is_dir() and "__pycache__" not in d.parts}
+    assert groups <= listed, sorted(groups - listed)
+
+
 def test_wheel_carries_configs_and_recipes(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("launcher/conf/config.yaml", "launcher/conf/strategy/mirrored.yaml",
