@@ -61,14 +61,19 @@ def key_of(override: str) -> str:
 
 
 def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: list[str] | None) -> list[Problem]:
-    """An unknown key that a user recipe's YAML sets and the command line did not type: say which file."""
+    """A key at fault (unknown, of the wrong type, out of range) that a user recipe's YAML sets and the command line
+    did not type: say which file."""
     entry = recipe.get("entry") if isinstance(recipe, dict) else None
     yaml_path = user_recipes.YAMLS.get(entry) if isinstance(entry, str) else None
     if yaml_path is None:
         return problems
     typed, text = {key_of(o) for o in overrides or ()}, OmegaConf.load(yaml_path)
-    return [dataclasses.replace(p, message=f"{p.message}, set in {yaml_path}")
-            if p.message.startswith("unknown key") and p.key not in typed and OmegaConf.select(text, p.key, default=None) is not None
+
+    def in_file(p: Problem) -> bool:  # a value typed over the file's (the run's overrides are not always known) is not
+        found = OmegaConf.select(text, p.key, default=None)
+        return found is not None and (p.message.startswith("unknown key") or str(found) == str(p.value))
+
+    return [dataclasses.replace(p, message=f"{p.message}, set in {yaml_path}") if p.key not in typed and in_file(p)
             else p for p in problems]
 
 

@@ -128,6 +128,21 @@ def test_an_unknown_key_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, caps
     assert "recipe.featurs = 3: unknown key\n" in text + "\n", text
 
 
+def test_a_bad_value_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, capsys, monkeypatch):
+    """A wrong type or an out-of-range value in the YAML was reported as if typed: the screen says which file too."""
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
+    capsys.readouterr()
+    yaml_path = tmp_path / "mine" / "recipe" / "linear.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("  noise: 0.1", "  noise: lots").replace("  steps: 200", "  steps: -5"))
+    monkeypatch.chdir(tmp_path)
+    lines = problems_of(["recipe=mine/recipe/linear.yaml"]).splitlines()
+    noise = next(line for line in lines if line.startswith("recipe.noise = lots: "))
+    steps = next(line for line in lines if line.startswith("trainer.steps = -5: "))
+    assert noise.endswith(f", set in {yaml_path}") and steps.endswith(f", set in {yaml_path}"), lines
+    typed = problems_of(["recipe=mine/recipe/linear.yaml", "trainer.steps=0"]).splitlines()
+    assert not next(line for line in typed if line.startswith("trainer.steps = 0: ")).endswith(str(yaml_path)), typed
+
+
 def test_a_recipe_that_raises_at_import_is_the_users_code_failing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken.py").write_text("import math\n\nraise RuntimeError('no data here')\n")
