@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from launcher.runtime.stop_signals import cut_short
+from launcher.runtime.stop_signals import closing, cut_short
 
 
 def entry() -> None:
@@ -58,11 +58,14 @@ def leave(code: int) -> None:
     # The interpreter's own first exit step: the thread-exit hooks (concurrent.futures' and joblib's executors
     # shut down there), then a wait for every non-daemon thread. Joining those threads without the hooks
     # would wait forever on an executor's manager thread (a joblib sweep's).
-    # exit_funcs: logging, multiprocessing's children, temporary files, as at a normal exit. One more Ctrl-C while
-    # dlaunch exits cuts the step it lands in short: the run said how it ended, and its code stands.
-    for step in (_stop_log_tailers, shutdown, exit_funcs):
+    # One more Ctrl-C while dlaunch exits cuts the wait it lands in short: the run said how it ended, and its code
+    # stands. The exit handlers (logging, multiprocessing's children, temporary files, as at a normal exit) let it
+    # go instead: atexit would print each handler it interrupts as "Exception ignored", with a traceback.
+    for step in (_stop_log_tailers, shutdown):
         with cut_short():
             step()
+    with closing():
+        exit_funcs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)

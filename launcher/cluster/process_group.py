@@ -80,21 +80,22 @@ def attempt_store(env: WorkerEnv, timeout: datetime.timedelta) -> dist.Store | N
 LEAVE_WAIT_S = 10.0  # how long a rank that finished waits for its peers at the end, on gloo
 
 
-def leave_group(in_step: bool = True) -> None:
+def leave_group(in_step: bool = True, wait_s: float | None = LEAVE_WAIT_S) -> None:
     """Leave the process group in step with the others: no rank closes its connections while a peer still uses them.
 
     ``in_step=False``: the ranks did not stop at one agreed point (a script stops wherever a signal finds it), so a
     barrier here would meet a peer's gradient all-reduce and both would wait forever. The group is left as it is:
-    the process ends with ``os._exit``, and its sockets close with it."""
+    the process ends with ``os._exit``, and its sockets close with it. ``wait_s``: how long a finished rank waits
+    for the others on gloo (None: until the group's timeout, as a stop's ranks do)."""
     if not (dist.is_available() and dist.is_initialized() and in_step):
         return
-    if dist.get_backend() == "gloo":
+    if dist.get_backend() == "gloo" and wait_s is not None:
         # Bounded: a peer still in a collective this rank never runs (a script whose ranks do uneven steps) would
         # otherwise hold this barrier, and itself, until launch.collective_timeout_s. Leaving closes this rank's
         # sockets, and the peer's collective fails at once (the launcher says why). A peer that is only slower
         # (rank 0's last evaluation) finds this rank gone at its own barrier here, which it passes by.
         try:
-            dist.barrier(async_op=True).wait(timeout=datetime.timedelta(seconds=LEAVE_WAIT_S))
+            dist.barrier(async_op=True).wait(timeout=datetime.timedelta(seconds=wait_s))
         except Exception:  # noqa: BLE001 - timed out, or a peer already gone: the group is left as it is (no
             return  # destroy, which would wait for the barrier still pending in gloo's thread); os._exit follows
     else:

@@ -220,7 +220,7 @@ class Strategy:
         given. Plain torch code then runs unchanged: ``loss.backward()`` and
         ``optimizer.step()`` inside ``run`` average gradients over replicas.
         """
-        _refuse_wrapped(module)
+        _refuse_wrapped(module, self.num_replicas_in_sync)
         if not self._extended.places_itself:
             placement.settle(module)  # called inside scope(): the parameters go to the device first
         if self.activation_checkpointing and self._extended._num_local > 1:
@@ -334,13 +334,17 @@ def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = value.to(p.device)
 
 
-def _refuse_wrapped(module: torch.nn.Module) -> None:
-    """A model that DDP, DataParallel or FSDP (1) wraps already: ``prepare()`` would wrap it again (two all-reduces a
-    step, with DDP), or shard what another engine holds. The half-way move from a torchrun script keeps ``DDP(model)``."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
+def _refuse_wrapped(module: torch.nn.Module, replicas: int) -> None:
+    """A model that DDP, FSDP (either) or, with several replicas, DataParallel wraps already (``torch.compile``'d or
+    not): ``prepare()`` would wrap it again (two all-reduces a step, with DDP), or shard what another engine holds.
+    The half-way move from a torchrun script keeps ``DDP(model)``."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel, FullyShardedDataParallel)
-    if isinstance(module, wrappers):
-        raise TypeError(f"strategy.prepare() got a model wrapped in {type(module).__name__}: pass the model itself "
-                        f"(its .module), and drop the {type(module).__name__}(...) call: prepare() wraps it the way "
-                        "this strategy trains (docs/MIGRATION.md)")
+    inner = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule
+    wrappers = (torch.nn.parallel.DistributedDataParallel, FullyShardedDataParallel, FSDPModule,
+                *((torch.nn.DataParallel,) if replicas > 1 else ()))
+    if isinstance(inner, wrappers):
+        name = "FSDP2's fully_shard" if isinstance(inner, FSDPModule) else type(inner).__name__
+        raise TypeError(f"strategy.prepare() got a model wrapped in {name}: pass the model itself (before that "
+                        f"wrapping), and drop the {name}(...) call: prepare() wraps it the way this strategy trains "
+                        "(docs/MIGRATION.md)")

@@ -144,6 +144,7 @@ _WHAT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*
 _ENFORCE = re.compile(r"\[enforce fail at [^\]]+\] ")  # gloo's
 _FATAL = re.compile(r"^Fatal Python error: (.*)$", re.M)
 _FAULT_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)$')
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 
 
 def native_crash(stderr_log: Path, tail_bytes: int = 1 << 18) -> tuple[str, str]:
@@ -163,17 +164,29 @@ def native_crash(stderr_log: Path, tail_bytes: int = 1 << 18) -> tuple[str, str]
         exception = f"Fatal Python error: {fatal[-1].group(1).strip()}"
     else:
         return "", ""
-    lines = text[fatal[-1].end():].splitlines()[:400] if fatal else []
-    start = next((i for i, line in enumerate(lines[:5]) if _FAULT_FRAME.match(line)), len(lines))
-    frames = []  # faulthandler's first thread (the one that crashed), innermost first
-    for line in lines[start:]:
-        if not (found := _FAULT_FRAME.match(line)):
-            break
-        frames.insert(0, found.groups())
+    frames = _crashed_thread(text[fatal[-1].end():]) if fatal else []
     # the frames inside dlaunch's innermost one: the rank's own code and what it called (a Python traceback's part)
     inner = max((i for i, frame in enumerate(frames) if _is_dlaunch_frame(frame[0])), default=-1)
     stack = "".join(f'  File "{path}", line {line}, in {name}\n' for path, line, name in frames[inner + 1:] or frames)
     return exception, f"Stack (most recent call last), from faulthandler:\n{stack}" if stack else ""
+
+
+def _crashed_thread(dump: str) -> list[tuple[str, str, str]]:
+    """The frames (outermost first) of the thread faulthandler's dump says crashed (``Current thread``); where a
+    thread Python does not know aborted (gloo's, NCCL's watchdog), the one that ran the rank's own code, else the
+    main thread (listed last). dlaunch's heartbeat thread is never the answer unless it is the only one."""
+    blocks: list[tuple[bool, list[tuple[str, str, str]]]] = []
+    for line in dump.lstrip("\n").splitlines()[:2000]:
+        if (header := _THREAD.match(line)) is not None:
+            blocks.append((header.group(1) == "Current thread", []))
+        elif (frame := _FAULT_FRAME.match(line)) is not None and blocks:
+            blocks[-1][1].insert(0, frame.groups())
+        elif line.strip() and not line.startswith("  <"):  # the dump ends (Extension modules: ..., the next output)
+            break
+    current = [frames for is_current, frames in blocks if is_current]
+    own = [frames for _, frames in reversed(blocks) if any(not _is_dlaunch_frame(f) and not f.startswith(("<", *_LIBRARIES))
+                                                            for f, _, _ in frames)]
+    return (current or own or [frames for _, frames in blocks[-1:]] or [[]])[0]
 
 
 # What a rank says when it failed only because a peer died first.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +28,7 @@ from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
 from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log, log_to_file, setup_logging
+from launcher.runtime.stop_signals import cut_short
 
 
 # A failure's or a stop's exception, kept until the process leaves with os._exit. Freeing it frees its traceback's
@@ -70,7 +72,7 @@ def run(job_path: Path) -> int:
         return 0
     if task is not None:
         outputs.completion_marker(run_dir, rank).unlink(missing_ok=True)
-    leave = leave_group if task is None else (lambda in_step=True: None)  # a ps task's groups end with its RPC agent
+    leave = leave_group if task is None else (lambda in_step=True, wait_s=None: None)  # a ps task's groups end with its RPC agent
     try:
         spec, plan = read_job(job)
         if task is not None:
@@ -92,7 +94,9 @@ def _leave_on(exc: BaseException, rank: int, leave: Callable[..., None]) -> int:
     if isinstance(exc, Preempted):  # the launcher was signalled too, or only the workers were (then this is the cause)
         log.warning("%s", exc)
         write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step, "stopped_by": exc.signal_name})
-        leave(in_step=exc.step is not None)  # a script's stop (no step): wherever the signal found each rank
+        # a script's stop (no step): wherever the signal found each rank; a stop's ranks wait for each other as long
+        # as it takes (their agent bounds it by launch.stop_grace_s), not as a finished rank does
+        leave(in_step=exc.step is not None, wait_s=None)
         return exc.exit_code
     write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
     return 130 if isinstance(exc, KeyboardInterrupt) else exit_status(exc)
@@ -108,6 +112,11 @@ def _train(spec: RunSpec, plan: Plan, env: env_lib.WorkerEnv | None, run_dir: Pa
 
 def _run_flushed(job_path: Path) -> int:
     code = run(job_path)
+    if code == 0:  # as Python waits at exit (and multiprocessing's children): a script's writer thread, an executor's
+        shutdown = getattr(threading, "_shutdown", None)  # pending save; never the interpreter's finalisation (gloo)
+        with cut_short():  # a Ctrl-C here cuts the wait short, as it would under python
+            if shutdown is not None:
+                shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     return code

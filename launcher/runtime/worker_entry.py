@@ -10,6 +10,7 @@ Workers forked from the warm server have the same guard there
 (``launcher/launch/forkserver_guard.py``).
 """
 
+import faulthandler
 import os
 import signal
 
@@ -19,6 +20,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 if __name__ == "__main__":
+    # A native crash (a C++ abort: NCCL's watchdog, gloo; a segfault) prints every thread's Python stack, as torch
+    # elastic's record() makes a forked worker do: dlaunch's root cause shows it (launch/failures.py native_crash)
+    faulthandler.enable(all_threads=True)
     previous = signal.getsignal(signal.SIGINT)
     if previous is not signal.SIG_IGN:  # ignored (dlaunch started in the background by a script): it stays ignored
         signal.signal(signal.SIGINT, _interrupted)

@@ -121,3 +121,18 @@ def test_a_ctrl_c_while_leave_waits_for_a_thread_cuts_that_wait_short_and_keeps_
     """)
     assert proc.returncode == 130, proc.stderr
     assert proc.stdout == "dlaunch: stopped by Ctrl-C\nexit handler\n" and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_ctrl_c_while_an_exit_handler_runs_is_let_go_without_atexits_traceback():
+    """atexit prints a handler that a KeyboardInterrupt cut short as "Exception ignored ... KeyboardInterrupt"."""
+    proc = run("""
+        import atexit, os, signal, threading, time
+        from launcher.cli.entry import leave
+        atexit.register(lambda: (time.sleep(1), print("tidied", flush=True)))
+        timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+        timer.daemon = True  # not waited for: the signal lands in the exit handler
+        timer.start()
+        leave(130)
+    """)
+    assert proc.returncode == 130 and proc.stdout == "tidied\n", proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -235,11 +235,14 @@ def _prepare_ddp_wrapped():
     strategy = dl.MirroredStrategy()
     with strategy.scope():
         model = _build()
-    try:
-        strategy.prepare(torch.nn.parallel.DistributedDataParallel(model), _sgd(model))
-    except TypeError as exc:
-        return str(exc)
-    return None
+    said = []
+    for wrapped in (torch.nn.parallel.DistributedDataParallel(model), torch.compile(torch.nn.parallel.DistributedDataParallel(model))):
+        try:
+            strategy.prepare(wrapped, _sgd(model))
+            said.append(None)
+        except TypeError as exc:
+            said.append(str(exc))
+    return said
 
 
 @pytest.mark.slow
@@ -247,8 +250,8 @@ def test_a_model_ddp_wraps_already_is_refused_by_prepare_not_wrapped_twice():
     """Wrapped again, each backward all-reduced twice without a word (the half-way move from torchrun)."""
     from launcher.launch.function import run_function
 
-    for message in run_function(_prepare_ddp_wrapped, device="cpu", nproc=2).values():
-        assert message is not None and "wrapped in DistributedDataParallel: pass the model itself" in message
+    for said in run_function(_prepare_ddp_wrapped, device="cpu", nproc=2).values():
+        assert len(said) == 2 and all(m and "wrapped in DistributedDataParallel: pass the model itself" in m for m in said)
 
 
 def test_a_model_dataparallel_wraps_is_refused_by_prepare(strategy):
@@ -256,3 +259,11 @@ def test_a_model_dataparallel_wraps_is_refused_by_prepare(strategy):
         wrapped = nn.DataParallel(_build())
     with pytest.raises(TypeError, match="wrapped in DataParallel: pass the model itself"):
         strategy.prepare(wrapped, _sgd(wrapped))
+
+
+def test_dataparallel_under_one_replica_is_the_users_own_choice_and_prepared_as_is():
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    with strategy.scope():
+        wrapped = nn.DataParallel(_build())
+    model, _ = strategy.prepare(wrapped, _sgd(wrapped))  # nothing of prepare's would wrap it again
+    assert isinstance(model, nn.DataParallel)

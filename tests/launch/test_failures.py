@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
@@ -261,10 +262,18 @@ def test_a_rank_that_gloo_aborts_gets_gloos_words_and_its_own_line_in_the_panel(
     assert "collective mismatch" in error["exception"] and error["exit"] == "signal SIGABRT"
 
 
-def test_a_segfault_gives_pythons_fatal_error_and_the_stack_inside_dlaunchs_frames(tmp_path):
+@pytest.mark.parametrize("crashed", ["Current thread", "Thread"])  # a thread Python knows; one it does not (gloo's)
+def test_a_segfault_gives_pythons_fatal_error_and_the_stack_of_the_ranks_own_thread(tmp_path, crashed):
+    """faulthandler lists the newest thread first: dlaunch's heartbeat, here; the stack shown is the thread that
+    crashed, else the one that ran the rank's code, inside dlaunch's frames."""
+    import threading
+
     log = tmp_path / "stderr.log"
     log.write_text(
-        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+        "Fatal Python error: Segmentation fault\n\nThread 0x00007f01 (most recent call first):\n"
+        f'  File "{threading.__file__}", line 331 in wait\n  File "{failures._PACKAGE_DIR}/runtime/heartbeat.py", '
+        f'line 80 in beat\n  File "{threading.__file__}", line 1045 in _bootstrap\n\n'
+        f"{crashed} 0x00007f00 (most recent call first):\n"
         '  File "/site-packages/mylib/ext.py", line 12 in crash\n  File "/home/me/train.py", line 40 in step\n'
         f'  File "{failures._PACKAGE_DIR}/runtime/script.py", line 90 in run\n  File "<string>", line 1 in <module>\n\n'
         "Extension modules: numpy\n")
