@@ -203,6 +203,9 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
                         "trains on the CPU: install a CUDA build of torch (2.11 to 2.14), or say cluster.device=cpu")
         elif why := gpus.driver_too_old():
             log.warning(f"cluster.device=auto trains on the CPU: {why}; or say cluster.device=cpu")
+    if idle := gpus.unused_gpus(spec.strategy.name, spec.cluster.nodes, spec.cluster.devices_per_node,
+                                plan.device_type, cuda):
+        log.info("%s", idle)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     # A dry run reads the input files whole, and a ps plan runs the recipe's build(): either may refuse here.
     sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)

@@ -169,3 +169,15 @@ def _torch_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+_DATA_PARALLEL = ("mirrored", "multi_worker_mirrored", "fsdp", "mesh")
+
+
+def unused_gpus(strategy: str, nodes: int, per_node: int, device_type: str, here: int) -> str | None:
+    """A note where a data-parallel strategy on this one machine leaves GPUs idle: tf.distribute's
+    ``MirroredStrategy()`` takes every GPU it sees, and dlaunch the cluster it is given (``cluster=1x1`` by default)."""
+    if device_type != "cuda" or nodes != 1 or strategy not in _DATA_PARALLEL or per_node >= here:
+        return None
+    return (f"strategy={strategy} trains on {per_node} of this machine's {here} GPUs (cluster=1x{per_node}); "
+            f"cluster=1x{here} uses them all")
