@@ -9,6 +9,7 @@ sections belong to dlaunch's loop, so their rules do not apply to a script.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ class ScriptSpec(Strict):
         return Path(self.path).stem
 
     def command(self) -> str:
-        return " ".join([Path(self.path).name, *self.args])
+        """The script and its arguments as a shell would take them (``train.py --name 'my run'``)."""
+        return shlex.join([Path(self.path).name, *self.args])
 
 
 def _compiles(path: Path) -> None:

@@ -108,3 +108,12 @@ def test_a_script_with_a_syntax_error_is_refused_before_any_worker_starts_in_one
     assert f"{tmp_path / 'syn.py'}:2: SyntaxError: " in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and "starting" not in proc.stdout + proc.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_scripts_command_is_shown_as_a_shell_takes_it(tmp_path):
+    """`--name 'my run'` was shown (plan, summary.json, the sweep table) as `--name my run`: two arguments."""
+    from launcher.config.script import ScriptSpec
+
+    path = tmp_path / "train.py"
+    path.write_text("pass\n")
+    assert ScriptSpec(path=str(path), args=["--name", "my run", "--lr", "0.1"]).command() == "train.py --name 'my run' --lr 0.1"
