@@ -72,7 +72,8 @@ def run(job_path: Path) -> int:
         return 0
     if task is not None:
         outputs.completion_marker(run_dir, rank).unlink(missing_ok=True)
-    leave = leave_group if task is None else (lambda in_step=True, wait_s=None: None)  # a ps task's groups end with its RPC agent
+    # a ps task's groups end with its RPC agent
+    leave = leave_group if task is None else (lambda in_step=True, wait_s=None: None)
     try:
         spec, plan = read_job(job)
         if task is not None:
