@@ -63,10 +63,11 @@ def plans(strategies: list[str], overrides: list[str]) -> list[tuple[str, list[s
 
 
 def _summary(problems: list[Problem]) -> str:
+    """The problems on one line, at most 160 characters; the YAML a key is set in is the line above's."""
     parts = []
     for p in problems:
         shown = f" = {p.value}" if p.has_value else ""
-        parts.append(f"{p.key}{shown}: {p.message}")
+        parts.append(f"{p.key}{shown}: {p.message.split(', set in ', 1)[0]}")
     text = "; ".join(parts)
     text = "".join(c if c.isprintable() else " " for c in text)
     return text if len(text) <= 160 else text[:157] + "..."
