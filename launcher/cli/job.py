@@ -185,7 +185,6 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     from hydra.types import RunMode
 
     from launcher.cli import resume
-    from launcher.cluster import gpus
     from launcher.config.plan import Plan
     from launcher.launch import launchers
 
@@ -197,15 +196,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
         Status.codes.append(0)
         return done
     plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
-    if spec.cluster.device == "auto" and plan.device_type == "cpu":
-        if gpus.cpu_torch_beside_gpus():
-            log.warning("this machine has NVIDIA GPUs, but the installed torch is a CPU build, so cluster.device=auto "
-                        "trains on the CPU: install a CUDA build of torch (2.11 to 2.14), or say cluster.device=cpu")
-        elif why := gpus.driver_too_old():
-            log.warning(f"cluster.device=auto trains on the CPU: {why}; or say cluster.device=cpu")
-    if idle := gpus.unused_gpus(spec.strategy.name, spec.cluster.nodes, spec.cluster.devices_per_node,
-                                plan.device_type, cuda):
-        log.info("%s", idle)
+    _say_of_the_devices(spec, plan, cuda)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     # A dry run reads the input files whole, and a ps plan runs the recipe's build(): either may refuse here.
     sweep_jobs.show_plan(spec, plan, run_dir, output.results(), spec.launch.dry_run, resume_from, multirun)
@@ -240,6 +231,21 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
                           "(.hydra/, config.yaml) is kept as it was: `dlaunch resume` replays the run that is there "
                           "(summary.json and error.txt say why this command failed)")
         return _ended(spec, run_dir, code, console, multirun)
+
+
+def _say_of_the_devices(spec: Any, plan: Any, cuda: int) -> None:
+    """GPUs that the run will not use, and why: a CPU build of torch, an old driver, a cluster smaller than the machine."""
+    from launcher.cluster import gpus
+
+    if spec.cluster.device == "auto" and plan.device_type == "cpu":
+        if gpus.cpu_torch_beside_gpus():
+            log.warning("this machine has NVIDIA GPUs, but the installed torch is a CPU build, so cluster.device=auto "
+                        "trains on the CPU: install a CUDA build of torch (2.11 to 2.14), or say cluster.device=cpu")
+        elif why := gpus.driver_too_old():
+            log.warning(f"cluster.device=auto trains on the CPU: {why}; or say cluster.device=cpu")
+    if idle := gpus.unused_gpus(spec.strategy.name, spec.cluster.nodes, spec.cluster.devices_per_node,
+                                plan.device_type, cuda):
+        log.info("%s", idle)
 
 
 def _resumes_itself(spec: Any, run_dir: Path, resume_from: Path | None) -> bool:
