@@ -305,7 +305,8 @@ class Strategy:
 
     def _unused_precision_helpers(self) -> list[str]:
         """The helpers the precision needs that the script never used: ``autocast`` (never entered) and, under
-        fp16-mixed, ``grad_scaler`` (never made). dlaunch tells a script's user at its end."""
+        fp16-mixed, ``grad_scaler`` (never made). dlaunch tells a script's user after its first optimizer step (else at
+        its end)."""
         unused = ["autocast"] if self._precision != "fp32" and not self._autocast_used else []
         return unused + (["grad_scaler"] if self._precision == "fp16-mixed" and self._scaler is None else [])
 
