@@ -30,6 +30,7 @@ def task(kind: str, index: int, cluster: dict, mode: str, results: mp.Queue) -> 
         optimizer.step()
         optimizer.zero_grad()
     out = seed_numbers(strategy)  # every task has pushed 3 times once its first reduce returns
+    out.update(per_replica_batches(strategy))
     out["step"] = strategy.extended.client.call(0, ps_server.remote_global_step)
     results.put((f"{kind}:{index}", out))
     end_training_task(strategy, kind)
@@ -47,6 +48,20 @@ def seed_numbers(strategy) -> dict:
     }
 
 
+def per_replica_batches(strategy) -> dict:
+    """make_dataset_iterator: "We will assume that the input dataset is batched by the per-replica batch size": each
+    replica dequeues whole batches of [0, 1], [2, 3], [4, 5], [6, 7], in turn over all the replicas."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        iterator = strategy.make_dataset_iterator([torch.tensor([2 * i, 2 * i + 1]) for i in range(4)])
+    iterator.initialize()
+    first = iterator.get_next()
+    second = strategy.experimental_run(lambda t: t * 10, iterator)
+    return {"first": [t.tolist() for t in strategy.experimental_local_results(first)],
+            "second": [t.tolist() for t in strategy.experimental_local_results(second)],
+            "sum0_first": int(strategy.reduce("SUM", first, axis=0))}
+
+
 def assert_seed_numbers(out: dict) -> None:
     assert out["replicas"] == 2
     assert out["sum"] == [4, 6, 8, 10] and out["sum0"] == 28  # not one replica's [0, 1, 2, 3]
@@ -61,6 +76,9 @@ def test_reduce_and_global_step_follow_the_seed_on_two_training_tasks(mode, step
     for out in got.values():
         assert_seed_numbers(out)
         assert out["step"] == step  # async: 3 pushes from each of 2 tasks; sync: 3 applied steps
+        assert out["sum0_first"] == 6  # 0+1+2+3: each task's replica took a whole batch
+    assert (got["chief:0"]["first"], got["chief:0"]["second"]) == ([[0, 1]], [[40, 50]])
+    assert (got["worker:0"]["first"], got["worker:0"]["second"]) == ([[2, 3]], [[60, 70]])
 
 
 def test_without_a_cluster_it_falls_back_to_one_local_replica(monkeypatch):
@@ -107,6 +125,7 @@ def test_without_a_cluster_num_gpus_per_worker_replicas_run_as_threads(monkeypat
     torch.testing.assert_close(model.module.weight.detach(), expected.unsqueeze(0).reshape_as(model.module.weight))
     assert strategy.global_step == 3  # the first replica of the one worker: once per applied step
     assert_seed_numbers(seed_numbers(strategy))
+    assert per_replica_batches(strategy) == {"first": [[0, 1], [2, 3]], "second": [[40, 50], [60, 70]], "sum0_first": 6}
 
 
 def test_num_gpus_per_worker_beyond_the_machines_gpus_is_refused(monkeypatch):

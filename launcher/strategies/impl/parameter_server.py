@@ -35,6 +35,7 @@ import functools
 import logging
 import signal
 import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -47,6 +48,8 @@ from launcher.distribute.ps_client import Client, ParameterServerUnavailable
 from launcher.distribute.collectives import SingleProcess
 from launcher.distribute import task_exchange
 from launcher.distribute.extended import StrategyExtended, _check_same_shapes
+from launcher.distribute.input_context import InputContext
+from launcher.distribute.input_iterator import InputIterator
 from launcher.distribute.meta_scope import MetaScope
 from launcher.distribute.partitioners import Partitioner, place_module
 from launcher.distribute.reduce_op import ReduceOp
@@ -302,6 +305,14 @@ class ParameterServerStrategy(Strategy):
     def is_chief(self) -> bool:
         return self._is_chief
 
+    def make_dataset_iterator(self, dataset: Iterable) -> InputIterator:
+        """Deprecated (TF1). As the seed's: ``dataset`` is batched by the per-replica batch size, and each replica
+        dequeues whole elements, in turn over every training task's replicas (replica ``r`` of ``R`` takes element
+        ``k*R + r`` at step ``k``); ``experimental_distribute_dataset`` would split each element as a global batch."""
+        warnings.warn("make_dataset_iterator is TF1's: iterate distribute_datasets_from_function(dataset_fn)",
+                      DeprecationWarning, stacklevel=2)
+        return InputIterator(self.distribute_datasets_from_function(functools.partial(_replicas_turns, dataset)))
+
     @property
     def global_step(self) -> int:
         """The global step as last heard from ps 0; in local training, the steps applied."""
@@ -313,6 +324,14 @@ class ParameterServerStrategy(Strategy):
         """Whether the chief has ended the job (heard at the last push)."""
         client = getattr(self._extended, "client", None)
         return bool(client and client.finished)
+
+
+def _replicas_turns(dataset: Iterable, ctx: InputContext) -> Iterator[Any]:
+    """The elements of ``dataset`` that pipeline ``ctx.input_pipeline_id``'s replicas dequeue, in order: its local
+    replicas take ``L`` consecutive elements in turn with the other pipelines' (``L`` replicas each)."""
+    local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+    return (element for i, element in enumerate(dataset)
+            if (i // local) % ctx.num_input_pipelines == ctx.input_pipeline_id)
 
 
 def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
