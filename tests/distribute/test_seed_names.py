@@ -146,8 +146,34 @@ def seed_names_in_a_process() -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         v = s.experimental_run_v2(lambda t: t, args=(next(iter(s.experimental_distribute_dataset([torch.arange(8)]))),))
-    return {"spec": str(ds.element_spec), "batch": s.experimental_local_results(next(iter(ds)))[0],
-            "sum": s.reduce("SUM", v, axis=None), "sum0": s.reduce("SUM", v, axis=0)}
+    out = {"spec": str(ds.element_spec), "batch": s.experimental_local_results(next(iter(ds)))[0],
+           "sum": s.reduce("SUM", v, axis=None), "sum0": s.reduce("SUM", v, axis=0)}
+    return out | seed_examples_in_a_process(s)
+
+
+def seed_examples_in_a_process(s) -> dict:
+    """run's and scope's examples, distribute_values_from_function's, and the TF1 input calls, in one process."""
+    import numpy as np
+
+    local = lambda value: [getattr(t, "tolist", lambda: t)() for t in s.experimental_local_results(value)]  # noqa: E731
+    values = lambda fn: local(s.experimental_distribute_values_from_function(fn))  # noqa: E731
+    array_value = np.array([3.0, 2.0, 1.0])
+    out = {"constant": values(lambda ctx: torch.tensor(1.0)), "array": values(lambda ctx: array_value[ctx.replica_id_in_sync_group]),
+           "count": values(lambda ctx: ctx.num_replicas_in_sync),
+           # run's example: value_fn gives num_replicas_in_sync, replica_fn doubles its input
+           "run": local(s.run(lambda x: x * 2, args=(s.experimental_distribute_values_from_function(lambda ctx: ctx.num_replicas_in_sync),)))}
+    with s.scope():  # scope's example: a variable created in scope, 1.0 on every replica
+        variable = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.ones_(variable.weight)
+        out["in_scope"] = (dl.get_strategy() is s, dl.in_cross_replica_context())
+    s.prepare(variable)
+    out["variable"] = local(variable.weight)
+    out["outside"] = (type(dl.get_strategy()).__name__, dl.has_strategy())
+    with pytest.raises(ValueError, match="supports InputReplicationMode.PER_WORKER only"), pytest.warns(DeprecationWarning):
+        s.make_input_fn_iterator(lambda ctx: [], InputReplicationMode.PER_REPLICA)
+    element = s.experimental_make_numpy_dataset(np.ones([10], dtype=np.float32))[0]
+    out["numpy"] = (tuple(element.shape), element.dtype)
+    return out
 
 
 @pytest.mark.slow
@@ -158,6 +184,11 @@ def test_the_seed_names_in_processes():
         assert "TensorSpec(shape=(None, 1), dtype=torch.float32)" in r["spec"]
         assert r["batch"].tolist() == [[float(rank)]] * 4  # per-replica batch 8 / 2, from this worker's pipeline
         assert r["sum"].tolist() == [4, 6, 8, 10] and int(r["sum0"]) == 28
+        assert (r["constant"], r["array"], r["count"]) == ([1.0], [[3.0, 2.0][rank]], [2])
+        assert r["run"] == [4]  # 2 replicas, doubled
+        assert r["in_scope"] == (True, True) and r["variable"] == [[[1.0]]]
+        assert r["outside"] == ("DefaultStrategy", False)
+        assert r["numpy"] == ((), torch.float32)  # <TensorSliceDataset shapes: (), types: tf.float32>
 
 
 @pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]])
@@ -173,6 +204,9 @@ def test_distribute_values_from_function_gives_the_seeds_local_results(devices):
     array_value = np.array([3.0, 2.0, 1.0])
     assert [float(v) for v in local(lambda ctx: array_value[ctx.replica_id_in_sync_group])] == [3.0, 2.0][:n]  # 2.
     assert list(local(lambda ctx: ctx.num_replicas_in_sync)) == [n] * n  # 3. (1,) with one replica
+    # run's example: replica_fn doubles what value_fn gave each replica
+    doubled = strategy.run(lambda x: x * 2, args=(strategy.experimental_distribute_values_from_function(lambda ctx: ctx.num_replicas_in_sync),))
+    assert list(strategy.experimental_local_results(doubled)) == [2 * n] * n
 
 
 def test_every_public_name_resolves_and_every_strategy_is_public():

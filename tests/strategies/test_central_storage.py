@@ -73,6 +73,36 @@ def test_the_seeds_reduce_example():
         assert int(strategy.reduce(dl.ReduceOp.SUM, result, axis=0)) == 28
 
 
+def test_the_seeds_dataset_examples_on_its_default_devices():
+    """``CentralStorageStrategy()``: ``range(5).batch(2)`` through ``val + 1``, and ``range(10).batch(2)`` printed as
+    ``[0, 1], [2, 3], ...`` (the seed's "1 CPU and 1 GPU" computes on one device, as a CPU-only machine does)."""
+    strategy = dl.CentralStorageStrategy()
+    if strategy.num_replicas_in_sync != 1:
+        pytest.skip("the seed's examples compute on one device; this machine has several GPUs")
+    assert strategy.cluster_resolver is None  # a single-worker strategy
+    batches = lambda n: strategy.experimental_distribute_dataset(torch.utils.data.DataLoader(torch.arange(n), batch_size=2))  # noqa: E731
+    with strategy.scope():
+        plus_one = [strategy.run(lambda val: val + 1, args=(x,)) for x in batches(5)]
+    assert [[t.tolist() for t in strategy.experimental_local_results(v)] for v in plus_one] == [[[1, 2]], [[3, 4]], [[5]]]
+    printed = [[t.tolist() for t in strategy.experimental_local_results(x)] for x in batches(10)]
+    assert printed == [[[0, 1]], [[2, 3]], [[4, 5]], [[6, 7]], [[8, 9]]]
+
+
+def test_dataset_fn_is_called_once_for_its_one_worker():
+    """"we only have one worker so dataset_fn is called once": two compute replicas dequeue from its one dataset."""
+    strategy = dl.CentralStorageStrategy(compute_devices=TWO_CPUS, parameter_device="cpu:0")
+    contexts = []
+
+    def dataset_fn(input_context):
+        contexts.append((input_context.num_input_pipelines, input_context.input_pipeline_id, input_context.num_replicas_in_sync))
+        return [torch.full((input_context.get_per_replica_batch_size(4), 1), float(i)) for i in range(4)]
+
+    steps = [[t.flatten().tolist() for t in strategy.experimental_local_results(b)]
+             for b in strategy.experimental_distribute_datasets_from_function(dataset_fn)]
+    assert contexts == [(1, 0, 2)]
+    assert steps == [[[0.0, 0.0], [1.0, 1.0]], [[2.0, 2.0], [3.0, 3.0]]]
+
+
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_an_mlp_with_sgd_momentum_trains_as_on_one_device(clip):
     def sgd(params):

@@ -30,12 +30,15 @@ print(json.dumps({"task": [r.task_type, r.task_id], "replicas": s.num_replicas_i
 """
 
 
-def test_tf_config_workers_started_by_hand_form_one_job(tmp_path):
-    cluster = {"chief": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"]}
+@pytest.mark.parametrize("jobs", [{"chief": 1, "worker": 1}, {"worker": 2, "ps": 1}], ids=["chief+worker", "seed"])
+def test_tf_config_workers_started_by_hand_form_one_job(tmp_path, jobs):
+    """The seed's cluster_resolver example is the second: TF_CONFIG with 2 workers and a ps, and task_type 'worker'."""
+    cluster = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items()}
+    training = [(job, i) for job in ("chief", "worker") for i in range(jobs.get(job, 0))]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     procs = []
-    for task in ({"type": "chief", "index": 0}, {"type": "worker", "index": 0}):
+    for task in ({"type": job, "index": i} for job, i in training):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -44,7 +47,7 @@ def test_tf_config_workers_started_by_hand_form_one_job(tmp_path):
     finally:
         for p in procs:
             p.kill()
-    assert [r["task"] for r in results] == [["chief", 0], ["worker", 0]]
+    assert [tuple(r["task"]) for r in results] == training
     for r in results:
         assert r["replicas"] == 2 and r["sum_none"] == [4, 6, 8, 10] and r["sum0"] == 28
         assert r["mean_partial"] == pytest.approx(15 / 6)

@@ -26,10 +26,17 @@ def new_model() -> torch.nn.Module:
     return torch.nn.Linear(5, 2)  # tf.keras.layers.Dense(2, input_shape=(5,))
 
 
+def seed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The seed's ``tf.keras.losses.sparse_categorical_crossentropy(labels, logits)``, per example. Its default
+    ``from_logits=False`` takes the Dense outputs as probabilities: tf.keras 2 clips them to ``[1e-7, 1 - 1e-7]``
+    (no gradient where clipped) and puts their log through softmax cross-entropy."""
+    return torch.nn.functional.cross_entropy(logits.clamp(1e-7, 1 - 1e-7).log(), labels.squeeze(1), reduction="none")
+
+
 def tf_update(case: str) -> torch.Tensor:
     """TF's step: each replica's gradient of its row's loss (sum over its batch of 1), summed over replicas."""
     model = new_model()
-    losses = torch.nn.functional.cross_entropy(model(FEATURES), LABELS.squeeze(1), reduction="none")
+    losses = seed_loss(model(FEATURES), LABELS)
     scale = {"seed": 1.0, "global_batch": 0.5, "plain": 0.5}[case]  # plain: dlaunch's mean of the 2 replicas
     (losses.sum() * scale).backward()
     return (model.weight - 0.1 * model.weight.grad).detach()
@@ -52,7 +59,7 @@ def custom_loop(strategy: dl.Strategy, case: str) -> dict:
         def step_fn(inputs):
             features, labels = inputs
             logits = model(features)
-            loss = torch.nn.functional.cross_entropy(logits, labels.squeeze(1), reduction="none")  # per example
+            loss = seed_loss(logits, labels)  # per example
             if CASES[case] is None:
                 loss.sum().backward()  # the tape's gradient of a vector, averaged by the strategy
             else:
