@@ -68,6 +68,28 @@ def test_servers_by_hand_and_sync_training_equal_one_device():
         torch.testing.assert_close(torch.tensor(values[name], dtype=value.dtype), value, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def unprepared_task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
+    """A chief and a worker that end without ever calling prepare (nothing to train)."""
+    enter_task(kind, index, cluster)
+    from launcher import distribute as dl
+    from launcher.cluster import rpc
+
+    if kind == "ps":
+        dl.Server(cluster, "ps", index).join()
+        rpc.shutdown()
+        return
+    strategy = dl.ParameterServerStrategy()
+    results.put((f"{kind}:{index}", strategy.num_replicas_in_sync))
+    end_training_task(strategy, kind)
+
+
+@pytest.mark.slow
+def test_tasks_that_never_prepare_end_cleanly():
+    """A worker's leave() needed prepare()'s client: an AttributeError, then an abort in the RPC agent at exit."""
+    got, exits = run_cluster(unprepared_task, cluster_spec(workers=1, ps=1))
+    assert got == {"chief:0": 2, "worker:0": 2} and exits == [0, 0, 0]
+
+
 def test_a_cluster_without_this_tasks_type_or_id_is_a_value_error(monkeypatch):
     cluster = ClusterSpec({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]})
     with pytest.raises(ValueError, match="task_type or task_id is not"):

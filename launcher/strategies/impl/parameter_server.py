@@ -195,19 +195,24 @@ class _PSExtended(StrategyExtended):
                         signal.Signals(signum).name)
         return signum
 
+    def _client(self) -> Client:
+        """The client ``prepare`` made, or one without variables: a task that never prepares (a coordinator, a
+        worker with nothing to train) still tells the ps tasks that it ends."""
+        a = self._args
+        return self.client or Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])
+
     def finish(self) -> None:
         """The chief is done: the ps tasks tell the workers to stop at their next push, then end."""
-        a = self._args
-        client = self.client or Client(a["task"], a["num_ps"], None, a["rpc_timeout_s"])  # a coordinator never prepares
         try:
-            client.each(ps_server.remote_finish)
+            self._client().each(ps_server.remote_finish)
         except ParameterServerUnavailable as exc:
             log.warning("%s", exc)
 
     def leave(self, signum: int = 0) -> None:
         """A worker is done (or stopped on ``signum``): the ps tasks need not wait for it."""
+        client = self._client()
         try:
-            self.client.each(ps_server.remote_leave, self.client.task, signum)
+            client.each(ps_server.remote_leave, client.task, signum)
         except ParameterServerUnavailable:
             pass
 
