@@ -348,4 +348,8 @@ def remote_save(path: str, progress: tuple[int, int, int]) -> None:
 
 
 def remote_load(path: str) -> tuple[int, int, int]:
-    return shards.load(local_store(), Path(path))
+    store = local_store()
+    if not store.created.is_set():  # its build would then overwrite what this loads: the resume would be lost
+        raise RuntimeError(f"ps:{store.index} was asked to load {path} before it built its variables "
+                           "(remote_wait_created first)")
+    return shards.load(store, Path(path))

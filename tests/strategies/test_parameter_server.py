@@ -57,6 +57,15 @@ def test_sync_mode_equals_one_device_and_its_checkpoint_resumes_there(run_dlaunc
     for name, value in one_params.items():
         torch.testing.assert_close(ps_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
+    # A resume from step 10 ends where the uninterrupted run did, however late the ps tasks build their variables
+    # (a load they overwrote with fresh ones went on from step 10 with the model of step 0, and said nothing).
+    proc, again = ps_run(run_dlaunch, *common, "strategy.mode=sync", "strategy.partitioner.kind=fixed",
+                         "strategy.partitioner.num_shards=3", "+recipe.ps_build_sleep=3",
+                         f"trainer.resume={layout.step_dir(ps_dir / 'checkpoints', 10)}", name="again")
+    assert proc.returncode == 0 and summary(again)["resumed_from_step"] == 10, proc.stderr[-3000:]
+    for name, value in torch.load(again / "params.pt").items():
+        torch.testing.assert_close(value, ps_params[name], rtol=1e-6, atol=1e-7, msg=name)
+
     # The ps tasks wrote the table as 3 chunks of one variable: it reads back whole, and a one_device run resumes from it.
     final = layout.step_dir(ps_dir / "checkpoints", 20)
     saved = read_tensors(final)

@@ -160,7 +160,9 @@ class _PSExtended(StrategyExtended):
         return True
 
     def load_checkpoint(self, model: Any, path: Any) -> tuple[int, int, int] | None:
-        return model.load_from_ps(path)  # each ps reads the rows it holds
+        # each ps reads the rows it holds, once it has built them: a ps that builds after the load would overwrite it
+        self.client.each(ps_server.remote_wait_created, float(self._args["ready_timeout_s"]))
+        return model.load_from_ps(path)
 
     def open(self, global_step: int) -> None:
         """The chief's word that the variables are initialized (or restored): workers may start."""
