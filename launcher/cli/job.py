@@ -111,8 +111,8 @@ def _job(cfg: Any) -> Any:
     except KeyboardInterrupt as exc:  # a lone run's SIGTERM (interrupts.Stopped) or Ctrl-C before its record
         if len(Status.codes) > ended or HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the job had ended and said how, or a sweep's second signal: dlaunch's entry says it stopped
-        log.warning("stopped by %s before the run started (its checkpoints verified, its plan shown): nothing was "
-                    "trained, and %s keeps no record of this command", exc or "Ctrl-C", run_dir)
+        log.warning("stopped by %s before the run started: nothing was trained, and %s keeps no record of this "
+                    "command", str(exc) or "Ctrl-C", run_dir)  # a Ctrl-C's KeyboardInterrupt says nothing
         Status.codes.append(getattr(exc, "exit_code", 130))
         return None
     if Status.codes and Status.codes[-1] >= 128 and HydraConfig.get().mode == RunMode.MULTIRUN:

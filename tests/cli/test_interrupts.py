@@ -221,8 +221,8 @@ import os, signal
 from hydra.experimental.callback import Callback
 
 class SigtermAt(Callback):
-    def __init__(self, where):
-        self.where = where
+    def __init__(self, where, signame="SIGTERM"):
+        self.where, self.signum = where, getattr(signal, signame)
 
     def on_job_start(self, config, **kwargs):
         if self.where == "job start":  # Hydra runs the job: after dlaunch handed Ctrl-C over, before the job
@@ -233,17 +233,19 @@ class SigtermAt(Callback):
         select = checkpoint.select
 
         def verifying(spec, run_dir):  # as the checkpoint to resume from is verified (sha256 of every file)
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
             return select(spec, run_dir)
 
         checkpoint.select = verifying
 """
 
 
-@pytest.mark.parametrize("where", ["job start", "checkpoint verification"])
-def test_a_sigterm_before_a_lone_run_records_itself_stops_it_with_a_line_and_exit_143(tmp_path, where):
+@pytest.mark.parametrize("where,signame", [("job start", "SIGTERM"), ("checkpoint verification", "SIGTERM"),
+                                           ("checkpoint verification", "SIGINT")])
+def test_a_stop_before_a_lone_run_records_itself_says_so_and_exits_128_plus_n(tmp_path, where, signame):
     """Between the end of the early noting and the run's record (its checkpoints verified, its plan shown), SIGTERM
-    had its default action: dlaunch ended without a word (exit -15). The run that was there stays as it was."""
+    had its default action: dlaunch ended without a word (exit -15). The run that was there stays as it was. A
+    Ctrl-C there was said as `stopped by  before the run started` (a KeyboardInterrupt's text is empty)."""
     from tests.conftest import dlaunch, importable_from, summary
 
     run_dir = tmp_path / "run"
@@ -253,9 +255,10 @@ def test_a_sigterm_before_a_lone_run_records_itself_stops_it_with_a_line_and_exi
     (tmp_path / "sigterm_at.py").write_text(SIGTERM_AT)
     proc = dlaunch("trainer.steps=8", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}",
                    "+hydra.callbacks.term._target_=sigterm_at.SigtermAt", f"+hydra.callbacks.term.where={where}",
-                   cwd=tmp_path, env=importable_from(tmp_path))
+                   f"+hydra.callbacks.term.signame={signame}", cwd=tmp_path, env=importable_from(tmp_path))
     out = " ".join((proc.stdout + proc.stderr).split())
-    assert proc.returncode == 143, out[-3000:]
+    assert proc.returncode == 128 + getattr(signal, signame), out[-3000:]
     said = "stopped by SIGTERM before the run started" if where != "job start" else "dlaunch: stopped by SIGTERM"
+    said = "stopped by Ctrl-C before the run started: nothing was trained" if signame == "SIGINT" else said
     assert said in out and "Traceback" not in out, out[-3000:]
     assert summary(run_dir)["status"] == "completed" and (run_dir / ".hydra" / "overrides.yaml").read_text() == record
