@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import socket
 import sys
 import time
@@ -77,7 +78,7 @@ def _run_attempt(spec: RunSpec, run_dir: Path, job: Path, tasks: list[PSTask]) -
             stopped = _stop_the_rest(procs, spec.launch.stop_grace_s + 5, marker, saves) if fatal else set()
         except emulate._Stopped as signalled:
             emulate._stop(list(procs.values()), spec.launch.stop_grace_s + 5, signalled.signum)
-            log.warning("stopped by signal %d; every task was shut down", signalled.signum)
+            log.warning("stopped by %s; every task was shut down", signal.Signals(signalled.signum).name)
             return 128 + signalled.signum, []
     # A task dlaunch stopped ended as told (a ps that waits for the chief's save is killed): not a cause
     causes = [c for c in _causes(run_dir, tasks) if c.task not in {t.name for t in stopped}]
