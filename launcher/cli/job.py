@@ -222,6 +222,8 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             how = exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C"
             log.warning("stopped by %s before the workers started", how)
             code, interrupted = getattr(exc, "exit_code", 130), True
+    if code >= 128 and not spec.cluster.node_rank and _completed_before_the_stop(spec, run_dir, code):
+        code = 0  # a scheduler would start it again for nothing, to be told it has completed
     # a stopped run's summary and lines are written whole: another Ctrl-C cut them off (no summary.json, a traceback)
     with closing() if code >= 128 or interrupted else contextlib.nullcontext():
         Status.codes.append(code)
@@ -280,6 +282,17 @@ def as_run(spec: Any) -> str:
 
 SCRIPT_RUN = ("# A script's run: `script` ran in place of a recipe and its loop. `recipe` only names it; of `trainer`,\n"
               "# a script takes seed and precision (docs/SCRIPTS.md), the other keys are dlaunch's loop's.\n")
+
+
+def _completed_before_the_stop(spec: Any, run_dir: Path, code: int) -> bool:
+    """A stop signal (exit ``code``) that came after the run had completed: said, and then no stop."""
+    from launcher.launch import report
+
+    if not report.completed_before_the_stop(spec, run_dir):
+        return False
+    said = "Ctrl-C" if code == 128 + signal.SIGINT else signal.Signals(code - 128).name
+    log.warning("the %s came after the run had completed: nothing was cut short", said)
+    return True
 
 
 def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool = False) -> Any:

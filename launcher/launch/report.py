@@ -151,9 +151,14 @@ def _unless_unwritable(path: Path) -> Iterator[None]:
         log.warning("could not write %s (%s): it may be missing, or older than this run", path, exc.strerror or exc)
 
 
+def completed_before_the_stop(spec: RunSpec, run_dir: Path) -> bool:
+    """A stop signal came after the run had completed: its summary.json says so, and no rank of this node still ran."""
+    return outputs.completed(run_dir) and not _ranks_still_running(spec, run_dir)
+
+
 def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
     """A run stopped by a signal (exit ``code``, 128 + the signal): its summary.json says so, and where it saved."""
-    if outputs.completed(run_dir) and not _ranks_still_running(spec, run_dir):  # the signal came after the run completed
+    if completed_before_the_stop(spec, run_dir):
         return
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,

@@ -183,6 +183,21 @@ def test_an_abort_in_teardown_after_completing_is_neither_a_failure_nor_a_restar
     assert "SIGABRT" in out or "already completed" in out, "the abort did happen"
 
 
+def test_a_stop_after_the_run_completed_exits_0(tmp_path):
+    """A SIGTERM (a scheduler's preemption) while the workers of a completed run still ended exited 143 and said
+    `stopped ... resume with`, while summary.json said completed: a scheduler would start the run again for nothing."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "trainer.steps=6", "+recipe.linger=30")
+    deadline = time.time() + 120
+    while not (run_dir / "all-completed").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "the SIGTERM came after the run had completed: nothing was cut short" in " ".join(out.split()), out[-3000:]
+    assert summary(run_dir)["status"] == "completed" and "resume with" not in out
+
+
 def test_a_restart_before_the_first_step_resumes_from_the_checkpoint_the_launcher_chose(tmp_path):
     """A build that fails on the first attempt: the restarted workers must not choose again in a directory that
     still holds another timeline (steps set aside only once training starts). Before, they took its newest step:
