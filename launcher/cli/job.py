@@ -222,8 +222,8 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             how = exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C"
             log.warning("stopped by %s before the workers started", how)
             code, interrupted = getattr(exc, "exit_code", 130), True
-    if code >= 128 and not spec.cluster.node_rank and _completed_before_the_stop(spec, run_dir, code):
-        code = 0  # a scheduler would start it again for nothing, to be told it has completed
+    if code >= 128 and not (multirun or spec.cluster.node_rank) and _completed_before_the_stop(spec, run_dir, code):
+        code = 0  # a scheduler would start it again for nothing, to be told it has completed (a sweep stops)
     # a stopped run's summary and lines are written whole: another Ctrl-C cut them off (no summary.json, a traceback)
     with closing() if code >= 128 or interrupted else contextlib.nullcontext():
         Status.codes.append(code)
