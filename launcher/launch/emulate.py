@@ -162,9 +162,10 @@ def _lost_nodes(spec: RunSpec, run_dir: Path, procs: list[agents.Agent], ended: 
     for node, p in enumerate(procs):
         if p.returncode is None or p.returncode >= 0 or failures_file(run_dir, node).exists() or node not in ended:
             continue
-        how = f"signal {signal.Signals(-p.returncode).name}"
+        how, rank = f"signal {signal.Signals(-p.returncode).name}", node * spec.cluster.devices_per_node
+        pid = int(outputs.read_progress(run_dir, rank).get("pid") or p.pid)  # the rank's own, as its heartbeat last said
         lost.append(report.with_last_step(failures.RootCause(
-            rank=node * spec.cluster.devices_per_node, host=socket.gethostname(), pid=p.pid, exit=how, traceback="", time=ended[node],
+            rank=rank, host=socket.gethostname(), pid=pid, exit=how, traceback="", time=ended[node],
             exception=f"node {node}'s elastic agent (pid {p.pid}) ended by {how} before it could report; its workers "
                       f"({spec.cluster.ranks_of(node)}) ended with it"), run_dir, report.last_logged_step(run_dir)))
     return lost

@@ -245,19 +245,13 @@ def killed_on_stop(spec: RunSpec, run_dir: Path, ranks: Sequence[int]) -> str:
 
 def _operation(run_dir: Path, rank: int) -> str:
     """What a rank's heartbeat last said it was doing ("train step 8", "checkpoint save ..."), or ""."""
-    try:
-        return str(json.loads(outputs.progress_file(run_dir, rank).read_text()).get("operation") or "")
-    except (OSError, ValueError, AttributeError):
-        return ""
+    return str(outputs.read_progress(run_dir, rank).get("operation") or "")
 
 
 def waiting_on(run_dir: Path, finished: Sequence[int], running: dict[int, int], waited_s: float, every_s: float) -> str:
     """The line for ranks that finished while others (``running``: rank to pid) still run, after ``waited_s``."""
     def one(rank: int, pid: int) -> str:
-        try:
-            beat = json.loads(outputs.progress_file(run_dir, rank).read_text())
-        except (OSError, ValueError):
-            beat = {}
+        beat = outputs.read_progress(run_dir, rank)
         seen = f'last seen in "{beat["operation"]}"' if beat.get("operation") else "no heartbeat says where (a script)"
         where = f' at {beat["where"]}' if beat.get("operation") and beat.get("where") else ""
         return f"rank {rank} (pid {pid}, host {beat.get('host') or socket.gethostname()}) for {waited_s:.0f} s, {seen}{where}"

@@ -322,6 +322,16 @@ def progress_file(run_dir: Path, rank: int) -> Path:
     return run_dir / STATE_DIR / f"rank-{rank}.progress.json"
 
 
+def read_progress(run_dir: Path, rank: int) -> dict[str, Any]:
+    """A rank's last heartbeat record (``step``, ``operation``, ``where``, ``pid``, ``host``, ``beat``); {} where it
+    has none (no heartbeat yet, a script) or it cannot be read."""
+    try:
+        record = json.loads(progress_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def record_unsaved_stop(run_dir: Path, step: int, why: str) -> None:
     """The checkpoint of a stop at ``step`` was not saved, and ``why`` (for ``unsaved_stop``); unsaid where the run
     directory cannot hold it (then the workers' log alone says so)."""

@@ -49,7 +49,8 @@ def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[sub
         paused = run_dir / "paused-replica1"
         wait_for(lambda: paused.exists() and paused.read_text().strip() and agent_pid(run_dir, node), STARTUP_S,
                  "replica 1 to pause in step 3")
-        os.kill(agent_pid(run_dir, node), signal.SIGKILL)
+        proc.killed_pids = (agent_pid(run_dir, node), worker_pids(run_dir)[node])  # (the agent, its worker)
+        os.kill(proc.killed_pids[0], signal.SIGKILL)
     finally:
         out = finish(proc)
     return proc, out
@@ -65,6 +66,9 @@ def test_a_node_whose_agent_is_killed_is_the_root_cause_not_the_rank_that_lost_i
     assert proc.returncode == 1, out[-3000:]
     assert "node 1's elastic agent" in out and "ended by signal SIGKILL before it could report" in out, out[-3000:]
     assert "worker rank 1 failed: root cause" in out and "rank 0 failed: root cause" not in out, out[-3000:]
+    agent, worker = proc.killed_pids
+    assert f"pid {worker} signal SIGKILL" in " ".join(out.split()), out[-3000:]  # the rank's pid, not its agent's
+    assert f"elastic agent (pid {agent}) ended by signal SIGKILL" in out, out[-3000:]
     assert "restarts exhausted" not in out and "stopped by SIGTERM" not in out, out[-3000:]
     # No restart is announced that could not happen (node 0's agent sees node 1's gone), and none is counted.
     assert "restart 1 of 1" not in out and summary(run_dir)["restarts"] == 0, out[-3000:]
@@ -156,3 +160,13 @@ def test_a_node_that_finished_leaves_its_wait_for_the_others_when_another_node_f
     assert not elastic.teardown_marker(run_dir).exists(), "node 0 was torn down: it went on waiting for node 1"
     assert summary(run_dir)["status"] == "failed"
 
+
+
+def test_a_restart_is_blamed_on_the_failing_rank_by_each_node(tmp_path):
+    """Node 0's agent announced the restart as `rank 0 failed (... rank 1 has exited ...)`: its rank only lost a peer."""
+    run_dir = tmp_path / "run"
+    out = " ".join(finish(start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "cluster.device=cpu", "trainer.steps=20",
+                                "launch.max_restarts=1", "+recipe.fail_replica=1", "+recipe.fail_step=3")).split())
+    assert "rank 0 stopped when a rank of another node ended" in out and "rank 0 failed (" not in out, out[-3000:]
+    assert "rank 1 failed (exit code 1: RuntimeError: injected failure on replica 1 at step 3); restart 1 of 1" in out, out[-3000:]
+    assert out.count("failed: root cause") == 1 and "restarts exhausted" in out, out[-3000:]
