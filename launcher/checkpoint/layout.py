@@ -97,7 +97,13 @@ def check(path: Path, full: bool = True) -> str | None:
         saved = read_manifest(path)
     except CheckpointError as exc:
         return str(exc).replace(f"{path / MANIFEST}", MANIFEST)
-    if "files" not in saved:  # saved before dlaunch recorded checksums: the DCP metadata at least must be there
+    step = _STEP.match(path.name)
+    if step and int(step.group(1)) != saved["step"]:  # the plan and the workers would disagree on where it resumes
+        return f"{MANIFEST} says step {saved['step']}, but its directory is {path.name}"
+    if "files" not in saved:
+        if saved.get("kind") == "script" or "lr_decay" in saved:  # written since dlaunch lists every file: cut
+            return f"{MANIFEST} lists no files (a save always does)"
+        # saved before dlaunch recorded checksums: the DCP metadata at least must be there
         return None if (path / ".metadata").is_file() else ".metadata is missing"
     if ".metadata" not in saved["files"]:  # every save lists DCP's metadata: this list was edited or cut short
         return f"{MANIFEST} lists no .metadata among its files (a save always does)"

@@ -59,6 +59,11 @@ def _edit_manifest(path, **changes):
     (path / "manifest.json").write_text(json.dumps({**saved, **changes}))
 
 
+def _drop_from_manifest(path, *keys):
+    saved = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in keys}))
+
+
 @pytest.mark.parametrize("damage,reason", [
     (truncate, r"__0_0\.distcp is \d+ bytes, the manifest says \d+ \(truncated\)"),
     (flip_a_bit, r"__0_0\.distcp does not match its sha256"),
@@ -66,6 +71,8 @@ def _edit_manifest(path, **changes):
     (lambda p: (p / "manifest.json").unlink(), r"manifest\.json is missing"),
     (lambda p: (p / "manifest.json").write_text("{"), r"cannot read manifest\.json"),
     (lambda p: _edit_manifest(p, files={}), r"manifest\.json lists no \.metadata among its files"),
+    (lambda p: _edit_manifest(p, step=36), r"manifest\.json says step 36, but its directory is step-00000040"),
+    (lambda p: _drop_from_manifest(p, "files"), r"manifest\.json lists no files \(a save always does\)"),
 ])
 def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_intact_one(tmp_path, damage, reason):
     _, thirty, forty = save_steps(tmp_path, 20, 30, 40)
@@ -139,10 +146,9 @@ def test_a_named_damaged_checkpoint_is_an_error_not_a_fallback(tmp_path):
 
 
 def test_a_checkpoint_saved_before_checksums_still_loads(tmp_path):
+    """Such a manifest has no files and no lr_decay either (recorded since 2026-11-24; files since 11-23)."""
     path = fake_save(tmp_path, 5)
-    saved = json.loads((path / "manifest.json").read_text())
-    del saved["files"]
-    (path / "manifest.json").write_text(json.dumps(saved))
+    _drop_from_manifest(path, "files", "lr_decay")
     assert layout.check(path) is None
     (path / ".metadata").unlink()
     assert layout.check(path) == ".metadata is missing"
