@@ -99,7 +99,8 @@ def check(path: Path, full: bool = True) -> str | None:
         return str(exc).replace(f"{path / MANIFEST}", MANIFEST)
     step = _STEP.match(path.name)
     if step and int(step.group(1)) != saved["step"]:  # the plan and the workers would disagree on where it resumes
-        return f"{MANIFEST} says step {saved['step']}, but its directory is {path.name}"
+        return (f"{MANIFEST} says step {saved['step']}, but its directory is {path.name} (renamed, or its manifest "
+                "edited? a checkpoint's directory is step-N for its step N)")
     if "files" not in saved:
         if saved.get("kind") == "script" or "lr_decay" in saved:  # written since dlaunch lists every file: cut
             return f"{MANIFEST} lists no files (a save always does)"

@@ -222,7 +222,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             how = exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C"
             log.warning("stopped by %s before the workers started", how)
             code, interrupted = getattr(exc, "exit_code", 130), True
-    if code >= 128 and not (multirun or spec.cluster.node_rank) and _completed_before_the_stop(spec, run_dir, code):
+    if code >= 128 and not (multirun or interrupted) and _completed_before_the_stop(spec, run_dir, code):
         code = 0  # a scheduler would start it again for nothing, to be told it has completed (a sweep stops)
     # a stopped run's summary and lines are written whole: another Ctrl-C cut them off (no summary.json, a traceback)
     with closing() if code >= 128 or interrupted else contextlib.nullcontext():
@@ -291,7 +291,7 @@ def _completed_before_the_stop(spec: Any, run_dir: Path, code: int) -> bool:
     if not report.completed_before_the_stop(spec, run_dir):
         return False
     said = "Ctrl-C" if code == 128 + signal.SIGINT else signal.Signals(code - 128).name
-    log.warning("the %s came after the run had completed: nothing was cut short", said)
+    log.warning("the %s came after the run had completed, as its workers ended: nothing was cut short (exit 0)", said)
     return True
 
 

@@ -45,8 +45,10 @@ class Client:
         except RuntimeError as exc:
             raise _unavailable(ps, exc) from None
 
-    def each(self, fn: Any, *args: Any) -> list[Any]:
-        futures = [trpc.rpc_async(f"ps:{k}", fn, args=args, timeout=self.timeout_s) for k in range(self.num_ps)]
+    def each(self, fn: Any, *args: Any, waits_s: float = 0.0) -> list[Any]:
+        """``fn(*args)`` on every ps; ``waits_s``: how long ``fn`` itself may wait there (for the variables, for the
+        chief's word), which the RPC's timeout adds to ``rpc_timeout_s``."""
+        futures = [trpc.rpc_async(f"ps:{k}", fn, args=args, timeout=self.timeout_s + waits_s) for k in range(self.num_ps)]
         return [self.wait(k, f) for k, f in enumerate(futures)]
 
     def pull(self, names: Sequence[str]) -> dict[str, torch.Tensor]:

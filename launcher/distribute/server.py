@@ -350,6 +350,6 @@ def remote_save(path: str, progress: tuple[int, int, int]) -> None:
 def remote_load(path: str) -> tuple[int, int, int]:
     store = local_store()
     if not store.created.is_set():  # its build would then overwrite what this loads: the resume would be lost
-        raise RuntimeError(f"ps:{store.index} was asked to load {path} before it built its variables "
-                           "(remote_wait_created first)")
+        raise RuntimeError(f"ps:{store.index} was asked to load {path} before it built its variables: the load "
+                           "would be overwritten (a caller waits for them first)")
     return shards.load(store, Path(path))

@@ -144,7 +144,7 @@ class Agent(LocalElasticAgent):
             limit = worker_group.spec.max_restarts
             # every rank here stopped because a peer had gone: the failure is another node's, which names it
             how = "stopped when a rank of another node ended" if failures.is_consequence(root) and \
-                worker_group.group_world_size > 1 else "failed"
+                not root.stopped_by and worker_group.group_world_size > 1 else "failed"
             log.warning("%s %s (%s%s); restart %d of %d (launch.max_restarts): the workers start again, from the "
                         "newest checkpoint where there is one", root.who, how, root.exit,
                         f": {root.exception}" if root.exception else "", limit - self._remaining_restarts, limit)

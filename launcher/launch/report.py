@@ -38,8 +38,8 @@ def _left_early(cause: failures.RootCause, run_dir: Path) -> failures.RootCause:
     """A rank that exited 0 before the run finished (no completion marker): the cause of its peers' broken collective,
     as of its last heartbeat (it died between that and the next)."""
     try:
-        beat = float(json.loads(outputs.progress_file(run_dir, cause.rank).read_text())["beat"])
-    except (OSError, ValueError, KeyError, TypeError):
+        beat = float(outputs.read_progress(run_dir, cause.rank)["beat"])
+    except (KeyError, ValueError, TypeError):
         beat = cause.time
     return dataclasses.replace(cause, time=min(beat, cause.time), exception=(
         f"{cause.who} exited with code 0 before the run finished: its process ended without an error (os._exit(0), "
@@ -152,13 +152,16 @@ def _unless_unwritable(path: Path) -> Iterator[None]:
 
 
 def completed_before_the_stop(spec: RunSpec, run_dir: Path) -> bool:
-    """A stop signal came after the run had completed: its summary.json says so, and no rank of this node still ran."""
-    return outputs.completed(run_dir) and not _ranks_still_running(spec, run_dir)
+    """A stop signal came after the run had completed: its summary.json says so, and every rank's completion marker
+    is there (or none is: a run in one process). Where this node does not see the others' markers (no shared run
+    directory; a ps job's tasks, which end after the chief), it cannot tell: False."""
+    done = [outputs.completion_marker(run_dir, r).exists() for r in range(spec.strategy.world_size(spec.cluster))]
+    return outputs.completed(run_dir) and (all(done) or not any(done))
 
 
 def record_stop(spec: RunSpec, run_dir: Path, code: int, checkpoint: Path | None) -> None:
     """A run stopped by a signal (exit ``code``, 128 + the signal): its summary.json says so, and where it saved."""
-    if completed_before_the_stop(spec, run_dir):
+    if outputs.completed(run_dir) and not _ranks_still_running(spec, run_dir):  # the signal came after the run completed
         return
     step = layout.step_of(checkpoint) if checkpoint is not None else None
     summary = {**_partial_summary(spec, run_dir, "stopped"), "stopped_by": signal.Signals(code - 128).name,

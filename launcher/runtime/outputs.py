@@ -353,8 +353,8 @@ def unsaved_stop(run_dir: Path, checkpoint_step: int | None) -> dict[str, Any] |
 def last_completed_step(run_dir: Path, rank: int) -> int | None:
     """The last completed step a rank's heartbeat recorded, or None."""
     try:
-        return int(json.loads(progress_file(run_dir, rank).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(read_progress(run_dir, rank)["step"])
+    except (KeyError, ValueError, TypeError):
         return None
 
 

@@ -57,9 +57,12 @@ def per_replica_batches(strategy) -> dict:
     iterator.initialize()
     first = iterator.get_next()
     second = strategy.experimental_run(lambda t: t * 10, iterator)
+    iterator.initialize()  # starts over
+    again = iterator.get_next()
     return {"first": [t.tolist() for t in strategy.experimental_local_results(first)],
             "second": [t.tolist() for t in strategy.experimental_local_results(second)],
-            "sum0_first": int(strategy.reduce("SUM", first, axis=0))}
+            "sum0_first": int(strategy.reduce("SUM", first, axis=0)),
+            "again": [t.tolist() for t in strategy.experimental_local_results(again)]}
 
 
 def assert_seed_numbers(out: dict) -> None:
@@ -77,8 +80,8 @@ def test_reduce_and_global_step_follow_the_seed_on_two_training_tasks(mode, step
         assert_seed_numbers(out)
         assert out["step"] == step  # async: 3 pushes from each of 2 tasks; sync: 3 applied steps
         assert out["sum0_first"] == 6  # 0+1+2+3: each task's replica took a whole batch
-    assert (got["chief:0"]["first"], got["chief:0"]["second"]) == ([[0, 1]], [[40, 50]])
-    assert (got["worker:0"]["first"], got["worker:0"]["second"]) == ([[2, 3]], [[60, 70]])
+    assert (got["chief:0"]["first"], got["chief:0"]["second"], got["chief:0"]["again"]) == ([[0, 1]], [[40, 50]], [[0, 1]])
+    assert (got["worker:0"]["first"], got["worker:0"]["second"], got["worker:0"]["again"]) == ([[2, 3]], [[60, 70]], [[2, 3]])
 
 
 def test_without_a_cluster_it_falls_back_to_one_local_replica(monkeypatch):
@@ -125,7 +128,8 @@ def test_without_a_cluster_num_gpus_per_worker_replicas_run_as_threads(monkeypat
     torch.testing.assert_close(model.module.weight.detach(), expected.unsqueeze(0).reshape_as(model.module.weight))
     assert strategy.global_step == 3  # the first replica of the one worker: once per applied step
     assert_seed_numbers(seed_numbers(strategy))
-    assert per_replica_batches(strategy) == {"first": [[0, 1], [2, 3]], "second": [[40, 50], [60, 70]], "sum0_first": 6}
+    assert per_replica_batches(strategy) == {"first": [[0, 1], [2, 3]], "second": [[40, 50], [60, 70]], "sum0_first": 6,
+                                             "again": [[0, 1], [2, 3]]}
 
 
 def test_num_gpus_per_worker_beyond_the_machines_gpus_is_refused(monkeypatch):

@@ -151,7 +151,8 @@ class _PSExtended(StrategyExtended):
         if chief and a["open_on_prepare"]:
             self.open(0)
         if not chief:
-            client.global_step = max(client.each(ps_server.remote_wait_ready, float(a["ready_timeout_s"])))
+            ready_s = float(a["ready_timeout_s"])
+            client.global_step = max(client.each(ps_server.remote_wait_ready, ready_s, waits_s=ready_s))
         model = PSModule(module.to("meta"), client, self._devices[0])
         return model, (None if optimizer is None else PSOptimizer(optimizer, model, chief or a["global_step_rule"] == "every_worker"))
 
@@ -160,13 +161,16 @@ class _PSExtended(StrategyExtended):
         return True
 
     def load_checkpoint(self, model: Any, path: Any) -> tuple[int, int, int] | None:
-        # each ps reads the rows it holds, once it has built them: a ps that builds after the load would overwrite it
-        self.client.each(ps_server.remote_wait_created, float(self._args["ready_timeout_s"]))
-        return model.load_from_ps(path)
+        self._wait_created()  # a ps that built its variables after the load would overwrite what it read
+        return model.load_from_ps(path)  # each ps reads the rows it holds
+
+    def _wait_created(self) -> None:
+        ready_s = float(self._args["ready_timeout_s"])
+        self.client.each(ps_server.remote_wait_created, ready_s, waits_s=ready_s)
 
     def open(self, global_step: int) -> None:
         """The chief's word that the variables are initialized (or restored): workers may start."""
-        self.client.each(ps_server.remote_wait_created, float(self._args["ready_timeout_s"]))
+        self._wait_created()
         self.client.each(ps_server.remote_open, int(global_step))
         self.client.global_step = int(global_step)
 
@@ -318,7 +322,7 @@ class ParameterServerStrategy(Strategy):
         ``k*R + r`` at step ``k``); ``experimental_distribute_dataset`` would split each element as a global batch."""
         warnings.warn("make_dataset_iterator is TF1's: iterate distribute_datasets_from_function(dataset_fn)",
                       DeprecationWarning, stacklevel=2)
-        return InputIterator(self.distribute_datasets_from_function(functools.partial(_replicas_turns, dataset)))
+        return InputIterator(self.distribute_datasets_from_function(functools.partial(_ReplicasTurns, dataset)))
 
     @property
     def global_step(self) -> int:
@@ -333,12 +337,20 @@ class ParameterServerStrategy(Strategy):
         return bool(client and client.finished)
 
 
-def _replicas_turns(dataset: Iterable, ctx: InputContext) -> Iterator[Any]:
+class _ReplicasTurns:
     """The elements of ``dataset`` that pipeline ``ctx.input_pipeline_id``'s replicas dequeue, in order: its local
-    replicas take ``L`` consecutive elements in turn with the other pipelines' (``L`` replicas each)."""
-    local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-    return (element for i, element in enumerate(dataset)
-            if (i // local) % ctx.num_input_pipelines == ctx.input_pipeline_id)
+    replicas take ``L`` consecutive elements in turn with the other pipelines' (``L`` replicas each). Every task
+    reads the whole dataset (each keeps its turns): a ``FileDataset`` is not sharded by files, and a shuffling
+    ``DataLoader`` must draw the same order on every task. Each ``iter()`` starts over (``initialize()``)."""
+
+    def __init__(self, dataset: Iterable, ctx: InputContext):
+        self.dataset, self.ctx = dataset, ctx
+
+    def __iter__(self) -> Iterator[Any]:
+        ctx = self.ctx
+        local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        return (element for i, element in enumerate(self.dataset)
+                if (i // local) % ctx.num_input_pipelines == ctx.input_pipeline_id)
 
 
 def from_spec(spec: Any, runtime: Runtime) -> ParameterServerStrategy:
