@@ -307,3 +307,28 @@ def test_a_sweep_whose_job_a_signal_stopped_elsewhere_exits_as_stopped_not_faile
     (job / "summary.json").write_text(json.dumps({"status": "stopped", "stopped_by": "SIGTERM", "exit_code": 143}))
     sweep.SweepSummary().on_multirun_end(config)
     assert (sweep.failed_jobs(), sweep.stopped_code()) == (0, 143)
+
+
+@pytest.mark.slow
+def test_a_stop_after_a_jobs_run_completed_still_stops_the_sweep(tmp_path):
+    """A lone run that a stop reaches after it completed exits 0 (test_restarts); a sweep's job must still stop the
+    sweep: its row says completed, the later jobs are not started, and dlaunch exits 128+N."""
+    import signal
+    import subprocess
+
+    from tests.conftest import PROBE, command
+    from tests.launch.test_restarts import STARTUP_S, finish, wait_for
+
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(command("-m", f"recipe.entry={PROBE}", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
+                                    "trainer.steps=6", "+recipe.linger=30", "trainer.seed=1,2", f"hydra.sweep.dir={sweep}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: (sweep / "0" / "all-completed").exists(), STARTUP_S, "job 0 to complete")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        out = finish(proc, timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "not started"], out[-3000:]
+    assert "came after the run had completed" not in out, out[-3000:]  # no exit-0 line for a sweep's job
