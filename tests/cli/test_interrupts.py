@@ -233,6 +233,8 @@ class SigtermAt(Callback):
         select = checkpoint.select
 
         def verifying(spec, run_dir):  # as the checkpoint to resume from is verified (sha256 of every file)
+            if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited from a shell's background job: a
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # terminal's Ctrl-C is Python's here
             os.kill(os.getpid(), self.signum)
             return select(spec, run_dir)
 
