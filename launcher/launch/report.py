@@ -153,9 +153,9 @@ def _unless_unwritable(path: Path) -> Iterator[None]:
 
 def completed_before_the_stop(spec: RunSpec, run_dir: Path) -> bool:
     """A stop signal came after the run had completed: its summary.json says so, and every rank's completion marker
-    is there (or none is: a run in one process). Where this node does not see the others' markers (no shared run
-    directory; a ps job's tasks, which end after the chief), it cannot tell: False."""
-    done = [outputs.completion_marker(run_dir, r).exists() for r in range(spec.strategy.world_size(spec.cluster))]
+    is there (or none is: a run in one process); a ps job's, the chief's. Where this node does not see the others'
+    markers (no shared run directory), it cannot tell: False."""
+    done = [outputs.completion_marker(run_dir, r).exists() for r in spec.strategy.completing_ranks(spec.cluster)]
     return outputs.completed(run_dir) and (all(done) or not any(done))
 
 
@@ -180,6 +180,7 @@ def _ranks_still_running(spec: RunSpec, run_dir: Path) -> bool:
     world = spec.strategy.world_size(spec.cluster)
     per_node, node = max(1, world // spec.cluster.nodes), spec.cluster.node_rank
     ranks = range(world) if node is None else range(node * per_node, min(world, (node + 1) * per_node))
+    ranks = [r for r in ranks if r in spec.strategy.completing_ranks(spec.cluster)]
     done = [outputs.completion_marker(run_dir, r).exists() for r in ranks]
     return any(done) and not all(done)
 

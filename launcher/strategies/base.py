@@ -65,6 +65,10 @@ class StrategyUnit(Strict):
         """Processes of the whole job."""
         return cluster.world_size
 
+    def completing_ranks(self, cluster: Any) -> range:
+        """The ranks whose completion is the run's (their completion markers): every process's."""
+        return range(self.world_size(cluster))
+
     def mesh(self, cluster: Any) -> dict[str, list[Any]]:
         """The replicas' device mesh, as the plan records it."""
         return {"dims": ["replica"], "shape": [self.replicas(cluster)]}

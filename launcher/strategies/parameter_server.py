@@ -96,6 +96,10 @@ class ParameterServerSpec(StrategyUnit):
     def world_size(self, cluster: Any) -> int:
         return len(cluster.ps_tasks())
 
+    def completing_ranks(self, cluster: Any) -> range:
+        """The chief's (rank 0): trainer.steps counts its steps; the workers and ps tasks end after it."""
+        return range(1)
+
     def launcher(self, spec: Any) -> str:
         return "tasks"  # chief, workers and ps tasks, each its own agent
 

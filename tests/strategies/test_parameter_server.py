@@ -195,6 +195,20 @@ def test_sigterm_saves_from_the_ps_tasks_then_the_same_command_resumes(tmp_path)
     assert s["resumed_from_step"] == int(saved.name.split("-")[1]) and s["steps"] == 60
 
 
+def test_a_stop_after_the_chief_completed_exits_0_and_keeps_the_summary(tmp_path):
+    """The workers and ps tasks end after the chief: a SIGTERM then exited 143 and rewrote summary.json as stopped."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(command(*RECIPE, *PS, "trainer.steps=10", "+recipe.linger=30", f"hydra.run.dir={run_dir}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while not (run_dir / "all-completed").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(15)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 0 and "came after the run had completed" in out, out[-3000:]
+    assert summary(run_dir)["status"] == "completed"
+
+
 def test_a_killed_task_agent_is_a_root_cause_and_the_job_restarts(run_dlaunch):
     """The chief's elastic agent is SIGKILLed (so no failures file): still a named cause, and a restart."""
     text, run_dir = restarted_once(run_dlaunch, 20, "+recipe.kill_task=chief:0", "+recipe.kill_agent=true",
