@@ -82,10 +82,25 @@ def after_failure(spec: Any, run_dir: Path, in_sweep: bool = False) -> str:
     checkpoint = layout.newest(spec, run_dir)
     if checkpoint is None:
         return ""
+    damage = _failed_to_load(run_dir, checkpoint)
+    if damage:  # a restart, which checks sizes alone, spent every attempt on it: a resume verifies and passes it over
+        return (f"newest checkpoint: {checkpoint} is damaged: {damage}; " + ("the sweep's last line" if in_sweep else
+                f"once the cause is fixed, {command(run_dir)}") + " goes on from the newest intact one")
     if in_sweep:
         return f"newest checkpoint: {checkpoint} (the sweep's last line says how to go on)"
     again = " (the script runs again; its ScriptCheckpoints.restore goes on from there)" if spec.script else ""
     return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}{again}"
+
+
+def _failed_to_load(run_dir: Path, checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` is damaged, where the run failed loading it (its digests, read now); else None."""
+    from launcher.checkpoint import layout
+    from launcher.runtime import outputs
+
+    error = ((outputs.read_summary(run_dir) or {}).get("error") or {}).get("exception") or ""
+    if not error.startswith(f"CheckpointError: cannot load {checkpoint}"):
+        return None
+    return layout.check(checkpoint, full=True)
 
 
 def _config_args(hydra_yaml: Path) -> list[str]:

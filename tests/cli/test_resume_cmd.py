@@ -291,3 +291,22 @@ def test_a_stop_says_truthfully_why_there_is_no_checkpoint_and_a_sweeps_job_leav
     assert "dlaunch resume" not in after_signal(spec, tmp_path, 143, None, in_sweep=True)
     saved = tmp_path / "checkpoints" / "step-00000010"
     assert after_signal(spec, tmp_path, 143, saved, in_sweep=True) == f"stopped (exit 143); checkpoint {saved}"
+
+
+def test_a_failure_to_load_a_damaged_newest_checkpoint_says_a_resume_passes_it_over(tmp_path):
+    """A restart checks sizes alone: a committed checkpoint damaged in place (same size) failed every attempt's load,
+    and the last line named it as what `dlaunch resume` goes on from (which verifies it, and passes it over)."""
+    import json
+
+    from launcher.cli import resume
+    from tests.checkpoint.test_integrity import flip_a_bit, save_steps, spec_for
+
+    _, forty = save_steps(tmp_path, 20, 40)
+    flip_a_bit(forty)
+    said = resume.after_failure(spec_for(), tmp_path)
+    assert said.startswith(f"newest checkpoint: {forty}\n"), said  # another failure: nothing read
+    error = {"exception": f"CheckpointError: cannot load {forty}: RuntimeError: PytorchStreamReader failed"}
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": error}))
+    said = resume.after_failure(spec_for(), tmp_path)
+    assert said.startswith(f"newest checkpoint: {forty} is damaged: __0_0.distcp does not match its sha256"), said
+    assert said.endswith("goes on from the newest intact one") and "dlaunch resume" in said, said
