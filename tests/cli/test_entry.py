@@ -9,7 +9,10 @@ import textwrap
 
 
 def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    """``code`` in a fresh interpreter whose Ctrl-C is a terminal's: a shell's background job would hand it SIGINT
+    ignored, and then a test's SIGINT never comes."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_leave_waits_for_threads_runs_exit_handlers_flushes_and_keeps_the_code():
