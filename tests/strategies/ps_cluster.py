@@ -24,6 +24,19 @@ def enter_task(kind: str, index: int, cluster: dict) -> None:
                       TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
 
 
+def enter_or_serve(kind: str, index: int, cluster: dict) -> bool:
+    """Enter the task; a ps task then serves until the job ends (True: nothing left for the caller to do)."""
+    enter_task(kind, index, cluster)
+    if kind != "ps":
+        return False
+    from launcher import distribute as dl
+    from launcher.cluster import rpc
+
+    dl.Server(cluster, "ps", index).join()
+    rpc.shutdown()
+    return True
+
+
 def end_training_task(strategy: Any, kind: str) -> None:
     """The chief ends the job; a worker leaves it; then the RPC endpoint goes."""
     from launcher.cluster import rpc

@@ -12,7 +12,7 @@ from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver
 from launcher.distribute.meta_scope import variables_scope
 from launcher.distribute.partitioners import place_module
 from launcher.strategies.parameter_server import ParameterServerStrategy, PSModule
-from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_task, run_cluster
+from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_or_serve, run_cluster
 
 
 def data() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -27,14 +27,9 @@ def new_model() -> torch.nn.Module:
 
 def task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
     """One task with its own TF_CONFIG: ps tasks join a Server; the chief and the worker train in sync."""
-    enter_task(kind, index, cluster)
-    from launcher import distribute as dl
-    from launcher.cluster import rpc
-
-    if kind == "ps":
-        dl.Server(cluster, "ps", index).join()
-        rpc.shutdown()
+    if enter_or_serve(kind, index, cluster):
         return
+    from launcher import distribute as dl
     strategy = dl.ParameterServerStrategy(variable_partitioner=dl.FixedShardsPartitioner(2), mode="sync")
     model = new_model()  # built outside scope(): the chief's values initialize the variables
     model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -70,14 +65,9 @@ def test_servers_by_hand_and_sync_training_equal_one_device():
 
 def unprepared_task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
     """A chief and a worker that end without ever calling prepare (nothing to train)."""
-    enter_task(kind, index, cluster)
-    from launcher import distribute as dl
-    from launcher.cluster import rpc
-
-    if kind == "ps":
-        dl.Server(cluster, "ps", index).join()
-        rpc.shutdown()
+    if enter_or_serve(kind, index, cluster):
         return
+    from launcher import distribute as dl
     strategy = dl.ParameterServerStrategy()
     results.put((f"{kind}:{index}", strategy.num_replicas_in_sync))
     end_training_task(strategy, kind)

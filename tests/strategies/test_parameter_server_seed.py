@@ -8,19 +8,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_task, run_cluster
+from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_or_serve, run_cluster
 
 
 def task(kind: str, index: int, cluster: dict, mode: str, results: mp.Queue) -> None:
-    enter_task(kind, index, cluster)
+    if enter_or_serve(kind, index, cluster):
+        return
     from launcher import distribute as dl
-    from launcher.cluster import rpc
     from launcher.distribute import server as ps_server
 
-    if kind == "ps":
-        dl.Server(cluster, "ps", index).join()
-        rpc.shutdown()
-        return
     strategy = dl.ParameterServerStrategy(mode=mode)
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
