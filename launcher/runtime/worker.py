@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -113,14 +114,41 @@ def _train(spec: RunSpec, plan: Plan, env: env_lib.WorkerEnv | None, run_dir: Pa
 
 def _run_flushed(job_path: Path) -> int:
     code = run(job_path)
-    if code == 0:  # as Python waits at exit (and multiprocessing's children): a script's writer thread, an executor's
-        shutdown = getattr(threading, "_shutdown", None)  # pending save; never the interpreter's finalisation (gloo)
+    if code == 0:  # as Python waits at exit: a script's writer thread, an executor's pending save; never the
+        shutdown = getattr(threading, "_shutdown", None)  # interpreter's finalisation (gloo)
         with cut_short():  # a Ctrl-C here cuts the wait short, as it would under python
             if shutdown is not None:
                 shutdown()
+    with cut_short():
+        end_children(wait=code == 0)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def end_children(wait: bool) -> None:
+    """What Python's exit does for ``multiprocessing``'s children, which ``os._exit`` skips.
+
+    A loader's workers (daemonic) are stopped; left, they outlived their rank (and dlaunch) as orphans until their
+    watchdog noticed, up to 5 s later. After a run that succeeded, a script's own processes are waited for, as
+    under ``python``; after a failure they are left to the agent's stop. Not by collecting a loader's iterator:
+    one held in a reference cycle (a script's globals) was freed after its queues' feeder threads had ended, and
+    its workers never heard the stop (5 s each).
+    """
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    if any(child.daemon for child in children):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a loader's check of its workers' ends: these are ours
+    for child in children:
+        if child.daemon:
+            child.terminate()  # a loader's worker exits 0 on its parent's SIGTERM
+    for child in children:
+        if child.daemon or wait:
+            child.join(None if wait and not child.daemon else 5.0)
+        if child.daemon and child.is_alive():
+            child.kill()
+            child.join()
 
 
 def main() -> None:

@@ -1,12 +1,16 @@
-"""A worker process's end (launcher/runtime/worker.py): a stopped script's ranks leave at once, wherever they were."""
+"""A worker process's end (launcher/runtime/worker.py): a stopped script's ranks leave at once, wherever they were,
+and a rank's own processes end with it, as under ``python``."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import dlaunch
 from tests.launch.test_restarts import STARTUP_S, finish, run_processes, start, wait_for
 
 DDP_SCRIPT = """import os, pathlib, sys, torch, torch.distributed as dist
@@ -51,3 +55,45 @@ def test_a_ddp_script_signalled_through_dlaunch_alone_stops_at_once_every_time(t
         assert proc.returncode == 130, out[-3000:]
         assert "did not exit within" not in out and "SIGKILL" not in out, (attempt, took, out[-3000:])
         wait_for(lambda: not run_processes(run_dir), 30, "no process of the run left")
+
+
+HELD_LOADER_SCRIPT = """import multiprocessing, os, pathlib, sys, time, torch
+out = pathlib.Path(sys.argv[1])
+
+def note_pid(worker_id):
+    (out / f"loader-{os.getpid()}").touch()
+
+def last_words():
+    time.sleep(1)
+    (out / f"child-{os.getpid()}").touch()
+
+if __name__ == "__main__":
+    loader = torch.utils.data.DataLoader(torch.arange(64.0), batch_size=4, num_workers=2, worker_init_fn=note_pid)
+    batches = iter(loader)  # held to the end, as a script's global loop state is
+    next(batches)
+    multiprocessing.Process(target=last_words).start()  # not daemonic: python waits for it at exit
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not yet reaped
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", ["true", "false"])
+def test_a_ranks_loader_workers_end_with_it_and_its_own_processes_are_waited_for(warm, tmp_path):
+    """A rank leaves with os._exit, which skips what Python's exit does for multiprocessing's children. A loader's
+    workers then outlived dlaunch as orphans until their watchdog noticed, up to 5 s later (the forked workers'
+    test in test_warm found them under CI's load)."""
+    script = tmp_path / "held.py"
+    script.write_text(HELD_LOADER_SCRIPT)
+    done = dlaunch(f"script={script}", "strategy=mirrored", "cluster=1x2", f"launch.warm_workers={warm}",
+                   f"hydra.run.dir={tmp_path / 'run'}", "--", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaders = [int(p.name.split("-")[1]) for p in tmp_path.glob("loader-*")]
+    assert len(loaders) == 4, sorted(os.listdir(tmp_path))  # 2 ranks x 2 loader workers
+    assert [pid for pid in loaders if not _gone(pid)] == []
+    assert len(list(tmp_path.glob("child-*"))) == 2  # each rank's own process finished before dlaunch ended
