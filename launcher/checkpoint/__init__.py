@@ -314,12 +314,20 @@ def agree(path: Path | None, step: int) -> None:
 
 def write_shards(partial: Path, step: int, tensors: dict[str, Any], rank: int) -> dict[str, Any] | None:
     """Collective: every rank's part of ``tensors`` into ``partial`` (DCP), then read back by the rank that wrote
-    it; the files' records on rank 0 (None elsewhere, and in one process: rank 0's commit reads them all)."""
+    it; the files' records on rank 0 (None elsewhere, and in one process: rank 0's commit reads them all).
+
+    A value every rank holds (not a DTensor's shard) is written from the lowest rank that holds it: rank 0's. A
+    buffer such as batch norm's running statistics is each rank's own (updated from its share of the batch; DDP
+    hands rank 0's to every rank at each forward, FSDP never), and rank 0's evaluation used rank 0's. DCP's default
+    spread such values over the ranks for balance, so a checkpoint could hold rank 1's statistics: not the model
+    that was evaluated, and a resume from it was not the run that went on."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
-        dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed())
+        dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed(),
+                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
     return _read_back(partial, rank)
 
 

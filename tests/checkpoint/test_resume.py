@@ -32,6 +32,10 @@ STRATEGIES = {
     "item-noise": (f"recipe.entry={PROBE}", "+recipe.item_noise=0.3"),
     # DTensor parameters split over 2 logical devices, 2 replicas
     "mesh-tp_mlp": ("recipe=tp_mlp", "strategy=mesh", "cluster=1x4"),
+    # batch-norm statistics: each rank updates its own from its share (DDP hands rank 0's to every rank at each
+    # forward, FSDP never); the checkpoint holds rank 0's, the ones its evaluation used
+    "mirrored-batch-norm": ("strategy=mirrored", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.batch_norm=true"),
+    "fsdp-batch-norm": ("strategy=fsdp", "cluster=1x2", f"recipe.entry={PROBE}", "+recipe.batch_norm=true"),
 }
 
 
@@ -96,6 +100,10 @@ def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, tmp_p
     assert curve_a == curve_b
     s = summary(resumed)
     assert s["resumed_from_step"] == 17 and s["first_loss"] == curve_a[1] and s["final_loss"] == curve_a[30]
+    if strategy.endswith("batch-norm"):  # what was saved is what rank 0 evaluated, in both runs
+        for run_dir, saved in ((straight, model_a), (resumed, model_b)):
+            evaluated = torch.load(run_dir / "buffers.pt", weights_only=True)
+            assert_bitwise_equal({k: v for k, v in saved.items() if k in evaluated}, evaluated)
 
 
 @pytest.mark.parametrize("shape", ["1x1", "2x2"])
