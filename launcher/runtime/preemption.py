@@ -11,6 +11,7 @@ checkpoints are on) and leaves with ``128 + signal``.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from typing import Any, Callable
@@ -63,8 +64,10 @@ class StopRequests:
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._previous: dict[int, Any] = {}
+        self._pid = os.getpid()
 
     def __enter__(self) -> "StopRequests":
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
         return self
@@ -80,6 +83,8 @@ class StopRequests:
         self._pending = None
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a process forked inside (a loader's worker): its rank stops it, once stopped
+            return
         if self.signum and self._force:
             raise KeyboardInterrupt
         first, self.signum = not self.signum, self.signum or signum

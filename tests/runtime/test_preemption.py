@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
 from launcher.runtime.preemption import StopRequests
@@ -57,3 +58,34 @@ def test_settle_waits_for_the_agreement_in_flight_and_the_next_step_still_reads_
         stop.settle()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_process_forked_inside_ignores_the_stop_its_rank_handles():
+    """A loader's workers are forked from the rank with its handler, and a Ctrl-C reaches the whole process group:
+    each worker logged "SIGINT received ... then save" again (three lines per rank with input.num_workers=2) and
+    noted a stop it never acts on. The rank stops them; they ignore it."""
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logger, handler = logging.getLogger("dlaunch"), Said()
+    logger.addHandler(handler)
+    try:
+        with StopRequests(distributed=False) as stop:
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.write(write, f"{stop.signum} {len(said)}".encode())
+                os._exit(0)
+            os.close(write)
+            child = os.read(read, 64).decode()
+            os.waitpid(pid, 0)
+            assert child == "0 0" and stop.signum == 0 and said == []
+            os.kill(os.getpid(), signal.SIGINT)  # the rank itself still notes and says it
+            assert stop.signum == signal.SIGINT
+    finally:
+        logger.removeHandler(handler)
+    assert said == ["SIGINT received: the ranks stop together within a step, then save"]
