@@ -15,6 +15,9 @@ from launcher.runtime.stop_signals import closing, cut_short
 
 def entry() -> None:
     from launcher.cli import interrupts
+    from launcher.runtime.streams import reader_may_leave
+
+    reader_may_leave()  # before any console holds sys.stdout: `dlaunch ... | head` ends with the run's own code
 
     interrupts.note_early()  # a Ctrl-C while torch imports would be lost inside it: noted, acted on at a safe point
     from launcher.cli import usage

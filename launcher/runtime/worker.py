@@ -30,6 +30,7 @@ from launcher.runtime.loop import train
 from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log, log_to_file, setup_logging
 from launcher.runtime.stop_signals import cut_short
+from launcher.runtime.streams import reader_may_leave
 
 
 # A failure's or a stop's exception, kept until the process leaves with os._exit. Freeing it frees its traceback's
@@ -61,6 +62,7 @@ def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
 def run(job_path: Path) -> int:
     """Run this process's part of the job; the exit code the agent sees (a failure's cause is in the error file)."""
     die_with_launcher()
+    reader_may_leave()  # rank 0 writes to dlaunch's stdout and stderr: `dlaunch ... | head` must not end it
     job = json.loads(job_path.read_text())
     run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
     env = env_lib.WorkerEnv.from_environ() if task is None else None
