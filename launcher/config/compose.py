@@ -230,8 +230,10 @@ def _check_choice(group: str, value: str) -> Problem | None:
     if group == "recipe":
         options = sorted({*options, *user_recipes.config_dir_recipes(CONFIG_DIRS)})
         where = f"DIR/recipe/{value}.yaml in --config-dir " + " or ".join(CONFIG_DIRS) if CONFIG_DIRS else "--config-dir DIR with DIR/recipe/NAME.yaml"
+        inside = [d for d in CONFIG_DIRS if (Path(d) / f"{value}.yaml").is_file()]  # the recipe folder itself given
+        hint = f"; {value}.yaml is in {inside[0]} itself: give its parent, --config-dir {Path(inside[0]).parent}" if inside else ""
         return Problem(key=group, value=value, allowed=tuple(options), suggestion=did_you_mean(value, options),
-                       message=f"unknown recipe: not a shipped recipe, nor {where}, nor a path (recipe=path/to/mine.py or .yaml)")
+                       message=f"unknown recipe: not a shipped recipe, nor {where}, nor a path (recipe=path/to/mine.py or .yaml){hint}")
     return Problem(key=group, value=value, message=f"unknown {group}", allowed=tuple(options), suggestion=did_you_mean(value, options))
 
 

@@ -194,10 +194,9 @@ class ReplicaStep:
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
             loss = loss.float() if loss.dtype != torch.float32 else loss
             return loss, self._metric_values(metrics, loss.device) if metrics is not None and measure else None
-        keys = ", ".join(repr(k) for k in metrics) if metrics else ""
-        got = described(result, forgot="return loss") + (f" (a dict of {keys}, without a scalar tensor \"loss\")" if metrics else "")
         raise StepError(
-            f"the recipe's {self.name}() ({where(self.user_step)}) returned {got}; it must return the loss as a scalar tensor, e.g. "
+            f"the recipe's {self.name}() ({where(self.user_step)}) returned {_wrong_loss(result, metrics, loss)}; it must "
+            "return the loss as a scalar tensor, e.g. "
             "`return torch.nn.functional.mse_loss(model(x), y)` (reduce a per-example loss with .mean()), or a dict of "
             "it and metrics of its own to log, `{\"loss\": loss, \"accuracy\": acc}`"
         )
@@ -229,6 +228,19 @@ class ReplicaStep:
             "cannot backpropagate it: was it detached (.detach(), .item(), a new tensor from its value), or computed "
             "under torch.no_grad(), or has the model no parameter that trains? Return the loss the model's output made (a step that does its own backward takes "
             "the optimizer as a third argument: manual mode)")
+
+
+def _wrong_loss(result: Any, metrics: dict | None, loss: Any) -> str:
+    """What a step returned in place of a scalar loss tensor: ``a dict whose "loss" is a float (.item() ...)``."""
+    if metrics is None:
+        got = described(result, forgot="return loss")
+    elif "loss" in metrics:
+        got = f"a dict whose \"loss\" is {described(loss, returned=False)}"
+    else:
+        got = f"a dict of {', '.join(repr(k) for k in metrics)}, without \"loss\""
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        got += " (.item() or float() makes a number, which dlaunch cannot backpropagate: return the tensor)"
+    return got
 
 
 def _replica_and_averaged_over() -> tuple[int, int]:

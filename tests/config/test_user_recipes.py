@@ -114,6 +114,17 @@ def test_bad_recipe_files_name_the_file(tmp_path, config_dirs, monkeypatch):
     assert "unknown recipe" in text and "--config-dir" in text
 
 
+def test_a_config_dir_that_is_the_recipe_folder_itself_is_told_to_give_its_parent(tmp_path, config_dirs):
+    """``--config-dir proj/recipe`` for ``proj/recipe/mine.yaml``: an easy slip that the message named nothing of."""
+    (tmp_path / "proj" / "recipe").mkdir(parents=True)
+    (tmp_path / "proj" / "recipe" / "mine.yaml").write_text("recipe:\n  entry: launcher.recipes.linear\n")
+    config_dirs[:] = [str(tmp_path / "proj" / "recipe")]
+    text = problems_of(["recipe=mine"])
+    assert f"mine.yaml is in {tmp_path / 'proj' / 'recipe'} itself: give its parent, --config-dir {tmp_path / 'proj'}" in text
+    config_dirs[:] = [str(tmp_path / "proj")]
+    assert spec_of(["recipe=mine"]).recipe.name == "mine"
+
+
 def test_an_unknown_key_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, capsys, monkeypatch):
     """A typo in the YAML is not on the command line: the screen says which file to edit; a typed one is not blamed
     on the file."""

@@ -138,7 +138,14 @@ def test_a_step_under_cuda_graphs_marks_where_the_last_steps_outputs_die(mode, m
         MarkStepBox.mark_step_counter = before  # torch's own count, as the other tests found it
 
 
-@pytest.mark.parametrize("returned, said", [(None, "None (did it forget `return loss`?)"), (torch.ones(3), "a tensor of shape (3,)"), (1.5, "a float")])
+@pytest.mark.parametrize("returned, said", [
+    (None, "None (did it forget `return loss`?)"),
+    (torch.ones(3), "a tensor of shape (3,);"),
+    (1.5, "a float (.item() or float() makes a number, which dlaunch cannot backpropagate: return the tensor);"),
+    # a "loss" that is there but not a scalar tensor: what it is, not as if it were missing
+    ({"loss": 1.5, "acc": 0.5}, 'a dict whose "loss" is a float (.item() or float() makes a number'),
+    ({"loss": torch.ones(32)}, 'a dict whose "loss" is a tensor of shape (32,);'),
+])
 def test_a_step_that_returns_no_scalar_loss_names_the_function(returned, said):
     with pytest.raises(StepError, match=r"train_step\(\) \(.*test_step.py:\d+\) returned " + re.escape(said)):
         run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: returned)
@@ -311,7 +318,7 @@ def test_metrics_a_step_cannot_log_are_named(returned, says):
 
 
 def test_a_dict_without_the_loss_and_metrics_that_change_are_named():
-    with pytest.raises(StepError, match="a dict of 'los', 'acc', without a scalar tensor \"loss\""):  # its keys named
+    with pytest.raises(StepError, match="a dict of 'los', 'acc', without \"loss\""):  # its keys named
         run_steps(TrainerSpec(), steps=1, user_step=lambda model, batch: {"los": mse_step(model, batch), "acc": 1.0})
     calls = []
 
