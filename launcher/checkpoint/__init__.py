@@ -33,7 +33,7 @@ from launcher.checkpoint import integrity, layout, manifest, state
 from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.objects import read as read_object
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
-from launcher.checkpoint.writer import storage_writer
+from launcher.checkpoint.writer import planner, storage_writer
 from launcher.cluster.process_group import comm_device
 from launcher.config.schema import RunSpec
 from launcher.input.position import Position
@@ -262,7 +262,7 @@ class Checkpointer:
             **({"loop": loop} if loop else {}),
             **saved_objects.packed(self.objects, self.rank, share=True),
         }
-        return write_shards(partial, step, tensors, self.rank)
+        return write_shards(partial, step, tensors, self.rank, state.buffer_keys(model))
 
     def load(self, path: Path, model: Any, optimizer: Any, loop: dict[str, torch.Tensor] | None = None) -> tuple[int, Position]:
         """Restore model, optimizer and this rank's RNG from ``path``; return (step, data position).
@@ -312,22 +312,16 @@ def agree(path: Path | None, step: int) -> None:
         )
 
 
-def write_shards(partial: Path, step: int, tensors: dict[str, Any], rank: int) -> dict[str, Any] | None:
+def write_shards(partial: Path, step: int, tensors: dict[str, Any], rank: int,
+                 pinned: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     """Collective: every rank's part of ``tensors`` into ``partial`` (DCP), then read back by the rank that wrote
     it; the files' records on rank 0 (None elsewhere, and in one process: rank 0's commit reads them all).
-
-    A value every rank holds (not a DTensor's shard) is written from the lowest rank that holds it: rank 0's. A
-    buffer such as batch norm's running statistics is each rank's own (updated from its share of the batch; DDP
-    hands rank 0's to every rank at each forward, FSDP never), and rank 0's evaluation used rank 0's. DCP's default
-    spread such values over the ranks for balance, so a checkpoint could hold rank 1's statistics: not the model
-    that was evaluated, and a resume from it was not the run that went on."""
+    ``pinned``: keys written from rank 0's copy (a model's buffers, ``writer.planner``)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": it is one
-        dcp.save(tensors, storage_writer=storage_writer(partial, step), no_dist=not _distributed(),
-                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+        dcp.save(tensors, storage_writer=storage_writer(partial, step), planner=planner(pinned), no_dist=not _distributed())
     return _read_back(partial, rank)
 
 

@@ -68,7 +68,7 @@ class ScriptCheckpoints:
         tensors = {**_model_state(model, optimizer), "progress": state.progress(step, 0, 0),
                    "rng": {f"rank{self.rank}": state.rng_state()}, **({"extra": extra} if extra else {}),
                    **own}
-        read_back = write_shards(partial, step, tensors, self.rank)
+        read_back = write_shards(partial, step, tensors, self.rank, state.buffer_keys(model))
         if self.rank == 0:
             world = dist.get_world_size() if _distributed() else 1
             manifest = {"format": 1, "kind": KIND, "step": step, "world_size": world, "files": read_back or {},

@@ -36,6 +36,11 @@ def model_and_optimizer(model: torch.nn.Module, optimizer: Any) -> dict[str, Any
     return {"model": module_state, "optim": optim_state}
 
 
+def buffer_keys(model: torch.nn.Module, prefix: str = "model") -> frozenset[str]:
+    """The saved keys of ``model``'s buffers (``model.bn.running_mean``): what each rank may hold its own value of."""
+    return frozenset(f"{prefix}.{name}" for name, _ in unwrap(model).named_buffers())
+
+
 def drop_unsaved_settings(optim_state: dict[str, Any], saved: set[str]) -> None:
     """Leave out of the template what the checkpoint has no value for: a setting this run's optimizer has and the
     saved one had not (``initial_lr``, which a schedule adds, resumed from a run without one). The loop sets this

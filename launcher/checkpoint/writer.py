@@ -1,4 +1,5 @@
-"""The storage writer a save goes through: DCP's ``FileSystemWriter``, or in a test one whose disk fills up.
+"""The storage writer a save goes through: DCP's ``FileSystemWriter``, or in a test one whose disk fills up; and
+the plan it writes by (``RankZeroCopies``).
 
 ``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` (read by ``launcher.cluster.env``) makes the
 save of step N fail as a full disk makes it fail: each data file receives half
@@ -10,6 +11,7 @@ left behind, and ``trainer.checkpoint.on_error`` decides whether the run ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import io
 import os
@@ -60,3 +62,29 @@ class _FillingStream(io.RawIOBase):
 
     def fileno(self) -> int:
         return self._raw.fileno()
+
+
+def planner(pinned: frozenset[str] = frozenset()) -> Any:
+    """DCP's default save plan, except that each key in ``pinned`` that every rank holds whole is written from
+    rank 0's copy.
+
+    DCP writes a value that several ranks hold from one of them, spread over the ranks for balance. Buffers such
+    as batch norm's running statistics are each rank's own (updated from its share of the batch; DDP hands rank
+    0's to every rank at each forward, FSDP never), and rank 0's evaluation used rank 0's: a checkpoint that held
+    rank 1's was not the model evaluated, nor the one a resumed run went on from. Parameters and optimizer state,
+    the same on every rank, stay spread.
+    """
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    class RankZeroCopies(DefaultSavePlanner):
+        def create_global_plan(self, all_plans: list[Any]) -> Any:
+            if pinned and len(all_plans) > 1:
+                first = {item.index.fqn for item in all_plans[0].items if item.type == WriteItemType.TENSOR}
+                kept = first & pinned
+                all_plans = [all_plans[0], *(dataclasses.replace(plan, items=[
+                    item for item in plan.items if not (item.type == WriteItemType.TENSOR and item.index.fqn in kept)])
+                    for plan in all_plans[1:])]
+            return super().create_global_plan(all_plans)
+
+    return RankZeroCopies()

@@ -49,6 +49,7 @@ from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, worker_
 from launcher.launch import elastic, failures
 from launcher.launch.agents import as_started_now, working_directory
 from launcher.launch.parent_death import die_with_parent
+from launcher.runtime.streams import reader_may_leave
 from launcher.launch import warm as warm_command
 
 MODULE = "launcher.launch.function"
@@ -167,6 +168,7 @@ def _forked_worker(job_path: str) -> int:
 
 def _worker(job_path: Path) -> int:
     die_with_parent()  # the caller (its agent), or the server forked from it, which dies with it: no orphans
+    reader_may_leave()
     job = pickle.loads(job_path.read_bytes())
     # The launching process's path, in its order (as multiprocessing's spawn does), then this process's own:
     # a directory the launcher appended must not come first here and shadow an installed package.

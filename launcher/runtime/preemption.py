@@ -84,6 +84,9 @@ class StopRequests:
 
     def _handler(self, signum: int, frame: Any) -> None:
         if os.getpid() != self._pid:  # a process forked inside (a loader's worker): its rank stops it, once stopped
+            if signum == signal.SIGTERM:  # the way a rank (or Process.terminate) stops it: as if never handled here
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
             return
         if self.signum and self._force:
             raise KeyboardInterrupt

@@ -232,8 +232,8 @@ class ReplicaStep:
 
 def _wrong_loss(result: Any, metrics: dict | None, loss: Any) -> str:
     """What a step returned in place of a scalar loss tensor: ``a dict whose "loss" is a float (.item() ...)``."""
-    if metrics is None:
-        got = described(result, forgot="return loss")
+    if not metrics:
+        got = described(result, forgot="return loss") + (" with nothing in it" if metrics is not None else "")
     elif "loss" in metrics:
         got = f"a dict whose \"loss\" is {described(loss, returned=False)}"
     else:

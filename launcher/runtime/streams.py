@@ -3,8 +3,8 @@
 Python ignores SIGPIPE, so the next write raises ``BrokenPipeError``. In dlaunch's own process that ended the
 command with exit 1 and no word, whatever the run did (a completed run's summary said ``completed``); in a rank,
 a ``print`` would end the rank. ``reader_may_leave()`` wraps both streams: once the reader has gone, what
-follows is written to ``/dev/null`` and the run goes on to its own exit code. Its output is also in the run's
-``dlaunch.log`` and ``summary.json``.
+follows is written to ``/dev/null`` and the run goes on to its own exit code. Its log lines are also in the
+run's ``dlaunch.log``, its result in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ class ReaderMayLeave:
             self._to_null()
             return len(text)
 
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         try:
             self._stream.flush()
@@ -47,8 +51,7 @@ class ReaderMayLeave:
 
 
 def reader_may_leave() -> None:
-    """Wrap ``sys.stdout`` and ``sys.stderr`` (once; a stream without a descriptor, as under pytest's capture,
-    is left as it is)."""
+    """Wrap ``sys.stdout`` and ``sys.stderr`` (once; a stream without a descriptor is left as it is)."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None or isinstance(stream, ReaderMayLeave):

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -40,8 +41,10 @@ _UNFREED: list[BaseException] = []
 
 
 def die_with_launcher() -> None:
-    """If dlaunch itself is killed (SIGKILL, OOM), its workers must not train on as orphans."""
+    """If dlaunch itself is killed (SIGKILL, OOM), its workers (and agents) must not train on as orphans; and
+    ``dlaunch ... | head`` must not end them (``streams``)."""
     die_with_parent()
+    reader_may_leave()
 
 
 def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
@@ -62,7 +65,6 @@ def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
 def run(job_path: Path) -> int:
     """Run this process's part of the job; the exit code the agent sees (a failure's cause is in the error file)."""
     die_with_launcher()
-    reader_may_leave()  # rank 0 writes to dlaunch's stdout and stderr: `dlaunch ... | head` must not end it
     job = json.loads(job_path.read_text())
     run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
     env = env_lib.WorkerEnv.from_environ() if task is None else None
@@ -131,26 +133,37 @@ def _run_flushed(job_path: Path) -> int:
 def end_children(wait: bool) -> None:
     """What Python's exit does for ``multiprocessing``'s children, which ``os._exit`` skips.
 
-    A loader's workers (daemonic) are stopped; left, they outlived their rank (and dlaunch) as orphans until their
-    watchdog noticed, up to 5 s later. After a run that succeeded, a script's own processes are waited for, as
-    under ``python``; after a failure they are left to the agent's stop. Not by collecting a loader's iterator:
-    one held in a reference cycle (a script's globals) was freed after its queues' feeder threads had ended, and
-    its workers never heard the stop (5 s each).
+    Its finalizers first (a ``Manager``'s server, a ``Pool``'s workers end there). Then a loader's workers
+    (daemonic) are stopped; left, they outlived their rank (and dlaunch) as orphans until their watchdog noticed,
+    up to 5 s later. After a run that succeeded, a script's own processes are waited for, as under ``python``;
+    after a failure they are stopped too (the agent of a forked worker signals the worker alone). Not by
+    collecting a loader's iterator: one held in a reference cycle (a script's globals) was freed after its
+    queues' feeder threads had ended, and its workers never heard the stop (5 s each).
     """
     import multiprocessing
+    import multiprocessing.util
 
-    children = multiprocessing.active_children()
-    if any(child.daemon for child in children):
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a loader's check of its workers' ends: these are ours
-    for child in children:
-        if child.daemon:
+    try:
+        finalize = getattr(multiprocessing.util, "_run_finalizers", None)  # CPython's own first exit step
+        if finalize is not None:
+            finalize(0)
+        children = multiprocessing.active_children()
+        stopped = [child for child in children if child.daemon or not wait]
+        if stopped:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a loader's check of its workers' ends: these are ours
+        for child in stopped:
             child.terminate()  # a loader's worker exits 0 on its parent's SIGTERM
-    for child in children:
-        if child.daemon or wait:
-            child.join(None if wait and not child.daemon else 5.0)
-        if child.daemon and child.is_alive():
-            child.kill()
-            child.join()
+        deadline = time.monotonic() + 5.0
+        for child in stopped:
+            child.join(max(0.0, deadline - time.monotonic()))
+            if child.is_alive():
+                child.kill()
+                child.join(1.0)
+        for child in children:
+            if child not in stopped:
+                child.join()
+    except Exception as exc:  # noqa: BLE001 - the run's exit code stands; its children are tidying, not its result
+        log.warning("could not end this rank's own processes: %s", exc)
 
 
 def main() -> None:

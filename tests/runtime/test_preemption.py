@@ -84,6 +84,11 @@ def test_a_process_forked_inside_ignores_the_stop_its_rank_handles():
             child = os.read(read, 64).decode()
             os.waitpid(pid, 0)
             assert child == "0 0" and stop.signum == 0 and said == []
+            pid = os.fork()
+            if pid == 0:  # SIGTERM still ends such a process, as a rank's Process.terminate() means it to
+                os.kill(os.getpid(), signal.SIGTERM)
+                os._exit(0)
+            assert os.waitpid(pid, 0)[1] == signal.SIGTERM  # killed by it, not exited
             os.kill(os.getpid(), signal.SIGINT)  # the rank itself still notes and says it
             assert stop.signum == signal.SIGINT
     finally:

@@ -145,6 +145,7 @@ def test_a_step_under_cuda_graphs_marks_where_the_last_steps_outputs_die(mode, m
     # a "loss" that is there but not a scalar tensor: what it is, not as if it were missing
     ({"loss": 1.5, "acc": 0.5}, 'a dict whose "loss" is a float (.item() or float() makes a number'),
     ({"loss": torch.ones(32)}, 'a dict whose "loss" is a tensor of shape (32,);'),
+    ({}, "a dict with nothing in it;"),
 ])
 def test_a_step_that_returns_no_scalar_loss_names_the_function(returned, said):
     with pytest.raises(StepError, match=r"train_step\(\) \(.*test_step.py:\d+\) returned " + re.escape(said)):

@@ -70,8 +70,9 @@ def last_words():
 if __name__ == "__main__":
     loader = torch.utils.data.DataLoader(torch.arange(64.0), batch_size=4, num_workers=2, worker_init_fn=note_pid)
     batches = iter(loader)  # held to the end, as a script's global loop state is
-    next(batches)
+    next(batches), next(batches)  # one from each worker: both have started
     multiprocessing.Process(target=last_words).start()  # not daemonic: python waits for it at exit
+    shared = multiprocessing.Manager().dict()  # never shut down: python's exit ends its server first
 """
 
 
