@@ -246,8 +246,9 @@ def _network_rows(spec: RunSpec) -> list[tuple[str, str]]:
 def _input_summary(spec: RunSpec) -> str:
     inp = spec.input
     if not inp.files:  # a dataset or an iterable: known only once the workers run build()
-        order = f"shuffled (seed {spec.input_seed})" if inp.shuffle else "in order"
-        return f"the recipe's data: a dataset {order}, an iterable's own batches; each global batch split across replicas"
+        order = f"shuffled (seed {spec.input_seed}) into" if inp.shuffle else "read in order as"
+        return (f"the recipe's data (its kind is known once built): a map-style dataset is {order} global batches "
+                f"of {inp.global_batch_size}, an iterable gives its own; each global batch split across the replicas")
     order = f"shuffled (seed {spec.input_seed})" if inp.shuffle else "in file order"
     resolved = resolve_policy(inp.policy, len(inp.files), spec.num_processes).value
     policy = resolved if inp.auto_shard_policy == resolved else f"{inp.auto_shard_policy} -> {resolved}"

@@ -117,3 +117,13 @@ def test_one_device_on_a_named_gpu_says_that_gpu():
     assert (rows["strategy"], rows["devices"]) == ("one_device on cuda:1", "cuda:1")
     spec = compose_and_validate(["cluster.device=cuda", "strategy=one_device"], 2)
     assert dict(plan.plan_rows(spec, Plan.resolve(spec, 2), Path("run")))["devices"] == "cuda:0"
+
+
+def test_the_input_row_of_a_recipes_own_data_says_what_each_kind_of_data_becomes():
+    """The plan is made before build(): it cannot know the data's kind, so it says what each kind becomes (a new
+    user read `a dataset shuffled (seed 0), an iterable's own batches` as a description of their data)."""
+    row = plan._input_summary(compose_and_validate(["cluster.device=cpu", "input.global_batch_size=32"], 0))
+    assert row == ("the recipe's data (its kind is known once built): a map-style dataset is shuffled (seed 0) into "
+                   "global batches of 32, an iterable gives its own; each global batch split across the replicas")
+    unshuffled = plan._input_summary(compose_and_validate(["cluster.device=cpu", "input.shuffle=false"], 0))
+    assert "a map-style dataset is read in order as global batches of 64" in unshuffled
