@@ -55,13 +55,24 @@ MODES = {
 }
 
 
+def dlaunch_command(extra: tuple[str, ...], steps: int, run_dir: Path, shape: dict[str, int] = SHAPE, batch: int = BATCH,
+                    device: str = "cuda") -> list[str]:
+    """The dlaunch command of one run: charlm in ``shape`` on one device, with ``extra`` overrides."""
+    return [sys.executable, "-m", "launcher.cli.entry", "recipe=charlm", "strategy=one_device", f"cluster.device={device}",
+            *(f"recipe.{k}={v}" for k, v in shape.items()), f"input.global_batch_size={batch}", f"trainer.steps={steps}",
+            "trainer.log_every=50", "recipe.sample_chars=0", "recipe.eval_windows=64", *extra, f"hydra.run.dir={run_dir}"]
+
+
+def hand_command(extra: tuple[str, ...], steps: int, out: Path, shape: dict[str, int] = SHAPE, batch: int = BATCH,
+                 device: str = "cuda") -> list[str]:
+    """The hand loop's command (gpu_loop.py) of the same run."""
+    return [sys.executable, str(c.HERE / "gpu_loop.py"), *extra, *(f"--{k.replace('_', '-')}={v}" for k, v in shape.items()),
+            f"--batch={batch}", f"--steps={steps}", f"--out={out}", f"--device={device}"]
+
+
 def dlaunch(extra: tuple[str, ...], steps: int, work: Path, keep_dir: bool = False) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=work))
-    args = ["recipe=charlm", "strategy=one_device", "cluster.device=cuda", *(f"recipe.{k}={v}" for k, v in SHAPE.items()),
-            f"input.global_batch_size={BATCH}", f"trainer.steps={steps}", "trainer.log_every=50", "recipe.sample_chars=0",
-            "recipe.eval_windows=64", *extra, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli.entry", *args], capture_output=True, text=True,
-                          env=c.clean_env(), cwd=work)
+    proc = subprocess.run(dlaunch_command(extra, steps, run_dir), capture_output=True, text=True, env=c.clean_env(), cwd=work)
     if proc.returncode:
         raise SystemExit(f"dlaunch {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -71,9 +82,7 @@ def dlaunch(extra: tuple[str, ...], steps: int, work: Path, keep_dir: bool = Fal
 
 def hand(extra: tuple[str, ...], steps: int, work: Path) -> dict[str, Any]:
     out = Path(tempfile.mkstemp(dir=work, suffix=".json")[1])
-    shape = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
-    proc = subprocess.run([sys.executable, str(c.HERE / "gpu_loop.py"), *extra, *shape, f"--batch={BATCH}",
-                           f"--steps={steps}", f"--out={out}"], capture_output=True, text=True, env=c.clean_env(), cwd=c.ROOT)
+    proc = subprocess.run(hand_command(extra, steps, out), capture_output=True, text=True, env=c.clean_env(), cwd=c.ROOT)
     if proc.returncode:
         raise SystemExit(f"gpu_loop.py {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())

@@ -83,6 +83,7 @@ def main() -> None:
                 optimizer.zero_grad(set_to_none=True)
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 losses[step] = loss.item()
+                print(f"step {step}/{args.steps}  loss {losses[step]:.6g}", file=sys.stderr, flush=True)  # as dlaunch logs it
             prof.step()
             step_seconds.append(time.perf_counter() - tick)
     Path(args.out).write_text(json.dumps({

@@ -1,4 +1,5 @@
-"""benchmarks/gpu.py's arithmetic, without a GPU: ratios per round then their median, tokens/s, MFU, a subset of modes."""
+"""benchmarks/gpu.py's arithmetic, without a GPU: ratios per round then their median, tokens/s, MFU, a subset of modes;
+gpu_why.py's look at both loops, on the CPU."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_gpu_benchmark():
+def load_gpu_benchmark(name: str = "gpu"):
     sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu.py imports its neighbour common.py
     try:
-        spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
+        spec = importlib.util.spec_from_file_location(f"{name}_benchmark", ROOT / "benchmarks" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
@@ -85,3 +86,41 @@ def test_a_run_cut_off_after_its_first_round_leaves_that_rounds_results(tmp_path
     text = md.read_text()
     assert "1 (so far) round(s) x 150 steps" in text
     assert "| bf16+compile | dlaunch | 10.00" in text and "0.950x" in text
+
+
+def test_why_reads_the_main_threads_functions_from_py_spys_raw_stacks(tmp_path):
+    why = load_gpu_benchmark("gpu_why")
+    raw = tmp_path / "raw.txt"
+    raw.write_text("thread (7): MainThread;<module> (loop.py:9);step (loop.py:4);mm (torch/x.py:10) 6\n"
+                   "thread (7): MainThread;<module> (loop.py:9);step (loop.py:5);mm (torch/x.py:12) 2\n"
+                   "thread (7): MainThread;<module> (loop.py:9);data (loop.py:2) 2\n"
+                   "thread (8): pin_memory;loop (torch/pin.py:3) 50\n")  # another thread's samples are not the main's
+    shares = {f: (own, on) for f, own, on in why.leaf_shares(raw)}
+    assert shares["mm (torch/x.py)"] == (0.8, 0.8)  # two lines of one function count as the function
+    assert shares["data (loop.py)"] == (0.2, 0.2)
+    assert shares["step (loop.py)"] == (0.0, 0.8) and shares["<module> (loop.py)"] == (0.0, 1.0)
+    assert list(shares)[0] == "mm (torch/x.py)"  # most time first
+
+
+def test_why_looks_at_both_loops_in_their_steady_steps_and_stops_them(tmp_path):
+    """gpu_why.py's ``look`` on the CPU (tiny charlm): each run is caught after its step 50, its threads' CPU and
+    set-up are read from /proc, and the run, compile workers and all, is gone afterwards."""
+    why = load_gpu_benchmark("gpu_why")
+    commands = {"dlaunch": why.gpu.dlaunch_command(("trainer.precision=bf16-mixed",), 100_000, tmp_path / "run", why.TINY, 4, "cpu"),
+                "hand": why.gpu.hand_command(("--precision", "bf16"), 100_000, tmp_path / "hand.json", why.TINY, 4, "cpu")}
+    for who, command in commands.items():
+        assert "cluster.device=cpu" in command or "--device=cpu" in command
+        seen = why.look(who, command, after=50, seconds=1.0, work=tmp_path)
+        assert seen["threads"] and all(t["cpu"] >= 0 for t in seen["threads"]), seen
+        assert seen["cpus_allowed"] and "PYTHONUNBUFFERED=1" in seen["env"]
+        assert isinstance(seen["main_thread_functions"], (str, list)) and seen["dump"]
+        assert f"## {who}" in why.report("bf16", {who: seen})
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path) in _cmdline(p)]
+    assert not left, "a looked-at run outlived gpu_why's look"
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,183 @@
+"""Why is one loop's step slower than the other's? Both, caught in their steady steps and looked at from outside.
+
+    python benchmarks/gpu_why.py                       # bf16+compile, on the GPU
+    python benchmarks/gpu_why.py --mode bf16 --seconds 8
+    python benchmarks/gpu_why.py --device cpu --tiny   # the wiring, on the CPU
+
+``gpu.py --profile`` showed the same GPU time per step in dlaunch and in the hand loop, and about 40% more
+host time for nearly every op in dlaunch: a sign of contention on the host, not of extra work. This runs one
+dlaunch run and one hand-loop run (gpu.py's commands) in turn. Once a run has logged step ``--after``, it
+records, over ``--seconds``:
+
+- the CPU each of the process's threads used (``/proc``), and that of its children (compile workers);
+- the CPU cores it may run on, the number of its threads, and the environment variables that torch reads;
+- where its threads are, with py-spy where it is installed and may attach (``py-spy dump``), and what its
+  main thread spends its time in (``py-spy record``, Python frames: each function's share of the samples).
+
+Then it stops the run. Writes ``benchmarks/results/TIMESTAMP-gpu-why.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common as c  # noqa: E402
+import gpu  # noqa: E402
+
+TINY = {"d_model": 16, "heads": 2, "layers": 1, "context": 16}
+ENV_KEYS = re.compile(r"^(OMP_|MKL_|KMP_|GOMP_|TORCH|PYTORCH|CUDA_|NCCL_|PYTHON)")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="bf16+compile", choices=list(gpu.MODES))
+    parser.add_argument("--after", type=int, default=200, help="start looking once a run has logged this step")
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long to look at each run")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="a tiny charlm (the CPU test of the wiring)")
+    args = parser.parse_args()
+    shape, batch = (TINY, 4) if args.tiny else (gpu.SHAPE, gpu.BATCH)
+    steps = 100_000  # stopped once looked at
+    dl_args, loop_args = gpu.MODES[args.mode]
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        commands = {"dlaunch": gpu.dlaunch_command(dl_args, steps, work / "run", shape, batch, args.device),
+                    "hand": gpu.hand_command(loop_args, steps, work / "hand.json", shape, batch, args.device)}
+        for who, command in commands.items():
+            found[who] = look(who, command, args.after, args.seconds, work)
+            print(f"{who}: {found[who]['threads_line']}", flush=True)
+    c.publish(f"{c.timestamp()}-gpu-why", {"mode": args.mode, "device": args.device, "runs": found},
+              report(args.mode, found))
+
+
+def look(who: str, command: list[str], after: int, seconds: float, work: Path) -> dict[str, Any]:
+    """Start ``command``, wait for its step ``after``, look at it for ``seconds``, stop it."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=c.clean_env(),
+                            cwd=work if who == "dlaunch" else c.ROOT, start_new_session=True)
+    tail: collections.deque = collections.deque(maxlen=40)
+    reached = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            tail.append(line)
+            m = re.search(r"\bstep (\d+)/", line)
+            if m and int(m.group(1)) >= after:
+                reached.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        while not reached.wait(1.0):
+            if proc.poll() is not None:
+                raise SystemExit(f"{who} ended (exit {proc.returncode}) before step {after}:\n{''.join(tail)}")
+        return observe(proc.pid, seconds, work / f"{who}.raw")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
+    """The process's threads' CPU over ``seconds`` (py-spy records its main thread meanwhile), and its set-up."""
+    spy = shutil.which("py-spy")
+    before, started = thread_ticks(pid), time.perf_counter()
+    children_before = children_ticks(pid)
+    record = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "250",
+                               "--nonblocking", "--threads", "--format", "raw", "--output", str(raw)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) if spy else None
+    time.sleep(seconds)
+    after, elapsed = thread_ticks(pid), time.perf_counter() - started
+    children = (children_ticks(pid) - children_before) / TICKS / elapsed
+    dump = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True, timeout=60) if spy else None
+    spied = record.communicate(timeout=60)[1] if record else ""
+    threads = sorted(((name, (ticks - before.get(tid, (name, 0))[1]) / TICKS / elapsed) for tid, (name, ticks) in after.items()),
+                     key=lambda t: -t[1])
+    status = Path(f"/proc/{pid}/status").read_text()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return {
+        "threads": [{"name": n, "cpu": round(u, 3)} for n, u in threads],
+        "threads_line": ", ".join(f"{n} {u:.0%}" for n, u in threads if u >= 0.02) + f"; children {children:.0%}",
+        "children_cpu": round(children, 3),
+        "cpus_allowed": re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1),
+        "env": sorted(e for e in environ if ENV_KEYS.match(e)),
+        "dump": dump.stdout if dump and dump.returncode == 0 else f"(py-spy dump: {'not installed' if not spy else dump.stderr.strip()[-300:]})",
+        "main_thread_functions": leaf_shares(raw) if raw.exists() else f"(py-spy record: {'not installed' if not spy else spied.strip()[-300:]})",
+    }
+
+
+def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
+    """Each thread's name and CPU ticks (user + system) so far."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        found[int(task.name)] = (f"{name}[{task.name}]", int(fields[11]) + int(fields[12]))
+    return found
+
+
+def children_ticks(pid: int) -> int:
+    """CPU ticks of the process's live descendants (torch.compile's workers, a DataLoader's)."""
+    total = 0
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12]) + children_ticks(int(child))
+    return total
+
+
+def leaf_shares(raw: Path, top: int = 30) -> list[tuple[str, float, float]]:
+    """From py-spy's raw output (``thread (TID): NAME;frame;frame;... count``): the main thread's functions, with the
+    share of its samples in which each is the innermost Python frame (where the time goes, most first), and the
+    share in which it is on the stack at all."""
+    own, on_stack, total = collections.Counter(), collections.Counter(), 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not count.isdigit() or "MainThread" not in frames[0]:
+            continue
+        n, total = int(count), total + int(count)
+        functions = [re.sub(r":\d+\)$", ")", frame) for frame in frames[1:]]  # a function, not each of its lines
+        own[functions[-1]] += n
+        for function in set(functions):
+            on_stack[function] += n
+    ranked = sorted(on_stack, key=lambda f: (-own[f], -on_stack[f]))[:top]
+    return [(f, own[f] / total, on_stack[f] / total) for f in ranked] if total else []
+
+
+def report(mode: str, found: dict[str, dict[str, Any]]) -> str:
+    lines = [f"# Why: dlaunch and the hand loop in their steady steps ({mode})", ""]
+    for who, seen in found.items():
+        functions = seen["main_thread_functions"]
+        lines += [f"## {who}", "", f"- threads' CPU (share of a core): {seen['threads_line']}",
+                  f"- may run on CPUs {seen['cpus_allowed']}; {len(seen['threads'])} threads",
+                  f"- environment: {' '.join(seen['env']) or '(none of note)'}", ""]
+        if isinstance(functions, str):
+            lines += [functions, ""]
+        else:
+            lines += ["Main thread, by Python function (py-spy, 250 samples/s):", "",
+                      c.markdown_table(["function", "innermost", "on the stack"],
+                                       [[f"`{f[:110]}`", f"{own:.1%}", f"{on:.1%}"] for f, own, on in functions]), ""]
+        lines += ["```", seen["dump"].strip()[:6000], "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
