@@ -25,9 +25,10 @@ starts a new server. A warm worker that has returned stays until every rank has 
 elastic collects function workers' results then): its process group is destroyed, but a peer that
 watches its pid sees it running. Forked workers import the calling script as ``__mp_main__``, as
 multiprocessing does for its forkserver and spawn children (before the call's environment is in place): keep
-its work under ``if __name__ == "__main__":``. ``warm=False`` starts fresh interpreters instead; so do calls for CUDA
-workers, calls from a ``dlaunch`` command (its own server forks only its workers) and calls on
-other systems than Linux.
+its work under ``if __name__ == "__main__":``. ``warm=False`` starts fresh interpreters instead; so do calls
+for CUDA workers, calls from a ``dlaunch`` command (its own server forks only its workers) and calls on other
+systems than Linux. A call's job and its workers' logs live in a scratch directory (``scratch``), which a later
+call removes where a killed caller could not.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import os
 import pickle
 import signal
 import sys
-import tempfile
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -46,7 +46,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, worker_env_set, worker_environment
-from launcher.launch import elastic, failures
+from launcher.launch import elastic, failures, scratch
 from launcher.launch.agents import as_started_now, working_directory
 from launcher.launch.parent_death import die_with_parent
 from launcher.runtime.streams import reader_may_leave
@@ -82,8 +82,7 @@ def run_function(fn: Callable[..., Any], nproc: int = 2, args: tuple = (), timeo
     """
     extra_env = {DEVICE_VARIABLE: device} if device else {}
     environ = {**os.environ, **worker_environment(single_node=True), **extra_env}  # what a fresh worker would see
-    with tempfile.TemporaryDirectory(prefix="dlaunch-fn-") as tmp:
-        work = Path(tmp)
+    with scratch.directory() as work:
         job = work / "job.pkl"
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         job.write_bytes(pickle.dumps({

@@ -5,15 +5,19 @@ from __future__ import annotations
 import ast
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from launcher.launch.function import WorkerFailed, run_function
+from launcher.launch import scratch
 from tests.conftest import ROOT, alive, process_state
 
 pytestmark = pytest.mark.slow
@@ -157,11 +161,13 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("how", ["warm", "fresh"])
 def test_a_scripts_own_function_runs_and_killing_the_script_leaves_no_worker(tmp_path, how):
     """A function of the calling script (``__main__``) runs, and a SIGKILLed caller takes its workers with it (and
-    the server they were forked from): nothing else would stop them. Fresh workers outlived it before."""
+    the server they were forked from): nothing else would stop them. Fresh workers outlived it before. The call's
+    scratch directory, which the killed caller could not remove, is no live call's: the next call removes it."""
     script = tmp_path / "mine.py"
     script.write_text(SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid"), how], cwd=tmp_path,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    scratch_root = Path(tempfile.mkdtemp(prefix="fn-"))  # the caller's TMPDIR: short, for the forkserver's socket path
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid"), how], cwd=tmp_path, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch_root)})
     try:
         line = proc.stdout.readline()
         assert line.startswith("ran ["), line
@@ -183,6 +189,11 @@ def test_a_scripts_own_function_runs_and_killing_the_script_leaves_no_worker(tmp
     while any(alive(pid) for pid in left) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in left)
+    try:
+        (left_behind,) = scratch_root.glob(f"{scratch.PREFIX}*")  # the sleeper's call's; the first call removed its own
+        assert scratch.sweep(scratch_root, settle_s=0) == [left_behind] and not left_behind.exists()
+    finally:
+        shutil.rmtree(scratch_root, ignore_errors=True)
 
 
 PATH_ONLY = """
