@@ -157,6 +157,8 @@ class Agent(LocalElasticAgent):
         started = super()._start_workers(worker_group)
         Agent.started.append(worker_group.group_rank)
         failures.STDERR_LOGS.update({w.global_rank: self._pcontext.stderrs.get(w.local_rank, "") for w in worker_group.workers})
+        failures.FAULT_LOGS.update({w.global_rank: str(failures.fault_log(self._pcontext.error_files.get(w.local_rank)) or "")
+                                    for w in worker_group.workers})
         pcontext, grace, stop_grace, marker = self._pcontext, self.grace_s, self.stop_grace_s, self.teardown_marker
         close = pcontext.close
 

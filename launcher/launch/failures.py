@@ -108,9 +108,16 @@ def _script_exit(exc: BaseException) -> dict[str, int]:
     return {"script_exit": code} if isinstance(code, int) else {}
 
 
-#: each worker's stderr log where it has one (the ranks the terminal does not show: torch elastic's tee), by global
-#: rank, as this process's agent last started them (``agent.Agent._start_workers``)
+#: each worker's stderr log where it has one (the ranks the terminal does not show: torch elastic's tee), and each
+#: one's fault log (``fault_log``), by global rank, as this process's agent last started them (``agent.Agent._start_workers``)
 STDERR_LOGS: dict[int, str] = {}
+FAULT_LOGS: dict[int, str] = {}
+
+
+def fault_log(error_file: str | None) -> Path | None:
+    """Where a worker's faulthandler writes a native crash's stack: beside its error file (None: it has none). Rank 0's
+    stderr is the terminal, which dlaunch cannot read back; every rank's stack reaches its root cause from here."""
+    return Path(error_file).with_name("fault.log") if error_file and error_file != os.devnull else None
 
 CLEAN_EXIT = "exit code 0"  # a worker that ended without an error: completed, or left the others early
 
@@ -121,8 +128,8 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
     message = data.get("message", {}) if isinstance(data.get("message"), dict) else {}
     extra = data.get("dlaunch", {})
     exception, stack = message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
-    if not exception and -(failure.exitcode or 0) in _CRASHES and STDERR_LOGS.get(rank):
-        exception, stack = native_crash(Path(STDERR_LOGS[rank]))
+    if not exception and -(failure.exitcode or 0) in _CRASHES:
+        exception, stack = native_crash(*(Path(logs[rank]) for logs in (STDERR_LOGS, FAULT_LOGS) if logs.get(rank)))
     return RootCause(
         rank=rank,
         host=extra.get("host", socket.gethostname()),
@@ -147,16 +154,12 @@ _FAULT_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 
 
-def native_crash(stderr_log: Path, tail_bytes: int = 1 << 18) -> tuple[str, str]:
-    """(what a rank that died by a signal said last, faulthandler's stack of it as a traceback) from its stderr log:
-    the C++ exception's type and first line (gloo's ``Is there a distributed collective mismatch in your code?``,
-    NCCL's watchdog timeout), else Python's ``Fatal Python error: Segmentation fault``. ("", "") where none is there."""
-    try:
-        with open(stderr_log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return "", ""
+def native_crash(*logs: Path, tail_bytes: int = 1 << 18) -> tuple[str, str]:
+    """(what a rank that died by a signal said last, faulthandler's stack of it as a traceback) from its logs (its
+    stderr log, then its fault log): the C++ exception's type and first line (gloo's ``Is there a distributed
+    collective mismatch in your code?``, NCCL's watchdog timeout), else Python's ``Fatal Python error: Segmentation
+    fault``. ("", "") where none is there."""
+    text = "\n".join(_tail(log, tail_bytes) for log in logs)
     thrown, fatal = list(_WHAT.finditer(text)), list(_FATAL.finditer(text))
     if thrown:
         exception = f"{thrown[-1].group(1)}: {_ENFORCE.sub('', _SOURCE.sub('', thrown[-1].group(2))).strip()}"
@@ -169,6 +172,15 @@ def native_crash(stderr_log: Path, tail_bytes: int = 1 << 18) -> tuple[str, str]
     inner = max((i for i, frame in enumerate(frames) if _is_dlaunch_frame(frame[0])), default=-1)
     stack = "".join(f'  File "{path}", line {line}, in {name}\n' for path, line, name in frames[inner + 1:] or frames)
     return exception, f"Stack (most recent call last), from faulthandler:\n{stack}" if stack else ""
+
+
+def _tail(log: Path, size: int) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _crashed_thread(dump: str) -> list[tuple[str, str, str]]:

@@ -8,6 +8,7 @@ exit (gloo's, notably) can turn a completed run into a crash.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from launcher.cluster import preflight
 from launcher.cluster.process_group import leave_group
 from launcher.config.plan import Plan, read_job
 from launcher.config.schema import RunSpec
-from launcher.launch.failures import exit_status, write_error_file
+from launcher.launch.failures import exit_status, fault_log, write_error_file
 from launcher.launch.parent_death import die_with_parent
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
@@ -38,6 +39,7 @@ from launcher.runtime.streams import reader_may_leave
 # frames: a script's DDP model whose gradient all-reduce a signal interrupted then destroys its gloo group while
 # holding the GIL, and the group's thread, finishing that all-reduce, waits for the GIL (a deadlock inside torch).
 _UNFREED: list[BaseException] = []
+_FAULT_LOG: list = []  # the open fault log faulthandler writes to: open until the process ends
 
 
 def die_with_launcher() -> None:
@@ -45,6 +47,20 @@ def die_with_launcher() -> None:
     ``dlaunch ... | head`` must not end them (``streams``)."""
     die_with_parent()
     reader_may_leave()
+
+
+def record_native_crashes() -> None:
+    """A native crash's stack (faulthandler's dump: a segfault, a C++ abort) goes to this rank's fault log, where its
+    root cause finds it (``failures.fault_log``), not to its stderr: rank 0's is the terminal, which dlaunch cannot read
+    back, and the dump's 40 lines there came before the root cause that shows its stack once."""
+    path = fault_log(env_lib.error_file())
+    if path is None:
+        return
+    try:
+        _FAULT_LOG.append(open(path, "w"))  # noqa: SIM115 - kept open for faulthandler
+    except OSError:
+        return
+    faulthandler.enable(file=_FAULT_LOG[-1], all_threads=True)
 
 
 def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
@@ -65,6 +81,7 @@ def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
 def run(job_path: Path) -> int:
     """Run this process's part of the job; the exit code the agent sees (a failure's cause is in the error file)."""
     die_with_launcher()
+    record_native_crashes()
     job = json.loads(job_path.read_text())
     run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
     env = env_lib.WorkerEnv.from_environ() if task is None else None

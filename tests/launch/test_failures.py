@@ -262,6 +262,49 @@ def test_a_rank_that_gloo_aborts_gets_gloos_words_and_its_own_line_in_the_panel(
     assert "collective mismatch" in error["exception"] and error["exit"] == "signal SIGABRT"
 
 
+SEGFAULT = """\
+import ctypes
+import torch.distributed as dist
+
+from launcher import distribute as dl
+
+dl.get_strategy()
+if dist.get_rank() == 0:
+    ctypes.string_at(0)  # a native crash on the rank whose stderr is the terminal
+dist.barrier()
+"""
+
+
+def test_rank_0s_native_crash_shows_its_stack_once_in_the_root_cause(tmp_path):
+    """Rank 0 keeps the terminal, so its stderr has no log: its segfault's root cause said only `signal SIGSEGV`,
+    after faulthandler's 40-line dump on the terminal. Every rank's dump now goes to its fault log, which the root
+    cause reads."""
+    (tmp_path / "crash.py").write_text(SEGFAULT)
+    proc = dlaunch("script=crash.py", "strategy=mirrored", "cluster=1x2", "cluster.device=cpu",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    panel = proc.stderr[proc.stderr.index("failed: root cause"):]
+    assert "rank 0" in panel.splitlines()[1] and "signal SIGSEGV" in panel, panel
+    assert 'crash.py", line 8, in <module>' in panel and "launcher/" not in panel, panel
+    assert proc.stderr.count("Fatal Python error: Segmentation fault") == 1, proc.stderr[-3000:]
+    assert "Extension modules" not in proc.stderr  # the dump itself is in the fault log, not on the terminal
+    error = json.loads((tmp_path / "run" / "summary.json").read_text())["error"]
+    assert error["exception"] == "Fatal Python error: Segmentation fault" and "crash.py" in error["traceback"]
+
+
+def test_a_c_plus_plus_abort_gets_its_words_from_stderr_and_its_stack_from_the_fault_log(tmp_path):
+    stderr, fault = tmp_path / "stderr.log", tmp_path / "fault.log"
+    stderr.write_text("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+                      "gloo/x.cc:1] op.preamble.length <= op.nbytes. Is there a collective mismatch?\n")
+    fault.write_text('Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n'
+                     '  File "/home/me/train.py", line 7 in <module>\n\nExtension modules: numpy\n')
+    exception, stack = failures.native_crash(stderr, fault)
+    assert exception == "gloo::EnforceNotMet: op.preamble.length <= op.nbytes. Is there a collective mismatch?"
+    assert stack.splitlines()[1:] == ['  File "/home/me/train.py", line 7, in <module>']
+    assert failures.fault_log(str(tmp_path / "0" / "error.json")) == tmp_path / "0" / "fault.log"
+    assert failures.fault_log(os.devnull) is None and failures.fault_log(None) is None
+
+
 @pytest.mark.parametrize("crashed", ["Current thread", "Thread"])  # a thread Python knows; one it does not (gloo's)
 def test_a_segfault_gives_pythons_fatal_error_and_the_stack_of_the_ranks_own_thread(tmp_path, crashed):
     """faulthandler lists the newest thread first: dlaunch's heartbeat, here; the stack shown is the thread that
