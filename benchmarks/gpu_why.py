@@ -9,6 +9,7 @@ host time for nearly every op in dlaunch: a sign of contention on the host, not 
 dlaunch run and one hand-loop run (gpu.py's commands) in turn. Once a run has logged step ``--after``, it
 records, over ``--seconds``:
 
+- its time per step meanwhile (from when its logged steps were printed);
 - the CPU each of the process's threads used (``/proc``), and that of its children (compile workers);
 - the CPU cores it may run on, the number of its threads, and the environment variables that torch reads;
 - where its threads are, with py-spy where it is installed and may attach (``py-spy dump``), and what its
@@ -60,7 +61,7 @@ def main() -> None:
                     "hand": gpu.hand_command(loop_args, steps, work / "hand.json", shape, batch, args.device)}
         for who, command in commands.items():
             found[who] = look(who, command, args.after, args.seconds, work)
-            print(f"{who}: {found[who]['threads_line']}", flush=True)
+            print(f"{who}: {c.fmt(found[who]['ms_per_step'])} ms/step; {found[who]['threads_line']}", flush=True)
     c.publish(f"{c.timestamp()}-gpu-why", {"mode": args.mode, "device": args.device, "runs": found},
               report(args.mode, found))
 
@@ -70,6 +71,7 @@ def look(who: str, command: list[str], after: int, seconds: float, work: Path) -
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=c.clean_env(),
                             cwd=work if who == "dlaunch" else c.ROOT, start_new_session=True)
     tail: collections.deque = collections.deque(maxlen=40)
+    logged: list[tuple[float, int]] = []  # (when, step) of each logged step from ``after`` on
     reached = threading.Event()
 
     def read() -> None:
@@ -77,6 +79,7 @@ def look(who: str, command: list[str], after: int, seconds: float, work: Path) -
             tail.append(line)
             m = re.search(r"\bstep (\d+)/", line)
             if m and int(m.group(1)) >= after:
+                logged.append((time.perf_counter(), int(m.group(1))))
                 reached.set()
 
     threading.Thread(target=read, daemon=True).start()
@@ -84,7 +87,9 @@ def look(who: str, command: list[str], after: int, seconds: float, work: Path) -
         while not reached.wait(1.0):
             if proc.poll() is not None:
                 raise SystemExit(f"{who} ended (exit {proc.returncode}) before step {after}:\n{''.join(tail)}")
-        return observe(proc.pid, seconds, work / f"{who}.raw")
+        seen = observe(proc.pid, seconds, work / f"{who}.raw")
+        (t0, s0), (t1, s1) = logged[0], logged[-1]
+        return {**seen, "ms_per_step": (t1 - t0) * 1000 / (s1 - s0) if s1 > s0 else None}
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -166,7 +171,8 @@ def report(mode: str, found: dict[str, dict[str, Any]]) -> str:
     lines = [f"# Why: dlaunch and the hand loop in their steady steps ({mode})", ""]
     for who, seen in found.items():
         functions = seen["main_thread_functions"]
-        lines += [f"## {who}", "", f"- threads' CPU (share of a core): {seen['threads_line']}",
+        lines += [f"## {who}", "", f"- ms/step while looked at (logged steps' times): {c.fmt(seen['ms_per_step'])}",
+                  f"- threads' CPU (share of a core): {seen['threads_line']}",
                   f"- may run on CPUs {seen['cpus_allowed']}; {len(seen['threads'])} threads",
                   f"- environment: {' '.join(seen['env']) or '(none of note)'}", ""]
         if isinstance(functions, str):

@@ -113,6 +113,7 @@ def test_why_looks_at_both_loops_in_their_steady_steps_and_stops_them(tmp_path):
         seen = why.look(who, command, after=50, seconds=1.0, work=tmp_path)
         assert seen["threads"] and all(t["cpu"] >= 0 for t in seen["threads"]), seen
         assert seen["cpus_allowed"] and "PYTHONUNBUFFERED=1" in seen["env"]
+        assert seen["ms_per_step"] is None or seen["ms_per_step"] > 0  # None: one logged step in the second
         assert isinstance(seen["main_thread_functions"], (str, list)) and seen["dump"]
         assert f"## {who}" in why.report("bf16", {who: seen})
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path) in _cmdline(p)]
