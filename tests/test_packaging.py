@@ -77,7 +77,7 @@ def test_installed_copy_runs_from_another_directory(wheel, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     code = "import sys, launcher.cli.main as m; print(m.__file__); sys.exit(m.main(sys.argv[1:]))"
     proc = subprocess.run(
-        [sys.executable, "-c", code, "recipe=linear", "trainer.steps=5", f"hydra.run.dir={elsewhere / 'run'}"],
+        [sys.executable, "-c", code, "recipe=linear", "cluster.device=cpu", "trainer.steps=5", f"hydra.run.dir={elsewhere / 'run'}"],
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

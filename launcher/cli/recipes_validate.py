@@ -98,15 +98,35 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
         declared = recipe.get("strategies")
         declared = [str(s) for s in declared] if isinstance(declared, ListConfig) else []
         results: list[tuple[str, list[Problem] | None]] = []
+        # the example shapes are validate's choice: where this machine's GPUs are too few for one, it is checked on the CPU
+        on_cpu = args.cuda_devices is None and cuda > 0 and not any(_key(o) == "cluster.device" for o in args.overrides)
         for label, overrides in plans(declared, list(args.overrides)):
-            try:
-                composer.compose_and_validate([f"recipe={option}", *overrides], cuda)
-                results.append((label, None))
-            except ConfigError as exc:
-                results.append((label, exc.problems))
+            exc = _checked(option, overrides, cuda)
+            if exc is not None and on_cpu and _too_few_gpus(exc.problems):
+                label += f" (on the CPU: this machine has {cuda} CUDA device{'s' * (cuda != 1)})"
+                exc = _checked(option, [*overrides, "cluster.device=cpu"], cuda)
+            results.append((label, None if exc is None else exc.problems))
+            if exc is not None:
                 _collect(found, exc)
         _show(results, out)
     return _verdict(found)
+
+
+def _checked(option: str, overrides: list[str], cuda: int) -> ConfigError | None:
+    """The recipe composed with ``overrides`` and validated as a run would be: its error, None where it passes."""
+    from launcher.config import compose as composer
+
+    try:
+        composer.compose_and_validate([f"recipe={option}", *overrides], cuda)
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def _too_few_gpus(problems: list[Problem]) -> bool:
+    """Only the machine's CUDA device count stands in the way (``run_rules.devices_exist``)."""
+    return bool(problems) and all(p.key in ("cluster.devices_per_node", "cluster.nodes") and "CUDA device" in p.message
+                                  for p in problems)
 
 
 def _show(results: list[tuple[str, list[Problem] | None]], out: Console) -> None:

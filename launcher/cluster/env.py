@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 
-DEVICE_VARIABLE = "DLAUNCH_DEVICE"  # set by run_function(device=...) for its workers
+DEVICE_VARIABLE = "DLAUNCH_DEVICE"  # the device type for workers' own strategies: the plan's, run_function(device=...)'s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ class WorkerEnv:
     restart_count: int = 0
     run_id: str = ""
     agent_store: bool = False  # MASTER_ADDR:MASTER_PORT is the elastic agent's store, shared by every attempt
-    device_type: str | None = None  # cpu | cuda where the launcher chose (run_function(device=...)); None: auto
+    device_type: str | None = None  # cpu | cuda as the launcher chose (dlaunch's plan, run_function(device=...)); None: auto
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerEnv | None":
@@ -192,6 +192,12 @@ def script_environment(run_dir: Path) -> dict[str, str]:
     """What a script finds in its environment besides torchrun's variables: ``DLAUNCH_RUN_DIR``, where it writes its
     own files (``metrics.jsonl`` for ``dlaunch report``, its checkpoints)."""
     return {RUN_DIR_VARIABLE: str(Path(run_dir).resolve())}
+
+
+def announce_device(device_type: str) -> None:
+    """The plan's device type, for strategies this worker's own code builds (``dl.MirroredStrategy()`` in a script)
+    and for its children: they take it, not a GPU the machine happens to have (``cluster.device=cpu`` there)."""
+    os.environ[DEVICE_VARIABLE] = device_type
 
 
 def error_file() -> str | None:

@@ -98,6 +98,7 @@ def run(job_path: Path) -> int:
     leave = leave_group if task is None else (lambda in_step=True, wait_s=None: None)
     try:
         spec, plan = read_job(job)
+        env_lib.announce_device(plan.device_type)
         if task is not None:
             from launcher.runtime import ps_task
 

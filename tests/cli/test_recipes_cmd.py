@@ -65,6 +65,20 @@ def test_every_shipped_recipe_validates_under_every_strategy_it_declares(name, c
     assert "FAIL" not in out and not err
 
 
+def test_on_a_one_gpu_machine_the_example_shapes_it_cannot_hold_are_checked_on_the_cpu(capsys, monkeypatch):
+    """validate picks each strategy's example shape (mirrored 1x2, mesh 1x4): on a machine with one GPU, `auto` made
+    those cuda runs that asked for more GPUs than there are, and every such recipe FAILed for validate's own choice."""
+    monkeypatch.setattr(recipes_validate.gpus, "count", lambda: 1)
+    path = recipe_files()["linear"]
+    assert main(["validate", str(path)]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "ok    mirrored cluster=1x2 (on the CPU: this machine has 1 CUDA device)" in out, out
+    assert "ok    one_device cluster=1x1\n" in out and "FAIL" not in out, out  # one fits: checked as a run would be
+    # a device the user names is checked as asked: the machine's count then stands
+    assert main(["validate", str(path), "strategy=mirrored", "cluster.device=cuda"]) == 2
+    assert "asks for 2 CUDA devices per node, but this machine has 1" in capsys.readouterr().out
+
+
 # ----- ls -----
 
 def test_ls_shows_each_recipe_with_strategies_purpose_and_command(capsys, monkeypatch):

@@ -80,7 +80,8 @@ def test_unknown_extension_asks_for_a_format(tmp_path):
     assert p.key == "input.format" and "jsonl, csv, pt, npy" in p.message
 
 
-def test_bad_inputs_exit_2_with_one_screen(tmp_path, capsys):
+def test_bad_inputs_exit_2_with_one_screen(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(job, "cuda_devices", lambda: 0)  # the cases mean a machine without a GPU
     shards(tmp_path, 3)
     cases = [
         ([f"input.files={tmp_path}/none-*.csv"], "input.files", "no file matches"),

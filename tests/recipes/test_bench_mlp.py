@@ -46,7 +46,7 @@ def test_the_yaml_declares_the_issue_workload():
 
 def _summary(tmp_path, steps: int) -> dict:
     run_dir = tmp_path / f"run{steps}"
-    assert main(["recipe=bench_mlp", "recipe.examples=4096", f"trainer.steps={steps}", f"hydra.run.dir={run_dir}"]) == 0
+    assert main(["recipe=bench_mlp", "cluster.device=cpu", "recipe.examples=4096", f"trainer.steps={steps}", f"hydra.run.dir={run_dir}"]) == 0
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -20,7 +20,7 @@ def test_same_seed_same_data():
 def test_one_device_run_reaches_its_bound(tmp_path):
     """The YAML says: the held-out loss falls towards the noise floor (noise**2 = 0.0025); measured 0.044 at 200 steps."""
     run_dir = tmp_path / "run"
-    assert main(["recipe=tp_mlp", f"hydra.run.dir={run_dir}"]) == 0
+    assert main(["recipe=tp_mlp", "cluster.device=cpu", f"hydra.run.dir={run_dir}"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] < 0.2 * summary["first_loss"], summary
     assert summary["metrics"]["eval_loss"] < 0.06, summary["metrics"]

@@ -71,7 +71,7 @@ def test_model_and_evaluate_without_asking_where_parameters_are():
 
 def test_one_device_run_learns(tmp_path):
     run_dir = tmp_path / "run"
-    assert main(["recipe=wide_deep", f"hydra.run.dir={run_dir}"]) == 0
+    assert main(["recipe=wide_deep", "cluster.device=cpu", f"hydra.run.dir={run_dir}"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["strategy"] == "one_device" and summary["recipe"] == "wide_deep"
     metrics = summary["metrics"]

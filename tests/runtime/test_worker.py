@@ -3,6 +3,7 @@ and a rank's own processes end with it, as under ``python``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -98,3 +99,26 @@ def test_a_ranks_loader_workers_end_with_it_and_its_own_processes_are_waited_for
     assert len(loaders) == 4, sorted(os.listdir(tmp_path))  # 2 ranks x 2 loader workers
     assert [pid for pid in loaders if not _gone(pid)] == []
     assert len(list(tmp_path.glob("child-*"))) == 2  # each rank's own process finished before dlaunch ended
+
+
+OWN_STRATEGIES = """
+import json, os, torch
+from launcher import distribute as dl
+
+torch.cuda.is_available = lambda: True  # a GPU machine, as far as choosing a default goes
+torch.cuda.device_count = lambda: 1
+built = {"env": os.environ.get("DLAUNCH_DEVICE")}
+for name in ("MirroredStrategy", "MultiWorkerMirroredStrategy"):
+    built[name] = [str(d) for d in getattr(dl, name)().extended._devices]
+print("built", json.dumps(built), flush=True)
+"""
+
+
+def test_strategies_a_script_builds_itself_take_the_planned_device_not_the_machines_gpu(tmp_path):
+    """`cluster.device=cpu` on a GPU machine: a script's own `dl.MirroredStrategy()` chose cuda:LOCAL_RANK (auto), and
+    the run's gloo group met a CUDA device. dlaunch's workers now carry the plan's device type (DLAUNCH_DEVICE)."""
+    (tmp_path / "own.py").write_text(OWN_STRATEGIES)
+    proc = dlaunch("script=own.py", "strategy=mirrored", "cluster=1x2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("built "))[6:])
+    assert built == {"env": "cpu", "MirroredStrategy": ["cpu"], "MultiWorkerMirroredStrategy": ["cpu"]}, built

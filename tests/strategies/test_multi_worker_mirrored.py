@@ -41,6 +41,7 @@ def test_tf_config_workers_started_by_hand_form_one_job(tmp_path, jobs):
     for task in ({"type": job, "index": i} for job, i in training):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU, as meant: on a 1-GPU machine both tasks would take cuda:0 (nccl)
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         results = [json.loads(p.communicate(timeout=90)[0].strip().splitlines()[-1]) for p in procs]

@@ -119,7 +119,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         options = communication_options or CommunicationOptions()
         resolver = cluster_resolver if cluster_resolver is not None else default_resolver()
         timeout_s = options.timeout_seconds or 300.0
-        kind = device_type or ("cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")
+        elastic_env = resolver.env if isinstance(resolver, TorchElasticClusterResolver) else WorkerEnv.from_environ()
+        kind = device_type or (elastic_env.device_type if elastic_env else None) or (
+            "cuda" if devlib.default_local_devices()[0].startswith("cuda") else "cpu")  # the launcher's choice, else auto
         grouped, task_device = False, None
         if resolver is not None:
             validate_task(resolver)
