@@ -202,8 +202,8 @@ def _examples_per_sec(spec: RunSpec, resumed_at: int, loop_seconds: float, loop:
     resume with nothing left: the last logged."""
     ran, first = spec.trainer.steps - resumed_at, loop.step_seconds[:1]
     loop_seconds -= loop.aside_seconds
-    if ran > 1 and first:
-        ran, loop_seconds = ran - 1, loop_seconds - first[0]
+    if ran > 1 and first:  # the first step's own save is in the aside already: a save every step counted it twice
+        ran, loop_seconds = ran - 1, loop_seconds - (first[0] - loop.first_aside)
     if ran > 0:
         return ran * (loop.stream.rows_per_batch or 0) / max(loop_seconds, 1e-9)
     rates = [r["examples_per_sec"] for r in outputs.read_records(loop.run_dir / outputs.METRICS) if "examples_per_sec" in r]
@@ -241,6 +241,7 @@ class _Loop:
     loggers: list = dataclasses.field(default_factory=list)  # trainer.loggers (the chief's)
     step_seconds: list[float] = dataclasses.field(default_factory=list)  # wall time of each step this process ran
     aside_seconds: float = 0.0  # of that, in evaluations and checkpoint saves: not training, so no examples/s
+    first_aside: float = 0.0  # of the aside, what the first step's own evaluation and save took
     skipped_steps: int = 0  # fp16-mixed: updates skipped for inf/NaN gradients, as of the last log
 
     def steady_ms_per_step(self) -> float | None:
@@ -306,6 +307,8 @@ class _Loop:
                         stop.settle()  # no collective may record into the profiler while torch stops it
                     prof.step()
                     self.step_seconds.append(time.perf_counter() - tick)
+                    if len(self.step_seconds) == 1:
+                        self.first_aside = self.aside_seconds
         finally:
             progress.close()
             for logger in self.loggers:
