@@ -27,7 +27,7 @@ from launcher.config import compose as composer
 from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
-from launcher.runtime import outputs
+from launcher.runtime import outputs, recipe_import
 from launcher.runtime.stop_signals import closing
 
 log = logging.getLogger("dlaunch")
@@ -62,8 +62,11 @@ def task(cfg: Any) -> Any:
     from hydra.types import RunMode
 
     elsewhere = HydraConfig.get().mode == RunMode.MULTIRUN and not Status.here  # a joblib worker's, a submitit task's
-    with interrupts.between_jobs() if elsewhere else contextlib.nullcontext():  # a stop before its launch: noted
-        summary = _job(cfg)
+    try:
+        with interrupts.between_jobs() if elsewhere else contextlib.nullcontext():  # a stop before its launch: noted
+            summary = _job(cfg)
+    finally:
+        recipe_import.forget()  # the next job in this process imports its recipe afresh
     direction = _optimizing_sweeper()
     if direction:
         return sweep.objective(summary, str(cfg.get("sweep", {}).get("objective", "final_loss")), direction)

@@ -36,10 +36,24 @@ def import_entry(entry: str) -> ModuleType:
         return _import_file(entry)
     if not MODULE_NAME.match(entry):
         raise RecipeError("recipe.entry", entry, f"{entry!r} is neither a .py file nor a module name (package.module)")
-    return _guarded(entry, importlib.import_module, entry)
+    module = _guarded(entry, importlib.import_module, entry)
+    _ENTRIES.add(entry)
+    return module
 
 
 _FILES: dict[Path, tuple[int, ModuleType]] = {}  # a recipe file -> (its mtime, the module), as sys.modules for names
+_ENTRIES: set[str] = set()  # the recipe modules imported in this process, by their names in sys.modules
+
+
+def forget() -> None:
+    """After a job that ran in this process (a sweep's jobs under one_device, one after another): the next job
+    imports its recipe afresh, as a job in processes of its own does, so the state a recipe module keeps (a counter,
+    a cache, a list of what it built) is not the next job's. The modules the recipe imports itself stay imported,
+    as Python keeps them (RECIPES.md)."""
+    for name in _ENTRIES:
+        sys.modules.pop(name, None)
+    _ENTRIES.clear()
+    _FILES.clear()
 
 
 def _import_file(entry: str) -> ModuleType:
@@ -63,6 +77,7 @@ def _import_file(entry: str) -> ModuleType:
         sys.modules.pop(name, None)
         raise
     _FILES[path.resolve()] = (mtime, module)
+    _ENTRIES.add(name)
     return module
 
 

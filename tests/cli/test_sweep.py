@@ -116,9 +116,9 @@ def test_a_job_that_failed_after_a_save_is_resumed_by_the_sweeps_one_command(tmp
     from tests.conftest import PROBE
 
     sweep = tmp_path / "sweep"
-    common = [f"recipe.entry={PROBE}", "recipe.fail_step=5", "trainer.steps=8", "trainer.checkpoint.every_steps=2",
-              f"hydra.sweep.dir={sweep}"]
-    proc = dlaunch("-m", "recipe.fail_replica=0", "trainer.seed=1,2", *common, cwd=tmp_path)  # job 0 fails at step 5
+    common = [f"recipe.entry={PROBE}", "trainer.steps=8", "trainer.checkpoint.every_steps=2", f"hydra.sweep.dir={sweep}"]
+    # job 0 fails at step 5; job 1's step 100 never comes (each job counts its steps afresh)
+    proc = dlaunch("-m", "recipe.fail_replica=0", "recipe.fail_step=5,100", *common, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "dlaunch resume " + str(sweep / "0") not in out
@@ -332,3 +332,35 @@ def test_a_stop_after_a_jobs_run_completed_still_stops_the_sweep(tmp_path):
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed", "not started"], out[-3000:]
     assert "came after the run had completed" not in out, out[-3000:]  # no exit-0 line for a sweep's job
+
+
+COUNTING = """
+import os
+
+from launcher.recipes import linear
+from launcher.recipes.linear import Config, evaluate, train_step  # noqa: F401
+
+BUILDS = []  # module state: one job's builds, which the next job must not see
+
+
+def build(cfg, ctx):
+    BUILDS.append(1)
+    with open(os.environ["BUILDS_FILE"], "a") as f:
+        f.write(f"{len(BUILDS)} {os.getpid()}\\n")
+    return linear.build(cfg, ctx)
+"""
+
+
+def test_each_job_run_in_dlaunchs_process_imports_its_recipe_afresh(tmp_path):
+    """A one_device sweep runs its jobs one after another in dlaunch's process: a recipe's module-level state carried
+    from job to job (a user's step counter made job 2 of `recipe.fail_at_step=-1,5` complete), where under mirrored
+    each job's processes start afresh."""
+    (tmp_path / "counting.py").write_text(COUNTING)
+    builds = tmp_path / "builds.txt"
+    proc = dlaunch("-m", "recipe=linear", f"recipe.entry={tmp_path / 'counting.py'}", "trainer.steps=3", "trainer.seed=0,1,2",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, env={"BUILDS_FILE": str(builds)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [line.split() for line in builds.read_text().splitlines()]
+    assert [count for count, _ in seen] == ["1", "1", "1"], seen
+    assert len({pid for _, pid in seen}) == 1  # one process ran all three
+
