@@ -147,8 +147,28 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
         return Problem(key=key, value=value, allowed=keys, message=f"{key} is a section, not a value: set its keys "
                        f"({key}.KEY=VALUE on the command line)", suggestion=_closest_key(key, value, section[0]))
     if kind == "list_type" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        message += f"; a list of one: {key}=[{spelled(value)}]"
+        low, _ = _list_length(field)
+        message += f"; a list of one: {key}=[{spelled(value)}]" if low <= 1 else f"; give a list, e.g. {_list_example(key, field)}"
+    elif kind in ("too_short", "too_long") and isinstance(value, list) and field is not None:
+        message += f"; e.g. {_list_example(key, field)}"
     return Problem(key=key, value=value, message=message)
+
+
+def _list_length(field: Any) -> tuple[int, int | None]:
+    """The fewest and the most items a list field takes (pydantic's min_length and max_length)."""
+    low = max((m.min_length for m in getattr(field, "metadata", ()) if hasattr(m, "min_length")), default=0)
+    high = min((m.max_length for m in getattr(field, "metadata", ()) if hasattr(m, "max_length")), default=None)
+    return low, high
+
+
+def _list_example(key: str, field: Any) -> str:
+    """``recipe.optimizer.betas=[0.9,0.999] (its default; 2 items)``: how a list of the right length is written."""
+    low, high = _list_length(field)
+    count = f"{low} items" if low == high else f"{low} to {high} items" if high else f"at least {low} items"
+    default = field.get_default(call_default_factory=True) if field is not None else None
+    if isinstance(default, list) and default:
+        return f"{key}=[{','.join(spelled(v) for v in default)}] (its default; {count})"
+    return f"{key}=[A,B] ({count})"
 
 
 def _in_a_section(name: str, parent: type[BaseModel] | None) -> str | None:

@@ -63,12 +63,22 @@ def resolve_files(patterns: str | Sequence[str], root: str | Path | None = None)
     return list(found)
 
 
+def _files_in(pattern: str, folder: Path) -> str:
+    """What to give instead of a folder: a glob of the data files it holds (``'data/*.csv'``), or that it holds none."""
+    held = sorted({p.suffix.lstrip(".").lower() for p in folder.iterdir() if p.is_file()} & set(FORMATS), key=FORMATS.index)
+    if not held:
+        return f"it holds no {', '.join(FORMATS[:-1])} or {FORMATS[-1]} file; give the data files, e.g. 'data/train-*.jsonl'"
+    globs = " or ".join(repr(str(Path(pattern) / f"*.{suffix}")) for suffix in held)
+    mixed = " (the files of one input share a format)" if len(held) > 1 else ""
+    return f"give the files in it, e.g. {globs}{mixed}"
+
+
 def _no_match(pattern: str, path: Path) -> str:
     """Why ``pattern`` gives no file, in the user's words."""
     if not pattern.strip():
         return "an empty pattern matches no file; give a glob such as 'data/train-*.jsonl'"
     if path.is_dir():
-        return f"{pattern!r} is a directory; give the files in it, e.g. {str(Path(pattern) / '*.jsonl')!r}"
+        return f"{pattern!r} is a directory; {_files_in(pattern, path)}"
     if path.is_symlink() and not path.exists():
         return f"{pattern!r} is a symbolic link to nothing ({os.readlink(path)})"
     if path.exists():

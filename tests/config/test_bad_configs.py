@@ -154,6 +154,10 @@ CASES = [
     (["trainer.lr_schedule=cosine"], "trainer.lr_schedule", "did you mean trainer.lr_schedule.decay=cosine?"),
     (["recipe.optimizer=adamw"], "recipe.optimizer", "did you mean recipe.optimizer.name=adamw?"),
     (["trainer.loggers=tensorboard"], "trainer.loggers", "a list of one: trainer.loggers=[tensorboard]"),
+    # a list of two: "a list of one" led to the next error ("at least 2 items")
+    (["recipe.optimizer.betas=0.9"], "recipe.optimizer.betas", "give a list, e.g. recipe.optimizer.betas=[0.9,0.999] "
+     "(its default; 2 items)"),
+    (["recipe.optimizer.betas=[0.9]"], "recipe.optimizer.betas", "not 1; e.g. recipe.optimizer.betas=[0.9,0.999]"),
     # a read-ahead that never ends held the loop (and its stop signals) while it filled memory
     (["input.prefetch=1000000000"], "input.prefetch", "less than or equal to 32"),
 ]

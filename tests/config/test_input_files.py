@@ -83,8 +83,14 @@ def test_unknown_extension_asks_for_a_format(tmp_path):
 def test_bad_inputs_exit_2_with_one_screen(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(job, "cuda_devices", lambda: 0)  # the cases mean a machine without a GPU
     shards(tmp_path, 3)
+    (tmp_path / "held").mkdir()
+    for name in ("train.csv", "extra.pt", "notes.txt"):
+        (tmp_path / "held" / name).write_text("x")
     cases = [
         ([f"input.files={tmp_path}/none-*.csv"], "input.files", "no file matches"),
+        # a folder: the globs of what it holds (it suggested *.jsonl for a folder of csv and pt files)
+        ([f"input.files={tmp_path}/held"], "input.files",
+         f"is a directory; give the files in it, e.g. '{tmp_path}/held/*.csv' or '{tmp_path}/held/*.pt' (the files of"),
         (["input.format=parquet"], "input.format", "allowed: jsonl, csv, pt, npy"),
         (["input.auto_shard_policy=RANDOM"], "input.auto_shard_policy", "allowed: AUTO, FILE, DATA, OFF"),
         (["input.prefetch=-1"], "input.prefetch", "greater than or equal to 0"),
