@@ -59,7 +59,7 @@ def find(value: str, config_dirs: Iterable[str]) -> Path | None:
 
 def node(path: Path, shipped: dict[str, Path]) -> DictConfig:
     """The recipe file as the config a run composes: ``recipe.name`` (the file's stem unless set) and ``entry`` resolved."""
-    yaml_path = path.with_suffix(".yaml") if path.suffix == ".py" else path
+    yaml_path = settings_of(path, shipped) if path.suffix == ".py" else path
     if path.suffix == ".py":
         data = _read_yaml(yaml_path) if yaml_path.is_file() else {"recipe": {}}
         data["recipe"]["entry"] = str(path)
@@ -70,6 +70,19 @@ def node(path: Path, shipped: dict[str, Path]) -> DictConfig:
         YAMLS[data["recipe"]["entry"]] = yaml_path
     data["recipe"].setdefault("name", path.stem)
     return OmegaConf.create(data)
+
+
+def settings_of(py: Path, shipped: dict[str, Path]) -> Path:
+    """The YAML of recipe module ``py``: ``mine.yaml`` beside it, else ``recipe/mine.yaml`` beside it where its entry
+    is this module (what ``dlaunch recipes cp`` writes); the first, absent, where there is neither."""
+    beside, copied = py.with_suffix(".yaml"), py.parent / "recipe" / f"{py.stem}.yaml"
+    if beside.is_file() or not copied.is_file():
+        return beside
+    try:
+        entry = _entry(copied, yaml.safe_load(copied.read_text())["recipe"]["entry"], shipped)
+    except (OSError, yaml.YAMLError, TypeError, KeyError, ConfigError):
+        return beside  # not that module's settings, or unreadable: `recipe=recipe/mine.yaml` shows why
+    return copied if Path(entry).resolve() == py.resolve() else beside
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -71,6 +71,12 @@ def test_a_recipe_by_path_to_its_py_or_its_yaml(tmp_path, capsys, monkeypatch):
     assert by_yaml.recipe.entry == str(tmp_path / "mine" / "linear.py") and by_yaml.recipe.name == "linear"
     by_py = spec_of(["recipe=mine/linear.py"])
     assert by_py.recipe.entry == str(tmp_path / "mine" / "linear.py")
+    # the .py of a copy takes the settings cp wrote for it (recipe/linear.yaml): they were ignored, Config's defaults ran
+    yaml_file = tmp_path / "mine" / "recipe" / "linear.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("features: 32", "features: 5"))
+    assert spec_of(["recipe=mine/linear.py"]).recipe.features == spec_of(["recipe=mine/recipe/linear.yaml"]).recipe.features == 5
+    (tmp_path / "mine" / "linear.yaml").write_text("recipe:\n  features: 3\n")  # one beside the .py comes first
+    assert spec_of(["recipe=mine/linear.py"]).recipe.features == 3
 
 
 def test_a_moved_copy_runs_by_path(tmp_path, capsys):
