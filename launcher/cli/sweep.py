@@ -108,7 +108,7 @@ def refused(run_dir: Path, status: str, reason: str) -> None:
     typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in hydra.overrides.task]))
     own = [o for o in typed if not o.startswith("hydra") and o != RESUMING] + _script_tail(list(script_config.ARGS))
     row = {"job": int(hydra.job.num), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
-           "error": reason, "dir": str(run_dir), "_overrides": own}
+           "error": reason, "dir": str(Path(run_dir).resolve()), "_overrides": own}
     (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
     outputs.write_json_atomic(run_dir.parent / outputs.STATE_DIR / REFUSED.format(job=hydra.job.num), row)
 
@@ -188,7 +188,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
         "wall_seconds": summary.get("wall_seconds"),
         "resumed_from_step": summary.get("resumed_from_step"),
         "error": (summary.get("error") or {}).get("exception") if status != "completed" else None,
-        "dir": str(job),
+        "dir": str(job.resolve()),  # absolute, as a refused job's: the sweep was given relative, or resumed
         "_exit_code": summary.get("exit_code"),  # a stopped job's 128 + N; not written out
         "_checkpoint_step": summary.get("checkpoint_step"),  # a stopped or failed job's newest; not written out
     }
@@ -230,7 +230,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    (sweep_dir / "sweep_summary.json").write_text(json.dumps({"sweep_dir": str(sweep_dir), "jobs": public}, indent=2))
+    summary = {"sweep_dir": str(sweep_dir.resolve()), "jobs": public}  # absolute: read from anywhere, the same after a resume
+    (sweep_dir / "sweep_summary.json").write_text(json.dumps(summary, indent=2))
     with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "error", "dir"])
         writer.writeheader()

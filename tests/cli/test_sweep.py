@@ -364,3 +364,21 @@ def test_each_job_run_in_dlaunchs_process_imports_its_recipe_afresh(tmp_path):
     assert [count for count, _ in seen] == ["1", "1", "1"], seen
     assert len({pid for _, pid in seen}) == 1  # one process ran all three
 
+
+def test_the_summarys_dir_is_each_jobs_absolute_directory_however_the_sweep_was_given_or_resumed(tmp_path):
+    """``dir`` in sweep_summary.csv was the job's directory as hydra.sweep.dir was given (``sweep/0``) for a job that
+    ran, absolute for a config error, and absolute for every job after ``dlaunch resume``. Now it is always absolute."""
+    sweep = tmp_path / "sweep"
+
+    def dirs() -> list[str]:
+        with open(sweep / "sweep_summary.csv") as f:
+            return [r["dir"] for r in csv.DictReader(f)]
+
+    absolute = [str((sweep / str(n)).resolve()) for n in range(2)]
+    proc = dlaunch("-m", "strategy=one_device", "cluster=1x1,1x2", "trainer.steps=3", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # job 1 is a config error: one_device on 2 devices
+    assert dirs() == absolute
+    assert json.loads((sweep / "sweep_summary.json").read_text())["sweep_dir"] == str(sweep.resolve())
+    again = dlaunch("resume", "sweep", cwd=tmp_path)
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert dirs() == absolute
