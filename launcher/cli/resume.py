@@ -12,7 +12,8 @@ overrides are added last. A script's run gets its arguments (after ``--``) again
     dlaunch resume multirun/2026-01-02/10-11-12     # a sweep: every job, each from its own checkpoint
 
 A sweep directory runs the sweep's overrides again (``-m``, ``hydra.sweep.dir=SWEEP_DIR``): a stopped job
-resumes, the jobs not started start, and a completed job has nothing left to train.
+resumes, the jobs not started start, and a completed job has nothing left to train. Overrides added go to every
+job; a new value for a key the sweep sweeps is refused (it cannot replace each job's own): ``SWEEP_DIR/N`` takes it.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
         # unresolved: ${hydra:job.num} means each job's own number again, in the sweep that replays it
         recorded = OmegaConf.to_container(OmegaConf.load(run_dir / SWEEP_FILE).hydra.overrides, resolve=False)
         own = user_recipes.as_typed([str(o) for o in recorded["task"]])
+        _refuse_swept_values(run_dir, [*own, *map(str, recorded["hydra"])], extra, [*extra, *_script_tail(args)])
         hydra_own = [str(o) for o in recorded["hydra"]
                      if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir")]
         jobs = sorted(run_dir.glob(f"*/{outputs.HYDRA_RECORD}/{outputs.SCRIPT_ARGS}"))  # the same in every job
@@ -166,6 +168,39 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     own = _pinned([str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")], run_dir / outputs.CONFIG)
     return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra, _resumes_from(run_dir, own)), f"hydra.run.dir={run_dir}",
             *_script_tail(args if given else _recorded([hydra_dir / outputs.SCRIPT_ARGS]))]
+
+
+def _refuse_swept_values(sweep_dir: Path, recorded: list[str], extra: list[str], given: list[str]) -> None:
+    """ValueError where ``extra`` gives a new value to a key the sweep sweeps: one value cannot replace each job's
+    own (the jobs would no longer differ in it, while the completed ones keep what their own values trained), and
+    Hydra's sweep would then have fewer jobs, numbered afresh (job 0 alone ran; a failed job 1 was dropped).
+    The message names the command that gives the value to one job (``given``: what was typed after the directory)."""
+    from launcher.config import compose as composer
+    from launcher.config.errors import ConfigError
+    from launcher.config.user_recipes import as_shown
+    from launcher.runtime import outputs
+
+    params = "hydra.sweeper.params."  # an Optuna search space given as Hydra's setting
+    try:
+        parsed = composer.parse_overrides([o for o in recorded if not _key(o).startswith(params)])
+    except ConfigError:
+        return  # the sweep's own record: its replay says what does not parse
+    swept = {_key(o.input_line): o.input_line for o in parsed if o.is_sweep_override()}
+    swept.update({_key(o).removeprefix(params): o for o in recorded if _key(o).startswith(params)})
+    clash = [swept[_key(o)] for o in extra if _key(o) in swept and o.lstrip("+") != swept[_key(o)].lstrip("+")]
+    if not clash:
+        return
+    jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+    left = [(d, status) for d in jobs if (status := (outputs.read_summary(d) or {}).get("status")) != "completed"]
+    typed = " ".join(shlex.quote(a) for a in given)
+    lines = "\n".join(f"  dlaunch resume {shlex.quote(str(d))} {typed}   (job {d.name}: {status or 'no record'})"
+                      for d, status in left) or f"  dlaunch resume {shlex.quote(str(sweep_dir))}/N {typed}"
+    keys = "; ".join(f"{_key(s)} is swept by this sweep ({as_shown([s])[0]})" for s in clash)
+    raise ValueError(
+        f"{keys}: one value cannot replace each job's own (the jobs would no longer differ in it, and a completed "
+        f"job keeps what its own value trained). Resume the job that needs the new value on its own; it goes on from "
+        f"its newest checkpoint:\n{lines}\n"
+        f"({command(sweep_dir)} KEY=VALUE gives every job a key the sweep does not sweep: a fix, trainer.steps=N)")
 
 
 def _pinned(own: list[str], config: Path) -> list[str]:

@@ -1,0 +1,37 @@
+"""``dlaunch resume SWEEP_DIR`` with a new value for a key the sweep sweeps, and one job of a sweep resumed alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import PROBE, dlaunch
+
+pytestmark = pytest.mark.slow
+
+
+def failed_sweep(tmp_path):
+    """A sweep over ``recipe.fail_replica`` whose job 1 fails at step 5, after its checkpoint of step 4."""
+    sweep = tmp_path / "multirun" / "s2"
+    proc = dlaunch("-m", f"recipe.entry={PROBE}", "recipe.fail_replica=-1,0", "recipe.fail_step=5", "trainer.steps=8",
+                   "strategy=mirrored", "cluster=1x2", "trainer.checkpoint.every_steps=2", "hydra.sweep.dir=multirun/s2",
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    return sweep
+
+
+def test_a_new_value_for_a_swept_key_is_refused_with_the_command_for_the_job_that_needs_it(tmp_path):
+    """``dlaunch resume SWEEP recipe.fail_replica=-1`` made the sweep one job: job 0 said it had completed, the failed
+    job 1 was never resumed and was dropped from multirun.yaml and sweep_summary.json, and dlaunch exited 0. One value
+    cannot stand for each job's own, so it is refused (exit 2), naming the key and the command for the failed job;
+    the sweep's record is kept."""
+    sweep = failed_sweep(tmp_path)
+    recorded = {name: (sweep / name).read_bytes() for name in ("multirun.yaml", "sweep_summary.json", "sweep_summary.csv")}
+    proc = dlaunch("resume", "multirun/s2", "recipe.fail_replica=-1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    assert "recipe.fail_replica is swept by this sweep (recipe.fail_replica=-1,0)" in text, text
+    assert f"dlaunch resume {sweep.resolve() / '1'} recipe.fail_replica=-1   (job 1: failed)" in text, text
+    assert "Launching" not in text and "completed already" not in text and len(text.splitlines()) <= 5
+    assert {name: (sweep / name).read_bytes() for name in recorded} == recorded
