@@ -26,6 +26,7 @@ from typing import Any
 
 
 SWEEP_FILE = "multirun.yaml"  # what Hydra writes at the top of a sweep's directory
+ADDED = "trainer.resume=auto"  # what a resume adds to the job it replays (the default): no override of the job's own
 
 
 def command(run_dir: Path) -> str:
@@ -199,7 +200,7 @@ def _refuse_swept_values(sweep_dir: Path, recorded: list[str], extra: list[str],
     raise ValueError(
         f"{keys}: one value cannot replace each job's own (the jobs would no longer differ in it, and a completed "
         f"job keeps what its own value trained). Resume the job that needs the new value on its own; it goes on from "
-        f"its newest checkpoint:\n{lines}\n"
+        f"its newest checkpoint, and its row of the sweep's summary is updated:\n{lines}\n"
         f"({command(sweep_dir)} KEY=VALUE gives every job a key the sweep does not sweep: a fix, trainer.steps=N)")
 
 
@@ -319,6 +320,11 @@ def main(argv: list[str]) -> int:
     where = _go_to_first_cwd(run_dir)
     print(where + "dlaunch " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
     RESUMING.append(True)
+    from launcher.cli import sweep
     from launcher.cli.main import main as run
 
-    return run(args)
+    code = run(args)
+    if not (run_dir / SWEEP_FILE).exists() and sweep.update_row(run_dir):  # one job of a sweep
+        print(f"job {run_dir.name}'s row of {run_dir.parent / 'sweep_summary.json'} (and .csv) is updated",
+              file=sys.stderr)
+    return code

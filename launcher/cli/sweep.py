@@ -23,12 +23,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launcher.cli import resume
 from launcher.runtime import outputs
 from launcher.runtime.progress import log
 
 COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds",
            "resumed_from_step")  # set: the last command went on from that checkpoint, and the throughput and time are its
-RESUMING = "trainer.resume=auto"  # what `dlaunch resume` adds to every job it replays (and the default): not the job's own
+RESUMING = resume.ADDED  # what `dlaunch resume` adds to every job it replays (and the default): not the job's own
 _outcome: dict[str, Any] = {"failed": 0, "stopped": 0}
 
 
@@ -48,7 +49,7 @@ class SweepSummary(Callback):
     """``on_multirun_end``: the sweep's table on the terminal, ``sweep_summary.json`` and ``.csv`` beside the jobs."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        from launcher.cli import resume, sweep_stop
+        from launcher.cli import sweep_stop
 
         sweep_dir = Path(config.hydra.sweep.dir)
         _outcome.update(failed=0, stopped=0)  # an earlier sweep's in this process (tests run several)
@@ -79,8 +80,6 @@ class SweepSummary(Callback):
 
 def _how_to_go_on(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
     """The sweep's one resume command, where a job was stopped, or failed after a checkpoint ("": neither)."""
-    from launcher.cli import resume
-
     kept = ", ".join(f"job {r['job']} at step {r['_checkpoint_step']}" for r in rows
                      if r["status"] not in ("completed", *_CUT_SHORT) and r.get("_checkpoint_step") is not None)
     stopped = any(r["status"] in _CUT_SHORT for r in rows)
@@ -117,8 +116,6 @@ def _keep_earlier_record(sweep_dir: Path) -> None:
     """A sweep run again in its directory of which no job went ahead (each refused, or a dry run: none wrote its
     ``.hydra`` record since the sweep started) leaves the earlier record there, so that ``dlaunch resume
     SWEEP_DIR`` replays the sweep that ran, not the one refused."""
-    from launcher.cli import resume
-
     went_ahead = any(_ThisSweep.before.get(d.name) != _record_mtime(d) for d in _job_dirs(sweep_dir))
     if not went_ahead and _ThisSweep.earlier_record is not None:
         (sweep_dir / resume.SWEEP_FILE).write_text(_ThisSweep.earlier_record)
@@ -155,8 +152,6 @@ def _job_number(job: Path) -> int:
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job of this sweep (a job directory an earlier sweep left there, untouched, is not one), in job order."""
-    from launcher.cli import resume
-
     jobs = [d for d in _job_dirs(sweep_dir) if _ThisSweep.before.get(d.name) != _record_mtime(d)]
     for job in [sweep_dir, *jobs]:  # a job run in another process (submitit, joblib) could not: this one knows what the user typed
         resume.keep_replayable(job)
@@ -236,6 +231,24 @@ def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "error", "dir"])
         writer.writeheader()
         writer.writerows(public)
+
+
+def update_row(job: Path) -> bool:
+    """A sweep's job that ``dlaunch resume SWEEP_DIR/N`` ran alone: its row in the sweep's ``sweep_summary.json`` and
+    ``.csv`` becomes what its directory holds now (the other rows stay), so the sweep's record does not go on saying
+    it failed. Whether there was such a summary to update."""
+    sweep_dir = job.parent
+    jobs = _read_json(sweep_dir / "sweep_summary.json").get("jobs")
+    if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
+        return False
+    rows = [r for r in jobs if isinstance(r, dict) and "job" in r]
+    number = next((r["job"] for r in rows if Path(sweep_dir, str(r.get("dir"))).resolve() == job), None)
+    if number is None and not job.name.isdigit():
+        return False
+    row = _row(job, int(job.name) if number is None else number)
+    rows = sorted([r for r in rows if r["job"] != row["job"]] + [row], key=lambda r: r["job"])
+    write(sweep_dir, rows)
+    return True
 
 
 def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:

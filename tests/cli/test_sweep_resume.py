@@ -35,3 +35,28 @@ def test_a_new_value_for_a_swept_key_is_refused_with_the_command_for_the_job_tha
     assert f"dlaunch resume {sweep.resolve() / '1'} recipe.fail_replica=-1   (job 1: failed)" in text, text
     assert "Launching" not in text and "completed already" not in text and len(text.splitlines()) <= 5
     assert {name: (sweep / name).read_bytes() for name in recorded} == recorded
+
+
+def test_one_job_resumed_alone_updates_its_row_of_the_sweeps_summary_and_its_label(tmp_path):
+    """After ``dlaunch resume SWEEP/1 KEY=VALUE`` completed job 1, sweep_summary.json still said it had failed, and
+    ``dlaunch report``'s legend and table labelled it ``trainer.resume=auto``, which the resume had added."""
+    import csv
+
+    from launcher.cli.report import jobs as report_jobs
+
+    sweep = failed_sweep(tmp_path)
+    proc = dlaunch("resume", "multirun/s2/1", "recipe.fail_replica=-1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(r["job"], r["status"], r["resumed_from_step"], r["error"]) for r in rows] == [
+        (0, "completed", None, None), (1, "completed", 4, None)], rows
+    assert "recipe.fail_replica=-1" in rows[1]["overrides"] and "trainer.resume" not in rows[1]["overrides"]
+    with open(sweep / "sweep_summary.csv") as f:
+        assert [(r["status"], r["dir"]) for r in csv.DictReader(f)] == [
+            ("completed", str(sweep.resolve() / n)) for n in "01"]
+    report = dlaunch("report", "multirun/s2", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "trainer.resume" not in (sweep / "report.html").read_text()
+    loaded = [report_jobs.load(sweep / n, n) for n in "01"]
+    report_jobs.label(loaded)
+    assert all("trainer.resume" not in j.label and "recipe.fail_replica=-1" in j.label for j in loaded), loaded

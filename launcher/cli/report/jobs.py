@@ -169,10 +169,13 @@ def _yaml(path: Path) -> Any:
 
 
 def _overrides(path: Path) -> list[str]:
+    """The job's overrides as typed, without the ``trainer.resume=auto`` (the default) that ``dlaunch resume`` adds:
+    a job of a sweep resumed alone was labelled by it, the one override that set it apart."""
+    from launcher.cli.resume import ADDED
     from launcher.config.user_recipes import as_shown
 
     found = _yaml(path / outputs.HYDRA_RECORD / "overrides.yaml")
-    return as_shown(str(o) for o in found) if isinstance(found, list) else []
+    return [o for o in as_shown(str(o) for o in found) if o != ADDED] if isinstance(found, list) else []
 
 
 def _config(path: Path) -> dict[str, Any]:
