@@ -195,7 +195,8 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     done = resume.already_completed(spec, run_dir)
     if done is not None:
         console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): nothing to resume")
-        outputs.touch_record(run_dir)  # a job of this command all the same: a resumed sweep's table lists it
+        if not spec.launch.dry_run:  # a dry run leaves the record as it was: the sweep's record is kept whole
+            outputs.touch_record(run_dir)  # a job of this command all the same: a resumed sweep's table lists it
         Status.codes.append(0)
         return done
     plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers

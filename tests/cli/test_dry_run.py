@@ -74,3 +74,18 @@ def test_a_dry_run_sweep_keeps_its_directory_where_a_job_recorded_something(tmp_
     (sweep / ".dlaunch").rmdir()
     callback.on_multirun_end(config)
     assert not sweep.exists()
+
+
+def test_a_dry_run_resume_of_a_completed_sweep_leaves_its_record_as_it_was(tmp_path):
+    """Each completed job marked itself a job of this command (its record's time), so the sweep's multirun.yaml was
+    not put back: it recorded launch.dry_run=true, and every later `dlaunch resume SWEEP_DIR` would have been a dry run."""
+    sweep = tmp_path / "sweep"
+    ran = dlaunch("-m", "trainer.steps=3", "trainer.seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    kept = {name: (sweep / name).read_bytes() for name in ("multirun.yaml", "sweep_summary.json", "sweep_summary.csv")}
+    jobs = {d.name: (d / ".hydra" / "overrides.yaml").stat().st_mtime_ns for d in sweep.iterdir() if d.name.isdigit()}
+    dry = dlaunch("resume", str(sweep), "launch.dry_run=true", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert {name: (sweep / name).read_bytes() for name in kept} == kept
+    assert {d: (sweep / d / ".hydra" / "overrides.yaml").stat().st_mtime_ns for d in jobs} == jobs
+    assert "launch.dry_run" not in (sweep / "multirun.yaml").read_text()
