@@ -68,17 +68,24 @@ class Job:
 
     def describe(self) -> str:
         """recipe, strategy and cluster, as the summary (or the config a killed run left) names them."""
+        return " · ".join(f for f in self.facts() if f)
+
+    def facts(self) -> tuple[str | None, str | None, str | None]:
+        """(recipe, strategy, cluster), each None where nothing this directory holds says it. A job that never
+        started (refused by its config, or after a stop) has only Hydra's record of its composed config."""
         s = self.summary or {}
         found = [s.get("recipe") or self.script.split(" ")[0] or None, s.get("strategy"), s.get("cluster")]
-        if not all(found):
-            config = _config(self.path)
+        for config in (_config(self.path), _config(self.path / outputs.HYDRA_RECORD)):
+            if all(found):
+                break
             cluster, script = config.get("cluster") or {}, (config.get("script") or {}).get("path")
             fallback = [Path(script).name if script else (config.get("recipe") or {}).get("name"),
                         (config.get("strategy") or {}).get("name"),
                         f"{cluster['nodes']}x{cluster['devices_per_node']}"
                         if "nodes" in cluster and "devices_per_node" in cluster else None]
-            found = [f or b for f, b in zip(found, fallback)]
-        return " · ".join(str(f) for f in found if f)
+            found = [f or _plain(b) for f, b in zip(found, fallback)]
+        recipe, strategy, cluster = (str(f) if f else None for f in found)
+        return recipe, strategy, cluster
 
     def evaluation_losses(self) -> list[str]:
         """The losses the recipe's ``evaluate`` returned (``eval_loss``): keys ending in ``loss`` of the records
@@ -181,6 +188,11 @@ def _overrides(path: Path) -> list[str]:
 def _config(path: Path) -> dict[str, Any]:
     found = _yaml(path / outputs.CONFIG)
     return found if isinstance(found, dict) else {}
+
+
+def _plain(value: Any) -> Any:
+    """A value of a composed config as written, or None for an interpolation it left unresolved (``${...}``)."""
+    return None if "${" in str(value) else value
 
 
 def _number(value: Any) -> float | None:

@@ -79,11 +79,22 @@ def sweep_loss(jobs: list[Job], sweep: str, every: list[Job] | None = None) -> F
     failed, stopped = sum(not j.completed and not j.stopped for j in every), sum(j.stopped for j in every)
     count = f"{_plural(len(every), 'job')}{f', {failed} failed' if failed else ''}{f', {stopped} stopped' if stopped else ''}"
     count += f"; {len(jobs)} with a loss curve" if len(jobs) < len(every) else ""
-    shared = {j.describe() for j in jobs}
-    what = f"{shared.pop()}, " if len(shared) == 1 and "" not in shared else ""
+    what = " · ".join(shared(every))
+    what += ", " if what else ""
     ax.set(ylabel="loss", title=f"loss: sweep {sweep} ({what}{count})")
     _legend(ax, len(jobs))
     return fig
+
+
+def shared(jobs: list[Job]) -> list[str]:
+    """What the title may say of every job, failed and refused ones included: the recipe, strategy or cluster all
+    of them share, or how many there are (``2 strategies``). One a job does not record is left unsaid."""
+    said = []
+    for values, plural in zip(zip(*(j.facts() for j in jobs)), ("recipes", "strategies", "clusters")):
+        known = set(values)
+        if None not in known:
+            said.append(known.pop() if len(known) == 1 else f"{len(known)} {plural}")
+    return said
 
 
 def sweep_metrics(jobs: list[Job], sweep: str) -> Figure | None:
