@@ -27,7 +27,8 @@ from launcher.cli import resume
 from launcher.runtime import outputs
 from launcher.runtime.progress import log
 
-COLUMNS = ("job", "overrides", "status", "final_loss", "metric", "metric_value", "examples_per_sec", "wall_seconds",
+COLUMNS = ("job", "overrides", "status", "final_loss", "last_logged_loss", "last_logged_step", "metric", "metric_value",
+           "examples_per_sec", "wall_seconds",
            "resumed_from_step")  # set: the last command went on from that checkpoint, and the throughput and time are its
 RESUMING = resume.ADDED  # what `dlaunch resume` adds to every job it replays (and the default): not the job's own
 _outcome: dict[str, Any] = {"failed": 0, "stopped": 0}
@@ -171,14 +172,18 @@ def _row(job: Path, number: int) -> dict[str, Any]:
     metric = outputs.ranking_metric(job, summary)
     status = summary.get("status") or ("config error" if not (job / "config.yaml").exists() else "failed")
     overrides = _overrides(job)
+    done = status == "completed"
+    last = None if done else outputs.last_loss(job)  # a job that ended early has no final loss, only a last one
     return {
         "job": number,
         "overrides": " ".join(overrides),
         "_overrides": overrides,  # as typed, one per item (a value may hold spaces); not written out
         "status": status,
-        "final_loss": summary.get("final_loss"),
+        "final_loss": summary.get("final_loss") if done else None,
+        "last_logged_loss": last and last[0],
+        "last_logged_step": last and last[1],
         "metric": metric,
-        "metric_value": outputs.metric_value(summary, metric) if metric else None,
+        "metric_value": outputs.metric_value(summary, metric) if metric and done else None,
         "examples_per_sec": summary.get("examples_per_sec"),
         "wall_seconds": summary.get("wall_seconds"),
         "resumed_from_step": summary.get("resumed_from_step"),
@@ -277,7 +282,7 @@ def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
         own = " ".join(o for o in r["_overrides"] if o not in shared)
         why = [escape(r.get("error") or "")] if failed else []
         part = "*" if r.get("resumed_from_step") else ""
-        table.add_row(str(r["job"]), escape(own), status, _num(r["final_loss"]), metric,
+        table.add_row(str(r["job"]), escape(own), status, _loss(r), metric,
                       _num(r["examples_per_sec"], ".0f") + part, _num(r["wall_seconds"], ".2f") + part, *why)
     if shared:
         console.print(f"every job: {escape(' '.join(shared))}")
@@ -287,6 +292,13 @@ def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
         console.print(f"* resumed ({', '.join(resumed)}): examples/s and wall s cover only the steps its last command "
                       "trained after that checkpoint, not the job as a whole")
     console.print(f"sweep results: [bold]{sweep_dir}[/] (sweep_summary.json, sweep_summary.csv, one directory per job)")
+
+
+def _loss(row: dict[str, Any]) -> str:
+    """A completed job's final loss; for one that ended early, the last loss it logged and that step's number."""
+    if row.get("last_logged_loss") is None:
+        return _num(row["final_loss"])
+    return f"last logged {_num(row['last_logged_loss'])} (step {row['last_logged_step']})"
 
 
 def _num(value: Any, fmt: str = ".6g") -> str:

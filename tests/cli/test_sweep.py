@@ -133,6 +133,26 @@ def test_a_job_that_failed_after_a_save_is_resumed_by_the_sweeps_one_command(tmp
     assert "failed jobs saved" not in again.stdout + again.stderr
 
 
+def test_a_failed_jobs_loss_is_the_last_it_logged_with_its_step_not_a_final_loss(tmp_path):
+    """Job 0 fails at step 5, having logged its loss at step 1 only (every 10 steps): the table, the JSON and the
+    report showed that step-1 loss as its final loss."""
+    from tests.conftest import PROBE
+
+    sweep = tmp_path / "sweep"
+    proc = dlaunch("-m", f"recipe.entry={PROBE}", "recipe.fail_replica=0", "recipe.fail_step=5", "trainer.steps=8",
+                   "trainer.seed=1,2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (logged,) = [json.loads(line) for line in (sweep / "0" / "metrics.jsonl").read_text().splitlines()]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(j["status"], j["final_loss"] is None, j["last_logged_loss"], j["last_logged_step"]) for j in jobs] == [
+        ("failed", True, logged["loss"], 1), ("completed", False, None, None)]
+    row = next(line for line in proc.stdout.splitlines() if " failed " in line)
+    shown = f"last logged {logged['loss']:.6g} (step 1)"
+    assert shown in row, row
+    assert dlaunch("report", str(sweep), cwd=tmp_path, device=None).returncode == 0
+    assert shown in (sweep / "report.html").read_text()
+
+
 @pytest.mark.slow
 def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_path):
     """Ctrl-C in a sweep ends the sweep, not only the job it reached: that job saves and stops, the later jobs are

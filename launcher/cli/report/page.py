@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cli.report.jobs import Job, extra_keys
+from launcher.runtime import outputs
 
 REPORT = "report.html"
 MAX_TABLE_ROWS = 1000  # the run page's per-step table; the charts always show every record
@@ -45,7 +46,8 @@ def run_table(job: Job) -> str:
     rows: list[tuple[str, Any]] = [("status", Raw(status_html(job)))]
     if job.overrides:
         rows.append(("overrides", " ".join(job.overrides)))
-    rows += [(key, s[key]) for key in RUN_KEYS if key in s]
+    rows += [(key, s[key]) if key != "final_loss" or job.completed else ("last logged loss", last_loss(job))
+             for key in RUN_KEYS if key in s]
     rows += [(f"metrics.{k}", v) for k, v in job.metrics.items()]
     if not job.metrics:
         rows.append(("metrics", SCRIPT_METRICS if job.script else
@@ -71,7 +73,9 @@ def sweep_table(jobs: list[Job], metric: str, best: list[Job]) -> str:
         name = f"{e(j.name)} &#9733;" if j in best else e(j.name)  # the star marks the highlighted bars
         row = [Raw(name), " ".join(j.overrides) or "(none)", Raw(status_html(j))]
         part = Raw("*") if s.get("resumed_from_step") else None  # the last command's steps only, as the terminal says
-        row += [s.get("first_loss"), s.get("final_loss"), *(j.metrics.get(k) for k in metric_keys),
+        last = None if j.completed else last_loss(j)  # one that ended early has no final loss
+        final = s.get("final_loss") if j.completed else last and f"last logged {last}"
+        row += [s.get("first_loss"), final, *(j.metrics.get(k) for k in metric_keys),
                 _marked(s.get("examples_per_sec"), part), _marked(s.get("wall_seconds"), part)]
         rows.append(row)
     stars = "; &#9733; marks the best job" + ("s (tied)" if len(best) > 1 else "") if best else ""
@@ -80,6 +84,13 @@ def sweep_table(jobs: list[Job], metric: str, best: list[Job]) -> str:
     note = (f"<p>* resumed ({e(', '.join(resumed))}): examples/s and wall_seconds cover only the steps its last command "
             "trained after that checkpoint, not the job as a whole.</p>") if resumed else ""
     return f"<p>Charted metric: <b>{e(metric)}</b>{stars}.</p>" + table(header, rows) + note
+
+
+def last_loss(job: Job) -> Any:
+    """A run that ended early has no final loss: the last one it logged, and at which step (its summary's
+    ``final_loss`` is that loss, which may be of a step long before the failure)."""
+    last = outputs.last_loss(job.path)
+    return f"{last[0]:.6g} (step {last[1]})" if last else None
 
 
 def _marked(value: Any, mark: Raw | None) -> Any:
