@@ -11,6 +11,7 @@ from rich.text import Text
 
 from launcher.config.errors import ConfigError, Problem
 from launcher.config.plan import Plan
+from launcher.config.run_rules import no_batch
 from launcher.config.schema import RunSpec
 from launcher.config.trainer import TrainerSpec
 from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, resolve_policy, shard_rows
@@ -286,6 +287,8 @@ def shard_table(spec: RunSpec, count: bool = True) -> Group | None:
         table.add_column(column, justify="right" if column == "elements" else "left")
     for row in shard_rows(policy, names, counts, nodes, per_node):
         table.add_row(*row[:len(columns)])
+    if counts is not None:
+        _check_a_batch(spec, sum(counts))
     note = _uneven_note(spec, policy, counts) if counts else None
     return Group(Text(title), table, *([Text(note)] if note else []))  # lines as wide as the terminal, not the table
 
@@ -298,6 +301,15 @@ def _count(path: str, fmt: str) -> int:
         first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:160]
         reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
         raise ConfigError([Problem(key="input.files", value=path, message=f"{path} cannot be read as {fmt} ({reason})")]) from None
+
+
+def _check_a_batch(spec: RunSpec, rows: int) -> None:
+    """Files whose rows fill no global batch (a dry run counts them): a config error, not the workers' NoBatch."""
+    inp = spec.input
+    if rows == 0 or (inp.drop_remainder and rows < inp.global_batch_size):
+        multiple = spec.num_replicas * spec.trainer.grad_accum_steps
+        why = no_batch(rows, inp.global_batch_size, multiple, f"the {len(inp.files)} input file(s)")
+        raise ConfigError([Problem(key="input.global_batch_size", value=inp.global_batch_size, message=why)])
 
 
 def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> str | None:

@@ -52,6 +52,19 @@ def nearby_multiples(value: int, n: int) -> str:
     return f"{below} or {above}" if below > 0 else str(above)
 
 
+def no_batch(rows: int, global_batch_size: int, multiple: int, what: str = "the training data") -> str:
+    """Why ``rows`` of training data (``what``) give no step a batch under input.drop_remainder=true, and what to
+    change: ``the 3000 rows of the training data are fewer than one global batch (input.global_batch_size=4000) ...``."""
+    if rows == 0:
+        return f"{what} hold no rows"
+    fits = rows - rows % multiple
+    smaller = f"input.global_batch_size={fits} or less" + (
+        f" (a multiple of {multiple}: replicas x trainer.grad_accum_steps)" if multiple > 1 else "") if fits else ""
+    return (f"the {rows} rows of {what} are fewer than one global batch (input.global_batch_size={global_batch_size}), "
+            "and input.drop_remainder=true drops a partial batch: no step would have a batch; use "
+            f"{smaller + ', or ' if smaller else ''}input.drop_remainder=false (the {rows} rows are one batch)")
+
+
 def whole_batches(spec: RunSpec, cuda: int) -> None:
     """A last partial global batch splits unevenly over the replicas (or leaves some none): dlaunch's loop weights
     each replica's mean loss by its rows (launcher/runtime/step.py), so it trains as one device does; a strategy

@@ -133,6 +133,13 @@ class DistributedDataset:
         return self._global_batch_size
 
     @property
+    def num_rows(self) -> int | None:
+        """The rows the global batches are cut from: a map-style dataset's, the input files' (but under FILE)."""
+        if self._shard is not None:
+            return self._shard.num_rows if self._shard.plan.policy is not AutoShardPolicy.FILE else None
+        return getattr(self._sampler(), "num_examples", None)
+
+    @property
     def seekable(self) -> bool:
         """Whether ``set_position`` can skip to a position without reading the batches before it."""
         return self._shard is not None or hasattr(self._sampler(), "set_position")

@@ -191,10 +191,18 @@ class DataStream:
             if not self._checked:
                 self._check_rows()
             return batch, self._cursor, getattr(self._epoch_iter, "rows", None)
-        raise NoBatch(
-            "the training data yields no batch: it is smaller than one global batch "
-            "(lower input.global_batch_size, or set input.drop_remainder=false)"
-        )
+        raise NoBatch(self._why_no_batch())
+
+    def _why_no_batch(self) -> str:
+        """With the numbers where the data says its rows (a map-style dataset's, input.files' under DATA or OFF)."""
+        from launcher.config.run_rules import no_batch
+
+        rows, size = getattr(self._dataset, "num_rows", None), self._configured
+        if rows is not None and size and rows < size:
+            return no_batch(rows, size, self._multiple, "the training data")
+        of = f" ({size} rows, input.global_batch_size)" if size else ""
+        return (f"the training data yields no batch: it is smaller than one global batch{of}: lower "
+                "input.global_batch_size, or set input.drop_remainder=false")
 
     def position_at(self, step: int) -> Position:
         """Where the data stands after ``step`` global batches (epochs of the dataset's length)."""

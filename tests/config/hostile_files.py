@@ -101,15 +101,16 @@ def bad_inputs() -> dict[str, bytes]:
 
 
 def write_inputs(directory: Path) -> Path:
-    """Bad files by name, ``ok.EXT`` in every format, ``valid/EXT/train-{0,1}.EXT`` and odd paths."""
+    """Bad files by name, ``ok.EXT`` in every format, ``valid/EXT/train-{0,1}.EXT`` and odd paths. A dry run counts
+    the rows: a valid file holds a global batch (64 rows), which fewer rows would be refused for."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, data in bad_inputs().items():
         (directory / name).write_bytes(data)
-    for fmt in ("jsonl", "csv", "pt", "npy"):
-        write_file(directory / f"ok.{fmt}", _columns(), fmt)
+    for fmt in ("jsonl", "csv", "pt", "npy"):  # each valid file fills a global batch of 64 (linear's) on its own
+        write_file(directory / f"ok.{fmt}", _columns(64), fmt)
         for i in range(2):
-            write_file(directory / "valid" / fmt / f"train-{i}.{fmt}", _columns(8), fmt)
-    torch.save(_columns(), directory / "legacy.pt", _use_new_zipfile_serialization=False)
+            write_file(directory / "valid" / fmt / f"train-{i}.{fmt}", _columns(64), fmt)
+    torch.save(_columns(64), directory / "legacy.pt", _use_new_zipfile_serialization=False)
     (directory / "a_directory.jsonl").mkdir(exist_ok=True)
     (directory / "empty_dir").mkdir(exist_ok=True)
     os.mkfifo(directory / "fifo.jsonl")

@@ -112,6 +112,21 @@ def test_real_process_exit_code_for_a_glob_without_match(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_dry_run_of_files_too_small_for_one_global_batch_is_a_config_error_with_the_numbers(tmp_path):
+    """A dry run counts the files' rows: 6 rows and input.global_batch_size=8 exited 0 there, and the real run failed in
+    its workers with NoBatch, which gave neither number."""
+    shards(tmp_path / "data", 3)  # 2 rows each
+    proc = dlaunch("input.files=data/train-*.jsonl", "input.global_batch_size=8", "launch.dry_run=true", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, out[-3000:]
+    assert ("input.global_batch_size = 8 the 6 rows of the 3 input file(s) are fewer than one global batch "
+            "(input.global_batch_size=8), and input.drop_remainder=true drops a partial batch") in out, out
+    assert "use input.global_batch_size=6 or less, or input.drop_remainder=false" in out and "Traceback" not in out
+    kept = dlaunch("input.files=data/train-*.jsonl", "input.global_batch_size=8", "input.drop_remainder=false",
+                   "launch.dry_run=true", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr[-3000:]
+
+
 def test_the_saved_config_lists_the_resolved_files(tmp_path, monkeypatch):
     """A run's config.yaml (``job.as_run``; a dry run, which wrote it before, now writes nothing) lists the files."""
     shards(tmp_path / "data", 2)

@@ -71,11 +71,31 @@ def test_data_smaller_than_one_global_batch_says_what_to_change():
 
     strategy = dl.OneDeviceStrategy("cpu:0")
     data = TensorDataset(torch.arange(3, dtype=torch.float32).unsqueeze(1))
-    stream = DataStream(strategy.experimental_distribute_dataset(
-        DataLoader(data, batch_sampler=EpochBatchSampler(3, 8, shuffle=False, seed=0, drop_last=True))))
+    def stream(**kw):
+        return DataStream(strategy.experimental_distribute_dataset(
+            DataLoader(data, batch_sampler=EpochBatchSampler(3, 8, shuffle=False, seed=0, drop_last=True))), **kw)
+
     with pytest.raises(NoBatch, match=r"lower input.global_batch_size, or set input.drop_remainder=false") as caught:
-        next(iter(stream))
+        next(iter(stream()))
     assert caught.value.explained
+    with pytest.raises(NoBatch, match=r"^the 3 rows of the training data are fewer than one global batch "
+                                      r"\(input.global_batch_size=8\).*use input.global_batch_size=3 or less, or "
+                                      r"input.drop_remainder=false"):
+        next(iter(stream(global_batch_size=8)))
+
+
+def test_a_run_whose_data_is_smaller_than_one_global_batch_names_the_rows_and_the_batch(tmp_path):
+    """3000 rows under input.global_batch_size=4000: NoBatch said only "smaller than one global batch"."""
+    from tests.conftest import dlaunch
+
+    proc = dlaunch("recipe.examples=3000", "input.global_batch_size=4000", "strategy=mirrored", "cluster=1x2",
+                   "trainer.steps=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, out[-3000:]
+    assert ("NoBatch: the 3000 rows of the training data are fewer than one global batch (input.global_batch_size=4000), "
+            "and input.drop_remainder=true drops a partial batch: no step would have a batch; use "
+            "input.global_batch_size=3000 or less (a multiple of 2: replicas x trainer.grad_accum_steps), or "
+            "input.drop_remainder=false") in out, out[-3000:]
 
 
 def test_an_iterables_own_batch_size_is_counted_and_said_once(caplog):
