@@ -106,10 +106,11 @@ def refuse_sharded_loader(loader: object, num_workers: int) -> None:
             "a function that returns this loader (docs/SCRIPTS.md)")
 
 
-def warn_data_once(num_files: int, num_workers: int) -> None:
-    """DATA makes every worker read everything: say so, once per process."""
+def warn_data_once(num_files: int, num_workers: int, worker: int = 0) -> None:
+    """DATA makes every worker read everything: say so, once per job (worker 0, once in its process): each rank
+    said it, two lines on every run of a single file under cluster=1x2, with the plan's `AUTO -> DATA` above them."""
     global _warned_data
-    if _warned_data or num_workers == 1:
+    if _warned_data or num_workers == 1 or worker != 0:
         return
     _warned_data = True
     log.warning(

@@ -268,7 +268,7 @@ def _declared_batch_size(dataset: Any) -> int | None:
 def _shard_files(dataset: FileDataset, policy: AutoShardPolicy, num_workers: int, worker: int) -> FileShard:
     resolved = resolve_policy(policy, len(dataset.files), num_workers)
     if resolved is AutoShardPolicy.DATA:
-        warn_data_once(len(dataset.files), num_workers)
+        warn_data_once(len(dataset.files), num_workers, worker)
     return dataset.shard(ShardPlan(resolved, num_workers, worker))
 
 

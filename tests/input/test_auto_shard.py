@@ -128,9 +128,10 @@ def test_element_counts():
     assert ShardPlan(OFF, 2, 1).element_count(counts) == 10
 
 
-def test_data_warns_once_per_process(caplog, monkeypatch):
+def test_data_warns_once_per_job(caplog, monkeypatch):
     monkeypatch.setattr(auto_shard, "_warned_data", False)
     with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        auto_shard.warn_data_once(4, 2, worker=1)  # the other workers' processes say nothing: worker 0 says it
         auto_shard.warn_data_once(4, 2)
         auto_shard.warn_data_once(4, 2)
     warnings = [r for r in caplog.records if "every one of the 2 workers reads all 4" in r.getMessage()]
