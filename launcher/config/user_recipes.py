@@ -85,9 +85,25 @@ def settings_of(py: Path, shipped: dict[str, Path]) -> Path:
     return copied if Path(entry).resolve() == py.resolve() else beside
 
 
+class _NoDuplicates(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: yaml.safe_load kept the last one silently
+    (a second `input:` section dropped the first), and OmegaConf's loader, which refuses it, raised a traceback."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice in one mapping (first at line {seen[key].line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_NoDuplicates)  # noqa: S506 - a SafeLoader
     except (OSError, yaml.YAMLError) as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -67,11 +67,16 @@ def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: l
     yaml_path = user_recipes.YAMLS.get(entry) if isinstance(entry, str) else None
     if yaml_path is None:
         return problems
-    typed, text = {key_of(o) for o in overrides or ()}, OmegaConf.load(yaml_path)
+    try:
+        text = OmegaConf.load(yaml_path)
+    except Exception:  # noqa: BLE001 - read once already (user_recipes); changed since: the problems as they are
+        return problems
+    typed = {key_of(o) for o in overrides or ()}
 
     def in_file(p: Problem) -> bool:  # a value typed over the file's (the run's overrides are not always known) is not
         found = OmegaConf.select(text, p.key, default=None)
-        return found is not None and (p.message.startswith("unknown key") or str(found) == str(p.value))
+        one = p.value[0] if isinstance(p.value, list) and len(p.value) == 1 else None  # input.files: a pattern, as a list
+        return found is not None and (p.message.startswith("unknown key") or str(found) in (str(p.value), str(one)))
 
     return [dataclasses.replace(p, message=f"{p.message}, set in {yaml_path}") if p.key not in typed and in_file(p)
             else p for p in problems]

@@ -13,6 +13,24 @@ from launcher.config.errors import ConfigError, UserCodeError
 from tests.conftest import ROOT, dlaunch, summary
 
 
+def test_a_recipe_yamls_input_files_and_a_key_given_twice_are_named_with_the_file(tmp_path, capsys, monkeypatch):
+    """input.files set in the YAML and not found said nothing of the YAML (its value is a list of one pattern there);
+    a second `input:` section (a key given twice) was a traceback from OmegaConf's loader, after yaml.safe_load had
+    quietly kept the last one."""
+    assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
+    capsys.readouterr()
+    yaml_path = tmp_path / "mine" / "recipe" / "linear.yaml"
+    original = yaml_path.read_text()
+    yaml_path.write_text(original.replace("input:\n", "input:\n  files: data/train.csv\n", 1))
+    monkeypatch.chdir(tmp_path)
+    text = problems_of(["recipe=mine/recipe/linear.yaml"])
+    assert f"no file matches 'data/train.csv' (looked in {tmp_path / 'data'}), set in {yaml_path}" in text, text
+    yaml_path.write_text(original + "input:\n  files: data/train.csv\n")
+    text = problems_of(["recipe=mine/recipe/linear.yaml"])
+    first = original.splitlines().index("input:") + 1
+    assert f"cannot read this YAML: 'input' is given twice in one mapping (first at line {first})" in text, text
+
+
 @pytest.fixture
 def config_dirs():
     saved = list(composer.CONFIG_DIRS)
