@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -50,7 +52,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="how long to look at each run")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a tiny charlm (the CPU test of the wiring)")
+    parser.add_argument("--limit", type=float, default=100.0, help="seconds a run may take to reach step --after")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a caller's `timeout`: stop the runs on the way out
     shape, batch = (TINY, 4) if args.tiny else (gpu.SHAPE, gpu.BATCH)
     steps = 100_000  # stopped once looked at
     dl_args, loop_args = gpu.MODES[args.mode]
@@ -60,16 +64,42 @@ def main() -> None:
         commands = {"dlaunch": gpu.dlaunch_command(dl_args, steps, work / "run", shape, batch, args.device),
                     "hand": gpu.hand_command(loop_args, steps, work / "hand.json", shape, batch, args.device)}
         for who, command in commands.items():
-            found[who] = look(who, command, args.after, args.seconds, work)
+            try:
+                found[who] = look(who, command, args.after, args.seconds, work, args.limit)
+            except LookFailed as exc:  # the other run is still worth its look
+                found[who] = {"failed": str(exc)}
+                print(f"{who}: {exc}", flush=True)
+                continue
             print(f"{who}: {c.fmt(found[who]['ms_per_step'])} ms/step; {found[who]['threads_line']}", flush=True)
-    c.publish(f"{c.timestamp()}-gpu-why", {"mode": args.mode, "device": args.device, "runs": found},
-              report(args.mode, found))
+    c.publish(f"{c.timestamp()}-gpu-why", {"mode": args.mode, "device": args.device, "ptrace_scope": _ptrace_scope(),
+                                           "runs": found}, report(args.mode, found, _ptrace_scope()))
 
 
-def look(who: str, command: list[str], after: int, seconds: float, work: Path) -> dict[str, Any]:
-    """Start ``command``, wait for its step ``after``, look at it for ``seconds``, stop it."""
+class LookFailed(Exception):
+    """A run ended, or took too long, before the step to look at."""
+
+
+def _ptrace_scope() -> str:
+    """Yama's ptrace_scope (1: only a parent may attach, unless the target allows it): py-spy's chance to look."""
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return "(no Yama)"
+
+
+def _traceable_and_mortal() -> None:
+    """In the run, before it execs: it may be traced by any process (py-spy is its sibling, not its parent, where
+    Yama's ptrace_scope is 1), and it dies with this script (a `timeout` that kills the script kills the run)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, PR_SET_PTRACER_ANY (Yama; else ignored)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def look(who: str, command: list[str], after: int, seconds: float, work: Path, limit: float = 100.0) -> dict[str, Any]:
+    """Start ``command``, wait (at most ``limit`` seconds) for its step ``after``, look at it for ``seconds``, stop it."""
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=c.clean_env(),
-                            cwd=work if who == "dlaunch" else c.ROOT, start_new_session=True)
+                            cwd=work if who == "dlaunch" else c.ROOT, start_new_session=True,
+                            preexec_fn=_traceable_and_mortal)
     tail: collections.deque = collections.deque(maxlen=40)
     logged: list[tuple[float, int]] = []  # (when, step) of each logged step from ``after`` on
     reached = threading.Event()
@@ -83,15 +113,19 @@ def look(who: str, command: list[str], after: int, seconds: float, work: Path) -
                 reached.set()
 
     threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + limit
     try:
         while not reached.wait(1.0):
             if proc.poll() is not None:
-                raise SystemExit(f"{who} ended (exit {proc.returncode}) before step {after}:\n{''.join(tail)}")
+                raise LookFailed(f"ended (exit {proc.returncode}) before step {after}:\n{''.join(tail)}")
+            if time.monotonic() > deadline:
+                raise LookFailed(f"had not logged step {after} after {limit:g} s (--limit):\n{''.join(tail)}")
         seen = observe(proc.pid, seconds, work / f"{who}.raw")
         (t0, s0), (t1, s1) = logged[0], logged[-1]
         return {**seen, "ms_per_step": (t1 - t0) * 1000 / (s1 - s0) if s1 > s0 else None}
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # gone already
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -107,7 +141,11 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
     after, elapsed = thread_ticks(pid), time.perf_counter() - started
     children = (children_ticks(pid) - children_before) / TICKS / elapsed
     dump = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True, timeout=60) if spy else None
-    spied = record.communicate(timeout=60)[1] if record else ""
+    try:
+        spied = record.communicate(timeout=60)[1] if record else ""
+    finally:
+        if record is not None and record.poll() is None:
+            record.kill()
     threads = sorted(((name, (ticks - before.get(tid, (name, 0))[1]) / TICKS / elapsed) for tid, (name, ticks) in after.items()),
                      key=lambda t: -t[1])
     status = Path(f"/proc/{pid}/status").read_text()
@@ -153,10 +191,15 @@ def leaf_shares(raw: Path, top: int = 30) -> list[tuple[str, float, float]]:
     share of its samples in which each is the innermost Python frame (where the time goes, most first), and the
     share in which it is on the stack at all."""
     own, on_stack, total = collections.Counter(), collections.Counter(), 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        if not count.isdigit() or "MainThread" not in frames[0]:
+    lines = [(stack.split(";"), count) for stack, _, count in (line.rpartition(" ") for line in raw.read_text().splitlines())
+             if count.isdigit()]
+    threads = collections.Counter()
+    for frames, count in lines:
+        threads[frames[0]] += int(count)
+    named = [t for t in threads if "MainThread" in t]  # py-spy names threads where it can; else the busiest thread
+    main_thread = named[0] if named else (threads.most_common(1)[0][0] if threads else "")
+    for frames, count in lines:
+        if frames[0] != main_thread or len(frames) < 2:
             continue
         n, total = int(count), total + int(count)
         functions = [re.sub(r":\d+\)$", ")", frame) for frame in frames[1:]]  # a function, not each of its lines
@@ -167,9 +210,14 @@ def leaf_shares(raw: Path, top: int = 30) -> list[tuple[str, float, float]]:
     return [(f, own[f] / total, on_stack[f] / total) for f in ranked] if total else []
 
 
-def report(mode: str, found: dict[str, dict[str, Any]]) -> str:
+def report(mode: str, found: dict[str, dict[str, Any]], ptrace_scope: str = "") -> str:
     lines = [f"# Why: dlaunch and the hand loop in their steady steps ({mode})", ""]
+    if ptrace_scope:
+        lines += [f"Yama ptrace_scope: {ptrace_scope} (the runs allow any tracer, so py-spy may attach at 1)", ""]
     for who, seen in found.items():
+        if "failed" in seen:
+            lines += [f"## {who}", "", "```", seen["failed"][-3000:], "```", ""]
+            continue
         functions = seen["main_thread_functions"]
         lines += [f"## {who}", "", f"- ms/step while looked at (logged steps' times): {c.fmt(seen['ms_per_step'])}",
                   f"- threads' CPU (share of a core): {seen['threads_line']}",

@@ -125,3 +125,36 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_why_stopped_by_a_timeout_takes_its_run_with_it(tmp_path):
+    """`.ci/gpu-check next` runs gpu_why under `timeout`, whose SIGTERM reaches gpu_why alone (each run has a session
+    of its own): the run it was waiting on trained on through the suite that came next."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "gpu_why.py"), "--device=cpu", "--tiny", "--mode=bf16",
+                             "--after=100000000", "--limit=600"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (runs := [p for p in Path("/proc").iterdir() if p.name.isdigit() and "launcher.cli.entry" in _cmdline(p)
+                            and "--tiny" not in _cmdline(p) and f"{proc.pid}" in _parent_of(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert runs, "gpu_why started no run"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        deadline = time.monotonic() + 30
+        while any(r.exists() for r in runs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(r.exists() for r in runs), "gpu_why's run outlived it"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _parent_of(proc: Path) -> str:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
