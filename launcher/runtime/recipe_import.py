@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import re
 import sys
 import traceback
@@ -36,24 +37,47 @@ def import_entry(entry: str) -> ModuleType:
         return _import_file(entry)
     if not MODULE_NAME.match(entry):
         raise RecipeError("recipe.entry", entry, f"{entry!r} is neither a .py file nor a module name (package.module)")
-    module = _guarded(entry, importlib.import_module, entry)
-    _ENTRIES.add(entry)
+    fresh = entry not in sys.modules  # a module the caller imported itself (a notebook's) is the caller's to keep
+    try:
+        module = _guarded(entry, importlib.import_module, entry)
+    except RecipeError as exc:
+        return _taken_back(entry, exc)
+    if fresh:
+        _ENTRIES.add(entry)
     return module
 
 
 _FILES: dict[Path, tuple[int, ModuleType]] = {}  # a recipe file -> (its mtime, the module), as sys.modules for names
 _ENTRIES: set[str] = set()  # the recipe modules imported in this process, by their names in sys.modules
+_PREVIOUS: dict[str, ModuleType] = {}  # forgotten ones, taken back where importing one again fails
+_MTIMES: dict[str, int] = {}  # a file recipe's module name -> the version of the file it was imported from
 
 
 def forget() -> None:
     """After a job that ran in this process (a sweep's jobs under one_device, one after another): the next job
     imports its recipe afresh, as a job in processes of its own does, so the state a recipe module keeps (a counter,
     a cache, a list of what it built) is not the next job's. The modules the recipe imports itself stay imported,
-    as Python keeps them (RECIPES.md)."""
+    as Python keeps them (CLI.md)."""
     for name in _ENTRIES:
-        sys.modules.pop(name, None)
+        module = sys.modules.pop(name, None)
+        if module is not None:
+            _PREVIOUS[name] = module
     _ENTRIES.clear()
     _FILES.clear()
+
+
+def _taken_back(name: str, exc: RecipeError) -> ModuleType:
+    """A recipe whose own code fails when imported again in this process (a registration that may happen once: a
+    custom op, a model type): the module as an earlier job imported it, with a warning; else ``exc``."""
+    previous = _PREVIOUS.get(name)
+    if previous is None or not exc.in_user_code:
+        raise exc
+    sys.modules[name] = previous
+    _ENTRIES.add(name)
+    logging.getLogger("dlaunch").warning(
+        "%s; imported again for this job, it fails (an import that may run once per process: a registration), so this "
+        "job uses the module as an earlier job imported it, its module-level state included", exc.message)
+    return previous
 
 
 def _import_file(entry: str) -> ModuleType:
@@ -73,11 +97,19 @@ def _import_file(entry: str) -> ModuleType:
     try:
         with _folder_importable(path):
             _guarded(entry, spec.loader.exec_module, module)
+    except RecipeError as exc:
+        sys.modules.pop(name, None)
+        if _MTIMES.get(name) != mtime:  # a new version of the file (or none before) failed: its own error
+            raise
+        module = _taken_back(name, exc)
+        _FILES[path.resolve()] = (mtime, module)
+        return module
     except BaseException:
         sys.modules.pop(name, None)
         raise
     _FILES[path.resolve()] = (mtime, module)
     _ENTRIES.add(name)
+    _MTIMES[name] = mtime
     return module
 
 

@@ -34,3 +34,27 @@ def test_each_job_run_in_dlaunchs_process_imports_its_recipe_afresh(tmp_path):
     seen = [line.split() for line in builds.read_text().splitlines()]
     assert [count for count, _ in seen] == ["1", "1", "1"], seen
     assert len({pid for _, pid in seen}) == 1  # one process ran all three
+
+
+REGISTERING = """
+import registry  # a module beside the recipe, imported once per process as Python keeps it
+
+from launcher.recipes import linear
+from launcher.recipes.linear import Config, build, evaluate, train_step  # noqa: F401
+
+registry.register("my-model")  # may run once per process (a model type, a custom op)
+"""
+
+
+def test_a_recipe_whose_import_may_run_once_per_process_keeps_its_first_import(tmp_path):
+    """Imported again for the next job, the recipe's registration raised ("already used"): that job is run with the
+    module as the first job imported it, and says so, rather than failing."""
+    (tmp_path / "registry.py").write_text(
+        "NAMES = set()\n\n\ndef register(name):\n    if name in NAMES:\n        raise ValueError(f'{name} is already used')\n"
+        "    NAMES.add(name)\n")
+    (tmp_path / "registering.py").write_text(REGISTERING)
+    proc = dlaunch("-m", "recipe=linear", f"recipe.entry={tmp_path / 'registering.py'}", "trainer.steps=3", "trainer.seed=0,1",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("ValueError: my-model is already used") == 1, proc.stderr[-3000:]
+    assert "this job uses the module as an earlier job imported it" in proc.stderr
