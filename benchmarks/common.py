@@ -129,7 +129,7 @@ def publish(stem: str, data: dict[str, Any], markdown: str) -> None:
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without a launcher's worker variables (a run must not think it is a worker), plus ``extra``."""
     drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TF_CONFIG", "DLAUNCH_TASK"}
+            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TF_CONFIG", "DLAUNCH_TASK", "DLAUNCH_DEVICE"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update({"PYTHONUNBUFFERED": "1", "COLUMNS": "120", **extra})
     return env

@@ -194,6 +194,11 @@ def script_environment(run_dir: Path) -> dict[str, str]:
     return {RUN_DIR_VARIABLE: str(Path(run_dir).resolve())}
 
 
+def announced_device() -> str | None:
+    """The device type the launcher chose for this process's own strategies (``DEVICE_VARIABLE``); None: auto."""
+    return os.environ.get(DEVICE_VARIABLE) or None
+
+
 def announce_device(device_type: str) -> None:
     """The plan's device type, for strategies this worker's own code builds (``dl.MirroredStrategy()`` in a script)
     and for its children: they take it, not a GPU the machine happens to have (``cluster.device=cpu`` there)."""

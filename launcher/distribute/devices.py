@@ -37,9 +37,12 @@ def to_torch(name: str | torch.device) -> torch.device:
 
 
 def default_local_devices() -> list[str]:
-    """Every visible GPU, or the CPU when there is none (TF's MirroredStrategy default)."""
+    """Every visible GPU, or the CPU when there is none (TF's MirroredStrategy default); the CPU where the launcher
+    chose it for this process (``cluster.device=cpu`` on a GPU machine; ``run_function(device="cpu")``)."""
     import torch
 
-    if torch.cuda.is_available():
+    from launcher.cluster.env import announced_device
+
+    if torch.cuda.is_available() and announced_device() != "cpu":
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     return ["cpu:0"]

@@ -33,13 +33,15 @@ class InProcess(Launcher):
     """
 
     def launch(self, spec: Any, plan: Any, run_dir: Path, console: Any) -> int:
+        from launcher.cluster.env import DEVICE_VARIABLE, worker_env_set
         from launcher.launch import failures, report
         from launcher.runtime import heartbeat
         from launcher.runtime.loop import train
         from launcher.runtime.preemption import Preempted
 
         try:
-            train(spec, None, run_dir, plan, console)
+            with worker_env_set({DEVICE_VARIABLE: plan.device_type}):  # for strategies a script builds itself
+                train(spec, None, run_dir, plan, console)
             return 0
         except Preempted as exc:
             log.warning("%s", exc)

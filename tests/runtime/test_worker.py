@@ -114,11 +114,14 @@ print("built", json.dumps(built), flush=True)
 """
 
 
-def test_strategies_a_script_builds_itself_take_the_planned_device_not_the_machines_gpu(tmp_path):
+@pytest.mark.parametrize("shape", [("strategy=mirrored", "cluster=1x2"), ("strategy=one_device", "cluster=1x1")],
+                         ids=["workers", "dlaunchs-own-process"])
+def test_strategies_a_script_builds_itself_take_the_planned_device_not_the_machines_gpu(tmp_path, shape):
     """`cluster.device=cpu` on a GPU machine: a script's own `dl.MirroredStrategy()` chose cuda:LOCAL_RANK (auto), and
-    the run's gloo group met a CUDA device. dlaunch's workers now carry the plan's device type (DLAUNCH_DEVICE)."""
+    the run's gloo group met a CUDA device. dlaunch's workers, and its own process for a one-process run, now carry
+    the plan's device type (DLAUNCH_DEVICE)."""
     (tmp_path / "own.py").write_text(OWN_STRATEGIES)
-    proc = dlaunch("script=own.py", "strategy=mirrored", "cluster=1x2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    proc = dlaunch("script=own.py", *shape, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("built "))[6:])
     assert built == {"env": "cpu", "MirroredStrategy": ["cpu"], "MultiWorkerMirroredStrategy": ["cpu"]}, built
