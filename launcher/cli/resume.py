@@ -324,7 +324,8 @@ def main(argv: list[str]) -> int:
     from launcher.cli.main import main as run
 
     code = run(args)
-    if not (run_dir / SWEEP_FILE).exists() and sweep.update_row(run_dir):  # one job of a sweep
+    dry = any(_key(a) == "launch.dry_run" and a.partition("=")[2].strip().lower() == "true" for a in args)
+    if code != 2 and not dry and not (run_dir / SWEEP_FILE).exists() and sweep.update_row(run_dir):  # one job of a sweep
         print(f"job {run_dir.name}'s row of {run_dir.parent / 'sweep_summary.json'} (and .csv) is updated",
               file=sys.stderr)
     return code

@@ -11,8 +11,10 @@ jobs (in turn, joblib's processes, SLURM): it reads each job's directory.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 import shlex
 import time
 from pathlib import Path
@@ -231,11 +233,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     summary = {"sweep_dir": str(sweep_dir.resolve()), "jobs": public}  # absolute: read from anywhere, the same after a resume
-    (sweep_dir / "sweep_summary.json").write_text(json.dumps(summary, indent=2))
-    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "error", "dir"])
-        writer.writeheader()
-        writer.writerows(public)
+    outputs.write_json_atomic(sweep_dir / "sweep_summary.json", summary)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=[*COLUMNS, "error", "dir"])
+    writer.writeheader()
+    writer.writerows(public)
+    partial = sweep_dir / "sweep_summary.csv.partial"
+    partial.write_text(text.getvalue(), newline="")
+    os.replace(partial, sweep_dir / "sweep_summary.csv")  # a reader never sees half a table
 
 
 def update_row(job: Path) -> bool:
@@ -247,10 +252,9 @@ def update_row(job: Path) -> bool:
     if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
         return False
     rows = [r for r in jobs if isinstance(r, dict) and "job" in r]
-    number = next((r["job"] for r in rows if Path(sweep_dir, str(r.get("dir"))).resolve() == job), None)
-    if number is None and not job.name.isdigit():
+    if not job.name.isdigit():  # Hydra names a sweep's job directories by their numbers
         return False
-    row = _row(job, int(job.name) if number is None else number)
+    row = _row(job, int(job.name))
     rows = sorted([r for r in rows if r["job"] != row["job"]] + [row], key=lambda r: r["job"])
     write(sweep_dir, rows)
     return True

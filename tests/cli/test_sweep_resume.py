@@ -60,3 +60,15 @@ def test_one_job_resumed_alone_updates_its_row_of_the_sweeps_summary_and_its_lab
     loaded = [report_jobs.load(sweep / n, n) for n in "01"]
     report_jobs.label(loaded)
     assert all("trainer.resume" not in j.label and "recipe.fail_replica=-1" in j.label for j in loaded), loaded
+
+
+def test_one_jobs_dry_run_resume_leaves_the_sweeps_summary_as_it_was(tmp_path):
+    """`dlaunch resume SWEEP_DIR/N launch.dry_run=true` rewrote the sweep's summary (a dry run writes nothing)."""
+    sweep = tmp_path / "sweep"
+    ran = dlaunch("-m", "trainer.steps=3", "trainer.seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    kept = {name: (sweep / name).read_bytes() for name in ("sweep_summary.json", "sweep_summary.csv")}
+    dry = dlaunch("resume", str(sweep / "1"), "launch.dry_run=true", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert {name: (sweep / name).read_bytes() for name in kept} == kept
+    assert "row of" not in dry.stderr
