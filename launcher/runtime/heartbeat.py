@@ -200,8 +200,8 @@ class Heartbeat:
         patience = max(3 * STALE_AFTER_S, self.timeout_s)
         with _Operation(self, f"waiting for rank 0's {label}"):
             beat, seen = None, time.monotonic()
-            began = seen  # 10 looks a second for 5 s, then one: a long evaluation on a thousand ranks would otherwise
-            while not _done(store, key, began):
+            began, world = seen, self.env.world_size if self.env else 1  # how often it looks: look_every
+            while not _done(store, key, began, world):
                 record = read_records(store, 1).get(0)
                 if record is not None and record.beat != beat:
                     beat, seen = record.beat, time.monotonic()
@@ -268,7 +268,7 @@ class _Operation:
             self.watch._op = self.outer
 
 
-def _done(store: dist.Store, key: str, began: float) -> bool:
+def _done(store: dist.Store, key: str, began: float, world: int = 1) -> bool:
     """Whether ``key`` is set, looking for it for up to a second, as often as ``look_every`` says for a wait that
     ``began`` then. Not ``store.wait`` with a timeout: each that ran out made torch's store client log a warning
     ("waitForInput ... likely a timeout"), a line a second on every waiting rank during a long evaluation, which
@@ -278,17 +278,18 @@ def _done(store: dist.Store, key: str, began: float) -> bool:
         now = time.monotonic()
         if now >= deadline:
             return False
-        time.sleep(look_every(now - began))
+        time.sleep(look_every(now - began, world))
     return True
 
 
-def look_every(waited_s: float) -> float:
+def look_every(waited_s: float, world: int = 1) -> float:
     """How long a rank that has waited ``waited_s`` for rank 0 sleeps before it looks again: a tenth of its wait so
-    far, from 5 ms up to 0.1 s, and a second once it has waited 5 s. Rank 0's word is then seen within about a
-    tenth of the wait: at a fixed 0.1 s, the step after each save and evaluation of a fast job took up to 0.1 s
-    longer on rank 0 (its all-reduce waited for the rank still asleep), which read as slower training. A long
-    evaluation on a thousand ranks still costs the job's store a thousand looks a second, not ten thousand."""
-    return 1.0 if waited_s >= 5 else min(0.1, max(0.005, waited_s / 10))
+    far, up to 0.1 s, and a second once it has waited 5 s. Rank 0's word is then seen within about a tenth of the
+    wait: at a fixed 0.1 s, the step after each save and evaluation of a fast job took up to 0.1 s longer on rank 0
+    (its all-reduce waited for the rank still asleep), which read as slower training. The shortest sleep is 5 ms,
+    and 20 us per rank of the ``world``: the job's store gets at most about 50,000 looks a second however many ranks
+    wait, and a long evaluation costs it one look a second per rank."""
+    return 1.0 if waited_s >= 5 else min(0.1, max(0.005, world * 2e-5, waited_s / 10))
 
 
 # ----- what the launcher and the worker read -----

@@ -234,6 +234,24 @@ def test_a_rank_waiting_on_a_short_save_looks_within_a_tenth_of_its_wait():
     asleep: the report's examples/s fell sixfold in the windows after saves (mirrored 1x2, a save every 10 steps)."""
     assert heartbeat.look_every(0.0) == 0.005 and heartbeat.look_every(0.2) == pytest.approx(0.02)
     assert heartbeat.look_every(2.0) == 0.1 and heartbeat.look_every(5.0) == 1.0
+    assert heartbeat.look_every(0.0, world=1000) == pytest.approx(0.02)  # a thousand waiting ranks: 50,000 looks/s
+    clock = _Clock()  # the schedule, not this machine's timers: a second of waiting, slept on a clock of its own
     store = _CountingStore()
-    assert heartbeat._done(store, "done/save", time.monotonic()) is False
-    assert 8 <= store.looks <= 60  # about 10 in the first 50 ms, then 10 per decade of the wait (fewer when busy)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heartbeat.time, "monotonic", clock.now)
+        patch.setattr(heartbeat.time, "sleep", clock.sleep)
+        assert heartbeat._done(store, "done/save", clock.now()) is False
+    assert clock.slept[:3] == [0.005, 0.005, 0.005] and max(clock.slept) <= 0.1
+    assert 35 <= store.looks <= 45  # about 10 in the first 50 ms and 30 more by 1 s; a fixed 0.1 s gave 10
+
+
+class _Clock:
+    def __init__(self):
+        self.t, self.slept = 1000.0, []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 6))
+        self.t += seconds
