@@ -165,7 +165,10 @@ def _list_example(key: str, field: Any) -> str:
     """``recipe.optimizer.betas=[0.9,0.999] (its default; 2 items)``: how a list of the right length is written."""
     low, high = _list_length(field)
     count = f"{low} items" if low == high else f"{low} to {high} items" if high else f"at least {low} items"
-    default = field.get_default(call_default_factory=True) if field is not None else None
+    try:
+        default = field.get_default(call_default_factory=True) if field is not None else None
+    except Exception:  # noqa: BLE001 - a factory that needs the validated data: no example from it
+        default = None
     if isinstance(default, list) and default:
         return f"{key}=[{','.join(spelled(v) for v in default)}] (its default; {count})"
     return f"{key}=[A,B] ({count})"

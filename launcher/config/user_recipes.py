@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from collections.abc import Hashable
 from typing import Any, Iterable
 
 import yaml
@@ -93,6 +94,8 @@ class _NoDuplicates(yaml.SafeLoader):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):  # a complex key: the base loader says what is wrong with it
+                continue
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"{key!r} is given twice in one mapping (first at line {seen[key].line + 1})",

@@ -75,8 +75,8 @@ def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: l
 
     def in_file(p: Problem) -> bool:  # a value typed over the file's (the run's overrides are not always known) is not
         found = OmegaConf.select(text, p.key, default=None)
-        one = p.value[0] if isinstance(p.value, list) and len(p.value) == 1 else None  # input.files: a pattern, as a list
-        return found is not None and (p.message.startswith("unknown key") or str(found) in (str(p.value), str(one)))
+        shown = [str(p.value)] + ([str(p.value[0])] if isinstance(p.value, list) and len(p.value) == 1 else [])
+        return found is not None and (p.message.startswith("unknown key") or str(found) in shown)  # input.files: a list
 
     return [dataclasses.replace(p, message=f"{p.message}, set in {yaml_path}") if p.key not in typed and in_file(p)
             else p for p in problems]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -11,10 +12,10 @@ from pathlib import Path
 from launcher.launch import scratch
 
 
-def _left_by_a_dead_call(root: Path, name: str, age_s: float = 3600) -> Path:
+def _left_by_a_dead_call(root: Path, name: str, age_s: float = 3600, host: str | None = None) -> Path:
     path = root / f"{scratch.PREFIX}{name}"
     (path / "logs").mkdir(parents=True)
-    (path / scratch.HELD).touch()
+    (path / scratch.HELD).write_text(f"{host or socket.gethostname()} 12345\n")
     (path / "job.pkl").write_bytes(b"x")
     os.utime(path, (time.time() - age_s, time.time() - age_s))
     return path
@@ -25,13 +26,16 @@ def test_a_dead_calls_directory_goes_and_a_live_ones_stays(tmp_path, monkeypatch
     dead = _left_by_a_dead_call(tmp_path, "dead")
     young = _left_by_a_dead_call(tmp_path, "young", age_s=0)  # its maker may not hold its lock yet
     unheld = tmp_path / f"{scratch.PREFIX}old"  # made before calls held their directories: not known to be dead
+    elsewhere = _left_by_a_dead_call(tmp_path, "other-node", host="node-7")  # a TMPDIR shared between hosts
+    (tmp_path / f"{scratch.PREFIX}link").symlink_to(dead)  # a link is no directory of a call's
     unheld.mkdir()
     other = tmp_path / "elsewhere"
     other.mkdir()
     with scratch.directory() as mine:  # sweeps first
         assert mine.parent == tmp_path and mine.name.startswith(scratch.PREFIX)
         assert not dead.exists()
-        assert young.exists() and unheld.exists() and other.exists()
+        assert young.exists() and unheld.exists() and other.exists() and elsewhere.exists()
+        assert (tmp_path / f"{scratch.PREFIX}link").is_symlink()
         os.utime(mine, (time.time() - 3600, time.time() - 3600))
         assert scratch.sweep(tmp_path) == []  # held: this call is live, whatever its age
         assert mine.exists()
