@@ -14,7 +14,6 @@ import csv
 import io
 import json
 import math
-import os
 import shlex
 import time
 from pathlib import Path
@@ -238,9 +237,7 @@ def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(text, fieldnames=[*COLUMNS, "error", "dir"])
     writer.writeheader()
     writer.writerows(public)
-    partial = sweep_dir / "sweep_summary.csv.partial"
-    partial.write_text(text.getvalue(), newline="")
-    os.replace(partial, sweep_dir / "sweep_summary.csv")  # a reader never sees half a table
+    outputs.write_atomic(sweep_dir / "sweep_summary.csv", text.getvalue().encode())  # a reader never sees half a table
 
 
 def update_row(job: Path) -> bool:
@@ -302,7 +299,7 @@ def _loss(row: dict[str, Any]) -> str:
     """A completed job's final loss; for one that ended early, the last loss it logged and that step's number."""
     if row.get("last_logged_loss") is None:
         return _num(row["final_loss"])
-    return f"last logged {_num(row['last_logged_loss'])} (step {row['last_logged_step']})"
+    return f"last logged {outputs.loss_at(row['last_logged_loss'], row['last_logged_step'])}"
 
 
 def _num(value: Any, fmt: str = ".6g") -> str:

@@ -302,6 +302,11 @@ def last_loss(run_dir: Path) -> tuple[float, int] | None:
     return found
 
 
+def loss_at(loss: float, step: int) -> str:
+    """``0.995488 (step 1)``: a run's last logged loss, as the sweep table and the report show it."""
+    return f"{loss:.6g} (step {step})"
+
+
 def _finite_number(value: Any) -> bool:
     return _is_number(value) and math.isfinite(value)
 

@@ -90,7 +90,7 @@ def last_loss(job: Job) -> Any:
     """A run that ended early has no final loss: the last one it logged, and at which step (its summary's
     ``final_loss`` is that loss, which may be of a step long before the failure)."""
     last = outputs.last_loss(job.path)
-    return f"{last[0]:.6g} (step {last[1]})" if last else None
+    return outputs.loss_at(*last) if last else None
 
 
 def _marked(value: Any, mark: Raw | None) -> Any:
