@@ -10,7 +10,10 @@ dlaunch run and one hand-loop run (gpu.py's commands) in turn. Once a run has lo
 records, over ``--seconds``:
 
 - its time per step meanwhile (from when its logged steps were printed);
-- the CPU each of the process's threads used (``/proc``), and that of its children (compile workers);
+- the CPU each of the process's threads used (``/proc``), and that of its children (compile workers); how often
+  each thread was preempted (involuntary context switches per second: a thread that wants a core and waits for
+  it) and the core it last ran on, with that core's NUMA node (the GPU's is read from sysfs);
+- the busiest other processes on the machine meanwhile, and the load average;
 - the CPU cores it may run on, the number of its threads, and the environment variables that torch reads;
 - where its threads are, with py-spy where it is installed and may attach (``py-spy dump``), and what its
   main thread spends its time in (``py-spy record``, Python frames: each function's share of the samples).
@@ -34,7 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
@@ -133,26 +136,32 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
     """The process's threads' CPU over ``seconds`` (py-spy records its main thread meanwhile), and its set-up."""
     spy = shutil.which("py-spy")
     before, started = thread_ticks(pid), time.perf_counter()
-    children_before = children_ticks(pid)
+    children_before, others_before = children_ticks(pid), process_ticks()
     record = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "250",
                                "--nonblocking", "--threads", "--format", "raw", "--output", str(raw)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) if spy else None
     time.sleep(seconds)
     after, elapsed = thread_ticks(pid), time.perf_counter() - started
     children = (children_ticks(pid) - children_before) / TICKS / elapsed
+    others = busiest_others(others_before, process_ticks(), elapsed, exclude=pid)
     dump = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True, timeout=60) if spy else None
     try:
         spied = record.communicate(timeout=60)[1] if record else ""
     finally:
         if record is not None and record.poll() is None:
             record.kill()
-    threads = sorted(((name, (ticks - before.get(tid, (name, 0))[1]) / TICKS / elapsed) for tid, (name, ticks) in after.items()),
-                     key=lambda t: -t[1])
+    nodes = numa_nodes()
+    threads = sorted(({"name": t.name, "cpu": round((t.ticks - before[tid].ticks if tid in before else t.ticks) / TICKS / elapsed, 3),
+                       "preempted_per_s": round((t.preempted - before[tid].preempted if tid in before else t.preempted) / elapsed, 1),
+                       "last_core": t.core, "numa_node": nodes.get(t.core)} for tid, t in after.items()), key=lambda t: -t["cpu"])
     status = Path(f"/proc/{pid}/status").read_text()
     environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
     return {
-        "threads": [{"name": n, "cpu": round(u, 3)} for n, u in threads],
-        "threads_line": ", ".join(f"{n} {u:.0%}" for n, u in threads if u >= 0.02) + f"; children {children:.0%}",
+        "threads": threads,
+        "threads_line": ", ".join(f"{t['name']} {t['cpu']:.0%} (preempted {t['preempted_per_s']:g}/s, core {t['last_core']})"
+                                  for t in threads if t["cpu"] >= 0.02) + f"; children {children:.0%}",
+        "others": others,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         "children_cpu": round(children, 3),
         "cpus_allowed": re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1),
         "env": sorted(e for e in environ if ENV_KEYS.match(e)),
@@ -161,16 +170,70 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
     }
 
 
-def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
-    """Each thread's name and CPU ticks (user + system) so far."""
+class Thread(NamedTuple):
+    name: str
+    ticks: int  # CPU so far, user + system
+    preempted: int  # involuntary context switches so far
+    core: int  # the core it last ran on
+
+
+def thread_ticks(pid: int) -> dict[int, Thread]:
+    """Each thread's name, CPU ticks, involuntary context switches and last core."""
     found = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            stat = (task / "stat").read_text()
+            stat, status = (task / "stat").read_text(), (task / "status").read_text()
         except OSError:  # the thread ended
             continue
         name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        found[int(task.name)] = (f"{name}[{task.name}]", int(fields[11]) + int(fields[12]))
+        switches = re.search(r"nonvoluntary_ctxt_switches:\s*(\d+)", status)
+        found[int(task.name)] = Thread(f"{name}[{task.name}]", int(fields[11]) + int(fields[12]),
+                                       int(switches.group(1)) if switches else 0, int(fields[36]))
+    return found
+
+
+def process_ticks() -> dict[int, tuple[str, int]]:
+    """Every process's name and CPU ticks so far (what else the machine runs)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        found[int(proc.name)] = (stat[stat.index("(") + 1:stat.rindex(")")], int(fields[11]) + int(fields[12]))
+    return found
+
+
+def busiest_others(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], elapsed: float, exclude: int,
+                   top: int = 5) -> list[str]:
+    """The processes other than ``exclude`` that used the most CPU between the two readings: ``name[pid] 95%``."""
+    used = [(name, pid, (ticks - before.get(pid, (name, 0))[1]) / TICKS / elapsed) for pid, (name, ticks) in after.items()
+            if pid != exclude]
+    return [f"{name}[{pid}] {share:.0%}" for name, pid, share in sorted(used, key=lambda u: -u[2])[:top] if share >= 0.02]
+
+
+def numa_nodes() -> dict[int, int]:
+    """Each core's NUMA node (sysfs; empty where there is none)."""
+    nodes = {}
+    for node in Path("/sys/devices/system/node").glob("node[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            for part in (node / "cpulist").read_text().strip().split(","):
+                first, _, last = part.partition("-")
+                for core in range(int(first), int(last or first) + 1):
+                    nodes[core] = int(node.name[4:])
+    return nodes
+
+
+def gpu_numa_nodes() -> list[str]:
+    """The NUMA node of each NVIDIA device (PCI vendor 0x10de, display class) in sysfs: ``0000:18:00.0 node 0``."""
+    found = []
+    for device in sorted(Path("/sys/bus/pci/devices").glob("*")):
+        with contextlib.suppress(OSError):
+            if (device / "vendor").read_text().strip() == "0x10de" and (device / "class").read_text().startswith("0x03"):
+                found.append(f"{device.name} node {(device / 'numa_node').read_text().strip()}")
     return found
 
 
@@ -211,7 +274,8 @@ def leaf_shares(raw: Path, top: int = 30) -> list[tuple[str, float, float]]:
 
 
 def report(mode: str, found: dict[str, dict[str, Any]], ptrace_scope: str = "") -> str:
-    lines = [f"# Why: dlaunch and the hand loop in their steady steps ({mode})", ""]
+    lines = [f"# Why: dlaunch and the hand loop in their steady steps ({mode})", "",
+             f"NUMA: {len(set(numa_nodes().values())) or 1} node(s); GPUs {', '.join(gpu_numa_nodes()) or '(none in sysfs)'}", ""]
     if ptrace_scope:
         lines += [f"Yama ptrace_scope: {ptrace_scope} (the runs allow any tracer, so py-spy may attach at 1)", ""]
     for who, seen in found.items():
@@ -221,6 +285,8 @@ def report(mode: str, found: dict[str, dict[str, Any]], ptrace_scope: str = "") 
         functions = seen["main_thread_functions"]
         lines += [f"## {who}", "", f"- ms/step while looked at (logged steps' times): {c.fmt(seen['ms_per_step'])}",
                   f"- threads' CPU (share of a core): {seen['threads_line']}",
+                  f"- other processes meanwhile: {', '.join(seen.get('others') or []) or '(none over 2%)'}; "
+                  f"load average {' '.join(seen.get('loadavg') or [])}",
                   f"- may run on CPUs {seen['cpus_allowed']}; {len(seen['threads'])} threads",
                   f"- environment: {' '.join(seen['env']) or '(none of note)'}", ""]
         if isinstance(functions, str):

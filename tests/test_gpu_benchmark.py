@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -27,20 +28,19 @@ def test_the_report_takes_ratios_per_round_and_handles_one_mode():
     facts = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0", "bf16_peak_flops": 989.4e12, "params": 19_300_000}
     runs = [{"round": r, "mode": mode, "who": who, "steady_ms_per_step": ms}
             for r, (mine, hand, ahead) in enumerate([(10.0, 9.0, 11.0), (12.0, 12.0, 12.0), (8.0, 10.0, 8.0)])
-            for mode, who, ms in (("bf16+compile", "dlaunch", mine), ("bf16+compile", "hand", hand),
-                                  ("bf16+compile, prefetch 0", "dlaunch", ahead))]
+            for mode, who, ms in (("bf16", "dlaunch", mine), ("bf16", "hand", hand), ("bf16, side stream", "dlaunch", ahead))]
     text = gpu.report(facts, runs, argparse.Namespace(rounds=3, steps=150))
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in text.splitlines() if line.startswith("|")}
     # per round hand/dlaunch: 0.9, 1.0, 1.25 -> median 1.0 (the median of times, 10 vs 10, would say the same here)
-    assert rows[("bf16+compile", "dlaunch")].rstrip("| ").endswith("1.000x")
+    assert rows[("bf16", "dlaunch")].rstrip("| ").endswith("1.000x")
     tokens_per_s = 64 * 256 / 0.010  # median 10 ms for 16,384 tokens
-    assert f"{tokens_per_s:,.0f}" in rows[("bf16+compile", "dlaunch")]
+    assert f"{tokens_per_s:,.0f}" in rows[("bf16", "dlaunch")]
     mfu = gpu.flops_per_token(19_300_000) * tokens_per_s / 989.4e12
-    assert f"{mfu:.1%}" in rows[("bf16+compile", "dlaunch")]
+    assert f"{mfu:.1%}" in rows[("bf16", "dlaunch")]
     assert ("fp32", "dlaunch") not in rows
     assert "vs dlaunch fp32: **-x**" in text  # fp32 was not run: no speedup is claimed
-    # prefetch 0 over the default, per round: 1.1, 1.0, 1.0 -> 1.000
-    assert "prefetch 0 takes 1.000x the time" in text
+    # the side stream over the default, per round: 1.1, 1.0, 1.0 -> 1.000
+    assert "a bf16 step takes 1.000x the time of the default copy" in text
 
 
 def test_the_hand_loop_profiles_the_same_window_and_regions_as_dlaunch(tmp_path):
@@ -111,7 +111,10 @@ def test_why_looks_at_both_loops_in_their_steady_steps_and_stops_them(tmp_path):
     for who, command in commands.items():
         assert "cluster.device=cpu" in command or "--device=cpu" in command
         seen = why.look(who, command, after=50, seconds=1.0, work=tmp_path)
-        assert seen["threads"] and all(t["cpu"] >= 0 for t in seen["threads"]), seen
+        assert seen["threads"] and all(t["cpu"] >= 0 and t["preempted_per_s"] >= 0 for t in seen["threads"]), seen
+        cores = set(range(os.cpu_count()))
+        assert all(t["last_core"] in cores for t in seen["threads"]) and isinstance(seen["others"], list)
+        assert len(seen["loadavg"]) == 3
         assert seen["cpus_allowed"] and "PYTHONUNBUFFERED=1" in seen["env"]
         assert seen["ms_per_step"] is None or seen["ms_per_step"] > 0  # None: one logged step in the second
         assert isinstance(seen["main_thread_functions"], (str, list)) and seen["dump"]

@@ -79,7 +79,12 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
             'element; OFF: its block of each global batch; AUTO: FILE with a file per process, else DATA'),
            ('prefetch',
             '1',
-            'steps fetched to the devices ahead of the one in use (each holds a batch in device memory)')],
+            'steps fetched to the devices ahead of the one in use (each holds a batch in device memory)'),
+           ('copy_stream',
+            'compute',
+            "CUDA: the stream that copies each batch to its device: compute (the step's own, queued behind the step in "
+            'flight, as a hand-written loop copies) or side (its own stream, overlapping the step in flight; costs '
+            'host time at every allocation until that step ends)')],
  'launch': [('dry_run', 'False', 'print the plan and start nothing'),
             ('max_restarts', '0', 'times every worker is started again after one fails'),
             ('rdzv_timeout_s', '120', 'how long nodes wait for each other at the rendezvous'),

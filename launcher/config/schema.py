@@ -151,6 +151,12 @@ class InputSpec(Strict):
                     "n-th element; OFF: its block of each global batch; AUTO: FILE with a file per process, else DATA",
     )
     prefetch: Annotated[int, Field(ge=0, le=32)] = Field(1, description="steps fetched to the devices ahead of the one in use (each holds a batch in device memory)")
+    copy_stream: Literal["compute", "side"] = Field(
+        "compute",
+        description="CUDA: the stream that copies each batch to its device: compute (the step's own, queued behind the "
+                    "step in flight, as a hand-written loop copies) or side (its own stream, overlapping the step in "
+                    "flight; costs host time at every allocation until that step ends)",
+    )
 
     @field_validator("auto_shard_policy", mode="before")
     @classmethod

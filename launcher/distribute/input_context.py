@@ -34,8 +34,12 @@ class InputOptions:
             Validated as TF does.
         experimental_per_replica_buffer_size: how many steps are fetched to the
             devices ahead of the one in use (0: on demand). On CUDA the copies run
-            on a side stream from pinned memory; on CPU, where batches are on their
+            from pinned memory, non-blocking; on CPU, where batches are on their
             device already, the steps are read ahead, on the calling thread.
+        copy_stream: the CUDA stream of those copies: ``"compute"`` (each device's
+            current stream, the one its step runs on, as a hand-written loop copies)
+            or ``"side"`` (a stream of their own, overlapping the step in flight;
+            see ``launcher.input.prefetch``). dlaunch's, not tf.distribute's.
         auto_shard_policy: how ``experimental_distribute_dataset`` shards a
             file-backed dataset across workers (``AutoShardPolicy``; a name such as
             ``"FILE"`` is accepted). Datasets that are not file-backed are split by
@@ -51,6 +55,7 @@ class InputOptions:
     experimental_place_dataset_on_device: bool = False
     experimental_per_replica_buffer_size: int = 1
     auto_shard_policy: AutoShardPolicy = AutoShardPolicy.AUTO
+    copy_stream: str = "compute"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "auto_shard_policy", AutoShardPolicy.from_any(self.auto_shard_policy))
@@ -69,6 +74,8 @@ class InputOptions:
             )
         if self.experimental_per_replica_buffer_size < 0:
             raise ValueError("`experimental_per_replica_buffer_size` must be >= 0")
+        if self.copy_stream not in ("compute", "side"):
+            raise ValueError(f"`copy_stream` must be 'compute' or 'side', got {self.copy_stream!r}")
 
 
 class InputContext:

@@ -305,7 +305,7 @@ def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: I
     """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
     if options.experimental_fetch_to_device:
         # On CPU nothing moves: the buffer reads steps ahead, on this thread, in order.
-        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size)
+        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size, options.copy_stream)
     elif options.experimental_place_dataset_on_device:  # each replica's own, as it is read
         steps = (like([_on_device(p, d) for p, d in zip(pieces, devices)], pieces) for pieces in steps)
     return DistributedIterator(steps, num_replicas)

@@ -167,8 +167,9 @@ class DataStream:
         return batch
 
     def read_ahead(self) -> None:
-        """Fetch the next ``read_ahead`` steps now, after a step was launched and checkpointed: on CUDA their copies
-        to the device (a side stream) overlap the step the device is still running. Fetching after the checkpoint,
+        """Fetch the next ``read_ahead`` steps now, after a step was launched and checkpointed: the host collates and
+        pins them while the device still runs that step (on CUDA their copies are queued behind it, or overlap it on
+        a side stream: ``input.copy_stream``). Fetching after the checkpoint,
         not before it, keeps what a data pipeline draws from the global RNG (an augmentation) in the order of a run
         fetching on demand, so that a run resumed from that checkpoint draws the same (exact up to 1 step ahead)."""
         while len(self._ahead) < self._read_ahead:

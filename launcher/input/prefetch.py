@@ -1,12 +1,22 @@
 """Device prefetch: each step's per-replica batches moved to their devices ahead of time.
 
-``Prefetcher(steps, devices, depth)`` iterates ``steps`` (one list of per-replica
+``Prefetcher(steps, devices, depth, copy_stream)`` iterates ``steps`` (one list of per-replica
 pieces per step) and keeps ``depth`` steps in flight beyond the one being used.
-On CUDA each piece is copied from pinned host memory with ``non_blocking=True``
-on a side stream per device; the step's stream waits for that copy (an event),
-and the tensors are marked as used by it (``record_stream``) so that the
-caching allocator does not hand their memory out early. On CPU there is
-nothing to copy: the steps are only read ahead, in order.
+On CUDA each piece is copied from pinned host memory with ``non_blocking=True``, on
+one of two streams (``input.copy_stream``):
+
+- ``compute`` (the default): the device's current stream, the one the step runs on, as
+  a hand-written loop copies (``batch.to(device, non_blocking=True)``). The copy is
+  queued behind the step the device is running and ahead of the next one; the host
+  does not wait for it, and the memory belongs to the stream that uses it.
+- ``side``: a stream of its own per device, so the copy overlaps the step the device is
+  running; the step's stream waits for it (an event), and the tensors are marked as
+  used by that stream (``record_stream``) so that the caching allocator does not hand
+  their memory out early. The price: until the step that used a batch has ended, the
+  allocator queries that batch's event at every allocation (``process_events``), which
+  costs host time where the host bounds the step (small models, many kernels).
+
+On CPU there is nothing to copy: the steps are only read ahead, in order.
 
 All of it happens on the calling thread, so a collective that the source may
 run (the FILE-shard agreement) keeps the same order on every rank.
@@ -23,19 +33,26 @@ from launcher.distribute.values import map_structure
 from launcher.input.split import like
 
 _END = object()
+COPY_STREAMS = ("compute", "side")
 
 
 class Prefetcher:
-    """Iterate ``steps`` with pieces on ``devices``, ``depth`` steps ahead (0: fetch on demand)."""
+    """Iterate ``steps`` with pieces on ``devices``, ``depth`` steps ahead (0: fetch on demand); CUDA copies on
+    ``copy_stream`` (``compute``: the step's own stream; ``side``: one of their own)."""
 
-    def __init__(self, steps: Iterable[list[Any]], devices: Sequence[torch.device], depth: int = 1):
+    def __init__(self, steps: Iterable[list[Any]], devices: Sequence[torch.device], depth: int = 1,
+                 copy_stream: str = "compute"):
         if depth < 0:
             raise ValueError(f"prefetch depth must be >= 0, got {depth}")
-        self.steps, self.devices, self.depth = steps, list(devices), depth
+        if copy_stream not in COPY_STREAMS:
+            raise ValueError(f"copy_stream must be one of {COPY_STREAMS}, got {copy_stream!r}")
+        self.steps, self.devices, self.depth, self.copy_stream = steps, list(devices), depth, copy_stream
 
     def __iter__(self) -> Iterator[list[Any]]:
         source = iter(self.steps)
-        copier = _CudaCopier(self.devices) if any(d.type == "cuda" for d in self.devices) else None
+        copier = None
+        if any(d.type == "cuda" for d in self.devices):
+            copier = _SideStreamCopier(self.devices) if self.copy_stream == "side" else _ComputeStreamCopier(self.devices)
         pending: collections.deque = collections.deque()
         while True:
             while len(pending) < self.depth + 1:  # the step about to be used, plus `depth` in flight
@@ -49,7 +66,22 @@ class Prefetcher:
             yield copier.finish(pieces, ready) if copier else pieces
 
 
-class _CudaCopier:
+class _ComputeStreamCopier:
+    """Host-to-device copies on each device's current stream: nothing to wait for, nothing to record."""
+
+    def __init__(self, devices: Sequence[torch.device]):
+        self.devices = list(devices)
+
+    def start(self, pieces: list[Any]) -> tuple[list[Any], None]:
+        moved = [map_structure(lambda t: _copy(t, device), piece) if device.type == "cuda" else piece
+                 for piece, device in zip(pieces, self.devices)]
+        return like(moved, pieces), None
+
+    def finish(self, pieces: list[Any], _: None) -> list[Any]:
+        return pieces
+
+
+class _SideStreamCopier:
     """Host-to-device copies on one side stream per CUDA device."""
 
     def __init__(self, devices: Sequence[torch.device]):
@@ -87,4 +119,3 @@ def _copy(t: Any, device: torch.device) -> Any:
     if t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device, non_blocking=True)
-

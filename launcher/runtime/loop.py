@@ -93,7 +93,8 @@ def file_dataset(spec: RunSpec) -> FileDataset | None:
 
 def input_options(spec: RunSpec) -> InputOptions:
     """The loop's stream reads ahead itself (``DataStream.read_ahead``, after each step): no buffer in the dataset."""
-    return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=0)
+    return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=0,
+                        copy_stream=spec.input.copy_stream)
 
 
 def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None,

@@ -160,6 +160,7 @@ CASES = [
     (["recipe.optimizer.betas=[0.9]"], "recipe.optimizer.betas", "not 1; e.g. recipe.optimizer.betas=[0.9,0.999]"),
     # a read-ahead that never ends held the loop (and its stop signals) while it filled memory
     (["input.prefetch=1000000000"], "input.prefetch", "less than or equal to 32"),
+    (["input.copy_stream=default"], "input.copy_stream", "allowed: compute, side"),
 ]
 
 

@@ -39,18 +39,33 @@ def test_cpu_prefetch_reads_depth_steps_ahead(depth):
     assert steps.read == 1 + depth  # the step in use, plus `depth` in flight
 
 
-def test_an_empty_source_and_a_negative_depth():
+def test_an_empty_source_a_negative_depth_and_an_unknown_stream():
     assert list(Prefetcher([], CPU, 2)) == []
     with pytest.raises(ValueError, match=">= 0"):
         Prefetcher([], CPU, -1)
+    with pytest.raises(ValueError, match="copy_stream must be one of"):
+        Prefetcher([], CPU, 1, "default")
+
+
+@pytest.mark.parametrize("copy_stream", ["compute", "side"])
+def test_the_loops_input_options_carry_input_copy_stream(copy_stream):
+    from launcher.config.schema import InputSpec
+    from launcher.distribute.input_context import InputOptions
+    from launcher.runtime.loop import input_options
+
+    spec = type("Spec", (), {"input": InputSpec(copy_stream=copy_stream)})()
+    assert input_options(spec).copy_stream == copy_stream
+    with pytest.raises(ValueError, match="'compute' or 'side'"):
+        InputOptions(copy_stream="default")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("copy_stream", ["compute", "side"])
 @pytest.mark.parametrize("depth", [0, 2])
-def test_cuda_prefetch_copies_from_pinned_memory_in_order(depth):
+def test_cuda_prefetch_copies_from_pinned_memory_in_order(depth, copy_stream):
     device = torch.device("cuda", 0)
     big = [[torch.arange(i, i + (1 << 20), dtype=torch.float32)] for i in range(4)]
-    got = list(Prefetcher(big, [device], depth))
+    got = list(Prefetcher(big, [device], depth, copy_stream))
     assert len(got) == 4
     for (piece,), (src,) in zip(got, big):
         assert piece.device == device
@@ -59,8 +74,10 @@ def test_cuda_prefetch_copies_from_pinned_memory_in_order(depth):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_prefetch_is_safe_to_use_on_the_consumer_stream():
+@pytest.mark.parametrize("copy_stream", ["compute", "side"])
+def test_cuda_prefetch_is_safe_to_use_on_the_consumer_stream(copy_stream):
     device = torch.device("cuda", 0)
     steps = [[torch.full((1 << 22,), float(i))] for i in range(6)]
-    totals = [float(p.sum()) for (p,) in Prefetcher(steps, [device], 3)]  # used while later copies run
+    totals = [float(p.sum()) for (p,) in Prefetcher(steps, [device], 3, copy_stream)]  # used while later copies run
     assert totals == [float(i * (1 << 22)) for i in range(6)]
+
