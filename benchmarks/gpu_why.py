@@ -16,7 +16,9 @@ records, over ``--seconds``:
 - the busiest other processes on the machine meanwhile, and the load average;
 - the CPU cores it may run on, the number of its threads, and the environment variables that torch reads;
 - where its threads are, with py-spy where it is installed and may attach (``py-spy dump``), and what its
-  main thread spends its time in (``py-spy record``, Python frames: each function's share of the samples).
+  main thread spends its time in (``py-spy record``, Python frames: each function's share of the samples);
+- then, for 2 s, every thread with C++ frames (``py-spy record --native``): whether the CUDA caching allocator's
+  ``process_events`` (a side stream's ``record_stream``) or the driver's calls take a share of the host's time.
 
 Then it stops the run. Writes ``benchmarks/results/TIMESTAMP-gpu-why.md`` and ``.json``.
 """
@@ -150,6 +152,9 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
     finally:
         if record is not None and record.poll() is None:
             record.kill()
+    native = raw.with_suffix(".native")  # C++ frames too (the allocator, the driver), every thread: the process pauses
+    native_run = subprocess.run([spy, "record", "--pid", str(pid), "--duration", "2", "--rate", "100", "--native", "--threads",
+                                 "--format", "raw", "--output", str(native)], capture_output=True, text=True, timeout=60) if spy else None
     nodes = numa_nodes()
     threads = sorted(({"name": t.name, "cpu": round((t.ticks - before[tid].ticks if tid in before else t.ticks) / TICKS / elapsed, 3),
                        "preempted_per_s": round((t.preempted - before[tid].preempted if tid in before else t.preempted) / elapsed, 1),
@@ -167,6 +172,8 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
         "env": sorted(e for e in environ if ENV_KEYS.match(e)),
         "dump": dump.stdout if dump and dump.returncode == 0 else f"(py-spy dump: {'not installed' if not spy else dump.stderr.strip()[-300:]})",
         "main_thread_functions": leaf_shares(raw) if raw.exists() else f"(py-spy record: {'not installed' if not spy else spied.strip()[-300:]})",
+        "native_functions": leaf_shares(native, main_only=False) if native.exists() else
+        f"(py-spy record --native: {'not installed' if not spy else native_run.stderr.strip()[-300:]})",
     }
 
 
@@ -249,10 +256,10 @@ def children_ticks(pid: int) -> int:
     return total
 
 
-def leaf_shares(raw: Path, top: int = 30) -> list[tuple[str, float, float]]:
-    """From py-spy's raw output (``thread (TID): NAME;frame;frame;... count``): the main thread's functions, with the
-    share of its samples in which each is the innermost Python frame (where the time goes, most first), and the
-    share in which it is on the stack at all."""
+def leaf_shares(raw: Path, top: int = 30, main_only: bool = True) -> list[tuple[str, float, float]]:
+    """From py-spy's raw output (``thread (TID): NAME;frame;frame;... count``): the main thread's functions (every
+    thread's, ``main_only=False``), with the share of its samples in which each is the innermost frame (where the
+    time goes, most first), and the share in which it is on the stack at all."""
     own, on_stack, total = collections.Counter(), collections.Counter(), 0
     lines = [(stack.split(";"), count) for stack, _, count in (line.rpartition(" ") for line in raw.read_text().splitlines())
              if count.isdigit()]
@@ -262,7 +269,7 @@ def leaf_shares(raw: Path, top: int = 30) -> list[tuple[str, float, float]]:
     named = [t for t in threads if "MainThread" in t]  # py-spy names threads where it can; else the busiest thread
     main_thread = named[0] if named else (threads.most_common(1)[0][0] if threads else "")
     for frames, count in lines:
-        if frames[0] != main_thread or len(frames) < 2:
+        if (main_only and frames[0] != main_thread) or len(frames) < 2:
             continue
         n, total = int(count), total + int(count)
         functions = [re.sub(r":\d+\)$", ")", frame) for frame in frames[1:]]  # a function, not each of its lines
@@ -295,6 +302,13 @@ def report(mode: str, found: dict[str, dict[str, Any]], ptrace_scope: str = "") 
             lines += ["Main thread, by Python function (py-spy, 250 samples/s):", "",
                       c.markdown_table(["function", "innermost", "on the stack"],
                                        [[f"`{f[:110]}`", f"{own:.1%}", f"{on:.1%}"] for f, own, on in functions]), ""]
+        native = seen.get("native_functions", "")
+        if isinstance(native, str):
+            lines += [native, ""] if native else []
+        else:
+            lines += ["Every thread, C++ frames included (py-spy --native, 100 samples/s, 2 s):", "",
+                      c.markdown_table(["function", "innermost", "on the stack"],
+                                       [[f"`{f[:110]}`", f"{own:.1%}", f"{on:.1%}"] for f, own, on in native]), ""]
         lines += ["```", seen["dump"].strip()[:6000], "```", ""]
     return "\n".join(lines)
 
