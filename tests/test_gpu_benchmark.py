@@ -118,6 +118,7 @@ def test_why_looks_at_both_loops_in_their_steady_steps_and_stops_them(tmp_path):
         assert seen["cpus_allowed"] and "PYTHONUNBUFFERED=1" in seen["env"]
         assert seen["ms_per_step"] is None or seen["ms_per_step"] > 0  # None: one logged step in the second
         assert isinstance(seen["main_thread_functions"], (str, list)) and seen["dump"]
+        assert isinstance(seen["native_functions"], (str, list))
         assert f"## {who}" in why.report("bf16", {who: seen})
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path) in _cmdline(p)]
     assert not left, "a looked-at run outlived gpu_why's look"
