@@ -295,7 +295,9 @@ class Strategy:
         if self._first_step_hook is None:
             return
 
-        def once(*_: Any) -> None:
+        def once(stepped: torch.optim.Optimizer, *_: Any) -> None:
+            if all(_zero(group.get("lr")) for group in stepped.param_groups):
+                return  # a step at lr 0 that only fills the state: torch's get/set_state_dict, a restore's template
             hook, self._first_step_hook = self._first_step_hook, None
             handle.remove()
             if hook is not None:
@@ -319,6 +321,11 @@ class Strategy:
             f"{type(self).__name__}(devices={list(self._extended.worker_devices)}, "
             f"num_replicas_in_sync={self.num_replicas_in_sync})"
         )
+
+
+def _zero(lr: Any) -> bool:
+    """An lr of 0 (a float, or the tensor a fused or capturable optimizer may hold)."""
+    return lr is not None and float(lr) == 0.0
 
 
 def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

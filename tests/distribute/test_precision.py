@@ -72,6 +72,24 @@ def test_autocast_counts_as_used_only_once_entered(strategy):
         assert strategy._unused_precision_helpers() == []
 
 
+def test_the_first_step_hook_waits_for_a_step_that_trains_not_one_that_fills_the_state():
+    """A script's restore builds its optimizer state with torch's get/set_state_dict, which step at lr 0: a resumed
+    script was told it never entered autocast before it took a single step of its own."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    strategy = dl.OneDeviceStrategy("cpu")
+    told = []
+    strategy._first_step_hook = lambda: told.append(True)
+    model = torch.nn.Linear(3, 1)
+    model, optimizer = strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    get_state_dict(model, optimizer)  # fills AdamW's state with a step at lr 0
+    assert optimizer.state and told == []
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    optimizer.step()
+    assert told == [True]  # once, after the first step that trained
+
+
 def test_fp16_without_a_scaler_is_named_and_the_precision_is_set_before_the_scaler():
     strategy = dl.OneDeviceStrategy("cpu")
     strategy.precision = "fp16-mixed"
