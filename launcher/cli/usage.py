@@ -152,17 +152,34 @@ def flag_message(argv: list[str]) -> str | None:
             rows.append((given, "use " + _SAME_AS[name].format(v=_count(value), host=host or "HOST", port=port or "PORT")))
         else:
             rows.append((given, unknown))
+    options = _hydra_options(head if at is None else head[:at])  # -m, --config-dir DIR: the same run keeps them
     if at is not None:
         rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
-        same = _same_run(dict(flags), argv[at], argv[at + 1:])
+        same = _same_run(dict(flags), argv[at], argv[at + 1:], options)
     else:  # a recipe's run: the overrides typed beside the flags, and what the flags say
-        same = _same_run(dict(flags), None, [], [a for a in head if "=" in a and not a.startswith("-")])
+        same = _same_run(dict(flags), None, [], [*options, *(a for a in head if "=" in a and not a.startswith("-"))])
     after = [f"the same run: {same}"] if same else \
         ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
     width = max(28, *(len(given) for given, _ in rows))
     title = "not launcher flags" if flags else "and a script as script=PATH, its own arguments after --"
     return "\n".join([f"dlaunch takes KEY=VALUE overrides, {title}:",
                       *(f"  {given:<{width}} {use}" for given, use in rows), *after])
+
+
+_HYDRA_VALUED = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p"}
+
+
+def _hydra_options(head: list[str]) -> list[str]:
+    """Hydra's own options in ``head`` (``-m``, ``--config-dir DIR``, ``--config-name=NAME``), each with its value."""
+    found, i = [], 0
+    while i < len(head):
+        name = head[i].split("=")[0]
+        if name in HYDRA_FLAGS:
+            takes = name in _HYDRA_VALUED and "=" not in head[i] and i + 1 < len(head)
+            found += head[i:i + 2] if takes else [head[i]]
+            i += takes
+        i += 1
+    return found
 
 
 def _count(value: str | None) -> str:

@@ -135,6 +135,18 @@ def test_launcher_flags_beside_a_recipes_overrides_get_the_same_run_with_them():
     assert "the same run" not in unknown and "e.g. torchrun --nnodes=2" in unknown
 
 
+def test_the_same_run_keeps_hydras_own_options():
+    """`--config-dir cnn` and `-m` were dropped from "the same run": the first then failed with `unknown recipe`, the
+    second ran one job with a comma-separated value."""
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--num_processes=2", "--mixed_precision=bf16", "--config-dir", "cnn", "recipe=cnn16"])
+    assert ("the same run: dlaunch --config-dir cnn recipe=cnn16 strategy=mirrored cluster=1x2 "
+            "trainer.precision=bf16-mixed") in text
+    text = flag_message(["-m", "--nproc_per_node=2", "-cd=conf", "--config-name", "mine", "recipe.optimizer.lr=0.1,0.01"])
+    assert "the same run: dlaunch -m -cd=conf --config-name mine recipe.optimizer.lr=0.1,0.01 strategy=mirrored cluster=1x2" in text
+
+
 def test_accelerates_cpu_flag_is_cluster_device_cpu_in_the_mapping_and_the_same_run():
     from launcher.cli.usage import flag_message
 
