@@ -102,8 +102,10 @@ def compile_error(exc: BaseException, model: Any, fullgraph: bool = False) -> Co
 
 
 def _user_line(exc: BaseException) -> str:
-    """`` at FILE:LINE in NAME: CODE`` for the innermost frame of the user's code that dynamo was tracing."""
-    frames = [f for f in getattr(exc, "real_stack", None) or [] if "/torch/" not in f.filename.replace("\\", "/")]
+    """`` at FILE:LINE in NAME: CODE`` for the innermost frame of the user's code that dynamo was tracing; nothing
+    where it traced none (a model made of torch's modules, entered through this file's ``module_call``)."""
+    frames = [f for f in getattr(exc, "real_stack", None) or []  # torch's frames, and dlaunch's entry to a torch module
+              if "/torch/" not in f.filename.replace("\\", "/") and f.filename != __file__]
     if not frames:
         return ""
     frame = frames[-1]

@@ -108,6 +108,14 @@ def test_a_graph_break_under_fullgraph_says_fullgraph_made_it_an_error():
                          "eagerly, or change the line")
 
 
+def test_a_bug_in_a_model_of_torchs_modules_names_no_line_of_dlaunch():
+    """An nn.Sequential is entered through dlaunch's ``module_call``, the only frame outside torch: the error named
+    that line of dlaunch's as the user's."""
+    text = said(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Linear(8, 1)))
+    assert text.startswith("torch.compile could not compile Sequential (torch.nn.modules.container): RuntimeError: ")
+    assert "compiled.py" not in text and "\n  at " not in text, text
+
+
 def test_other_errors_are_not_compile_errors():
     assert compile_error(ValueError("a user's own"), torch.nn.Linear(1, 1)) is None
 
