@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from hydra.core.override_parser.types import Override
+from rich.console import Console
 
 from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, sweep_stop, usage
 from launcher.cluster.env import full_errors
@@ -114,6 +115,7 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     problems.extend(p for p in checked.up_front if p not in problems)
     if problems:
         raise checked.error(problems)
+    sweep_jobs.announce_invalid(checked, Console(stderr=True))
 
 
 def _warm_workers(overrides: list[str]) -> None:

@@ -82,6 +82,20 @@ def reason(problems: list[Problem]) -> str:
     return "; ".join(f"{p.key}" + (f"={p.value}" if p.has_value else "") + f": {p.message}" for p in problems)
 
 
+def announce_invalid(checked: Checked, console: Console, shown: int = 5) -> None:
+    """Before a sweep's first job: which combinations will not start, and why, so that a user can stop the sweep
+    and fix them now rather than learn of them when their turn comes."""
+    if not checked.invalid:
+        return
+    n, total = len(checked.invalid), len(checked.invalid) + len(checked.valid)
+    console.print(f"[bold yellow]{n} of the sweep's {total} jobs will not start[/] (config errors, each reported as a "
+                  "failed job in its turn); the others run, Ctrl-C stops the sweep:", soft_wrap=True)
+    for exc in list(checked.invalid.values())[:shown]:
+        console.print(f"  {reason(exc.problems)}", markup=False, highlight=False, soft_wrap=True)
+    if n > shown:
+        console.print(f"  ... and {n - shown} more")
+
+
 def holds_a_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run's record (Hydra's, or a summary), which a job that does not run keeps."""
     return (run_dir / outputs.HYDRA_RECORD).exists() or (run_dir / outputs.SUMMARY).exists()
