@@ -109,7 +109,8 @@ def fill_optimizer_state(optimizer: torch.optim.Optimizer | None) -> None:
             g["lr"] = 0.0
     for p in params:
         p.grad = torch.zeros_like(p) if any(p is m for m in missing) else None
-    optimizer.step()
+    with state.filling_state():
+        optimizer.step()
     for g, lr in zip(optimizer.param_groups, lrs):
         if lr is not None:
             g["lr"] = lr

@@ -9,11 +9,31 @@ with ``weights_only=True``.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+_filling = threading.local()
+
+
+@contextlib.contextmanager
+def filling_state() -> Iterator[None]:
+    """Around torch's ``get_state_dict`` / ``set_state_dict`` and ``fill_optimizer_state``: the optimizer step they
+    take (zero gradients at lr 0) fills the optimizer's state and trains nothing (see ``is_filling``)."""
+    _filling.depth = getattr(_filling, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _filling.depth -= 1
+
+
+def is_filling() -> bool:
+    """Whether this thread is inside ``filling_state``: an optimizer step now is not one of training."""
+    return getattr(_filling, "depth", 0) > 0
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -32,7 +52,8 @@ def primary(optimizer: Any) -> Any:
 def model_and_optimizer(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict  # DCP only where checkpoints are used
 
-    module_state, optim_state = get_state_dict(unwrap(model), primary(optimizer))
+    with filling_state():
+        module_state, optim_state = get_state_dict(unwrap(model), primary(optimizer))
     return {"model": module_state, "optim": optim_state}
 
 
@@ -53,7 +74,8 @@ def drop_unsaved_settings(optim_state: dict[str, Any], saved: set[str]) -> None:
 def load_model_and_optimizer(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    set_state_dict(unwrap(model), primary(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
+    with filling_state():
+        set_state_dict(unwrap(model), primary(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
     for copies in (model, optimizer):  # mirrored copies in one process follow their primary
         if hasattr(copies, "resync"):
             copies.resync()

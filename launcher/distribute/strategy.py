@@ -296,12 +296,18 @@ class Strategy:
             return
 
         def once(stepped: torch.optim.Optimizer, *_: Any) -> None:
-            if all(_zero(group.get("lr")) for group in stepped.param_groups):
-                return  # a step at lr 0 that only fills the state: torch's get/set_state_dict, a restore's template
+            from launcher.checkpoint.state import is_filling
+
+            if self._first_step_hook is None:  # another optimizer's first step came first
+                handle.remove()
+                return
+            # A step that only fills the optimizer's state: dlaunch's own (a restore's get/set_state_dict), or, at lr
+            # 0 everywhere, the user's own torch.distributed.checkpoint calls (a warm-up from 0 waits one step more).
+            if is_filling() or all(_zero(group.get("lr")) for group in stepped.param_groups):
+                return
             hook, self._first_step_hook = self._first_step_hook, None
             handle.remove()
-            if hook is not None:
-                hook()
+            hook()
 
         handle = optimizer.register_step_post_hook(once)
 
@@ -324,8 +330,11 @@ class Strategy:
 
 
 def _zero(lr: Any) -> bool:
-    """An lr of 0 (a float, or the tensor a fused or capturable optimizer may hold)."""
-    return lr is not None and float(lr) == 0.0
+    """An lr of 0: a number, or a CPU tensor (torch's state-filling step sets one). A tensor on a device is taken as
+    not 0: reading it would wait for the device (and fail inside a CUDA graph's capture)."""
+    if isinstance(lr, torch.Tensor):
+        return lr.device.type == "cpu" and lr.numel() == 1 and float(lr) == 0.0
+    return isinstance(lr, (int, float)) and lr == 0
 
 
 def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -77,17 +77,30 @@ def test_the_first_step_hook_waits_for_a_step_that_trains_not_one_that_fills_the
     script was told it never entered autocast before it took a single step of its own."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from launcher.checkpoint.state import filling_state
+
     strategy = dl.OneDeviceStrategy("cpu")
     told = []
     strategy._first_step_hook = lambda: told.append(True)
     model = torch.nn.Linear(3, 1)
     model, optimizer = strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
-    get_state_dict(model, optimizer)  # fills AdamW's state with a step at lr 0
+    get_state_dict(model, optimizer)  # the user's own call: fills AdamW's state with a step at lr 0
     assert optimizer.state and told == []
+    with filling_state():  # dlaunch's restore says so, whatever the lr
+        optimizer.step()
+    assert told == []
     model(torch.ones(2, 3)).sum().backward()
     optimizer.step()
     optimizer.step()
     assert told == [True]  # once, after the first step that trained
+
+
+def test_an_lr_on_a_device_is_never_read_to_tell_a_filling_step():
+    """Reading a CUDA tensor's value waits for the device (and fails inside a CUDA graph's capture): ``meta`` stands
+    in for it here, whose value cannot be read at all."""
+    from launcher.distribute.strategy import _zero
+
+    assert not _zero(torch.zeros((), device="meta")) and _zero(torch.zeros(())) and _zero(0.0) and not _zero(None)
 
 
 def test_fp16_without_a_scaler_is_named_and_the_precision_is_set_before_the_scaler():
