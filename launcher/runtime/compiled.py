@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,11 +102,23 @@ def compile_error(exc: BaseException, model: Any, fullgraph: bool = False) -> Co
                         f"{cause}{where}\n{advice}")
 
 
+_DLAUNCH = Path(__file__).resolve().parent.parent  # the launcher package
+_RECIPES = _DLAUNCH / "recipes"  # the shipped recipes, installed inside it: a user's code as any other
+
+
+def _users(filename: str) -> bool:
+    """A frame of the user's code: not torch's, and not dlaunch's own (its entry to a torch module, its activation
+    checkpointing's replay, a parameter server's lookup), except the shipped recipes."""
+    if "/torch/" in filename.replace("\\", "/"):
+        return False
+    path = Path(filename).resolve()
+    return not path.is_relative_to(_DLAUNCH) or path.is_relative_to(_RECIPES)
+
+
 def _user_line(exc: BaseException) -> str:
     """`` at FILE:LINE in NAME: CODE`` for the innermost frame of the user's code that dynamo was tracing; nothing
     where it traced none (a model made of torch's modules, entered through this file's ``module_call``)."""
-    frames = [f for f in getattr(exc, "real_stack", None) or []  # torch's frames, and dlaunch's entry to a torch module
-              if "/torch/" not in f.filename.replace("\\", "/") and f.filename != __file__]
+    frames = [f for f in getattr(exc, "real_stack", None) or [] if _users(f.filename)]
     if not frames:
         return ""
     frame = frames[-1]

@@ -116,6 +116,16 @@ def test_a_bug_in_a_model_of_torchs_modules_names_no_line_of_dlaunch():
     assert "compiled.py" not in text and "\n  at " not in text, text
 
 
+def test_no_frame_of_dlaunchs_own_is_named_as_the_users_line():
+    """Activation checkpointing's replay is dlaunch's frame between torch's modules: it was named as the user's."""
+    from launcher.distribute import activation_checkpointing
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Linear(8, 1))
+    activation_checkpointing.apply(model, ["Linear"])
+    text = said(model)
+    assert "RuntimeError: " in text and "launcher/" not in text and "\n  at " not in text, text
+
+
 def test_other_errors_are_not_compile_errors():
     assert compile_error(ValueError("a user's own"), torch.nn.Linear(1, 1)) is None
 
