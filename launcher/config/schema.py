@@ -17,6 +17,7 @@ from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rul
 from launcher.config.script import ScriptSpec, script_fits
 from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
 from launcher.config.user_recipes import absolute_file
+from launcher.distribute.input_context import COPY_STREAMS
 from launcher.input import checks
 from launcher.input import files as files_lib
 from launcher.input.auto_shard import AutoShardPolicy
@@ -151,7 +152,7 @@ class InputSpec(Strict):
                     "n-th element; OFF: its block of each global batch; AUTO: FILE with a file per process, else DATA",
     )
     prefetch: Annotated[int, Field(ge=0, le=32)] = Field(1, description="steps fetched to the devices ahead of the one in use (each holds a batch in device memory)")
-    copy_stream: Literal["compute", "side"] = Field(
+    copy_stream: Literal[COPY_STREAMS] = Field(
         "compute",
         description="CUDA: the stream that copies each batch to its device: compute (the step's own, queued behind the "
                     "step in flight, as a hand-written loop copies) or side (its own stream, overlapping the step in "

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Literal
 
 from launcher.input.auto_shard import AutoShardPolicy
+
+COPY_STREAMS = ("compute", "side")  # InputOptions.copy_stream, input.copy_stream: launcher/input/prefetch.py
 
 
 class InputReplicationMode(enum.Enum):
@@ -55,7 +58,7 @@ class InputOptions:
     experimental_place_dataset_on_device: bool = False
     experimental_per_replica_buffer_size: int = 1
     auto_shard_policy: AutoShardPolicy = AutoShardPolicy.AUTO
-    copy_stream: str = "compute"
+    copy_stream: Literal[COPY_STREAMS] = "compute"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "auto_shard_policy", AutoShardPolicy.from_any(self.auto_shard_policy))
@@ -74,8 +77,8 @@ class InputOptions:
             )
         if self.experimental_per_replica_buffer_size < 0:
             raise ValueError("`experimental_per_replica_buffer_size` must be >= 0")
-        if self.copy_stream not in ("compute", "side"):
-            raise ValueError(f"`copy_stream` must be 'compute' or 'side', got {self.copy_stream!r}")
+        if self.copy_stream not in COPY_STREAMS:
+            raise ValueError(f"`copy_stream` must be one of {COPY_STREAMS}, got {self.copy_stream!r}")
 
 
 class InputContext:

@@ -29,11 +29,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from launcher.distribute.input_context import COPY_STREAMS
 from launcher.distribute.values import map_structure
 from launcher.input.split import like
 
 _END = object()
-COPY_STREAMS = ("compute", "side")
 
 
 class Prefetcher:
@@ -45,7 +45,7 @@ class Prefetcher:
         if depth < 0:
             raise ValueError(f"prefetch depth must be >= 0, got {depth}")
         if copy_stream not in COPY_STREAMS:
-            raise ValueError(f"copy_stream must be one of {COPY_STREAMS}, got {copy_stream!r}")
+            raise ValueError(f"`copy_stream` must be one of {COPY_STREAMS}, got {copy_stream!r}")
         self.steps, self.devices, self.depth, self.copy_stream = steps, list(devices), depth, copy_stream
 
     def __iter__(self) -> Iterator[list[Any]]:

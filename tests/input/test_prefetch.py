@@ -43,7 +43,7 @@ def test_an_empty_source_a_negative_depth_and_an_unknown_stream():
     assert list(Prefetcher([], CPU, 2)) == []
     with pytest.raises(ValueError, match=">= 0"):
         Prefetcher([], CPU, -1)
-    with pytest.raises(ValueError, match="copy_stream must be one of"):
+    with pytest.raises(ValueError, match="`copy_stream` must be one of"):
         Prefetcher([], CPU, 1, "default")
 
 
@@ -55,7 +55,7 @@ def test_the_loops_input_options_carry_input_copy_stream(copy_stream):
 
     spec = type("Spec", (), {"input": InputSpec(copy_stream=copy_stream)})()
     assert input_options(spec).copy_stream == copy_stream
-    with pytest.raises(ValueError, match="'compute' or 'side'"):
+    with pytest.raises(ValueError, match="`copy_stream` must be one of"):
         InputOptions(copy_stream="default")
 
 
