@@ -7,16 +7,22 @@ one of two streams (``input.copy_stream``):
 
 - ``compute`` (the default): the device's current stream, the one the step runs on, as
   a hand-written loop copies (``batch.to(device, non_blocking=True)``). The copy is
-  queued behind the step the device is running and ahead of the next one; the host
-  does not wait for it, and the memory belongs to the stream that uses it.
+  queued behind what that stream was given before (in dlaunch's loop, which reads
+  ahead after each step's launch, the step the device is running); the host does not
+  wait for it, and the memory belongs to the stream that uses it.
 - ``side``: a stream of its own per device, so the copy overlaps the step the device is
   running; the step's stream waits for it (an event), and the tensors are marked as
   used by that stream (``record_stream``) so that the caching allocator does not hand
-  their memory out early. The price: until the step that used a batch has ended, the
-  allocator queries that batch's event at every allocation (``process_events``), which
-  costs host time where the host bounds the step (small models, many kernels).
+  their memory out early. The price: once the batch is freed, and until the step that
+  used it has ended, the allocator queries its event at every allocation
+  (``process_events``), host time that a step bound by the host (small models, many
+  kernels) can pay.
 
 On CPU there is nothing to copy: the steps are only read ahead, in order.
+
+Both rest on one rule: the step that uses a batch runs on its device's current stream as this thread sees it
+(dlaunch's loop and replica threads set no stream; a thread starts on the default one). A step run under another
+stream would have to wait for the current one itself.
 
 All of it happens on the calling thread, so a collective that the source may
 run (the FILE-shard agreement) keeps the same order on every rank.
