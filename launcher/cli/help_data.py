@@ -83,8 +83,8 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
            ('copy_stream',
             'compute',
             "CUDA: the stream that copies each batch to its device: compute (the step's own, queued behind the step in "
-            'flight, as a hand-written loop copies) or side (its own stream, overlapping the step in flight; costs '
-            'host time at every allocation until that step ends)')],
+            'flight, as a hand-written loop copies) or side (its own stream, overlapping the step in flight; it can '
+            'cost host time at every allocation until that step ends: docs/INPUT.md)')],
  'launch': [('dry_run', 'False', 'print the plan and start nothing'),
             ('max_restarts', '0', 'times every worker is started again after one fails'),
             ('rdzv_timeout_s', '120', 'how long nodes wait for each other at the rendezvous'),

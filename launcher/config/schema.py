@@ -156,7 +156,7 @@ class InputSpec(Strict):
         "compute",
         description="CUDA: the stream that copies each batch to its device: compute (the step's own, queued behind the "
                     "step in flight, as a hand-written loop copies) or side (its own stream, overlapping the step in "
-                    "flight; costs host time at every allocation until that step ends)",
+                    "flight; it can cost host time at every allocation until that step ends: docs/INPUT.md)",
     )
 
     @field_validator("auto_shard_policy", mode="before")
