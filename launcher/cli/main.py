@@ -101,7 +101,7 @@ def _check_output_dirs(overrides: list[str]) -> list[Problem]:
     return problems
 
 
-def precheck(overrides: list[str], multirun: bool) -> None:
+def precheck(overrides: list[str], multirun: bool) -> sweep_jobs.Checked:
     """Compose and validate every job before anything starts; raise ConfigError."""
     composer.register_configs(overrides)
     # A SLURM job runs on nodes this machine cannot see: their devices are checked there.
@@ -115,7 +115,7 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     problems.extend(p for p in checked.up_front if p not in problems)
     if problems:
         raise checked.error(problems)
-    sweep_jobs.announce_invalid(checked, Console(stderr=True))
+    return checked
 
 
 def _warm_workers(overrides: list[str]) -> None:
@@ -189,9 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         if informational:
             composer.register_configs(args.overrides)
         else:
-            precheck(args.overrides, args.multirun)
+            checked = precheck(args.overrides, args.multirun)
             if not args.multirun:
                 _warm_workers(args.overrides)
+            elif not args.cfg and not any(spec.launch.dry_run for spec in checked.valid.values()):  # jobs will run
+                sweep_jobs.announce_invalid(checked, Console(stderr=True))
             argv.append(NO_HYDRA_RECORD)  # the job writes Hydra's record itself, once it goes ahead (cli/job.py)
     except ConfigError as exc:
         if full_errors():

@@ -82,18 +82,24 @@ def reason(problems: list[Problem]) -> str:
     return "; ".join(f"{p.key}" + (f"={p.value}" if p.has_value else "") + f": {p.message}" for p in problems)
 
 
-def announce_invalid(checked: Checked, console: Console, shown: int = 5) -> None:
-    """Before a sweep's first job: which combinations will not start, and why, so that a user can stop the sweep
-    and fix them now rather than learn of them when their turn comes."""
+def announce_invalid(checked: Checked, console: Console, width: int = 200) -> None:
+    """Before a sweep's first job: the combinations that will not start, and why (one line per reason, with how many
+    jobs have it and one of them), so that a user can stop the sweep and fix them now rather than learn of each when
+    its turn comes. A range axis or a sweeper's search makes jobs of its own: those are checked as they come."""
     if not checked.invalid:
         return
-    n, total = len(checked.invalid), len(checked.invalid) + len(checked.valid)
-    console.print(f"[bold yellow]{n} of the sweep's {total} jobs will not start[/] (config errors, each reported as a "
-                  "failed job in its turn); the others run, Ctrl-C stops the sweep:", soft_wrap=True)
-    for exc in list(checked.invalid.values())[:shown]:
-        console.print(f"  {reason(exc.problems)}", markup=False, highlight=False, soft_wrap=True)
-    if n > shown:
-        console.print(f"  ... and {n - shown} more")
+    keys = [set(key) for key in [*checked.valid, *checked.invalid]]
+    shared = set.intersection(*keys) if keys else set()
+    reasons: dict[str, list[tuple[str, ...]]] = {}
+    for key, exc in checked.invalid.items():
+        reasons.setdefault(reason(exc.problems), []).append(key)
+    console.print("[bold yellow]these sweep jobs will not start[/] (each is reported as a failed job in its turn; the "
+                  "other jobs run, Ctrl-C stops the sweep):", soft_wrap=True)
+    for why, jobs in reasons.items():
+        example = " ".join(o for o in jobs[0] if o not in shared) or "every job"
+        why = why if len(why) <= width else why[:width - 3] + "..."
+        count = f"{len(jobs)} jobs, e.g. " if len(jobs) > 1 else ""
+        console.print(f"  {count}{example}: {why}", markup=False, highlight=False, soft_wrap=True)
 
 
 def holds_a_run(run_dir: Path) -> bool:

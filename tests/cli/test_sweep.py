@@ -94,8 +94,10 @@ def test_an_invalid_combination_is_a_failed_job_and_the_others_run(tmp_path):
     assert "cluster 1x2 has 2 devices" in jobs[1]["error"]
     # said before job 0 ran, not only when job 1's turn came: the user may stop the sweep and fix it now
     told = " ".join(proc.stderr.split())
-    assert "1 of the sweep's 4 jobs will not start (config errors, each reported as a failed job in its turn)" in told
-    assert told.index("will not start") < told.index("job 1: not started")
+    announced = told[told.index("these sweep jobs will not start"):told.index("OneDeviceStrategy")]  # before job 0 trains
+    assert "(each is reported as a failed job in its turn; the other jobs run, Ctrl-C stops the sweep)" in announced
+    assert "cluster=1x2 strategy=one_device: cluster=1x2: strategy one_device runs 1 replica" in announced
+    assert "trainer.steps=5" not in announced  # what every job shares does not tell the job apart
     assert "every job: trainer.steps=5" in proc.stdout
     assert proc.stdout.count("dlaunch plan") == 1  # the plan once per sweep
     assert not [line for line in proc.stdout.splitlines() if line != line.rstrip()]

@@ -1,0 +1,39 @@
+"""A sweep's invalid combinations, said before its first job (launcher/cli/sweep_jobs.py)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from launcher.cli import job as cli_job
+from launcher.cli import main as cli
+from launcher.cli.sweep_jobs import Checked, announce_invalid
+from launcher.config.errors import ConfigError, Problem
+
+
+def _said(checked: Checked) -> str:
+    console = Console(record=True, width=300)
+    announce_invalid(checked, console)
+    return console.export_text()
+
+
+def test_jobs_with_the_same_reason_are_one_line_with_their_count_and_one_of_them():
+    same = ConfigError([Problem(key="cluster", value="1x2", message="one_device runs 1 replica")])
+    long = ConfigError([Problem(key="recipe.lr", value="x", message="y" * 500)])
+    checked = Checked(valid={("a=1", "steps=5"): object()},
+                      invalid={("a=2", "steps=5"): same, ("a=3", "steps=5"): same, ("a=4", "steps=5"): long})
+    lines = _said(checked).splitlines()
+    assert lines[0].startswith("these sweep jobs will not start")
+    assert lines[1] == "  2 jobs, e.g. a=2: cluster=1x2: one_device runs 1 replica"  # steps=5: every job's, not shown
+    assert lines[2].startswith("  a=4: recipe.lr=x: yyy") and lines[2].endswith("...") and len(lines[2]) < 220
+    assert _said(Checked(valid={("a=1",): object()})) == ""  # nothing invalid: nothing said
+
+
+def test_a_dry_run_sweep_announces_nothing_it_would_not_run(tmp_path, monkeypatch, capsys):
+    """Under launch.dry_run=true no job runs: "the other jobs run, Ctrl-C stops the sweep" would be false."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    code = cli.main(["-m", "strategy=one_device,mirrored", "cluster=1x1,1x2", "launch.dry_run=true",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "cluster = 1x2" in err, err[-2000:]  # job 1 said why it did not start, in its turn
+    assert "will not start" not in err
