@@ -45,17 +45,13 @@ def _hydra_args(argv: list[str]) -> Any:
     return get_args_parser().parse_intermixed_args(argv)
 
 
-_INFO = ("--info", "-i")  # Hydra's one flag whose value is optional (const "all")
-_INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
-
-
 def _flags_first(argv: list[str], overrides: list[str]) -> list[str]:
     """``argv`` as Hydra's parser reads it: the flags (with their values), then every override. A bare ``--info``
     becomes ``--info=all``: moved before the overrides, it would take the first one for its value."""
     flags = list(argv)
     for override in overrides:
         flags.remove(override)
-    flags = ["--info=all" if f in _INFO and (i + 1 == len(flags) or flags[i + 1] not in _INFO_CHOICES) else f
+    flags = ["--info=all" if f in usage.INFO and (i + 1 == len(flags) or flags[i + 1] not in usage.INFO_CHOICES) else f
              for i, f in enumerate(flags)]
     return [*flags, *overrides]
 

@@ -18,6 +18,10 @@ import sys
 from launcher.cli import help_data
 
 # Flags Hydra's own parser accepts (hydra/_internal/utils.py get_args_parser), with or without a value.
+INFO = ("--info", "-i")  # Hydra's one flag whose value is optional (const "all")
+INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+_HYDRA_VALUED = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p",
+                 "--experimental-rerun"}
 HYDRA_FLAGS = {
     "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r",
     "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
@@ -152,12 +156,14 @@ def flag_message(argv: list[str]) -> str | None:
             rows.append((given, "use " + _SAME_AS[name].format(v=_count(value), host=host or "HOST", port=port or "PORT")))
         else:
             rows.append((given, unknown))
-    options = _hydra_options(head if at is None else head[:at])  # -m, --config-dir DIR: the same run keeps them
+    before = head if at is None else head[:at]  # a script's own arguments follow it
+    options, taken = _hydra_options(before)  # -m, --config-dir DIR: the same run keeps them, and the overrides typed
+    typed = [*options, *(a for i, a in enumerate(before) if i not in taken and "=" in a and not a.startswith("-"))]
     if at is not None:
         rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
-        same = _same_run(dict(flags), argv[at], argv[at + 1:], options)
+        same = _same_run(dict(flags), argv[at], argv[at + 1:], typed)
     else:  # a recipe's run: the overrides typed beside the flags, and what the flags say
-        same = _same_run(dict(flags), None, [], [*options, *(a for a in head if "=" in a and not a.startswith("-"))])
+        same = _same_run(dict(flags), None, [], typed)
     after = [f"the same run: {same}"] if same else \
         ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
     width = max(28, *(len(given) for given, _ in rows))
@@ -166,20 +172,23 @@ def flag_message(argv: list[str]) -> str | None:
                       *(f"  {given:<{width}} {use}" for given, use in rows), *after])
 
 
-_HYDRA_VALUED = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p"}
-
-
-def _hydra_options(head: list[str]) -> list[str]:
-    """Hydra's own options in ``head`` (``-m``, ``--config-dir DIR``, ``--config-name=NAME``), each with its value."""
-    found, i = [], 0
+def _hydra_options(head: list[str]) -> tuple[list[str], set[int]]:
+    """Hydra's own options in ``head`` (``-m``, ``--config-dir DIR``, ``--info config``), each with its value, and the
+    positions they take: what "the same run" keeps of them, as typed."""
+    found, taken, i = [], set(), 0
     while i < len(head):
         name = head[i].split("=")[0]
         if name in HYDRA_FLAGS:
-            takes = name in _HYDRA_VALUED and "=" not in head[i] and i + 1 < len(head)
-            found += head[i:i + 2] if takes else [head[i]]
+            after = head[i + 1] if i + 1 < len(head) and "=" not in head[i] else None
+            if name in INFO:
+                takes = after in INFO_CHOICES
+            else:
+                takes = name in _HYDRA_VALUED and after is not None and not after.startswith("-")
+            found += head[i:i + 1 + takes]
+            taken.update(range(i, i + 1 + takes))
             i += takes
         i += 1
-    return found
+    return found, taken
 
 
 def _count(value: str | None) -> str:

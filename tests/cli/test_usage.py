@@ -145,6 +145,16 @@ def test_the_same_run_keeps_hydras_own_options():
             "trainer.precision=bf16-mixed") in text
     text = flag_message(["-m", "--nproc_per_node=2", "-cd=conf", "--config-name", "mine", "recipe.optimizer.lr=0.1,0.01"])
     assert "the same run: dlaunch -m -cd=conf --config-name mine recipe.optimizer.lr=0.1,0.01 strategy=mirrored cluster=1x2" in text
+    cases = {  # Hydra's options as typed -> as "the same run" gives them, before the cluster
+        ("--info", "config"): "--info config", ("--info", "recipe=linear"): "--info recipe=linear",
+        ("--config-dir", "--cfg", "job"): "--config-dir --cfg job", ("--config-dir", "a=b"): "--config-dir a=b",
+        ("--experimental-rerun", "x.pickle"): "--experimental-rerun x.pickle",
+    }
+    for typed, kept in cases.items():
+        text = " ".join(flag_message(["--nproc_per_node=2", *typed]).split())
+        assert f"the same run: dlaunch {kept} strategy=mirrored cluster=1x2" in text, text
+    script = flag_message(["--nproc_per_node=2", "trainer.precision=bf16-mixed", "train.py", "--lr", "1"])
+    assert "the same run: dlaunch script=train.py trainer.precision=bf16-mixed strategy=mirrored cluster=1x2 -- --lr 1" in script
 
 
 def test_accelerates_cpu_flag_is_cluster_device_cpu_in_the_mapping_and_the_same_run():
