@@ -17,8 +17,8 @@ records, over ``--seconds``:
 - the CPU cores it may run on, the number of its threads, and the environment variables that torch reads;
 - where its threads are, with py-spy where it is installed and may attach (``py-spy dump``), and what its
   main thread spends its time in (``py-spy record``, Python frames: each function's share of the samples);
-- then, for 2 s, every thread with C++ frames (``py-spy record --native``): whether the CUDA caching allocator's
-  ``process_events`` (a side stream's ``record_stream``) or the driver's calls take a share of the host's time.
+- then, for 2 s, every thread with C++ frames (``py-spy record --native``, which pauses the process: after the
+  window that times the steps): where the host's time goes below Python (the caching allocator, the driver's calls).
 
 Then it stops the run. Writes ``benchmarks/results/TIMESTAMP-gpu-why.md`` and ``.json``.
 """
@@ -126,7 +126,8 @@ def look(who: str, command: list[str], after: int, seconds: float, work: Path, l
             if time.monotonic() > deadline:
                 raise LookFailed(f"had not logged step {after} after {limit:g} s (--limit):\n{''.join(tail)}")
         seen = observe(proc.pid, seconds, work / f"{who}.raw")
-        (t0, s0), (t1, s1) = logged[0], logged[-1]
+        window = [(t, step) for t, step in logged if t <= seen["window_end"]]  # not while the native record paused it
+        (t0, s0), (t1, s1) = window[0], window[-1]
         return {**seen, "ms_per_step": (t1 - t0) * 1000 / (s1 - s0) if s1 > s0 else None}
     finally:
         with contextlib.suppress(ProcessLookupError):  # gone already
@@ -135,7 +136,8 @@ def look(who: str, command: list[str], after: int, seconds: float, work: Path, l
 
 
 def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
-    """The process's threads' CPU over ``seconds`` (py-spy records its main thread meanwhile), and its set-up."""
+    """The process's threads' CPU over ``seconds`` (py-spy records its main thread meanwhile), and its set-up; then
+    2 s of every thread's C++ frames (after ``window_end``: that record pauses the process)."""
     spy = shutil.which("py-spy")
     before, started = thread_ticks(pid), time.perf_counter()
     children_before, others_before = children_ticks(pid), process_ticks()
@@ -143,18 +145,10 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
                                "--nonblocking", "--threads", "--format", "raw", "--output", str(raw)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) if spy else None
     time.sleep(seconds)
-    after, elapsed = thread_ticks(pid), time.perf_counter() - started
+    after, window_end = thread_ticks(pid), time.perf_counter()
+    elapsed = window_end - started
     children = (children_ticks(pid) - children_before) / TICKS / elapsed
     others = busiest_others(others_before, process_ticks(), elapsed, exclude=pid)
-    dump = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True, timeout=60) if spy else None
-    try:
-        spied = record.communicate(timeout=60)[1] if record else ""
-    finally:
-        if record is not None and record.poll() is None:
-            record.kill()
-    native = raw.with_suffix(".native")  # C++ frames too (the allocator, the driver), every thread: the process pauses
-    native_run = subprocess.run([spy, "record", "--pid", str(pid), "--duration", "2", "--rate", "100", "--native", "--threads",
-                                 "--format", "raw", "--output", str(native)], capture_output=True, text=True, timeout=60) if spy else None
     nodes = numa_nodes()
     threads = sorted(({"name": t.name, "cpu": round((t.ticks - before[tid].ticks if tid in before else t.ticks) / TICKS / elapsed, 3),
                        "preempted_per_s": round((t.preempted - before[tid].preempted if tid in before else t.preempted) / elapsed, 1),
@@ -162,6 +156,7 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
     status = Path(f"/proc/{pid}/status").read_text()
     environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
     return {
+        "window_end": window_end,
         "threads": threads,
         "threads_line": ", ".join(f"{t['name']} {t['cpu']:.0%} (preempted {t['preempted_per_s']:g}/s, core {t['last_core']})"
                                   for t in threads if t["cpu"] >= 0.02) + f"; children {children:.0%}",
@@ -170,11 +165,39 @@ def observe(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
         "children_cpu": round(children, 3),
         "cpus_allowed": re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1),
         "env": sorted(e for e in environ if ENV_KEYS.match(e)),
-        "dump": dump.stdout if dump and dump.returncode == 0 else f"(py-spy dump: {'not installed' if not spy else dump.stderr.strip()[-300:]})",
-        "main_thread_functions": leaf_shares(raw) if raw.exists() else f"(py-spy record: {'not installed' if not spy else spied.strip()[-300:]})",
-        "native_functions": leaf_shares(native, main_only=False) if native.exists() else
-        f"(py-spy record --native: {'not installed' if not spy else native_run.stderr.strip()[-300:]})",
+        **spied(spy, pid, record, raw),
     }
+
+
+def spied(spy: str | None, pid: int, record: subprocess.Popen | None, raw: Path) -> dict[str, Any]:
+    """What py-spy saw: the threads now (``dump``), the main thread's Python functions over the window (``record``,
+    finishing), then 2 s of every thread's C++ frames (``record --native``)."""
+    if spy is None:
+        return {"dump": "(py-spy dump: not installed)", "main_thread_functions": "(py-spy record: not installed)",
+                "native_functions": "(py-spy record --native: not installed)"}
+    found = {}
+    dump = _py_spy([spy, "dump", "--pid", str(pid), "--nonblocking"])
+    found["dump"] = dump.stdout if dump.returncode == 0 else f"(py-spy dump: {dump.stderr.strip()[-300:]})"
+    try:
+        said = record.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        record.kill()
+        said = "py-spy record did not end"
+    found["main_thread_functions"] = leaf_shares(raw) if raw.exists() else f"(py-spy record: {said.strip()[-300:]})"
+    native = raw.with_suffix(".native")  # C++ frames too (the allocator, the driver), every thread: the process pauses
+    run = _py_spy([spy, "record", "--pid", str(pid), "--duration", "2", "--rate", "100", "--native", "--threads",
+                   "--format", "raw", "--output", str(native)])
+    found["native_functions"] = (leaf_shares(native, main_only=False) if native.exists() else
+                                 f"(py-spy record --native: {run.stderr.strip()[-300:]})")
+    return found
+
+
+def _py_spy(command: list[str]) -> subprocess.CompletedProcess:
+    """A py-spy call, given a minute; one that takes longer is an answer too (a stuck attach), not an exception."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(command, 1, "", f"{command[1]} did not end within 60 s")
 
 
 class Thread(NamedTuple):

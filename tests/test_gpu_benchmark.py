@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -112,8 +111,7 @@ def test_why_looks_at_both_loops_in_their_steady_steps_and_stops_them(tmp_path):
         assert "cluster.device=cpu" in command or "--device=cpu" in command
         seen = why.look(who, command, after=50, seconds=1.0, work=tmp_path)
         assert seen["threads"] and all(t["cpu"] >= 0 and t["preempted_per_s"] >= 0 for t in seen["threads"]), seen
-        cores = set(range(os.cpu_count()))
-        assert all(t["last_core"] in cores for t in seen["threads"]) and isinstance(seen["others"], list)
+        assert all(t["last_core"] >= 0 for t in seen["threads"]) and isinstance(seen["others"], list)
         assert len(seen["loadavg"]) == 3
         assert seen["cpus_allowed"] and "PYTHONUNBUFFERED=1" in seen["env"]
         assert seen["ms_per_step"] is None or seen["ms_per_step"] > 0  # None: one logged step in the second
