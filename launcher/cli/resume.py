@@ -83,7 +83,7 @@ def after_failure(spec: Any, run_dir: Path, in_sweep: bool = False) -> str:
         return ""
     checkpoint = layout.newest(spec, run_dir)
     if checkpoint is None:
-        return ""
+        return _nothing_saved(spec, run_dir)
     damage = _failed_to_load(run_dir, checkpoint)
     if damage:  # a restart, which checks sizes alone, spent every attempt on it: a resume verifies and passes it over
         return (f"newest checkpoint: {checkpoint} is damaged: {damage}; " + ("the sweep's last line" if in_sweep else
@@ -92,6 +92,25 @@ def after_failure(spec: Any, run_dir: Path, in_sweep: bool = False) -> str:
         return f"newest checkpoint: {checkpoint} (the sweep's last line says how to go on)"
     again = " (the script runs again; its ScriptCheckpoints.restore goes on from there)" if spec.script else ""
     return f"newest checkpoint: {checkpoint}\nonce the cause is fixed, go on from it with: {command(run_dir)}{again}"
+
+
+def _nothing_saved(spec: Any, run_dir: Path) -> str:
+    """A failed run that trained steps with checkpoints off: they are lost, and how the next run keeps them ("": it
+    trained none, or it saves its own, a script)."""
+    from launcher.runtime import outputs
+
+    if spec.script is not None or spec.trainer.checkpoint.every_steps:
+        return ""
+    summary = outputs.read_summary(run_dir) or {}
+    trained = summary.get("last_completed_step")
+    if not isinstance(trained, int) or not trained:
+        return ""
+    done = trained >= spec.trainer.steps
+    when = "after its last step (in the final evaluation)" if done else f"after step {trained}"
+    return (f"nothing was saved: the run failed {when} with checkpoints off, and its {trained} trained step(s) are "
+            "lost; with trainer.checkpoint.every_steps=N a run saves every N steps and its last one, and after a "
+            "failure `dlaunch resume RUN_DIR` goes on from there" + (" (after the last step, only the evaluation "
+                                                                    "runs again)" if done else ""))
 
 
 def _failed_to_load(run_dir: Path, checkpoint: Path) -> str | None:

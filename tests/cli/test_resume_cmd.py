@@ -276,6 +276,29 @@ def test_a_failed_run_points_at_its_newest_checkpoint_and_resume_goes_on_from_it
     assert logged_steps(run_dir)[-7:] == list(range(6, 13))
 
 
+def test_a_failure_after_trained_steps_with_checkpoints_off_says_they_are_lost_and_how_to_keep_them(tmp_path):
+    """An evaluate() that raised at the end of a run with checkpoints off (the default) showed its root cause and
+    nothing of the trained steps it lost with it."""
+    import json
+
+    from launcher.cli.resume import after_failure
+    from launcher.config.compose import compose_and_validate
+
+    spec = compose_and_validate(["trainer.steps=20", "cluster.device=cpu"], cuda_devices=0)
+    assert after_failure(spec, tmp_path) == ""  # no summary: nothing known to be trained
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "last_completed_step": 20}))
+    told = after_failure(spec, tmp_path)
+    assert told.startswith("nothing was saved: the run failed after its last step (in the final evaluation) with "
+                           "checkpoints off, and its 20 trained step(s) are lost; with trainer.checkpoint.every_steps=N")
+    assert told.endswith("(after the last step, only the evaluation runs again)")
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "last_completed_step": 7}))
+    assert "failed after step 7 with checkpoints off" in after_failure(spec, tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "last_completed_step": 0}))
+    assert after_failure(spec, tmp_path) == ""  # a failure before the first step lost nothing
+    saving = compose_and_validate(["trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
+    assert after_failure(saving, tmp_path) == ""  # checkpoints on, none yet: as before
+
+
 def test_a_stop_says_truthfully_why_there_is_no_checkpoint_and_a_sweeps_job_leaves_the_command_to_the_sweep(tmp_path):
     """A stop before any save began (during start-up) is not "none was complete"; a sweep's job names no command of its
     own: the sweep prints the one that resumes every job."""
