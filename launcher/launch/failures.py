@@ -309,6 +309,17 @@ def _is_dlaunch_frame(filename: str) -> bool:
     return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_RECIPES_DIR)
 
 
+_MODULE_CALLS = {("nn/modules/module.py", "_wrapped_call_impl"), ("nn/modules/module.py", "_call_impl"),
+                 ("nn/parallel/distributed.py", "forward"), ("nn/parallel/distributed.py", "_run_ddp_forward")}
+
+
+def _module_call(frame: traceback.FrameSummary) -> bool:
+    """A frame of torch's that only passes a call on to a module's ``forward`` (``model(x)`` through ``__call__``,
+    DDP's ``forward``): between the user's frames it says nothing. The frame an error was raised in is never one."""
+    path = frame.filename.replace("\\", "/")
+    return "/torch/" in path and any(path.endswith(f) and frame.name == name for f, name in _MODULE_CALLS)
+
+
 def _format(exc: BaseException) -> str:
     """The traceback without dlaunch's own frames (all of it if the error is dlaunch's own).
 
@@ -317,9 +328,10 @@ def _format(exc: BaseException) -> str:
     if getattr(exc, "explained", False):
         return ""
     frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if not _is_dlaunch_frame(f.filename)]
+    user = [f for i, f in enumerate(frames)
+            if not _is_dlaunch_frame(f.filename) and not (i < len(frames) - 1 and _module_call(f))]
     shown = traceback.StackSummary.from_list(user or frames)
-    note = ["  (dlaunch's own frames are hidden)\n"] if user and len(user) < len(frames) else []
+    note = ["  (dlaunch's own frames and torch's module calls are hidden)\n"] if user and len(user) < len(frames) else []
     lines = ["Traceback (most recent call last):\n", *note, *shown.format()]
     return "".join(lines + traceback.format_exception_only(type(exc), exc))
 

@@ -325,3 +325,22 @@ def test_a_segfault_gives_pythons_fatal_error_and_the_stack_of_the_ranks_own_thr
     assert stack.splitlines()[1:] == ['  File "/home/me/train.py", line 40, in step',
                                       '  File "/site-packages/mylib/ext.py", line 12, in crash']
     assert failures.native_crash(tmp_path / "missing.log") == ("", "")
+
+
+def test_torchs_module_calls_between_the_users_frames_are_hidden_not_the_frame_that_raised():
+    """A shape error in a Sequential under DDP showed about 8 frames of torch's call plumbing (``_wrapped_call_impl``,
+    ``_call_impl``, DDP's ``forward``) between the user's line and the op that raised."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Linear(4, 1))
+
+    def train_step():
+        return model(torch.ones(2, 3))
+
+    try:
+        train_step()
+    except RuntimeError as exc:
+        text = failures._format(exc)
+    assert "(dlaunch's own frames and torch's module calls are hidden)" in text
+    assert "in train_step" in text and "container.py" in text and "linear.py" in text, text
+    assert "_call_impl" not in text and "_wrapped_call_impl" not in text, text
