@@ -8,7 +8,9 @@ puts this one there for one launch, with that launch's settings.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -230,15 +232,35 @@ def _every_failure(pcontext: Any, processes: Any) -> Callable[[], Any]:
             # never comes through torch's queue, and torch would wait for it, and for the rank, forever
             if proc.exitcode == 0 and local_rank not in pcontext._return_values:
                 pcontext._return_values[local_rank] = 0
+            elif proc.exitcode not in (None, 0):
+                set_aside_unreadable(pcontext.error_files[local_rank])
         result = poll()
         if result is not None and result.failures:
             for local_rank, proc in enumerate(processes.processes):
                 if local_rank not in result.failures and proc.exitcode not in (None, 0):
+                    set_aside_unreadable(pcontext.error_files[local_rank])  # it may have exited since the first look
                     result.failures[local_rank] = ProcessFailure(
                         local_rank=local_rank, pid=proc.pid, exitcode=proc.exitcode, error_file=pcontext.error_files[local_rank])
         return result
 
     return poll_every_failure
+
+
+def set_aside_unreadable(error_file: str) -> None:
+    """An error file that is not JSON (a full disk left it empty or cut short) renamed ``*.unreadable``: torch's
+    ``ProcessFailure`` raises on it, which took the launcher down with a traceback instead of the failure's report.
+    The rank is then reported as one that wrote no error file (its exit code, its stderr's last lines)."""
+    try:
+        with open(error_file) as fp:
+            json.load(fp)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        try:
+            os.replace(error_file, error_file + ".unreadable")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(error_file)
 
 
 @contextlib.contextmanager
