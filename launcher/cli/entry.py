@@ -27,6 +27,10 @@ def entry() -> None:
         sys.exit(answered)
     from launcher.launch import warm
 
+    if warm.several_nodes(sys.argv[1:]):  # torch reads it as it loads, and checking the config loads it
+        from launcher.cluster import env
+
+        env.quiet_cpp_warnings()
     try:
         warm.start_early(sys.argv[1:])
         from launcher.cli.main import main

@@ -139,3 +139,26 @@ def test_a_ctrl_c_while_an_exit_handler_runs_is_let_go_without_atexits_traceback
     """)
     assert proc.returncode == 130 and proc.stdout == "tidied\n", proc.stderr
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_run_of_several_nodes_quiets_torchs_cpp_warnings_before_torch_loads(tmp_path):
+    """torch reads TORCH_CPP_LOG_LEVEL as it loads, and checking the config (the recipe) loads it: set after that,
+    a node whose peer's store went away printed ~90 lines of C++ `frame #N` warnings instead of dlaunch's one line."""
+    seen = run(f"""
+        import importlib.abc, os, sys
+
+        class FirstTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "torch":
+                    print("AT_TORCH_IMPORT", os.environ.get("TORCH_CPP_LOG_LEVEL"), file=sys.stderr, flush=True)
+                    sys.meta_path.remove(self)
+                return None
+
+        sys.meta_path.insert(0, FirstTorch())
+        sys.argv = ["dlaunch", "recipe=linear", "cluster=2x1", "cluster.device=cpu", "launch.dry_run=true",
+                    "hydra.run.dir={tmp_path / 'run'}"]
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        from launcher.cli import entry
+        entry.entry()
+    """)
+    assert "AT_TORCH_IMPORT ERROR" in seen.stderr, seen.stderr[-3000:]
