@@ -176,7 +176,7 @@ def _same_config(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> N
              "except cluster.node_rank):"]
     for node in odd_nodes:
         theirs = json.loads(store.get(f"config-node{node}"))
-        diffs = ", ".join(f"{k}: {a!r} on node 0, {b!r} on node {node}" for k, a, b in _differences(base, theirs))
+        diffs = ", ".join(f"{k}: {_said(a)} on node 0, {_said(b)} on node {node}" for k, a, b in _differences(base, theirs))
         lines.append(f"  node {node}: {diffs}")
     _until_all_have_read(store, env)
     raise PreflightError("\n".join(lines))
@@ -191,13 +191,24 @@ def _until_all_have_read(store: dist.Store, env: WorkerEnv, timeout_s: float = 1
         pass
 
 
+_UNSET = object()  # a key one node's config has and the other's has not (its default applies there)
+
+
 def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    if isinstance(a, dict) and isinstance(b, dict):
+    """The keys whose values differ, down to the leaves: a section one node set and the other left to its defaults
+    (a recipe without a YAML holds only what its command gave) compares key by key, not as a dict against None."""
+    a_dict, b_dict = isinstance(a, dict), isinstance(b, dict)
+    if (a_dict or a is _UNSET) and (b_dict or b is _UNSET) and (a_dict or b_dict):
+        a, b = a if a_dict else {}, b if b_dict else {}
         out = []
         for key in sorted(set(a) | set(b)):
-            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+            out += _differences(a.get(key, _UNSET), b.get(key, _UNSET), f"{prefix}{key}.")
         return out
     return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+def _said(value: Any) -> str:
+    return "not set (its default)" if value is _UNSET else repr(value)
 
 
 def _all_reduce(env: WorkerEnv, device_type: str, timeout_s: float) -> None:

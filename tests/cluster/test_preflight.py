@@ -86,6 +86,18 @@ def test_a_rank_that_announces_itself_as_the_wait_gives_up_has_joined():
         preflight._wait_for_all(store, env, 0.1)
 
 
+def test_a_setting_only_one_node_gave_is_named_key_by_key_not_as_a_section_against_none():
+    """A recipe without a YAML: node 1's `recipe.optimizer.lr=0.01` was said as `recipe.optimizer: None on node 0,
+    {'lr': 0.01} on node 1`; node 0's optimizer is not None, it is the recipe's default."""
+    from launcher.cluster import preflight
+
+    base = {"recipe": {"name": "slow"}, "trainer": {"steps": 100}}
+    theirs = {"recipe": {"name": "slow", "optimizer": {"lr": 0.01}}, "trainer": {"steps": 60}}
+    found = {k: (preflight._said(a), preflight._said(b)) for k, a, b in preflight._differences(base, theirs)}
+    assert found == {"recipe.optimizer.lr": ("not set (its default)", "0.01"), "trainer.steps": ("100", "60")}
+    assert preflight._differences({"a": None}, {"a": {"b": 1}}) == [("a", None, {"b": 1})]  # a null is a value
+
+
 def test_nodes_whose_auto_device_resolved_differently_are_told_before_the_group_forms():
     """Node 0 has GPUs (auto: cuda, nccl), node 1 none (auto: cpu, gloo), same command: the process group of nccl
     and gloo ranks would never form. Each node announces what it resolved; the difference is named."""
