@@ -210,14 +210,29 @@ def run_node(
         log.warning("interrupted; all workers were shut down")
         return 130
     except RendezvousError as exc:
-        log.error("%s", store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc))
-        return 1
+        return _node_failed(spec, run_dir, store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc))
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
-        log.error("cannot start the rendezvous on %s:%s: %s", spec.cluster.master_addr, spec.cluster.master_port, exc)
-        return 1
+        return _node_failed(spec, run_dir, f"cannot start the rendezvous on {spec.cluster.master_addr}:"
+                                           f"{spec.cluster.master_port}: {exc}")
     finally:
         rendezvous.release_claims()  # a node started again with this node rank may claim it
         rendezvous.leave_after_failure(spec.launch.shutdown_grace_s + 5)
+
+
+def _node_failed(spec: RunSpec, run_dir: Path, text: str) -> int:
+    """This node failed outside its workers (the nodes never met, node 0's store went away): said, and recorded in
+    the run's summary.json and error.txt as a failure is, for whatever reads the directory (exit 1)."""
+    import socket
+    import time
+
+    from launcher.launch import failures
+
+    log.error("%s", text)
+    rank = (spec.cluster.node_rank or 0) * spec.cluster.devices_per_node  # the node's first rank
+    root = failures.RootCause(rank, socket.gethostname(), os.getpid(), "exit code 1", f"RendezvousError: {text}", "",
+                              time.time())
+    report.record_failure(spec, run_dir, root, said=f"node {spec.cluster.node_rank or 0} failed: {text}\n")
+    return 1
 
 
 class _StoppedBeforeWorkers(SignalException):

@@ -125,10 +125,12 @@ def show_root_cause(root: failures.RootCause, others: Sequence[failures.RootCaus
     progress.file_only(logging.ERROR, failures.as_text(root, list(others), last_logged_step(run_dir)))
 
 
-def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, others: Sequence[failures.RootCause] = ()) -> None:
+def record_failure(spec: RunSpec, run_dir: Path, root: failures.RootCause, others: Sequence[failures.RootCause] = (),
+                   said: str | None = None) -> None:
     """A failed run's summary.json (the same keys as a completed one, plus the root cause) and error.txt (the
-    root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later)."""
-    text = failures.as_text(root, list(others), last_logged_step(run_dir))
+    root-cause block the terminal showed, for ``dlaunch report`` and whoever reads the directory later; ``said``:
+    what the terminal showed instead, where no rank failed, the node itself did)."""
+    text = said or failures.as_text(root, list(others), last_logged_step(run_dir))
     # a script's steps are its own: what its metrics.jsonl logged (last_logged_step, as the panel says), not dlaunch's
     completed = {} if spec.script is not None else {"last_completed_step": root.last_step}
     checkpoint = layout.newest(spec, run_dir)  # what a resume goes on from, once the cause is fixed

@@ -97,6 +97,10 @@ def test_a_node_that_never_comes_is_named_after_the_rendezvous_timeout(tmp_path)
     assert alone.returncode == 1
     assert "missing: node 1 (ranks 2-3)" in err and "cluster.node_rank" in err
     assert "Traceback" not in err
+    # the run's record says so too, for whatever polls summary.json: it held only config.yaml and the logs
+    record = json.loads((tmp_path / "node0" / "summary.json").read_text())
+    assert record["status"] == "failed" and "the nodes could not meet" in record["error"]["exception"], record
+    assert "missing: node 1" in (tmp_path / "node0" / "error.txt").read_text()
 
 
 def test_a_missing_node_0_is_named(tmp_path):
