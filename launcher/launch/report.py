@@ -250,8 +250,11 @@ def killed_on_stop(spec: RunSpec, run_dir: Path, ranks: Sequence[int]) -> str:
 
 
 def _operation(run_dir: Path, rank: int) -> str:
-    """What a rank's heartbeat last said it was doing ("train step 8", "checkpoint save ..."), or ""."""
-    return str(outputs.read_progress(run_dir, rank).get("operation") or "")
+    """What a rank's heartbeat last said it was doing, and where in its own code ("train step 8, at train_step
+    (recipe.py:29)", "checkpoint save ..."), or ""."""
+    beat = outputs.read_progress(run_dir, rank)
+    operation, where = str(beat.get("operation") or ""), str(beat.get("where") or "")
+    return f"{operation}, at {where}" if operation and where else operation
 
 
 def waiting_on(run_dir: Path, finished: Sequence[int], running: dict[int, int], waited_s: float, every_s: float) -> str:

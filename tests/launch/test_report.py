@@ -125,3 +125,16 @@ def test_the_log_file_keeps_the_root_cause_panel_before_the_lines_that_follow_it
     log = (tmp_path / "dlaunch.log").read_text()
     assert log.index("worker rank 1 failed: root cause") < log.index("restarts exhausted"), log
     assert log.count("worker rank 1 failed: root cause") == 1, log
+
+
+def test_ranks_a_stop_killed_are_named_with_what_they_did_and_where_in_their_own_code(tmp_path):
+    """`rank 1 (train step 5) did not exit ...` said nothing of the line a hung rank sat on, which its heartbeat
+    records (and the collective-timeout message names)."""
+    spec = compose_and_validate(["cluster.device=cpu"], cuda_devices=0)
+    for rank, beat in ((0, {"operation": "train step 5", "where": "train_step (slow.py:29)"}),
+                       (1, {"operation": "stop-signal agreement after step 4", "where": ""})):
+        outputs.progress_file(tmp_path, rank).parent.mkdir(parents=True, exist_ok=True)
+        outputs.progress_file(tmp_path, rank).write_text(json.dumps({"step": 4, **beat}))
+    text = report.killed_on_stop(spec, tmp_path, [0, 1, 2])
+    assert text.startswith("rank 0 (train step 5, at train_step (slow.py:29)), rank 1 (stop-signal agreement after "
+                           "step 4), rank 2 did not exit within launch.stop_grace_s="), text
