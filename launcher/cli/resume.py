@@ -103,12 +103,12 @@ def _nothing_saved(spec: Any, run_dir: Path) -> str:
         return ""
     summary = outputs.read_summary(run_dir) or {}
     trained = summary.get("last_completed_step")
-    if not isinstance(trained, int) or not trained:
+    if summary.get("status") != "failed" or not isinstance(trained, int) or not trained:  # not this failure's record
         return ""
     done = trained >= spec.trainer.steps
-    when = "after its last step (in the final evaluation)" if done else f"after step {trained}"
-    return (f"nothing was saved: the run failed {when} with checkpoints off, and its {trained} trained step(s) are "
-            "lost; with trainer.checkpoint.every_steps=N a run saves every N steps and its last one, and after a "
+    when = "after its last step (in the final evaluation, or as it ended)" if done else f"after step {trained}"
+    return (f"nothing was saved: the run failed {when} with checkpoints off, and the training up to step {trained} "
+            "is lost; with trainer.checkpoint.every_steps=N a run saves every N steps and its last one, and after a "
             "failure `dlaunch resume RUN_DIR` goes on from there" + (" (after the last step, only the evaluation "
                                                                     "runs again)" if done else ""))
 

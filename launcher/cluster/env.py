@@ -122,7 +122,20 @@ def quiet_cpp_warnings() -> None:
     dropped), torch's C++ store client prints each failed send as a warning with dozens of ``frame #N`` lines, on
     the agent and every worker; dlaunch says it once in its own words (the store went away, the rank it took).
     Errors still print, and a ``TORCH_CPP_LOG_LEVEL`` the user set stands. Workers inherit it."""
+    if "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        _QUIETED.append(True)
     os.environ.update(quiet_cpp_variables())
+
+
+_QUIETED: list[bool] = []  # quiet_cpp_warnings set TORCH_CPP_LOG_LEVEL (the user had not)
+
+
+def unquiet_cpp_warnings() -> None:
+    """The command line looked like several nodes and the validated job has one (``cluster.nodes=${oc.env:N}``
+    with N=1, a shape given twice): its workers start with torch's own log level, not the one set on the guess."""
+    if _QUIETED:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        _QUIETED.clear()
 
 
 def tf_config(environ: Mapping[str, str] | None = None) -> dict:

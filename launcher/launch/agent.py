@@ -58,7 +58,12 @@ class Agent(LocalElasticAgent):
     started: ClassVar[list[int]] = []  # this node's group rank, once per start of its workers: the nodes had met
 
     def _monitor_workers(self, worker_group: Any) -> Any:
-        self._last = super()._monitor_workers(worker_group)
+        try:
+            self._last = super()._monitor_workers(worker_group)
+        except ValueError:  # torch parsed an error file a full disk left empty or cut short (fresh workers' path)
+            for error_file in getattr(self._pcontext, "error_files", {}).values():
+                set_aside_unreadable(error_file)
+            self._last = super()._monitor_workers(worker_group)
         failed = getattr(self._last, "failures", None) or {}
         if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
             self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart

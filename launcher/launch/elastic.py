@@ -210,28 +210,32 @@ def run_node(
         log.warning("interrupted; all workers were shut down")
         return 130
     except RendezvousError as exc:
-        return _node_failed(spec, run_dir, store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc))
+        said = store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc)
+        return _node_failed(spec, run_dir, node_rank, exc, said)
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
-        return _node_failed(spec, run_dir, f"cannot start the rendezvous on {spec.cluster.master_addr}:"
-                                           f"{spec.cluster.master_port}: {exc}")
+        return _node_failed(spec, run_dir, node_rank, exc, f"cannot start the rendezvous on {spec.cluster.master_addr}:"
+                                                           f"{spec.cluster.master_port}: {exc}")
     finally:
         rendezvous.release_claims()  # a node started again with this node rank may claim it
         rendezvous.leave_after_failure(spec.launch.shutdown_grace_s + 5)
 
 
-def _node_failed(spec: RunSpec, run_dir: Path, text: str) -> int:
-    """This node failed outside its workers (the nodes never met, node 0's store went away): said, and recorded in
-    the run's summary.json and error.txt as a failure is, for whatever reads the directory (exit 1)."""
+def _node_failed(spec: RunSpec, run_dir: Path, node_rank: int | None, exc: Exception, said: str) -> int:
+    """This node failed outside its workers (the nodes never met, node 0's store went away): said, and on node 0
+    recorded in the run's summary.json and error.txt as a worker's failure is there (nodes may share the directory:
+    node 0 alone writes its end, and node 1's "node 0's store went away" must not replace node 0's root cause). An
+    emulated node's agent leaves it to the parent, which names the lost node (exit 1)."""
     import socket
     import time
 
     from launcher.launch import failures
 
-    log.error("%s", text)
-    rank = (spec.cluster.node_rank or 0) * spec.cluster.devices_per_node  # the node's first rank
-    root = failures.RootCause(rank, socket.gethostname(), os.getpid(), "exit code 1", f"RendezvousError: {text}", "",
-                              time.time())
-    report.record_failure(spec, run_dir, root, said=f"node {spec.cluster.node_rank or 0} failed: {text}\n")
+    log.error("%s", said)
+    emulated = spec.cluster.nodes > 1 and spec.cluster.node_rank is None  # a child of one command's emulated nodes
+    if (node_rank or 0) == 0 and not emulated:
+        cause = f"{type(exc).__name__}: {said.splitlines()[0]}"
+        root = failures.RootCause(0, socket.gethostname(), os.getpid(), "the node's agent", cause, "", time.time())
+        report.record_failure(spec, run_dir, root, said=f"node {node_rank or 0} failed: {said}\n")
     return 1
 
 

@@ -288,13 +288,16 @@ def test_a_failure_after_trained_steps_with_checkpoints_off_says_they_are_lost_a
     assert after_failure(spec, tmp_path) == ""  # no summary: nothing known to be trained
     (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "last_completed_step": 20}))
     told = after_failure(spec, tmp_path)
-    assert told.startswith("nothing was saved: the run failed after its last step (in the final evaluation) with "
-                           "checkpoints off, and its 20 trained step(s) are lost; with trainer.checkpoint.every_steps=N")
+    assert told.startswith("nothing was saved: the run failed after its last step (in the final evaluation, or as it "
+                           "ended) with checkpoints off, and the training up to step 20 is lost; with "
+                           "trainer.checkpoint.every_steps=N")
     assert told.endswith("(after the last step, only the evaluation runs again)")
     (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "last_completed_step": 7}))
     assert "failed after step 7 with checkpoints off" in after_failure(spec, tmp_path)
     (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "last_completed_step": 0}))
     assert after_failure(spec, tmp_path) == ""  # a failure before the first step lost nothing
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "last_completed_step": 20}))
+    assert after_failure(spec, tmp_path) == ""  # an earlier run's record (this failure could not write its own)
     saving = compose_and_validate(["trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
     assert after_failure(saving, tmp_path) == ""  # checkpoints on, none yet: as before
 
