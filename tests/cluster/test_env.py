@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from launcher.cluster.env import LOOPBACK_INTERFACE_VARIABLES, worker_environment
@@ -87,3 +88,20 @@ def test_the_rank_on_the_node_and_the_processes_on_it_come_from_one_launcher():
 
     env = WorkerEnv.from_environ({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "SLURM_NTASKS_PER_NODE": "1"})
     assert (env.local_rank, env.local_world_size) == (3, 16)  # torchrun's size unset: the world, as before
+
+
+def test_the_cpp_log_level_set_on_a_guess_of_several_nodes_is_unset_again_but_a_users_stays(monkeypatch):
+    """The console script guesses several nodes from the command line; a job validated to one node (a shape given
+    twice, cluster.nodes from the environment) must not hand its workers the quieted level."""
+    from launcher.cluster import env as env_lib
+
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    monkeypatch.setattr(env_lib, "_QUIETED", [])
+    env_lib.quiet_cpp_warnings()
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+    env_lib.unquiet_cpp_warnings()
+    assert "TORCH_CPP_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")  # the user's own: it stands either way
+    env_lib.quiet_cpp_warnings()
+    env_lib.unquiet_cpp_warnings()
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO"
