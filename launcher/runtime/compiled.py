@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from launcher.checkpoint.state import unwrap
+from launcher.runtime import user_frames
 
 
 class CompileError(RuntimeError):
@@ -102,23 +102,12 @@ def compile_error(exc: BaseException, model: Any, fullgraph: bool = False) -> Co
                         f"{cause}{where}\n{advice}")
 
 
-_DLAUNCH = Path(__file__).resolve().parent.parent  # the launcher package
-_RECIPES = _DLAUNCH / "recipes"  # the shipped recipes, installed inside it: a user's code as any other
-
-
-def _users(filename: str) -> bool:
-    """A frame of the user's code: not torch's, and not dlaunch's own (its entry to a torch module, its activation
-    checkpointing's replay, a parameter server's lookup), except the shipped recipes."""
-    if "/torch/" in filename.replace("\\", "/"):
-        return False
-    path = Path(filename).resolve()
-    return not path.is_relative_to(_DLAUNCH) or path.is_relative_to(_RECIPES)
-
-
 def _user_line(exc: BaseException) -> str:
     """`` at FILE:LINE in NAME: CODE`` for the innermost frame of the user's code that dynamo was tracing; nothing
     where it traced none (a model made of torch's modules, entered through this file's ``module_call``)."""
-    frames = [f for f in getattr(exc, "real_stack", None) or [] if _users(f.filename)]
+    # the user's frames: not torch's, Python's or dlaunch's own (its entry to a torch module, activation
+    # checkpointing's replay), except the shipped recipes
+    frames = [f for f in getattr(exc, "real_stack", None) or [] if user_frames.is_user_file(f.filename)]
     if not frames:
         return ""
     frame = frames[-1]

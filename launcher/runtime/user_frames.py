@@ -36,20 +36,20 @@ def in_traceback(tb: TracebackType | None) -> str:
     """The innermost frame of user code an exception passed through: where a collective that failed was called."""
     found = ""
     while tb is not None:
-        if _is_user_file(tb.tb_frame.f_code.co_filename):
+        if is_user_file(tb.tb_frame.f_code.co_filename):
             found = f"{tb.tb_frame.f_code.co_name} ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
         tb = tb.tb_next
     return found
 
 
-def _is_user_file(filename: str) -> bool:
+def is_user_file(filename: str) -> bool:
     return filename.startswith(_RECIPES_DIR) or not (filename.startswith(_NOT_USER) or filename.startswith("<"))
 
 
 def innermost(frame: FrameType | None) -> str:
     """The innermost frame of user code from ``frame`` outwards: ``main (train.py:63)`` ("": none)."""
     while frame is not None:
-        if _is_user_file(frame.f_code.co_filename):
+        if is_user_file(frame.f_code.co_filename):
             return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
         frame = frame.f_back
     return ""
