@@ -113,8 +113,11 @@ _FOR_A_SCRIPT = {
 
 
 def _script_at(argv: list[str]) -> int | None:
-    """Where a torchrun-style command names its script (``train.py``): what follows is the script's arguments."""
-    return next((i for i, a in enumerate(argv) if a.endswith(".py") and "=" not in a and not a.startswith("-")), None)
+    """Where a torchrun-style command names its script (``train.py``): what follows is the script's arguments. A
+    Hydra option's value (``-cd tools.py``, ``--experimental-rerun x.py``) is none."""
+    values = _hydra_options(argv)[1]
+    return next((i for i, a in enumerate(argv)
+                 if i not in values and a.endswith(".py") and "=" not in a and not a.startswith("-")), None)
 
 
 def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None]]:

@@ -57,6 +57,12 @@ class CollectiveTimeout(RuntimeError):
     explained = True  # the message says what there is to say: no traceback
 
 
+class CollectiveAlone(RuntimeError):
+    """Rank 0 called a collective in work it does alone (a recipe's evaluate): no rank can join it."""
+
+    explained = True
+
+
 @dataclasses.dataclass(frozen=True)
 class Record:
     """One rank's heartbeat."""
@@ -70,6 +76,7 @@ class Record:
     beat: float  # when this record was made
     where: str = ""  # the innermost frame of the rank's own code: "train_step (recipe.py:42)"
     timed_out: bool = False  # a collective in ``operation`` timed out on this rank
+    collective: str = ""  # the torch.distributed collective the rank's main thread is in ("all_reduce")
 
     def dumps(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -137,7 +144,8 @@ class Heartbeat:
     def record(self) -> Record:
         operation, since = self._op
         return Record(self.env.rank if self.env else 0, self._host, os.getpid(), self.last_completed, operation, since,
-                      time.time(), user_frames.where(self._main), operation == self._timed_out_in)
+                      time.time(), user_frames.where(self._main), operation == self._timed_out_in,
+                      user_frames.collective(self._main))
 
     # ----- the thread -----
     def _beat(self) -> None:
@@ -188,7 +196,8 @@ class Heartbeat:
     def chief_alone(self, label: str, chief: bool) -> None:
         """After ``label``, work that rank 0 alone did: rank 0 says it is done, the others wait for that here, outside
         any collective (an evaluation may outlast a collective's timeout; nccl's watchdog would end the waiting
-        ranks). A rank 0 whose heartbeat stops (it died, or was stopped) ends the wait."""
+        ranks). A rank 0 whose heartbeat stops (it died, or was stopped) ends the wait, and so does a rank 0 seen in a
+        collective in two beats: its partners are here, waiting for it, and the collective could never end."""
         if not self.enabled:
             return
         store, key = self._main_store(), f"done/{label}"
@@ -199,12 +208,19 @@ class Heartbeat:
         # of a collective (rank 0's heartbeat may have stopped on a store error while rank 0 works on).
         patience = max(3 * STALE_AFTER_S, self.timeout_s)
         with _Operation(self, f"waiting for rank 0's {label}"):
-            beat, seen = None, time.monotonic()
+            beat, seen, stuck = None, time.monotonic(), 0
             began, world = seen, self.env.world_size if self.env else 1  # how often it looks: look_every
             while not _done(store, key, began, world):
                 record = read_records(store, 1).get(0)
                 if record is not None and record.beat != beat:
                     beat, seen = record.beat, time.monotonic()
+                    stuck = stuck + 1 if record.operation == label and record.collective else 0
+                    if stuck == 2:
+                        at, what = f" (at {record.where})" if record.where else "", record.collective
+                        raise CollectiveAlone(
+                            f'rank 0 is in torch.distributed\'s {what}{at} during its "{label}", which it does alone while '
+                            f"the other ranks wait for it outside any collective: the {what} has no partners and would "
+                            f"never end. Stopped rather than left to wait: {_ALONE}")
                 elif time.monotonic() - seen > patience:
                     raise RuntimeError(f"rank 0 sent no heartbeat for {patience:g} s during its {label} (it died, was "
                                        "stopped, or lost the job's store)")
@@ -348,12 +364,14 @@ def explain(what: str, me: Record, records: dict[int, Record], world_size: int, 
     waiting = [records.get(r) and records[r].operation == f"waiting for rank 0's {me.operation}" for r in missing]
     if all(waiting):
         lines.append(f'rank 0 does "{me.operation}" alone while the others wait for it outside any collective, so a '
-                     "collective in it has no partners and no timeout helps: code rank 0 runs alone (a recipe's "
-                     "evaluate, under this strategy) must not call collectives (docs/RECIPES.md)")
+                     f"collective in it has no partners and no timeout helps: {_ALONE}")
     else:
         lines.append(f"a rank that is only slow (a long first step, work done on one rank) needs a larger "
                      f"launch.collective_timeout_s (now {timeout_s:g})")
     return "\n".join(lines)
+
+
+_ALONE = "code rank 0 runs alone (a recipe's evaluate, under this strategy) must not call collectives (docs/RECIPES.md)"
 
 
 def absent(rank: int, record: Record | None, now: float) -> str:

@@ -18,6 +18,12 @@ _RECIPES_DIR = os.path.join(_PACKAGE_DIR, "recipes")  # shipped recipes are user
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd")
 _NOT_USER = (_PACKAGE_DIR, _TORCH_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+_DISTRIBUTED_DIR = os.path.join(_TORCH_DIR, "distributed")
+_C10D = os.path.join(_DISTRIBUTED_DIR, "distributed_c10d.py")
+_WAITING = frozenset({  # torch.distributed's calls that return only once the other ranks have joined in
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
+    "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "monitored_barrier", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send"})
 
 
 def where(main_thread: int) -> str:
@@ -30,6 +36,17 @@ def where(main_thread: int) -> str:
         if found:
             return found
     return ""
+
+
+def collective(thread: int) -> str:
+    """The collective of ``torch.distributed`` (``all_reduce``) that a thread is in, called from outside
+    ``torch.distributed`` ("": none)."""
+    frame, found = sys._current_frames().get(thread), ""
+    while frame is not None and frame.f_code.co_filename.startswith(_DISTRIBUTED_DIR):
+        if frame.f_code.co_filename == _C10D and frame.f_code.co_name in _WAITING:
+            found = frame.f_code.co_name  # the outermost: all_gather_object, not the all_gather it calls
+        frame = frame.f_back
+    return found
 
 
 def in_traceback(tb: TracebackType | None) -> str:

@@ -155,6 +155,9 @@ def test_the_same_run_keeps_hydras_own_options():
         assert f"the same run: dlaunch {kept} strategy=mirrored cluster=1x2" in text, text
     script = flag_message(["--nproc_per_node=2", "trainer.precision=bf16-mixed", "train.py", "--lr", "1"])
     assert "the same run: dlaunch script=train.py trainer.precision=bf16-mixed strategy=mirrored cluster=1x2 -- --lr 1" in script
+    # an option's value that ends in .py is no script: -cd's directory, and the script after it
+    script = flag_message(["-cd", "conf.py", "--nproc_per_node=2", "train.py", "--lr", "1"])
+    assert "the same run: dlaunch script=train.py -cd conf.py strategy=mirrored cluster=1x2 -- --lr 1" in script, script
 
 
 def test_accelerates_cpu_flag_is_cluster_device_cpu_in_the_mapping_and_the_same_run():

@@ -145,6 +145,20 @@ def test_an_evaluation_on_rank_0_may_outlast_the_collective_timeout(run_dlaunch)
         p.read_text() for p in (run_dir / "logs").rglob("*.log"))
 
 
+def test_a_collective_in_an_evaluation_rank_0_does_alone_ends_the_run_at_once(run_dlaunch):
+    """Under DDP rank 0 alone evaluates, and a collective in its evaluate has no partners: it used to wait out
+    launch.collective_timeout_s (300 s by default) before the run failed. The waiting ranks see rank 0 in it."""
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.eval_all_reduce=true",
+                                "strategy=mirrored", "cluster=1x2", "trainer.steps=4", "trainer.eval_every=2",
+                                "launch.collective_timeout_s=600", timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    text = " ".join(proc.stderr.replace("│", " ").split())
+    assert ("rank 0 is in torch.distributed's all_reduce (at evaluate (probe_recipe.py:231)) during its \"evaluation "
+            "at step 2\", which it does alone while the other ranks wait for it outside any collective") in text, text
+    assert "must not call collectives (docs/RECIPES.md)" in text and "timed out" not in text
+    assert summary(run_dir)["status"] == "failed"
+
+
 def test_rank_0s_checkpoint_commit_may_outlast_the_collective_timeout(run_dlaunch, tmp_path):
     """Rank 0 alone reads every rank's files back and commits the checkpoint (0.8 s per GiB): on a large model that
     outlasts launch.collective_timeout_s, and the other ranks, gone on to the next step's gradient all-reduce, were
