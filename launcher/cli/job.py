@@ -199,6 +199,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
             outputs.touch_record(run_dir)  # a job of this command all the same: a resumed sweep's table lists it
         Status.codes.append(0)
         return done
+    resume.refuse_training_again(spec, run_dir, resume_from)
     plan = Plan.resolve(spec, cuda)  # once: shown, then written into the job file for the workers
     _say_of_the_devices(spec, plan, cuda)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN

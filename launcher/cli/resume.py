@@ -305,6 +305,25 @@ def already_completed(spec: Any, run_dir: Path) -> dict | None:
     return summary if summary is not None and summary.get("steps") == spec.trainer.steps else None
 
 
+def refuse_training_again(spec: Any, run_dir: Path, resume_from: Path | None) -> None:
+    """Under ``dlaunch resume``: a completed run with no checkpoint to go on from (a longer or shorter
+    ``trainer.steps``) is not trained again from step 0 over its own results: ConfigError, nothing written. A script
+    restores its own checkpoints, and ``trainer.resume=never`` asks for a fresh start: both go ahead."""
+    from launcher.config.errors import ConfigError, Problem
+    from launcher.runtime import outputs
+
+    if not RESUMING or resume_from is not None or spec.script is not None or spec.trainer.resume != "auto":
+        return
+    if not outputs.completed(run_dir):
+        return
+    summary = outputs.read_summary(run_dir) or {}
+    raise ConfigError([Problem(key="trainer.steps", value=spec.trainer.steps, message=(
+        f"{run_dir} completed {summary.get('steps', 'its')} steps and has no checkpoint to go on from: "
+        f"{_why_none(spec, run_dir)}. A resume would train it again from step 0 and replace its results. Train for "
+        f"{spec.trainer.steps} steps in a new run (a directory of its own), or add trainer.resume=never to train "
+        "this one again from step 0; with trainer.checkpoint.every_steps=N a run can be resumed to train longer"))])
+
+
 def _go_to_first_cwd(run_dir: Path) -> str:
     """Into the directory the run was first started from (Hydra records it), so that relative paths in its command
     (``script=train.py``, ``input.files=data/*.jsonl``) mean what they meant then; ``cd DIR && `` when that moved."""

@@ -99,7 +99,8 @@ def announce_invalid(checked: Checked, console: Console, width: int = 200) -> No
         example = " ".join(o for o in jobs[0] if o not in shared) or "every job"
         why = why if len(why) <= width else why[:width - 3] + "..."
         count = f"{len(jobs)} jobs, e.g. " if len(jobs) > 1 else ""
-        console.print(f"  {count}{example}: {why}", markup=False, highlight=False, soft_wrap=True)
+        said = why if why.startswith(f"{example}: ") else f"{example}: {why}"  # the job is told apart by the bad value
+        console.print(f"  {count}{said}", markup=False, highlight=False, soft_wrap=True)
 
 
 def holds_a_run(run_dir: Path) -> bool:

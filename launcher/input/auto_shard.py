@@ -120,6 +120,24 @@ def warn_data_once(num_files: int, num_workers: int, worker: int = 0) -> None:
     )
 
 
+_warned_whole = False
+
+
+def warn_whole_once(dataset: object, policy: AutoShardPolicy, num_workers: int, worker: int = 0) -> None:
+    """A dataset not read from files, iterated whole by every worker, each keeping its share of every global batch:
+    TF's ``.shard`` at the end of the pipeline under AUTO, and its warning ("each worker will do redundant work"),
+    said once per job, by worker 0. Not under OFF, where every worker seeing everything is what was asked for."""
+    global _warned_whole
+    if _warned_whole or num_workers == 1 or worker != 0 or policy is not AutoShardPolicy.AUTO:
+        return
+    _warned_whole = True
+    log.warning(
+        "auto_shard_policy AUTO: the dataset (%s) is not read from files, so each of the %d workers iterates all of "
+        "it and keeps its share of every global batch, the whole input pipeline run on every worker. A DataLoader "
+        "over a map-style dataset loads only each worker's rows; strategy.distribute_datasets_from_function builds "
+        "each worker's own pipeline (docs/INPUT.md)", type(dataset).__name__, num_workers)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardPlan:
     """Worker ``worker`` of ``num_workers`` under a resolved ``policy`` (FILE, DATA or OFF)."""

@@ -10,21 +10,18 @@ dataset yields global batches, and each worker keeps its replicas' rows.
 from __future__ import annotations
 
 import collections
-import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import logging
-
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
-from launcher.distribute.values import PerReplica, map_structure, regroup
-from launcher.input.auto_shard import AutoShardPolicy, ShardPlan, refuse_sharded_loader, resolve_policy, warn_data_once
+from launcher.input.auto_shard import (AutoShardPolicy, ShardPlan, refuse_sharded_loader, resolve_policy, warn_data_once,
+                                       warn_whole_once)
+from launcher.input.delivery import deliver, element_spec_of
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import EpochBatchSampler, Position
-from launcher.input.prefetch import Prefetcher
-from launcher.input.split import Step, batch_size_of, like, replica_sizes, rows_for_replica, slice_batch, split_batch
+from launcher.input.split import Step, batch_size_of, replica_sizes, rows_for_replica, slice_batch, split_batch
 
 log = logging.getLogger("dlaunch")
 
@@ -126,6 +123,8 @@ class DistributedDataset:
             found = _local_loader(dataset, self._first, self._num_local, self._num_replicas)
             if found is not None:
                 self._local, self._global_batch_size = found
+        if self._local is None:
+            warn_whole_once(dataset, options.auto_shard_policy, ext._proc.world_size, ext._proc.rank)
 
     @property
     def global_batch_size(self) -> int | None:
@@ -168,7 +167,7 @@ class DistributedDataset:
                 steps = self._iter_global_batches(iter(self._dataset) if reads else iter(()))
         if self._ext.warn_uneven_shares and self._proc.rank == 0 and self._num_replicas > 1:
             steps = _say_uneven_shares(steps, lambda: self._global_batch_size, self._num_replicas)
-        return _deliver(self._ext._share_input(steps), self._devices, self._options, self._num_replicas)
+        return deliver(self._ext._share_input(steps), self._devices, self._options, self._num_replicas)
 
     @property
     def element_spec(self) -> Any:
@@ -223,11 +222,11 @@ class DistributedDataset:
             yield Step([slice_batch(rows, *rows_for_replica(k, sizes, n)) for k in range(self._num_local)], found)
 
     def _iter_global_batches(self, batches: Iterator[Any]) -> Iterator[Step]:
+        mine = range(self._first, self._first + self._num_local)
         for batch in batches:
-            if self._global_batch_size is None:
-                self._global_batch_size = batch_size_of(batch)
-            mine = range(self._first, self._first + self._num_local)
-            yield split_batch(batch, mine, self._num_replicas, self._global_batch_size)
+            step = split_batch(batch, mine, self._num_replicas, self._global_batch_size)
+            self._global_batch_size = self._global_batch_size or step.rows  # the first batch's, unless declared
+            yield step
 
 
 def _say_uneven_shares(steps: Iterator[Step], global_batch_size: Callable[[], int | None], replicas: int) -> Iterator[Step]:
@@ -301,59 +300,6 @@ def _agree_on_steps(proc: Any, mine: int, epoch: int) -> int:
 _SAID_UNEVEN: list[int] = []
 
 
-def _deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> "DistributedIterator":
-    """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
-    if options.experimental_fetch_to_device:
-        # On CPU nothing moves: the buffer reads steps ahead, on this thread, in order.
-        steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size, options.copy_stream)
-    elif options.experimental_place_dataset_on_device:  # each replica's own, as it is read
-        steps = (like([_on_device(p, d) for p, d in zip(pieces, devices)], pieces) for pieces in steps)
-    return DistributedIterator(steps, num_replicas)
-
-
-class DistributedIterator:
-    """What iterating a distributed dataset gives: each step's batch, a ``PerReplica`` structure (the plain batch
-    under one replica). ``rows``: the rows of the global batch that the step last returned was cut from, where the
-    dataset knows them (None where not: ``distribute_datasets_from_function``'s batches are the user's)."""
-
-    def __init__(self, steps: Iterable[list[Any]], num_replicas: int):
-        self._steps, self._num_replicas = iter(steps), num_replicas
-        self.rows: int | None = None
-
-    def __iter__(self) -> "DistributedIterator":
-        return self
-
-    def __next__(self) -> Any:
-        pieces = next(self._steps)
-        self.rows = getattr(pieces, "rows", None)
-        return pieces[0] if self._num_replicas == 1 else regroup(pieces)
-
-
-def _on_device(piece: Any, device: torch.device) -> Any:
-    return map_structure(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, piece)
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """What ``tf.TensorSpec`` says of a batch: its shape (None for the batch dimension, which may vary) and dtype."""
-
-    shape: tuple
-    dtype: torch.dtype
-
-
-def element_spec_of(element: Any) -> Any:
-    """``element`` with each tensor replaced by its ``TensorSpec`` (other leaves by their type)."""
-    def spec(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return TensorSpec((None, *value.shape[1:]) if value.dim() else (), value.dtype)
-        return type(value)
-
-    return map_structure(
-        lambda leaf: PerReplica([map_structure(spec, v) for v in leaf.values]) if isinstance(leaf, PerReplica) else spec(leaf),
-        element,
-    )
-
-
 class DistributedDatasetsFromFunction:
     """Datasets built by ``dataset_fn(InputContext)``: per worker, or per replica."""
 
@@ -374,7 +320,7 @@ class DistributedDatasetsFromFunction:
         self._datasets = [dataset_fn(ctx) for ctx in self.input_contexts] if ext._reads_input else []
 
     def __iter__(self) -> Iterator[Any]:
-        return _deliver(self._ext._share_input(self._steps()), self._devices, self._options, self._num_replicas)
+        return deliver(self._ext._share_input(self._steps()), self._devices, self._options, self._num_replicas)
 
     @property
     def element_spec(self) -> Any:

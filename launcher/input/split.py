@@ -42,9 +42,18 @@ def batch_size_of(batch: Any) -> int:
             sizes.add(leaf.shape[0])
 
     map_structure(visit, batch)
+    if not sizes:
+        raise ValueError(f"a batch to split across replicas needs a tensor with a first (batch) dimension; this element "
+                         f"has none ({_shown(batch)}): batch the dataset by the global batch size, e.g. "
+                         "DataLoader(dataset, batch_size=GLOBAL_BATCH_SIZE)")
     if len(sizes) != 1:
         raise ValueError(f"every tensor of a batch must share its first dimension; got sizes {sorted(sizes)}")
     return sizes.pop()
+
+
+def _shown(element: Any) -> str:
+    text = repr(element)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def replica_sizes(global_batch_size: int, num_replicas: int) -> list[int]:
@@ -64,8 +73,17 @@ def slice_batch(batch: Any, start: int, stop: int) -> Any:
 
 
 def split_batch(batch: Any, replica_ids: range, num_replicas: int, global_batch_size: int | None = None) -> Step:
-    """The pieces of ``batch`` that belong to ``replica_ids`` (of ``num_replicas``), and its rows."""
+    """The pieces of ``batch`` that belong to ``replica_ids`` (of ``num_replicas``), and its rows. One replica takes an
+    unbatched element (a scalar, as ``experimental_make_numpy_dataset`` of a vector yields) as it is, as TF does."""
+    if num_replicas == 1 and not _has_rows(batch):
+        return Step([batch], None)
     length = batch_size_of(batch)
     sizes = replica_sizes(global_batch_size or length, num_replicas)
     return Step((slice_batch(batch, *rows_for_replica(r, sizes, length)) for r in replica_ids), length)
 
+
+
+def _has_rows(batch: Any) -> bool:
+    found = []
+    map_structure(lambda t: found.append(True) if isinstance(t, torch.Tensor) and t.dim() > 0 else None, batch)
+    return bool(found)

@@ -195,12 +195,15 @@ _LOOP_KEYS = ("global_batch_size", "steps", "first_loss", "final_loss", "example
 def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
     """The keys of a completed run's summary.json that a run which ended early can fill from what it logged; a
     script's run names its script (no recipe ran) and takes its steps and losses from the script's own metrics.jsonl,
-    as a completed script's summary."""
+    as a completed script's summary. Its last loss is ``last_logged_loss`` (at ``last_logged_step``), ``final_loss``
+    None, as in the sweep's table."""
     summary = _loop_summary(spec, run_dir, status)
-    if spec.script is None:
-        return summary
-    own = {"recipe": None, "script": spec.script.command(), **outputs.script_results(run_dir)}
-    return {k: v for k, v in summary.items() if k not in _LOOP_KEYS} | own
+    if spec.script is not None:
+        own = {"recipe": None, "script": spec.script.command(), **outputs.script_results(run_dir)}
+        summary = {k: v for k, v in summary.items() if k not in _LOOP_KEYS} | own
+    if "final_loss" in summary:  # what it got to, which may be of a step long before it ended: no final loss
+        summary["last_logged_loss"], summary["final_loss"] = summary["final_loss"], None
+    return summary
 
 
 def _loop_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:

@@ -145,6 +145,23 @@ def test_a_refused_command_leaves_the_run_it_would_replace_as_it_was(tmp_path):
     assert again.returncode == 0 and "recipe.optimizer.lr=0.9" not in again.stderr, again.stderr[-3000:]
 
 
+def test_a_resume_for_other_steps_of_a_completed_run_without_checkpoints_is_refused_and_keeps_it(tmp_path):
+    """A completed run with checkpoints off, resumed for more (or fewer) steps: there is nothing to go on from, and it
+    used to train again from step 0 over the run's own results, exit 0. trainer.resume=never asks for that."""
+    run_dir = tmp_path / "run"
+    assert dlaunch("trainer.steps=3", f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
+    before = {**records(run_dir), "metrics": (run_dir / "metrics.jsonl").read_bytes()}
+    for steps in (5, 2):
+        refused = dlaunch("resume", str(run_dir), f"trainer.steps={steps}", cwd=tmp_path)
+        text = " ".join(refused.stderr.split())
+        assert refused.returncode == 2 and "Traceback" not in text, refused.stderr[-3000:]
+        assert (f"trainer.steps = {steps} {run_dir} completed 3 steps and has no checkpoint to go on from: checkpoints "
+                "are off (trainer.checkpoint.every_steps=0). A resume would train it again from step 0") in text, text
+        assert {**records(run_dir), "metrics": (run_dir / "metrics.jsonl").read_bytes()} == before
+    again = dlaunch("resume", str(run_dir), "trainer.steps=5", "trainer.resume=never", cwd=tmp_path)
+    assert again.returncode == 0 and summary(run_dir)["steps"] == 5, again.stderr[-3000:]
+
+
 def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):
     """A resume whose model no longer fits the checkpoint fails in its workers; it had recorded its overrides, so
     every later plain `dlaunch resume` failed the same way."""

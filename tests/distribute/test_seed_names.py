@@ -34,7 +34,7 @@ def test_run_options_defaults_run_and_compiler_settings_are_refused(strategy):
 
 
 def test_element_spec_of_both_distributed_datasets(strategy):
-    from launcher.input.distributed_dataset import TensorSpec
+    from launcher.input.delivery import TensorSpec
 
     batches = [(torch.zeros(8, 3), torch.zeros(8, dtype=torch.int64))] * 2
     spec = strategy.experimental_distribute_dataset(batches).element_spec
@@ -116,6 +116,19 @@ def test_make_numpy_dataset_gives_the_seeds_rows(strategy):
     loader = torch.utils.data.DataLoader(dataset, batch_size=2)  # dataset.batch(2)
     first = next(iter(strategy.experimental_distribute_dataset(loader)))
     assert [t.tolist() for t in strategy.experimental_local_results(first)] == [[1.0], [1.0]]
+
+
+def test_the_central_storage_seeds_unbatched_numpy_dataset_distributes_on_one_compute_device():
+    """central_storage_strategy.txt: `dataset = strategy.experimental_make_numpy_dataset(np.ones([10]))`,
+    `strategy.experimental_distribute_dataset(dataset)`, unbatched; on this CPU one compute device takes each
+    element whole, as TF gives one replica its dataset's elements."""
+    import numpy as np
+
+    strategy = dl.CentralStorageStrategy()
+    with pytest.warns(DeprecationWarning):
+        dataset = strategy.experimental_make_numpy_dataset(np.ones([10], dtype=np.float32))
+    seen = [strategy.experimental_local_results(x) for x in strategy.experimental_distribute_dataset(dataset)]
+    assert [tuple(t.tolist() for t in r) for r in seen] == [(1.0,)] * 10
 
 
 def test_local_results_of_a_parameter_are_each_replicas_copy_once_prepared(strategy):

@@ -157,3 +157,40 @@ def test_a_loader_a_distributed_sampler_already_shards_is_refused_not_split_agai
         assert "sampler is a DistributedSampler (num_replicas=2)" in found["refused"]
         assert "Drop the DistributedSampler" in found["refused"] and "distribute_datasets_from_function" in found["refused"]
         assert sum(found["rows"], []) == list(range(rank, 16, 2))  # its whole share, once
+
+
+def whole_dataset_warnings():
+    """Three datasets that are no files, each distributed twice: what dlaunch says of each."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from launcher import distribute as dl
+    from launcher.input import auto_shard
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("dlaunch").addHandler(handler)
+    strategy = dl.MirroredStrategy()
+    said = {}
+    for name, make, policy in (("rows", lambda: DataLoader(TensorDataset(torch.arange(8)), batch_size=4), "AUTO"),
+                               ("off", lambda: [torch.arange(4)] * 2, "OFF"),
+                               ("list", lambda: [torch.arange(4)] * 2, "AUTO")):
+        messages.clear()
+        for _ in range(2):
+            dataset = strategy.experimental_distribute_dataset(make(), dl.InputOptions(auto_shard_policy=policy))
+            list(dataset)
+        said[name] = list(messages)
+    auto_shard._warned_whole = False
+    return said
+
+
+def test_a_dataset_every_worker_iterates_whole_is_said_once_as_tf_warns():
+    """tpu_strategy.txt: a dataset not read from files is sharded at the end of its pipeline, so "each worker will do
+    redundant work. We will print a warning if this route is selected." A DataLoader over rows reads only each
+    worker's rows (nothing to say); OFF asks for every element everywhere."""
+    results = run_function(whole_dataset_warnings, device="cpu", nproc=2)
+    assert results[0]["rows"] == results[0]["off"] == [] and results[1] == {"rows": [], "off": [], "list": []}
+    (said,) = results[0]["list"]  # once, by rank 0, for two distributions
+    assert said.startswith("auto_shard_policy AUTO: the dataset (list) is not read from files, so each of the 2 "
+                           "workers iterates all of it and keeps its share of every global batch")
+    assert "strategy.distribute_datasets_from_function" in said

@@ -94,5 +94,15 @@ def test_batch_size_of_mismatched_leading_dimensions_raises():
 
 
 def test_batch_size_of_a_batch_without_tensors_raises():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"needs a tensor with a first \(batch\) dimension; this element has none"):
         batch_size_of({"a": 1})
+
+
+def test_an_unbatched_element_goes_whole_to_one_replica_and_is_refused_by_two():
+    """central_storage_strategy.txt distributes experimental_make_numpy_dataset(np.ones([10])) unbatched: with one
+    replica TF passes each scalar through; two replicas cannot split one, and are told to batch the dataset."""
+    step = split_batch(torch.tensor(1.0), range(1), 1)
+    assert step == [torch.tensor(1.0)] and step.rows is None
+    with pytest.raises(ValueError, match=r"this element has none \(tensor\(1\.\)\): batch the dataset by the global batch "
+                                         r"size, e\.g\. DataLoader\(dataset, batch_size=GLOBAL_BATCH_SIZE\)"):
+        split_batch(torch.tensor(1.0), range(2), 2)
