@@ -54,6 +54,20 @@ def test_tf_config_workers_started_by_hand_form_one_job(tmp_path, jobs):
         assert r["mean_partial"] == pytest.approx(15 / 6)
 
 
+def test_a_lone_worker_without_tf_config_has_tf_configs_resolver_as_in_tf(monkeypatch):
+    """strategy.txt: a multi-worker strategy has a ClusterResolver (the seed's `strategy.cluster_resolver.task_type`);
+    with TF_CONFIG unset TF's is a TFConfigClusterResolver of an empty cluster. It was None: an AttributeError."""
+    from launcher import distribute as dl
+
+    for name in ("TF_CONFIG", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    strategy = dl.MultiWorkerMirroredStrategy()
+    resolver = strategy.cluster_resolver
+    assert isinstance(resolver, dl.cluster_resolver.TFConfigClusterResolver)
+    assert resolver.task_type is None and resolver.cluster_spec().as_dict() == {}
+    assert strategy.num_replicas_in_sync == 1 and not torch.distributed.is_initialized()
+
+
 def test_a_ps_task_is_refused():
     from launcher import distribute as dl
 

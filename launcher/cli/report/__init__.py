@@ -117,8 +117,8 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
 
     label(jobs)
     done = [j for j in jobs if j.completed]
-    if not done and not any(j.has_loss and j.stopped for j in jobs):  # a stopped sweep's curves: worth a page
-        raise ReportError(f"{directory} has no metrics: none of its {len(jobs)} job(s) completed or was stopped "
+    if not done and not any(j.has_loss for j in jobs):  # stopped or failed jobs' curves (every job diverged): a page
+        raise ReportError(f"{directory} has no metrics: none of its {len(jobs)} job(s) completed or logged a loss "
                           f"({', '.join(f'{j.name}: {j.status}' for j in jobs[:5])}{', ...' if len(jobs) > 5 else ''})")
     metric = next((m for j in done if (m := outputs.ranking_metric(j.path, j.summary))), None) or outputs.DEFAULT_OBJECTIVE
     bars = [(j, final_value(j, metric)) for j in done]

@@ -63,10 +63,10 @@ def _backend(options: CommunicationOptions, device_type: str) -> str:
 
 
 def default_resolver() -> Any:
-    if tf_config():
-        return TFConfigClusterResolver()
-    env = WorkerEnv.from_environ()
-    return TorchElasticClusterResolver(env) if env is not None else None
+    """The launcher's workers, else ``TF_CONFIG``'s (TF's default: one of its own even where ``TF_CONFIG`` is unset, a
+    lone worker with an empty cluster, so that ``strategy.cluster_resolver.task_type`` reads as in TF)."""
+    env = None if tf_config() else WorkerEnv.from_environ()
+    return TorchElasticClusterResolver(env) if env is not None else TFConfigClusterResolver()
 
 
 def _join_tf_config_group(resolver: Any, backend: str, timeout_s: float, kind: str) -> tuple[bool, torch.device | None]:

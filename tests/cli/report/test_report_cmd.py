@@ -134,9 +134,10 @@ def test_nothing_to_report_is_a_one_line_error(tmp_path, capsys, case):
         target.mkdir()
         (target / "metrics.jsonl").write_text("")
         (target / "summary.json").write_text(json.dumps({"status": "failed", "metrics": {}}))
-    elif case == "all_failed":
-        write_run(target / "0", lr=0.1, status="failed")
-        write_run(target / "1", lr=0.2, status=None)
+    elif case == "all_failed":  # failed before any loss was logged (refused by its config): nothing to draw
+        for job in ("0", "1"):
+            (target / job).mkdir(parents=True)
+            (target / job / "summary.json").write_text(json.dumps({"status": "config error", "error": {"exception": "x"}}))
 
     assert report.main([str(target)]) == 2
 
@@ -172,6 +173,20 @@ def test_an_evaluation_record_is_not_a_gap_in_the_training_curves(tmp_path):
     job = report.Job(name="run", path=tmp_path, overrides=[], records=records, summary=None)
     assert job.curve("lr") == ([1, 20], [0.1, 0.05])
     assert job.curve("eval_loss") == ([10], [1.5])
+
+
+def test_a_sweep_whose_every_job_failed_gets_its_partial_curves_and_failed_jobs(tmp_path):
+    """Every job diverged: the page a user wants most. It was refused: `none of its 2 job(s) completed or was stopped`."""
+    root = tmp_path / "sweep"
+    write_run(root / "0", lr=0.1, steps=30, status="failed", error="LossNotFinite: the loss is nan at step 30")
+    write_run(root / "1", lr=0.2, status=None)  # killed: no summary.json
+
+    assert report.main([str(root)]) == 0
+
+    assert_real_png(root / "loss.png")
+    page = (root / "report.html").read_text()
+    assert "Failed jobs" in page and "LossNotFinite: the loss is nan at step 30" in page
+    assert "last logged" in page and not (root / "final_metric.png").exists()
 
 
 def test_a_failed_jobs_exception_is_on_the_page(tmp_path):
