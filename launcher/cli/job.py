@@ -138,7 +138,7 @@ def _not_run(run_dir: Path, cfg: Any, key: tuple[str, ...], console: Console) ->
     fresh = not sweep_jobs.holds_a_run(run_dir)
     if key in Status.invalid:
         error = Status.invalid[key]
-        Status.codes.append(sweep_jobs.skip(run_dir, error, console))
+        Status.codes.append(sweep_jobs.skip(run_dir, error, console, Status.stopped))
         sweep.refused(run_dir, sweep_jobs.status_of(error), sweep_jobs.reason(error.problems))
     else:
         sweep_jobs.not_started(run_dir, Status.stopped, console)

@@ -90,17 +90,21 @@ def announce_invalid(checked: Checked, console: Console, width: int = 200) -> No
         return
     keys = [set(key) for key in [*checked.valid, *checked.invalid]]
     shared = set.intersection(*keys) if keys else set()
-    reasons: dict[str, list[tuple[str, ...]]] = {}
+    reasons: dict[str, list[tuple[str, ...]]] = {}  # one line per reason; an unknown key's value is no part of it
+    said: dict[str, str] = {}
     for key, exc in checked.invalid.items():
-        reasons.setdefault(reason(exc.problems), []).append(key)
+        group = reason([dataclasses.replace(p, has_value=False) if p.message.startswith("unknown key") else p
+                        for p in exc.problems])
+        reasons.setdefault(group, []).append(key)
+        said.setdefault(group, reason(exc.problems))  # the first job's, its value shown
     console.print("[bold yellow]these sweep jobs will not start[/] (each is reported as a failed job in its turn; the "
                   "other jobs run, Ctrl-C stops the sweep):", soft_wrap=True)
-    for why, jobs in reasons.items():
-        example = " ".join(o for o in jobs[0] if o not in shared) or "every job"
+    for group, jobs in reasons.items():
+        example, why = " ".join(o for o in jobs[0] if o not in shared) or "every job", said[group]
         why = why if len(why) <= width else why[:width - 3] + "..."
         count = f"{len(jobs)} jobs, e.g. " if len(jobs) > 1 else ""
-        said = why if why.startswith(f"{example}: ") else f"{example}: {why}"  # the job is told apart by the bad value
-        console.print(f"  {count}{said}", markup=False, highlight=False, soft_wrap=True)
+        line = why if why.startswith(f"{example}: ") else f"{example}: {why}"  # the job is told apart by the bad value
+        console.print(f"  {count}{line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -123,13 +127,14 @@ def record_not_run(run_dir: Path, status: str, why: str) -> bool:
     return True
 
 
-def skip(run_dir: Path, error: ConfigError, console: Console) -> int:
+def skip(run_dir: Path, error: ConfigError, console: Console, stopped: str = "") -> int:
     """An invalid combination's job: its problems on the terminal and, where its directory holds no earlier run,
-    in its ``summary.json``; nothing runs.
+    in its ``summary.json``; nothing runs. ``stopped``: the stop that has ended the sweep before this job's turn.
 
     Returns its exit code: 2 for a config error, 1 when the recipe's own code raised (a failed job).
     """
-    console.print(f"[bold red]job {run_dir.name}: not started[/] (the other jobs of the sweep run)")
+    after = f"{stopped}, which stops the sweep; its config is refused too" if stopped else "the other jobs of the sweep run"
+    console.print(f"[bold red]job {run_dir.name}: not started[/] ({after})")
     render(error, console)
     record_not_run(run_dir, status_of(error), f"{type(error).__name__}: {reason(error.problems)}")
     return error.exit_code

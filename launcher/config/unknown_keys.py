@@ -31,10 +31,20 @@ def unknown_key_problem(tree: DictConfig, dotted: str, value: Any) -> Problem | 
         siblings = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
         prefix = ".".join(parts[:i])
         return Problem(
-            key=dotted, value=value, message=f"unknown key{f' under {prefix}' if prefix else ''}",
+            key=dotted, value=value, message=f"unknown key{f' under {prefix}' if prefix else ''}{_owners(parts, i)}",
             allowed=tuple(s for s in siblings if s != "hydra"), suggestion=_guess(tree, node, parts, i, siblings),
         )
     return None
+
+
+def _owners(parts: list[str], i: int) -> str:
+    """`` (a key of strategy=mirrored, multi_worker_mirrored)``: a setting of other strategies than the chosen one."""
+    if parts[:i] != ["strategy"]:
+        return ""
+    from launcher import strategies
+
+    owners = [name for name, unit in strategies.units().items() if parts[i] in unit.model_fields]
+    return f" (a key of strategy={', '.join(owners)})" if owners else ""
 
 
 def _guess(tree: DictConfig, node: Any, parts: list[str], i: int, siblings: list[str]) -> str | None:

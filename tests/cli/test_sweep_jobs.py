@@ -45,3 +45,28 @@ def test_a_dry_run_sweep_announces_nothing_it_would_not_run(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert code == 1 and "cluster = 1x2" in err, err[-2000:]  # job 1 said why it did not start, in its turn
     assert "will not start" not in err
+
+
+def test_an_invalid_job_after_a_stop_does_not_say_the_other_jobs_run(tmp_path):
+    """After job 0's SIGINT, job 1 (invalid) said `not started (the other jobs of the sweep run)`, and job 2 then
+    `not started (job 0 was stopped by SIGINT, which stops the sweep)`."""
+    from launcher.cli.sweep_jobs import skip
+
+    bad = ConfigError([Problem(key="cluster", value="1x2", message="one_device runs 1 replica")])
+    for stopped, heading in (("", "job 1: not started (the other jobs of the sweep run)"),
+                             ("job 0 was stopped by SIGINT", "job 1: not started (job 0 was stopped by SIGINT, which "
+                                                             "stops the sweep; its config is refused too)")):
+        console = Console(record=True, width=300)
+        assert skip(tmp_path / stopped.replace(" ", "-") / "1", bad, console, stopped) == 2
+        assert console.export_text().splitlines()[0] == heading
+
+
+def test_an_unknown_key_swept_over_several_values_is_one_line():
+    """`-m trainer.stesp=1,2` listed the unknown key once per value."""
+    def unknown(value):
+        return ConfigError([Problem(key="trainer.stesp", value=value, message="unknown key under trainer",
+                                    suggestion="trainer.steps")])
+
+    checked = Checked(valid={}, invalid={("trainer.stesp=1", "lr=1"): unknown(1), ("trainer.stesp=2", "lr=1"): unknown(2)})
+    lines = _said(checked).splitlines()
+    assert lines[1:] == ["  2 jobs, e.g. trainer.stesp=1: unknown key under trainer"], lines

@@ -38,3 +38,12 @@ def test_the_guess_for_an_unknown_key(key, guess):
 def test_a_key_that_exists_is_no_problem_and_a_missing_value_is_not_resolved():
     assert unknown_key_problem(TREE, "recipe.optimizer.lr", 1) is None
     assert unknown_key_problem(TREE, "cluster.master_adr", 1).suggestion == "cluster.master_addr"  # its ??? unread
+
+
+def test_a_key_of_another_strategy_names_the_strategies_that_have_it():
+    """`strategy.bucket_cap_mb=1` under one_device said `allowed: name, device` and nothing of mirrored."""
+    tree = OmegaConf.create({"strategy": {"name": "one_device", "device": None}})
+    assert unknown_key_problem(tree, "strategy.bucket_cap_mb", 1).message == (
+        "unknown key under strategy (a key of strategy=mirrored, multi_worker_mirrored)")
+    assert unknown_key_problem(tree, "strategy.bucket_cap", 1).message == "unknown key under strategy"
+    assert unknown_key_problem(TREE, "trainer.bucket_cap_mb", 1).message == "unknown key under trainer"
