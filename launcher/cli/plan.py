@@ -43,7 +43,7 @@ class Rows:
         return [
             self.row("strategy"), self.row("recipe"),
             ("cluster", f"{c.shape}: {c.nodes} node(s) x {c.devices_per_node} device(s) per node ({device})"),
-            ("processes", _processes(spec, processes)),
+            ("processes", _processes(spec, processes, device)),
             *_nodes_row(spec, processes),
             ("replicas", spec.strategy.replicas_row(n)),
             ("devices", devices),
@@ -200,13 +200,22 @@ def _verified(saved: dict) -> str:
     return f"{len(files)} file(s), {sum(f['size'] for f in files.values()) / 2**20:.1f} MiB, sizes and sha256 verified"
 
 
-def _processes(spec: RunSpec, processes: int) -> str:
+def _processes(spec: RunSpec, processes: int, device: str) -> str:
     c = spec.cluster
     if processes == 1:
         return "1 (this process)"
     if c.nodes > 1 and not c.emulated:
-        return f"{c.devices_per_node} on this node ({processes} in all), one per device, started by torch.distributed.elastic"
-    return f"{processes}, one per device, started by torch.distributed.elastic"
+        return f"{c.devices_per_node} on this node ({processes} in all), one per device, started by torch.distributed.elastic" + \
+            _crowded(device, c.devices_per_node)
+    return f"{processes}, one per device, started by torch.distributed.elastic" + _crowded(device, processes)
+
+
+def _crowded(device: str, here: int) -> str:
+    """CPU processes on this machine beyond its cores (cluster=1x64 on 2 cores): what each gets."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if device != "cpu" or here <= cores:
+        return ""
+    return f"; [yellow]{here} processes on this machine's {cores} CPU core(s): each gets about 1/{here / cores:.3g} of a core[/]"
 
 
 def _nodes_row(spec: RunSpec, processes: int) -> list[tuple[str, str]]:

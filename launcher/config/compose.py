@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -223,7 +224,10 @@ def _check_choice(group: str, value: str) -> Problem | None:
         if shapes.SHAPE.match(value) and all(int(v) > 0 for v in shapes.SHAPE.match(value).groups()) or value in file_options("cluster"):
             return None
         files = ", ".join(file_options("cluster"))
-        return Problem(key="cluster", value=value, message=f"cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8), or one of: {files}")
+        shape = re.sub(r"\s*[xX*×:]\s*", "x", value.strip())  # 1X2, 2*8, 2 x 8: the shape meant
+        meant = shape if shape != value and shapes.SHAPE.match(shape) else None
+        return Problem(key="cluster", value=value, suggestion=meant,
+                       message=f"cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8), or one of: {files}")
     options = group_options(group)
     if value in options or group == "recipe" and value in user_recipes.OPTIONS:
         return None

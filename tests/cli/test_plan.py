@@ -127,3 +127,18 @@ def test_the_input_row_of_a_recipes_own_data_says_what_each_kind_of_data_becomes
                    "global batches of 32, an iterable gives its own; each global batch split across the replicas")
     unshuffled = plan._input_summary(compose_and_validate(["cluster.device=cpu", "input.shuffle=false"], 0))
     assert "a map-style dataset is read in order as global batches of 64" in unshuffled
+
+
+def test_more_cpu_processes_than_cores_say_what_each_gets(monkeypatch):
+    """cluster=1x64 on a 2-core machine planned 64 processes without a word."""
+    import os
+
+    from launcher.config.plan import Plan
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    rows = {}
+    for shape, device in (("1x8", "cpu"), ("1x2", "cpu"), ("1x8", "cuda")):
+        spec = compose_and_validate([f"cluster.device={device}", "strategy=mirrored", f"cluster={shape}"], 8)
+        rows[shape, device] = dict(plan.plan_rows(spec, Plan.resolve(spec, 8), Path("run")))["processes"]
+    assert rows["1x8", "cpu"].endswith("; [yellow]8 processes on this machine's 2 CPU core(s): each gets about 1/4 of a core[/]")
+    assert "core" not in rows["1x2", "cpu"] and "core" not in rows["1x8", "cuda"]

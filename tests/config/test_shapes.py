@@ -19,3 +19,13 @@ def test_shapes_come_from_the_overrides_and_from_a_primary_configs_defaults(tmp_
 def test_a_shape_is_the_cluster_section_with_its_nodes_and_devices():
     assert shapes.node("2x8", {"nodes": 1, "devices_per_node": 1, "device": "auto"}) == {
         "nodes": 2, "devices_per_node": 8, "device": "auto"}
+
+
+def test_a_shape_spelled_another_way_gets_the_one_meant():
+    """`cluster=1X2` got no did-you-mean, where `strategy=mirored` gets one."""
+    from launcher.config.compose import _check_choice
+
+    for typed, meant in (("1X2", "1x2"), ("2*8", "2x8"), ("2 x 8", "2x8"), ("0x1", None), ("x", None)):
+        problem = _check_choice("cluster", typed)
+        assert problem is not None and problem.suggestion == meant, typed
+    assert _check_choice("cluster", "1x2") is None

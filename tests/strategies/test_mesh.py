@@ -165,6 +165,7 @@ def test_tp_mlp_trains_like_one_device_and_its_dtensor_checkpoints_reshard(run_d
     common = ("recipe=tp_mlp", "trainer.steps=40", "trainer.checkpoint.every_steps=20")
     proc, mesh_dir = run_dlaunch(*common, "strategy=mesh", "cluster=1x4", name="mesh")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no parameter of the model is split" not in proc.stdout + proc.stderr  # its layers are split
     proc, one_dir = run_dlaunch(*common, name="one")
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = summary(mesh_dir)
@@ -195,6 +196,15 @@ def test_tp_mlp_runs_on_cuda_with_nccl(run_dlaunch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = summary(run_dir)
     assert (s["device"], s["backend"], s["world_size"]) == ("cuda", "nccl", 2)
+
+
+def test_a_model_with_nothing_split_over_the_logical_devices_is_said_once(run_dlaunch):
+    """linear under mesh (allowed by hand): each logical device held and computed the whole model, silently."""
+    proc, _ = run_dlaunch("recipe=linear", "strategy=mesh", "cluster=1x2", "recipe.strategies=[mesh]", "trainer.steps=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert text.count("mesh: no parameter of the model is split over the 2 logical devices of a replica") == 1, text
+    assert "strategy=mirrored on the same devices trains 2 replicas instead" in text
 
 
 def test_clipping_sees_the_replicas_average_and_counts_split_and_whole_layers_like_one_device(run_dlaunch):

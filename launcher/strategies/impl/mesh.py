@@ -28,6 +28,7 @@ Layers are split with torch's tensor parallelism over ``strategy.logical_mesh``
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Iterator, Sequence
 
@@ -81,6 +82,7 @@ class _MeshExtended(StrategyExtended):
         return super()._reduce(reduce_op, map_structure(_full, value), axis)
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        _say_if_nothing_is_split(module, self.assignment.num_cores_per_replica)
         if self.data_parallel is not None:  # FSDP's reduce-scatter averages over the replicas: no MeshOptimizer
             return self.data_parallel.prepare(module, optimizer, self.mesh)
         if optimizer is None:
@@ -148,6 +150,19 @@ class _EndOfInput:
 class _InputFailed:
     def __init__(self, error: BaseException):
         self.error = error
+
+
+def _say_if_nothing_is_split(module: torch.nn.Module, logical: int) -> None:
+    """A model of whole parameters over several logical devices (no ``parallelize_module`` in its build): each logical
+    device holds all of it, and unless its forward splits activations, computes the same as the others. Said once,
+    by rank 0."""
+    if logical == 1 or any(isinstance(p, DTensor) for p in module.parameters()) or dist.get_rank() != 0:
+        return
+    logging.getLogger("dlaunch").warning(
+        "mesh: no parameter of the model is split over the %d logical devices of a replica (its build applies no "
+        "parallelize_module), so each holds the whole model, and unless its forward splits activations "
+        "(experimental_split_to_logical_devices) each computes what the others do; strategy=mirrored on the same "
+        "devices trains %d replicas instead (docs/STRATEGIES.md)", logical, logical)
 
 
 def _broadcast_steps(steps: Iterator[list[Any]] | None, group: Any, src: int) -> Iterator[list[Any]]:
