@@ -55,6 +55,7 @@ MODES = {
                     ("--precision", "bf16", "--compile", "--compile-mode", "reduce-overhead")),
 }
 SIDE = "bf16, side stream"  # bf16 (eager) with input.copy_stream=side
+INSIDE = "hand, run by dlaunch"  # the hand loop as `dlaunch script=gpu_loop.py`: in dlaunch's process
 
 
 def dlaunch_command(extra: tuple[str, ...], steps: int, run_dir: Path, shape: dict[str, int] = SHAPE, batch: int = BATCH,
@@ -90,6 +91,21 @@ def hand(extra: tuple[str, ...], steps: int, work: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def hand_inside(extra: tuple[str, ...], steps: int, work: Path, shape: dict[str, int] = SHAPE, batch: int = BATCH,
+                device: str = "cuda") -> dict[str, Any]:
+    """The hand loop run by dlaunch (``dlaunch script=gpu_loop.py``, in dlaunch's own process, as a one_device script
+    runs): the same loop in dlaunch's process and environment. Equal to ``hand``: dlaunch's loop makes the gap;
+    equal to ``dlaunch``: something of dlaunch's process (its imports, threads, settings) does."""
+    out = Path(tempfile.mkstemp(dir=work, suffix=".json")[1])
+    loop = hand_command(extra, steps, out, shape, batch, device)[2:]  # its arguments: no interpreter, no script
+    command = [sys.executable, "-m", "launcher.cli.entry", f"script={c.HERE / 'gpu_loop.py'}", "strategy=one_device",
+               f"cluster.device={device}", f"hydra.run.dir={tempfile.mkdtemp(dir=work)}", "--", *loop]
+    proc = subprocess.run(command, capture_output=True, text=True, env=c.clean_env(), cwd=work)
+    if proc.returncode:
+        raise SystemExit(f"dlaunch script=gpu_loop.py {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
 def device_facts() -> dict[str, Any]:
     import torch
 
@@ -111,6 +127,8 @@ def main() -> None:
                         help="comma-separated subset of %(default)s, run in that order "
                              "(fewer modes: more rounds in the same time)")
     parser.add_argument("--profile", metavar="MODE", choices=list(MODES), help="profile one run of each in MODE instead")
+    parser.add_argument("--inside", action="store_true",
+                        help="also run the hand loop by dlaunch (script=gpu_loop.py): dlaunch's loop, or its process?")
     args = parser.parse_args()
     if args.profile:
         return profile(args.profile, max(args.steps, 40))
@@ -127,6 +145,9 @@ def main() -> None:
                 runs.append({"round": r, "mode": mode, "who": "hand", **hand(loop_args, args.steps, work)})
                 print(f"round {r + 1}/{args.rounds} {mode}: dlaunch {runs[-2]['steady_ms_per_step']:.2f} ms/step, "
                       f"hand {runs[-1]['steady_ms_per_step']:.2f}", flush=True)
+                if args.inside:
+                    runs.append({"round": r, "mode": mode, "who": INSIDE, **hand_inside(loop_args, args.steps, work)})
+                    print(f"  hand loop run by dlaunch: {runs[-1]['steady_ms_per_step']:.2f}", flush=True)
                 data = so_far(stem, facts, runs, r, args)  # a run cut off (a device call's time limit) keeps these
             if "bf16" in modes:
                 runs.append({"round": r, "mode": SIDE, "who": "dlaunch",
@@ -174,14 +195,14 @@ def report(facts: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Nam
 
     rows = []
     for mode in [*MODES, SIDE]:
-        for who in ("dlaunch", "hand"):
+        for who in ("dlaunch", "hand", INSIDE):
             times = ms(mode, who)
             if not times:
                 continue
             median = c.median(times)
             tps = tokens / (median / 1000)
             mfu = per_token * tps / facts["bf16_peak_flops"] if facts["bf16_peak_flops"] else None
-            vs_hand = ratio(times, ms(mode, "hand")) if who == "dlaunch" and mode in MODES else None
+            vs_hand = ratio(times, ms(mode, "hand")) if who != "hand" and mode in MODES else None
             rows.append([mode, who, c.fmt(median), f"{min(times):.2f}-{max(times):.2f}", f"{tps:,.0f}",
                          "-" if mfu is None else f"{mfu:.1%}", "-" if vs_hand is None else f"{vs_hand:.3f}x"])
     speedup = ratio(ms("bf16+compile", "dlaunch"), ms("fp32", "dlaunch"))
@@ -202,6 +223,8 @@ def report(facts: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Nam
         "stream (< 1: overlapping the copy pays; > 1: the side stream's record_stream costs more host time than the "
         "copy it hides).",
         "- targets: every dlaunch mode >= 0.97x the hand loop's tokens/s in the same mode (the last column).",
+        f"- `{INSIDE}` (with --inside): the hand loop as `dlaunch script=gpu_loop.py`, in dlaunch's own process. Near "
+        "1.00x: the gap is dlaunch's loop; near dlaunch's own ratio: something of dlaunch's process is.",
     ]
     return "\n".join(lines)
 

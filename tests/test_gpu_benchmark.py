@@ -160,3 +160,20 @@ def _parent_of(proc: Path) -> str:
         return (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
     except (OSError, IndexError):
         return ""
+
+
+def test_the_hand_loop_runs_inside_dlaunch_as_a_script_and_is_reported_beside_the_others(tmp_path):
+    """--inside: gpu_loop.py as `dlaunch script=`, in dlaunch's process (the CPU and a tiny shape stand in for the GPU),
+    and its row's ratio to the hand loop in the report."""
+    import argparse
+
+    gpu = load_gpu_benchmark()
+    tiny = {"d_model": 16, "heads": 2, "layers": 1, "context": 16}
+    found = gpu.hand_inside(("--precision", "bf16"), 30, tmp_path, tiny, 4, device="cpu")
+    assert found["steady_ms_per_step"] > 0 and found["params"] > 0 and set(found["losses"]) == {"1", "30"}
+    runs = [{"round": r, "mode": "bf16", "who": who, "steady_ms_per_step": ms}
+            for r in range(2) for who, ms in (("dlaunch", 12.6), ("hand", 12.0), (gpu.INSIDE, 12.3))]
+    facts = {"gpu": "H200", "torch": "2.11.0", "cuda": "13.0", "bf16_peak_flops": 989.4e12, "params": 19_300_000}
+    text = gpu.report(facts, runs, argparse.Namespace(rounds=2, steps=150))
+    row = next(line for line in text.splitlines() if f"| {gpu.INSIDE} |" in line)
+    assert row.endswith("| 0.976x |"), row  # 12.0 / 12.3
