@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import dry_run, interrupts, output, scheduled, sweep, sweep_jobs, sweep_stop
+from launcher.cli import dry_run, interrupts, output, resume, scheduled, sweep, sweep_jobs, sweep_stop
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
@@ -109,8 +109,9 @@ def _job(cfg: Any) -> Any:
     except (lock.Busy, lock.Unusable) as exc:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])
         return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
-    except ConfigError as exc:
-        return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg))  # a dry run writes nothing
+    except ConfigError as exc:  # a dry run writes nothing; a completed run kept as it was keeps its row of the sweep
+        return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg),
+                        row=not isinstance(exc, resume.CompletedRunKept))
     except KeyboardInterrupt as exc:  # a lone run's SIGTERM (interrupts.Stopped) or Ctrl-C before its record
         if len(Status.codes) > ended or HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the job had ended and said how, or a sweep's second signal: dlaunch's entry says it stopped
@@ -148,13 +149,14 @@ def _not_run(run_dir: Path, cfg: Any, key: tuple[str, ...], console: Console) ->
     return None
 
 
-def _refused(run_dir: Path, cfg: Any, exc: ConfigError, console: Console, write: bool = True) -> None:
-    """A job that cannot go ahead here: its problems on the terminal, its exit code, and its row in a sweep's table.
-    A directory that holds another run stays as it was; a new one records the job and why it did not run."""
+def _refused(run_dir: Path, cfg: Any, exc: ConfigError, console: Console, write: bool = True, row: bool = True) -> None:
+    """A job that cannot go ahead here: its problems on the terminal, its exit code, and (``row``) its row in a sweep's
+    table. A directory that holds another run stays as it was; a new one records the job and why it did not run."""
     render(exc, console)
     Status.codes.append(exc.exit_code)
     status, why = sweep_jobs.status_of(exc), sweep_jobs.reason(exc.problems)
-    sweep.refused(run_dir, status, why)
+    if row:
+        sweep.refused(run_dir, status, why)
     if write and sweep_jobs.record_not_run(run_dir, status, f"{type(exc).__name__}: {why}"):
         record_hydra(run_dir, cfg)
     return None
@@ -187,7 +189,6 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from launcher.cli import resume
     from launcher.config.plan import Plan
     from launcher.launch import launchers
 

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from launcher.config.errors import ConfigError
+
 
 SWEEP_FILE = "multirun.yaml"  # what Hydra writes at the top of a sweep's directory
 ADDED = "trainer.resume=auto"  # what a resume adds to the job it replays (the default): no override of the job's own
@@ -305,21 +307,29 @@ def already_completed(spec: Any, run_dir: Path) -> dict | None:
     return summary if summary is not None and summary.get("steps") == spec.trainer.steps else None
 
 
+class CompletedRunKept(ConfigError):
+    """A resume refused so that the completed run in its directory stays as it was: a sweep's table keeps its row."""
+
+
 def refuse_training_again(spec: Any, run_dir: Path, resume_from: Path | None) -> None:
-    """Under ``dlaunch resume``: a completed run with no checkpoint to go on from (a longer or shorter
-    ``trainer.steps``) is not trained again from step 0 over its own results: ConfigError, nothing written. A script
-    restores its own checkpoints, and ``trainer.resume=never`` asks for a fresh start: both go ahead."""
-    from launcher.config.errors import ConfigError, Problem
+    """Under ``dlaunch resume``: a completed run with no checkpoint of its own to go on from (a longer or shorter
+    ``trainer.steps``) is not trained again over its own results, from step 0 or from the checkpoint a fine-tune
+    started from: ConfigError, nothing written. A script restores its own checkpoints, and ``trainer.resume=never``
+    asks for a fresh start: both go ahead."""
+    from launcher.config.errors import Problem
     from launcher.runtime import outputs
 
-    if not RESUMING or resume_from is not None or spec.script is not None or spec.trainer.resume != "auto":
-        return
-    if not outputs.completed(run_dir):
+    root = spec.trainer.checkpoint.root(run_dir)
+    own = resume_from is not None and root.resolve() in Path(resume_from).resolve().parents
+    if not RESUMING or own or spec.script is not None or spec.trainer.resume == "never" or not outputs.completed(run_dir):
         return
     summary = outputs.read_summary(run_dir) or {}
-    raise ConfigError([Problem(key="trainer.steps", value=spec.trainer.steps, message=(
-        f"{run_dir} completed {summary.get('steps', 'its')} steps and has no checkpoint to go on from: "
-        f"{_why_none(spec, run_dir)}. A resume would train it again from step 0 and replace its results. Train for "
+    why = "checkpoints are off (trainer.checkpoint.every_steps=0)" if not spec.trainer.checkpoint.every_steps else \
+        f"none is in {root}"
+    start = "step 0" if resume_from is None else f"{resume_from}, where it started"
+    raise CompletedRunKept([Problem(key="trainer.steps", value=spec.trainer.steps, message=(
+        f"{run_dir} completed {summary.get('steps', 'its')} steps and has no checkpoint of its own to go on from: "
+        f"{why}. A resume would train it again from {start} and replace its results. Train for "
         f"{spec.trainer.steps} steps in a new run (a directory of its own), or add trainer.resume=never to train "
         "this one again from step 0; with trainer.checkpoint.every_steps=N a run can be resumed to train longer"))])
 

@@ -225,7 +225,8 @@ def _check_choice(group: str, value: str) -> Problem | None:
             return None
         files = ", ".join(file_options("cluster"))
         shape = re.sub(r"\s*[xX*×:]\s*", "x", value.strip())  # 1X2, 2*8, 2 x 8: the shape meant
-        meant = shape if shape != value and shapes.SHAPE.match(shape) else None
+        found = shapes.SHAPE.match(shape)
+        meant = shape if shape != value and found and all(int(v) > 0 for v in found.groups()) else None
         return Problem(key="cluster", value=value, suggestion=meant,
                        message=f"cluster must be NxM: N nodes x M devices per node, both >= 1 (e.g. 1x2, 2x8), or one of: {files}")
     options = group_options(group)

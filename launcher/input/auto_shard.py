@@ -133,9 +133,10 @@ def warn_whole_once(dataset: object, policy: AutoShardPolicy, num_workers: int, 
     _warned_whole = True
     log.warning(
         "auto_shard_policy AUTO: the dataset (%s) is not read from files, so each of the %d workers iterates all of "
-        "it and keeps its share of every global batch, the whole input pipeline run on every worker. A DataLoader "
-        "over a map-style dataset loads only each worker's rows; strategy.distribute_datasets_from_function builds "
-        "each worker's own pipeline (docs/INPUT.md)", type(dataset).__name__, num_workers)
+        "it and keeps its share of every global batch, the whole input pipeline run on every worker. A map-style "
+        "dataset (or a DataLoader over one) or input.files loads only each worker's rows; in a script, "
+        "strategy.distribute_datasets_from_function builds each worker's own pipeline (docs/INPUT.md)",
+        type(dataset).__name__, num_workers)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,11 +111,21 @@ class DataStream:
         """Rows in a global batch: as read (an iterable's own batches) once the first is, else as configured."""
         return getattr(self._dataset, "global_batch_size", None) or self._configured
 
-    def _check_rows(self) -> None:
-        """Once: an iterable whose batches do not hold ``input.global_batch_size`` rows is said to, not hidden."""
+    def _check_rows(self, batch: Any) -> None:
+        """Once: an iterable whose batches do not hold ``input.global_batch_size`` rows is said to, not hidden; one
+        whose elements are no batches (a scalar, which the API passes whole to a lone replica, as TF does) is refused:
+        the loop would train on one example a step while examples/s counted a global batch."""
         self._checked = True
         found = getattr(self._dataset, "global_batch_size", None)
         first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        if found is None and first_rank:
+            from launcher.distribute.values import PerReplica, map_structure
+            from launcher.input.split import batch_size_of
+
+            leaves: list[Any] = []
+            map_structure(leaves.append, batch)
+            if not any(isinstance(leaf, PerReplica) for leaf in leaves):
+                batch_size_of(batch)  # the batch's message where it has no first (batch) dimension
         if found and self._configured and found != self._configured and first_rank:
             log.warning("the training data's first global batch holds %d rows, input.global_batch_size says %d: "
                         "the recipe's iterable makes its own batches; examples/s counts %d per step%s",
@@ -190,7 +200,7 @@ class DataStream:
                 continue
             self._cursor = Position(self._cursor.epoch, self._cursor.offset + 1)
             if not self._checked:
-                self._check_rows()
+                self._check_rows(batch)
             return batch, self._cursor, getattr(self._epoch_iter, "rows", None)
         raise NoBatch(self._why_no_batch())
 

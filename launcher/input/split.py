@@ -35,13 +35,7 @@ def like(pieces: list[Any], step: Any) -> Any:
 
 def batch_size_of(batch: Any) -> int:
     """The leading dimension shared by every tensor of ``batch``."""
-    sizes: set[int] = set()
-
-    def visit(leaf: Any) -> None:
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
-            sizes.add(leaf.shape[0])
-
-    map_structure(visit, batch)
+    sizes = _leading_sizes(batch)
     if not sizes:
         raise ValueError(f"a batch to split across replicas needs a tensor with a first (batch) dimension; this element "
                          f"has none ({_shown(batch)}): batch the dataset by the global batch size, e.g. "
@@ -75,15 +69,15 @@ def slice_batch(batch: Any, start: int, stop: int) -> Any:
 def split_batch(batch: Any, replica_ids: range, num_replicas: int, global_batch_size: int | None = None) -> Step:
     """The pieces of ``batch`` that belong to ``replica_ids`` (of ``num_replicas``), and its rows. One replica takes an
     unbatched element (a scalar, as ``experimental_make_numpy_dataset`` of a vector yields) as it is, as TF does."""
-    if num_replicas == 1 and not _has_rows(batch):
+    if num_replicas == 1 and not _leading_sizes(batch):
         return Step([batch], None)
     length = batch_size_of(batch)
     sizes = replica_sizes(global_batch_size or length, num_replicas)
     return Step((slice_batch(batch, *rows_for_replica(r, sizes, length)) for r in replica_ids), length)
 
 
-
-def _has_rows(batch: Any) -> bool:
-    found = []
-    map_structure(lambda t: found.append(True) if isinstance(t, torch.Tensor) and t.dim() > 0 else None, batch)
-    return bool(found)
+def _leading_sizes(batch: Any) -> set[int]:
+    """The first dimensions of ``batch``'s tensors (a 0-dim tensor has none)."""
+    sizes: set[int] = set()
+    map_structure(lambda t: sizes.add(t.shape[0]) if isinstance(t, torch.Tensor) and t.dim() > 0 else None, batch)
+    return sizes

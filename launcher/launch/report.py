@@ -195,14 +195,15 @@ _LOOP_KEYS = ("global_batch_size", "steps", "first_loss", "final_loss", "example
 def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
     """The keys of a completed run's summary.json that a run which ended early can fill from what it logged; a
     script's run names its script (no recipe ran) and takes its steps and losses from the script's own metrics.jsonl,
-    as a completed script's summary. Its last loss is ``last_logged_loss`` (at ``last_logged_step``), ``final_loss``
-    None, as in the sweep's table."""
+    as a completed script's summary. Its last loss is ``last_logged_loss``, at ``last_logged_loss_step``, and
+    ``final_loss`` None, as in the sweep's table (``last_logged_step``: its last record of any kind)."""
     summary = _loop_summary(spec, run_dir, status)
     if spec.script is not None:
         own = {"recipe": None, "script": spec.script.command(), **outputs.script_results(run_dir)}
         summary = {k: v for k, v in summary.items() if k not in _LOOP_KEYS} | own
     if "final_loss" in summary:  # what it got to, which may be of a step long before it ended: no final loss
-        summary["last_logged_loss"], summary["final_loss"] = summary["final_loss"], None
+        last = outputs.last_loss(run_dir)  # the loss and its own step (an evaluation may be logged after it)
+        summary.update(final_loss=None, last_logged_loss=last and last[0], last_logged_loss_step=last and last[1])
     return summary
 
 

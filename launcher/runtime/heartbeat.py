@@ -142,10 +142,9 @@ class Heartbeat:
         return _Operation(self, label)
 
     def record(self) -> Record:
-        operation, since = self._op
+        (operation, since), (where, collective) = self._op, user_frames.at(self._main)
         return Record(self.env.rank if self.env else 0, self._host, os.getpid(), self.last_completed, operation, since,
-                      time.time(), user_frames.where(self._main), operation == self._timed_out_in,
-                      user_frames.collective(self._main))
+                      time.time(), where, operation == self._timed_out_in, collective)
 
     # ----- the thread -----
     def _beat(self) -> None:

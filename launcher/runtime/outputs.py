@@ -293,8 +293,8 @@ def script_results(run_dir: Path) -> dict[str, Any]:
 
 
 def last_loss(run_dir: Path) -> tuple[float, int] | None:
-    """The last ``loss`` a run logged and its step (None: none): what a run that failed or was stopped got to. Its
-    summary's ``final_loss`` is that loss, though no final one, and may be of a step long before the failure."""
+    """The last ``loss`` a run logged and its step (None: none): what a run that failed or was stopped got to (its
+    summary's ``last_logged_loss``; no final loss), which may be of a step long before the failure."""
     found = None
     for record in latest_timeline(read_records(run_dir / METRICS)):
         if _finite_number(record.get("loss")) and _finite_number(record.get("step")):

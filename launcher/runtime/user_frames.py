@@ -26,9 +26,15 @@ _WAITING = frozenset({  # torch.distributed's calls that return only once the ot
     "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send"})
 
 
-def where(main_thread: int) -> str:
-    """The innermost frame of user code in the main thread, or in a thread running dlaunch's code (a replica)."""
+def at(main_thread: int) -> tuple[str, str]:
+    """``where`` and ``collective`` of the main thread, from one look at every thread's frames."""
     frames = sys._current_frames()
+    return where(main_thread, frames), collective(main_thread, frames)
+
+
+def where(main_thread: int, frames: dict[int, FrameType] | None = None) -> str:
+    """The innermost frame of user code in the main thread, or in a thread running dlaunch's code (a replica)."""
+    frames = sys._current_frames() if frames is None else frames
     me = threading.get_ident()
     others = [f for ident, f in frames.items() if ident not in (main_thread, me) and _runs_dlaunch(f)]
     for frame in [frames.get(main_thread), *others]:
@@ -38,10 +44,10 @@ def where(main_thread: int) -> str:
     return ""
 
 
-def collective(thread: int) -> str:
+def collective(thread: int, frames: dict[int, FrameType] | None = None) -> str:
     """The collective of ``torch.distributed`` (``all_reduce``) that a thread is in, called from outside
     ``torch.distributed`` ("": none)."""
-    frame, found = sys._current_frames().get(thread), ""
+    frame, found = (sys._current_frames() if frames is None else frames).get(thread), ""
     while frame is not None and frame.f_code.co_filename.startswith(_DISTRIBUTED_DIR):
         if frame.f_code.co_filename == _C10D and frame.f_code.co_name in _WAITING:
             found = frame.f_code.co_name  # the outermost: all_gather_object, not the all_gather it calls

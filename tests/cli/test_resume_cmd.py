@@ -155,11 +155,34 @@ def test_a_resume_for_other_steps_of_a_completed_run_without_checkpoints_is_refu
         refused = dlaunch("resume", str(run_dir), f"trainer.steps={steps}", cwd=tmp_path)
         text = " ".join(refused.stderr.split())
         assert refused.returncode == 2 and "Traceback" not in text, refused.stderr[-3000:]
-        assert (f"trainer.steps = {steps} {run_dir} completed 3 steps and has no checkpoint to go on from: checkpoints "
-                "are off (trainer.checkpoint.every_steps=0). A resume would train it again from step 0") in text, text
+        assert (f"trainer.steps = {steps} {run_dir} completed 3 steps and has no checkpoint of its own to go on from: "
+                "checkpoints are off (trainer.checkpoint.every_steps=0). A resume would train it again from step 0") in text
         assert {**records(run_dir), "metrics": (run_dir / "metrics.jsonl").read_bytes()} == before
     again = dlaunch("resume", str(run_dir), "trainer.steps=5", "trainer.resume=never", cwd=tmp_path)
     assert again.returncode == 0 and summary(run_dir)["steps"] == 5, again.stderr[-3000:]
+    # a fine-tune with no checkpoint of its own went back to the checkpoint it started from, over its results
+    base, tune = tmp_path / "base", tmp_path / "tune"
+    assert dlaunch("trainer.steps=2", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={base}", cwd=tmp_path).returncode == 0
+    step2 = base / "checkpoints" / "step-00000002"
+    assert dlaunch("trainer.steps=4", f"trainer.resume={step2}", f"hydra.run.dir={tune}", cwd=tmp_path).returncode == 0
+    kept = (tune / "metrics.jsonl").read_bytes()
+    refused = dlaunch("resume", str(tune), "trainer.steps=6", cwd=tmp_path)
+    assert refused.returncode == 2 and f"A resume would train it again from {step2}, where it started" in " ".join(
+        refused.stderr.split()), refused.stderr[-3000:]
+    assert (tune / "metrics.jsonl").read_bytes() == kept
+
+
+def test_a_sweep_resumed_for_other_steps_without_checkpoints_keeps_its_completed_rows(tmp_path):
+    """Each job is refused as a lone run is; the sweep's table listed them as config errors with no final loss."""
+    import json
+
+    sweep = tmp_path / "sweep"
+    first = dlaunch("-m", "trainer.steps=3", "recipe.optimizer.lr=0.1,0.2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = dlaunch("resume", str(sweep), "trainer.steps=5", cwd=tmp_path)
+    assert again.returncode == 2 and " ".join(again.stderr.split()).count("has no checkpoint of its own to go on") == 2
+    rows = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(r["status"], r["final_loss"] is not None) for r in rows] == [("completed", True)] * 2, rows
 
 
 def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):

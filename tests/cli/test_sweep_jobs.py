@@ -25,6 +25,7 @@ def test_jobs_with_the_same_reason_are_one_line_with_their_count_and_one_of_them
     assert lines[0].startswith("these sweep jobs will not start")
     assert lines[1] == "  2 jobs, e.g. a=2: cluster=1x2: one_device runs 1 replica"  # steps=5: every job's, not shown
     assert lines[2].startswith("  a=4: recipe.lr=x: yyy") and lines[2].endswith("...") and len(lines[2]) < 220
+    assert _said(Checked(valid={("a=1",): object()})) == ""  # nothing invalid: nothing said
 
 
 def test_a_job_told_apart_by_its_bad_value_is_not_named_twice():
@@ -33,7 +34,6 @@ def test_a_job_told_apart_by_its_bad_value_is_not_named_twice():
     checked = Checked(valid={("recipe.optimizer.lr=0.1", "steps=2"): object()},
                       invalid={("recipe.optimizer.lr=-1", "steps=2"): bad})
     assert _said(checked).splitlines()[1] == "  recipe.optimizer.lr=-1: Input should be greater than 0"
-    assert _said(Checked(valid={("a=1",): object()})) == ""  # nothing invalid: nothing said
 
 
 def test_a_dry_run_sweep_announces_nothing_it_would_not_run(tmp_path, monkeypatch, capsys):

@@ -25,7 +25,7 @@ def test_a_shape_spelled_another_way_gets_the_one_meant():
     """`cluster=1X2` got no did-you-mean, where `strategy=mirored` gets one."""
     from launcher.config.compose import _check_choice
 
-    for typed, meant in (("1X2", "1x2"), ("2*8", "2x8"), ("2 x 8", "2x8"), ("0x1", None), ("x", None)):
+    for typed, meant in (("1X2", "1x2"), ("2*8", "2x8"), ("2 x 8", "2x8"), ("0x1", None), ("0X2", None), ("1X0", None), ("x", None)):
         problem = _check_choice("cluster", typed)
         assert problem is not None and problem.suggestion == meant, typed
     assert _check_choice("cluster", "1x2") is None

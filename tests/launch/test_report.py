@@ -34,6 +34,7 @@ def test_a_failed_runs_summary_takes_its_losses_from_loss_records_when_an_evalua
     assert (summary["status"], summary["first_loss"], summary["last_logged_loss"], summary["examples_per_sec"]) == (
         "failed", 2.5, 1.5, 12.0)
     assert summary["final_loss"] is None  # it was 1.5, read by a script as the run's final loss
+    assert summary["last_logged_loss_step"] == 10
     assert summary["last_logged_step"] == 10 and summary["last_completed_step"] == 12
     assert summary["error"]["exception"] == "ValueError: boom"
     assert "ValueError: boom" in (tmp_path / outputs.ERROR).read_text()
@@ -52,6 +53,13 @@ def test_a_real_failure_beside_a_stopped_rank_is_a_failure(tmp_path):
     assert read_summary(tmp_path)["error"]["exception"] == "ValueError: boom"
 
 
+def test_a_failed_runs_last_loss_is_paired_with_its_own_step_not_a_later_evaluations(tmp_path):
+    write_records(tmp_path, {"step": 20, "loss": 1.5, "examples_per_sec": 10.0}, {"step": 25, "eval_loss": 1.7})
+    report.record_failure(spec(), tmp_path, cause(0))
+    summary = read_summary(tmp_path)
+    assert (summary["last_logged_loss"], summary["last_logged_loss_step"], summary["last_logged_step"]) == (1.5, 20, 25)
+
+
 def test_a_stopped_runs_summary_names_the_signal_and_the_checkpoint(tmp_path):
     write_records(tmp_path, {"step": 1, "loss": 2.5, "examples_per_sec": 10.0})
     saved = tmp_path / "checkpoints" / "step-00000040"
@@ -60,7 +68,7 @@ def test_a_stopped_runs_summary_names_the_signal_and_the_checkpoint(tmp_path):
     assert {k: summary[k] for k in ("status", "stopped_by", "exit_code", "checkpoint", "checkpoint_step", "final_loss")} == {
         "status": "stopped", "stopped_by": "SIGINT", "exit_code": 130, "checkpoint": str(saved), "checkpoint_step": 40,
         "final_loss": None}
-    assert (summary["last_logged_loss"], summary["last_logged_step"]) == (2.5, 1)
+    assert (summary["last_logged_loss"], summary["last_logged_loss_step"]) == (2.5, 1)
     report.record_stop(spec(), tmp_path, 143, None)  # checkpoints off, or none complete
     assert (read_summary(tmp_path)["checkpoint"], read_summary(tmp_path)["checkpoint_step"]) == (None, None)
 

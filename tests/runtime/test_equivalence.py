@@ -113,6 +113,17 @@ def test_batches_of_51_rows_and_a_last_of_1_train_as_on_one_device(run_dlaunch, 
     assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-5)
 
 
+def test_a_recipes_iterable_of_unbatched_elements_is_refused_not_trained_one_example_a_step(run_dlaunch):
+    """The API hands a lone replica an unbatched element whole (central storage's numpy example, as TF does); the
+    loop trained on it, one example a step, while examples/s counted a global batch of 64."""
+    proc, run_dir = run_dlaunch(*COMMON, f"recipe.entry={OWN_BATCHES}", "+recipe.scalars=true", "trainer.steps=3",
+                                "strategy=one_device")
+    text = " ".join(proc.stderr.replace("│", " ").split())
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "a batch to split across replicas needs a tensor with a first (batch) dimension; this element has none" in text
+    assert summary(run_dir)["status"] == "failed"
+
+
 @pytest.mark.parametrize("two", list(TWO_REPLICAS))
 def test_a_last_partial_batch_trains_as_on_one_device(run_dlaunch, two):
     """input.drop_remainder=false over two replicas, once refused: 129 examples in batches of 64 leave a last batch of

@@ -88,7 +88,7 @@ def sweep_table(jobs: list[Job], metric: str, best: list[Job]) -> str:
 
 def last_loss(job: Job) -> Any:
     """A run that ended early has no final loss: the last one it logged, and at which step (its summary's
-    ``final_loss`` is that loss, which may be of a step long before the failure)."""
+    ``last_logged_loss``, which may be of a step long before the failure)."""
     last = outputs.last_loss(job.path)
     return outputs.loss_at(*last) if last else None
 
