@@ -110,8 +110,10 @@ def _job(cfg: Any) -> Any:
         busy = ConfigError([Problem(key=exc.key, value=str(exc.directory), message=str(exc))])
         return _refused(run_dir, cfg, busy, console, write=False)  # a live run's directory: not a byte of it
     except ConfigError as exc:  # a dry run writes nothing; a completed run kept as it was keeps its row of the sweep
-        return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg),
-                        row=not isinstance(exc, resume.CompletedRunKept))
+        kept = isinstance(exc, resume.CompletedRunKept)
+        if kept and not dry_run.is_dry_run(cfg):
+            outputs.touch_record(run_dir)  # a job of this command all the same: the resumed sweep's table lists it
+        return _refused(run_dir, cfg, exc, console, write=not dry_run.is_dry_run(cfg), row=not kept)
     except KeyboardInterrupt as exc:  # a lone run's SIGTERM (interrupts.Stopped) or Ctrl-C before its record
         if len(Status.codes) > ended or HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the job had ended and said how, or a sweep's second signal: dlaunch's entry says it stopped

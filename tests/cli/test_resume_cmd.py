@@ -173,16 +173,20 @@ def test_a_resume_for_other_steps_of_a_completed_run_without_checkpoints_is_refu
 
 
 def test_a_sweep_resumed_for_other_steps_without_checkpoints_keeps_its_completed_rows(tmp_path):
-    """Each job is refused as a lone run is; the sweep's table listed them as config errors with no final loss."""
+    """Job 0 (no checkpoints) is refused as a lone run is, job 1 goes on from its own; the sweep's table listed the
+    refused one as a config error with no final loss, then (once it kept its row) left it out."""
     import json
 
     sweep = tmp_path / "sweep"
-    first = dlaunch("-m", "trainer.steps=3", "recipe.optimizer.lr=0.1,0.2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    first = dlaunch("-m", "trainer.steps=3", "trainer.checkpoint.every_steps=0,2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     again = dlaunch("resume", str(sweep), "trainer.steps=5", cwd=tmp_path)
-    assert again.returncode == 2 and " ".join(again.stderr.split()).count("has no checkpoint of its own to go on") == 2
+    assert again.returncode == 2 and " ".join(again.stderr.split()).count("has no checkpoint of its own to go on") == 1
     rows = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
-    assert [(r["status"], r["final_loss"] is not None) for r in rows] == [("completed", True)] * 2, rows
+    assert [(r["job"], r["status"], r["final_loss"] is not None) for r in rows] == [(0, "completed", True),
+                                                                                  (1, "completed", True)], rows
+    assert (summary(sweep / "0")["steps"], summary(sweep / "1")["steps"]) == (3, 5)
+    assert "sweep summary: 2 jobs" in again.stdout, again.stdout[-3000:]
 
 
 def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):

@@ -162,7 +162,7 @@ def _say_if_nothing_is_split(module: torch.nn.Module, logical: int) -> None:
         "mesh: no parameter of the model is split over the %d logical devices of a replica (its build applies no "
         "parallelize_module), so each holds the whole model, and unless its forward splits activations "
         "(experimental_split_to_logical_devices) each computes what the others do; strategy=mirrored on the same "
-        "devices trains %d replicas instead (docs/STRATEGIES.md)", logical, logical)
+        "devices trains %d replicas instead (docs/STRATEGIES.md)", logical, dist.get_world_size())
 
 
 def _broadcast_steps(steps: Iterator[list[Any]] | None, group: Any, src: int) -> Iterator[list[Any]]:
