@@ -36,9 +36,8 @@ class StrategyExtended:
     # True in script mode, whose loss the script weights itself: a batch that splits unevenly is then said (rank 0, once)
     warn_uneven_shares = False
     collective_forward = False  # True where a model's forward runs collectives (split layers): every rank evaluates
-    # True where _prepare puts the parameters on the device itself, a piece at a time (FSDP2 moves each unit as it
-    # shards it), so that prepare() does not first move the whole model there
-    places_itself = False
+    places_itself = False  # _prepare places the parameters itself, a piece at a time (FSDP2): prepare() moves none first
+    plain_values_per_process = True  # reduce combines a process's plain tensors over the processes, as TF's multi-worker
 
     def __init__(
         self, devices: Sequence[str], collectives: Any = None, parameter_devices: Sequence[str] | None = None,
@@ -210,7 +209,9 @@ class StrategyExtended:
 
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
         if not contains_per_replica(value):
-            return map_structure(lambda t: self._reduce_plain(reduce_op, t, axis), value)
+            if axis is not None or not (self._proc.world_size > 1 and self._num_local == 1 and self.plain_values_per_process):
+                return map_structure(lambda t: self._reduce_plain(reduce_op, t, axis), value)
+            value = map_structure(lambda t: PerReplica([t]) if isinstance(t, torch.Tensor) else t, value)
         return map_structure(lambda leaf: self._reduce_leaf(reduce_op, leaf, axis), value)
 
     def _reduce_plain(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:

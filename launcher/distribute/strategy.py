@@ -147,7 +147,9 @@ class Strategy:
         ``reduce(SUM, v, axis=0)`` is ``28``. With ``axis``, ``MEAN`` divides by
         the number of elements along it over all replicas (6 for a last partial
         batch ``[0,1,2,3]`` / ``[4,5]``). A value that is not per-replica is taken
-        as already reduced: ``axis`` reduces it locally.
+        as already reduced, and ``axis`` reduces it locally; but with ``axis=None`` in a job of several processes
+        (one replica each) a plain tensor is its process's own, reduced over the processes (TF's multi-worker
+        strategies; Accelerate's ``reduce``).
         """
         return self._extended._reduce(ReduceOp.from_any(reduce_op), value, axis)
 

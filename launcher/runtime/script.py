@@ -85,6 +85,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     if rank == 0:  # the run's history counts the workers' (re)starts, as a recipe run's does
         outputs.record_start(run_dir, env.restart_count if env else 0, 0)
         strategy._first_step_hook = lambda: _say_if_precision_unused(strategy, "after its first optimizer step, ")
+    unsynced = _watch_for_unsynced_copies(strategy, spec.strategy.name, env) if rank == 0 else None
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
                 _as_torchrun(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
@@ -94,6 +95,8 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
             raise ScriptExit(Path(spec.script.path).name, exc.code) from None
     finally:
         experimental_set_strategy(None)
+        if unsynced is not None:
+            unsynced.remove()
     if rank == 0:
         _say_if_precision_unused(strategy)
         _say_if_not_prepared(strategy, spec.strategy.name)
@@ -144,6 +147,42 @@ def _say_if_not_recomputed(strategy: Any) -> None:
                     "contains a module of that class%s, so nothing was recomputed for it; name the class of the model's "
                     "blocks (docs/TRAINING.md)", ", ".join(unfound),
                     "" if strategy._prepared else " (it never called strategy.prepare)")
+
+
+def _watch_for_unsynced_copies(strategy: Any, name: str, env: WorkerEnv | None) -> Any:
+    """Under mirrored or multi_worker_mirrored across processes, a script that neither gives its model to
+    ``strategy.prepare()`` nor wraps it in DDP (or FSDP) trains one copy per process, never synced, with no error:
+    rank 0 says so at the first optimizer step. Returns the hook's handle (None: nothing to watch)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook  # torch.optim deletes its submodules' names
+
+    if env is None or env.world_size == 1 or name not in ("mirrored", "multi_worker_mirrored"):
+        return None
+
+    def check(optimizer: Any, *_: Any) -> None:
+        from launcher.checkpoint.state import is_filling
+
+        if is_filling():  # dlaunch's own restore of the optimizer's state
+            return
+        handle.remove()
+        if not strategy._prepared and not _wrapped_anywhere():
+            log.warning("strategy=%s: the script's model was neither given to strategy.prepare(model, optimizer) nor "
+                        "wrapped in DistributedDataParallel, so each of the %d processes trains its own copy and they "
+                        "are never synced (unless the script averages the gradients itself); `model, optimizer = "
+                        "dl.get_strategy().prepare(model, optimizer)` syncs them (docs/SCRIPTS.md)", name, env.world_size)
+
+    handle = register_optimizer_step_post_hook(check)
+    return handle
+
+
+def _wrapped_anywhere() -> bool:
+    """A module of this process is DDP's or FSDP's (looked for once, at the first step: a pass over the live objects)."""
+    import gc
+
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    kinds = (DistributedDataParallel, FSDPModule, FullyShardedDataParallel)
+    return any(isinstance(o, kinds) for o in gc.get_objects())
 
 
 # What a script gets from these strategies only through strategy.prepare(model, optimizer)

@@ -108,3 +108,27 @@ def test_seed_example_end_to_end_over_a_dataloader(strategy):
         v = strategy.run(lambda batch: batch[0], args=(x,))  # a TensorDataset batch is [tensor]
         totals.append(strategy.reduce(ReduceOp.SUM, v, axis=0))
     assert [int(t) for t in totals] == [28, 8 + 9 + 10 + 11 + 12 + 13]
+
+
+def reduce_plain_tensors():
+    """Each process's own plain tensor, reduced as Accelerate's accelerator.reduce(t) is ported."""
+    import torch.distributed as dist
+
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+    mine = torch.tensor([float(dist.get_rank())])
+    whole = torch.tensor([4.0, 6.0, 8.0, 10.0])  # the seed's cross-replica sum, the same in every process
+    return {"mean": strategy.reduce("MEAN", mine, axis=None).tolist(), "sum": strategy.reduce("SUM", mine, axis=None).tolist(),
+            "nest": strategy.reduce("MEAN", {"a": mine, "n": 3}, axis=None)["a"].tolist(),
+            "again": int(strategy.reduce("SUM", whole, axis=0)), "gather": strategy.gather(mine, axis=0).tolist()}
+
+
+@pytest.mark.slow
+def test_a_processs_plain_tensor_is_reduced_over_the_processes_as_tfs_multi_worker_strategies_do():
+    """It came back as this rank's own ([0.0] on rank 0, [1.0] on rank 1), while gather collected both: a ported
+    accelerator.reduce(t, "mean") gave each rank its own value, exit 0. axis=0 of a value already reduced stays local."""
+    from launcher.launch.function import run_function
+
+    for rank, found in run_function(reduce_plain_tensors, device="cpu", nproc=2).items():
+        assert found == {"mean": [0.5], "sum": [1.0], "nest": [0.5], "again": 28, "gather": [0.0, 1.0]}, (rank, found)

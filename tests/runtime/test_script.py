@@ -223,6 +223,7 @@ def test_a_torchrun_script_runs_unmodified_and_trains_as_under_torchrun(processe
     for _ in range(3 if processes == 2 else 1):  # its destroy_process_group() hung 1 run in 3 when it ended dlaunch's group
         proc, _ = _run(tmp_path, "script=train.py", *shape)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "never synced" not in proc.stdout + proc.stderr  # its own DDP syncs them
     torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                                "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     # torchrun itself ends 1 run in 6 with SIGABRT in gloo's teardown (torch 2.13 on CPU), after the script printed all

@@ -98,6 +98,8 @@ def _combine(reduce_op: ReduceOp, parts: list[tuple[torch.Tensor, int]]) -> torc
 
 
 class _PSExtended(StrategyExtended):
+    plain_values_per_process = False  # the tasks meet at ps 0 for per-replica values only (_reduce below)
+
     def __init__(self, device: str, position: int, training_tasks: int, strategy_args: dict):
         super().__init__([device], _Tasks(position, training_tasks))
         self._args = strategy_args

@@ -1,0 +1,34 @@
+"""A script under a strategy of several processes that never syncs its model's copies is told so."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.test_script import _run
+
+pytestmark = pytest.mark.slow
+
+UNSYNCED = """
+import torch
+from launcher import distribute as dl
+
+strategy = dl.get_strategy()
+with strategy.scope():
+    model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # never given to strategy.prepare(), nor wrapped in DDP
+for _ in range(3):
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_script_whose_copies_are_never_synced_is_told_so_at_its_first_step(tmp_path):
+    """Under mirrored across processes, a model neither prepared nor wrapped in DDP trained one copy per process,
+    never synced, exit 0 and no word. A torchrun script's own DDP is synced: nothing said there (the test below)."""
+    (tmp_path / "unsynced.py").write_text(UNSYNCED)
+    proc, _ = _run(tmp_path, "script=unsynced.py", "strategy=mirrored", "cluster=1x2")
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert text.count("strategy=mirrored: the script's model was neither given to strategy.prepare(model, optimizer) "
+                      "nor wrapped in DistributedDataParallel, so each of the 2 processes trains its own copy") == 1, text
