@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             return stopped
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     argv, script_config.ARGS[:] = script_config.split_argv(argv)  # `-- ARGS`: the script's, not Hydra's
+    if misplaced := script_config.like_settings(script_config.ARGS):
+        print(f"dlaunch: {' '.join(misplaced)} after -- go to the script as its own arguments, not to dlaunch; "
+              "dlaunch's settings go before --", file=sys.stderr)
     args = _hydra_args(argv)
     argv = _flags_first(argv, args.overrides)
     composer.CONFIG_DIRS[:] = [os.path.abspath(args.config_dir)] if args.config_dir else []

@@ -74,6 +74,15 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
+_SECTIONS = ("strategy", "cluster", "recipe", "trainer", "input", "launch", "sweep", "script", "hydra")
+
+
+def like_settings(args: list[str]) -> list[str]:
+    """A script's arguments that read as dlaunch's settings (``strategy=mirrored``, ``trainer.steps=5``): typed after
+    ``--`` by mistake, they go to the script, and dlaunch runs without them."""
+    return [a for a in args if "=" in a and a.split("=", 1)[0].lstrip("+~").split(".")[0] in _SECTIONS]
+
+
 def path_beside_keys(overrides: list[str]) -> list[str]:
     """``script=PATH`` beside a ``script.KEY=`` override (``script.args=[...]``, a sweep over a script's arguments)
     as ``script.path=PATH``: Hydra would let the later of the two replace the other whole."""

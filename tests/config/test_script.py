@@ -117,3 +117,15 @@ def test_a_scripts_command_is_shown_as_a_shell_takes_it(tmp_path):
     path = tmp_path / "train.py"
     path.write_text("pass\n")
     assert ScriptSpec(path=str(path), args=["--name", "my run", "--lr", "0.1"]).command() == "train.py --name 'my run' --lr 0.1"
+
+
+def test_dlaunch_settings_typed_after_the_separator_are_said_to_go_to_the_script(tmp_path):
+    """`dlaunch script=train.py -- --epochs 1 strategy=mirrored cluster=1x2 launch.dry_run=true` ran the script on
+    one_device (the settings were its arguments), with no word."""
+    assert script.like_settings(["--epochs", "1", "strategy=mirrored", "+trainer.steps=3", "lr=0.1", "x.y=1"]) == [
+        "strategy=mirrored", "+trainer.steps=3"]
+    shutil.copy(FIXTURES / "torchrun_script.py", tmp_path / "train.py")
+    proc = dlaunch("script=train.py", "launch.dry_run=true", "--", "--epochs", "1", "cluster=1x2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("dlaunch: cluster=1x2 after -- go to the script as its own arguments, not to dlaunch; dlaunch's settings go "
+            "before --") in proc.stderr

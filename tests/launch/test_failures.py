@@ -344,3 +344,9 @@ def test_torchs_module_calls_between_the_users_frames_are_hidden_not_the_frame_t
     assert "(dlaunch's own frames and torch's module calls are hidden)" in text
     assert "in train_step" in text and "container.py" in text and "linear.py" in text, text
     assert "_call_impl" not in text and "_wrapped_call_impl" not in text, text
+    model[1].register_forward_hook(lambda *args: None)  # a module with hooks is called through _call_impl's `inner`
+    try:
+        train_step()
+    except RuntimeError as exc:
+        text = failures._format(exc)
+    assert "in train_step" in text and "linear.py" in text and " in inner\n" not in text, text
