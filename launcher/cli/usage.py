@@ -120,8 +120,9 @@ def _script_at(argv: list[str]) -> int | None:
                  if i not in values and a.endswith(".py") and "=" not in a and not a.startswith("-")), None)
 
 
-def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None]]:
-    """``--name[=value]`` arguments (before ``--``) that Hydra's parser would refuse, with their values."""
+def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None, list[str]]]:
+    """``--name[=value]`` arguments (before ``--``) that Hydra's parser would refuse, with their values and the
+    arguments they were typed as."""
     found, i = [], 0
     head = argv[: argv.index("--")] if "--" in argv else argv
     at = _script_at(head)
@@ -130,17 +131,19 @@ def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None]]:
         arg = head[i]
         match = _FLAG.match(arg)
         if match and arg.split("=")[0] not in HYDRA_FLAGS:
-            name, value = match.group(1).replace("-", "_"), match.group(2)
+            name, value, typed = match.group(1).replace("-", "_"), match.group(2), [arg]
             if value is None and i + 1 < len(head) and not head[i + 1].startswith("-") and "=" not in head[i + 1]:
                 value, i = head[i + 1], i + 1
-            found.append((name, value))
+                typed.append(value)
+            found.append((name, value, typed))
         i += 1
     return found
 
 
 def flag_message(argv: list[str]) -> str | None:
     """One screen mapping torchrun-style flags to dlaunch overrides; None when there are none."""
-    flags = _unknown_flags(argv)
+    spans = _unknown_flags(argv)
+    flags = [(name, value) for name, value, _ in spans]
     head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
     at = _script_at(head)
     # `dlaunch train.py --epochs 1`, as python or accelerate launch takes it: Hydra's parser would refuse the flags
@@ -165,8 +168,9 @@ def flag_message(argv: list[str]) -> str | None:
     if at is not None:
         rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
         same = _same_run(dict(flags), argv[at], argv[at + 1:], typed)
-    else:  # a recipe's run: the overrides typed beside the flags, and what the flags say
-        same = _same_run(dict(flags), None, [], typed)
+    else:  # a recipe's run: the overrides typed beside the flags, and what the flags say; script=PATH's own flags
+        own = [t for name, _, given in spans if script and name not in _SAME_AS for t in given]
+        same = _same_run(dict(flags), None, own, typed)
     after = [f"the same run: {same}"] if same else \
         ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
     width = max(28, *(len(given) for given, _ in rows))
@@ -223,7 +227,7 @@ def _same_run(flags: dict[str, str | None], script: str | None, args: list[str],
     words += ["cluster.device=cpu"] if "cpu" in flags else []  # Accelerate's --cpu
     args = [a for a in args if a != "--"]
     words = [w for w in words if w]
-    if script is None and len(words) == 1 + len(typed):
+    if script is None and len(words) == 1 + len(typed) and not args:
         return None
     return shlex.join([*words, *(["--", *args] if args else [])])
 

@@ -174,3 +174,14 @@ def test_a_flag_longer_than_the_column_widens_it_for_every_row():
     text = flag_message(["--standalone", "--nproc_per_node=2", "--rdzv_endpoint=localhost:29400", "train.py"])
     rows = [line for line in text.splitlines() if line.startswith("  ")]
     assert len(rows) == 4 and len({line.index(" use ") if " use " in line else line.index(" a script") for line in rows}) == 1
+
+
+def test_a_scripts_own_flags_typed_before_the_separator_get_the_same_run_with_them_after_it():
+    """`dlaunch script=train.py --epochs 1 strategy=mirrored` said where the arguments go, but gave no command."""
+    from launcher.cli.usage import flag_message
+
+    text = " ".join(flag_message(["script=train.py", "--epochs", "1", "--learning-rate=0.1", "--nproc_per_node=2",
+                                  "cluster.device=cpu"]).split())
+    assert ("the same run: dlaunch script=train.py cluster.device=cpu strategy=mirrored cluster=1x2 -- --epochs 1 "
+            "--learning-rate=0.1") in text, text
+    assert "the same run" not in flag_message(["--epochs", "1", "recipe=linear"])  # no script: nothing to give them to
