@@ -46,11 +46,10 @@ def saved(spec: Any, run_dir: Path) -> Path | None:
 def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None, in_sweep: bool = False) -> str:
     """The lines shown when a run stopped on a signal: what was saved (``checkpoint``), and how to go on. A sweep's
     job (``in_sweep``) leaves how to go on to the sweep's own line, which resumes every job."""
-    if spec.script is not None:
-        again = "" if in_sweep else f"; {command(run_dir)} runs it again with the same arguments"
-        return (f"stopped (exit {code}); the script saves its own checkpoints (ScriptStopped reached it; its "
-                f"ScriptCheckpoints.restore, if it calls one, goes on from its newest save){again}")
     from launcher.checkpoint import layout
+
+    if spec.script is not None:
+        return _script_after_signal(run_dir, code, layout.latest(run_dir / "checkpoints"), in_sweep)
     from launcher.runtime import outputs
 
     lost = outputs.unsaved_stop(run_dir, None if checkpoint is None else layout.step_of(checkpoint))
@@ -64,6 +63,19 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None, i
         return f"stopped (exit {code}); {lost['why']}\n" + (
             f"a resume goes on {trained_again}" if in_sweep else f"resume with: {command(run_dir)} ({trained_again})")
     return f"stopped (exit {code}); checkpoint {checkpoint}" + ("" if in_sweep else f"\nresume with: {command(run_dir)}")
+
+
+def _script_after_signal(run_dir: Path, code: int, newest: Path | None, in_sweep: bool) -> str:
+    """A script saves its own checkpoints: its newest save in the run's ``checkpoints`` (``ScriptCheckpoints``' own
+    place), or that there is none there; a resume runs the script again, and its ``restore`` goes on from that save."""
+    from launcher.checkpoint import layout
+
+    again = "" if in_sweep else f"; {command(run_dir)} runs it again with the same arguments"
+    if newest is None:
+        return (f"stopped (exit {code}); the script saved no checkpoint in {run_dir / 'checkpoints'} (ScriptCheckpoints'"
+                f" place; a script that saves elsewhere restores from there itself){again}")
+    return (f"stopped (exit {code}); the script's newest save: {newest}{again}, and its ScriptCheckpoints.restore "
+            f"goes on from step {layout.step_of(newest)}")
 
 
 def _why_none(spec: Any, run_dir: Path) -> str:

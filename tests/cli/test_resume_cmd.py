@@ -380,3 +380,28 @@ def test_a_failure_to_load_a_damaged_newest_checkpoint_says_a_resume_passes_it_o
     said = resume.after_failure(spec_for(), tmp_path)
     assert said.startswith(f"newest checkpoint: {forty} is damaged: __0_0.distcp does not match its sha256"), said
     assert said.endswith("goes on from the newest intact one") and "dlaunch resume" in said, said
+
+
+def test_a_stopped_script_is_told_its_newest_save_or_that_it_has_none_in_the_run(tmp_path):
+    """A script saves its own checkpoints: the stop's line names its newest save (ScriptCheckpoints' place in the run),
+    or says there is none there, as a recipe's names its checkpoint."""
+    from launcher.checkpoint import layout
+    from launcher.cli.resume import after_signal
+    from launcher.config.compose import choose_user_recipes, compose_and_validate
+
+    (tmp_path / "train.py").write_text("print('training')\n")
+    spec = compose_and_validate(choose_user_recipes([f"script={tmp_path / 'train.py'}", "cluster.device=cpu"]), cuda_devices=0)
+    run_dir = tmp_path / "run"
+    told = after_signal(spec, run_dir, 130, None)
+    assert told == (f"stopped (exit 130); the script saved no checkpoint in {run_dir / 'checkpoints'} (ScriptCheckpoints' "
+                    f"place; a script that saves elsewhere restores from there itself); dlaunch resume {run_dir} runs it "
+                    "again with the same arguments")
+    partial = layout.partial_dir(run_dir / "checkpoints", 40)
+    partial.mkdir(parents=True)
+    (partial / ".metadata").write_bytes(b"")  # torch.distributed.checkpoint's index: with the manifest, a complete step
+    layout.commit(partial, {"format": 1, "step": 40}, keep=3)
+    newest = layout.step_dir(run_dir / "checkpoints", 40)
+    told = after_signal(spec, run_dir, 130, None)
+    assert told == (f"stopped (exit 130); the script's newest save: {newest}; dlaunch resume {run_dir} runs it again with "
+                    "the same arguments, and its ScriptCheckpoints.restore goes on from step 40")
+    assert "dlaunch resume" not in after_signal(spec, run_dir, 130, None, in_sweep=True)
