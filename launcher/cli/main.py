@@ -15,6 +15,7 @@ Exit codes: 0 done, 1 training failure, 2 config error (or a submission SLURM re
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from hydra.core.override_parser.types import Override
 from rich.console import Console
 
 from launcher.cli import interrupts, job, scheduled, sweep, sweep_jobs, sweep_stop, usage
-from launcher.cluster.env import full_errors
+from launcher.cluster.env import full_errors, tf_config
 from launcher.config import compose as composer
 from launcher.config import disk
 from launcher.config import script as script_config
@@ -159,6 +160,25 @@ def _hydra_main(argv: list[str]) -> None:
 SUBCOMMANDS = {"recipes": "launcher.cli.recipes", "report": "launcher.cli.report", "resume": "launcher.cli.resume"}
 
 
+def _say_tf_config_not_read(overrides: list[str]) -> None:
+    """A ``TF_CONFIG`` in the environment (a TF habit, a Kubernetes TFJob's) is not dlaunch's cluster: the plan's is,
+    in every process. Said once, with the ``cluster=tasks`` overrides that run the cluster it lists."""
+    try:
+        config = tf_config()
+    except ValueError:
+        config = {"cluster": {}}
+    if not config or any(o.replace(" ", "") in ("cluster=tasks", "+cluster=tasks") for o in overrides):
+        return
+    roles = {role: list(config.get("cluster", {}).get(role, [])) for role in ("chief", "worker", "ps")}
+    given = ", ".join(f"{role}: {json.dumps(hosts)}" for role, hosts in roles.items() if hosts)
+    task = config.get("task") or {}
+    which = f" 'cluster.task={{type: {task['type']}, index: {task.get('index', 0)}}}'" if task.get("type") else ""
+    print(f"dlaunch: TF_CONFIG is set in this environment, but dlaunch's cluster is its config's, in every process "
+          f"(TF_CONFIG is not read); its cluster as dlaunch's: cluster=tasks 'cluster.tasks={{{given}}}'{which}"
+          if given else "dlaunch: TF_CONFIG is set in this environment, but dlaunch's cluster is its config's (TF_CONFIG"
+          " is not read; cluster=tasks takes a task list)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     answered = usage.early_exit(argv)  # --help, --version, torchrun-style flags
@@ -177,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
               "dlaunch's settings go before --", file=sys.stderr)
     args = _hydra_args(argv)
     argv = _flags_first(argv, args.overrides)
+    _say_tf_config_not_read(args.overrides)
     composer.CONFIG_DIRS[:] = [os.path.abspath(args.config_dir)] if args.config_dir else []
     composer.CONFIG_NAME = args.config_name or "config"
     informational = args.help or args.hydra_help or args.info or args.shell_completion

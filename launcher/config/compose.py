@@ -98,7 +98,7 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
     the YAML's keys. The ``Config`` still judges the key when the spec is validated: an unknown one is
     named there, with the ``Config``'s fields as what is allowed.
     """
-    overrides = user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)
+    overrides = _whole_task_lists(user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE))
     # script.path=X, script.args=[...]: set or add, under the default `script: null` or a YAML's section alike
     overrides = [f"++{o}" if key_of(o).startswith("script.") and o[:1] not in "+~" else o for o in overrides]
     overrides = _script_without_recipe(overrides)
@@ -125,6 +125,31 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
         return not parent or isinstance(OmegaConf.select(recipe, parent), DictConfig)
 
     return [f"+{o}" if o in keyed and added(key_of(o).removeprefix("recipe.")) else o for o in overrides]
+
+
+TASK_ROLES = ("chief", "worker", "ps")
+
+
+def _whole_task_lists(overrides: list[str]) -> list[str]:
+    """``cluster.tasks={worker: [A, B]}`` is the whole task list, as a TF_CONFIG's cluster is: the roles it leaves out
+    are empty (``{chief: [], ps: [], worker: [A, B]}``), not the ``cluster=tasks`` option's own demo chief, which
+    Hydra's merge of a mapping would keep (a third node). One override in, one out."""
+    out = []
+    for o in overrides:
+        if key_of(o) == "cluster.tasks" and o[:1] not in "+~" and o.partition("=")[2].lstrip().startswith("{"):
+            try:
+                (ov,) = parse_overrides([o])
+                value = ov.value()
+            except Exception:  # noqa: BLE001 - its own problem is named where it always was
+                value = None
+            if isinstance(value, dict) and not ov.is_sweep_override():
+                missing = [role for role in TASK_ROLES if role not in value]
+                key, _, text = o.partition("=")
+                at = text.index("{") + 1
+                empty = ", ".join(f"{role}: []" for role in missing) + (", " if value else "")
+                o = f"{key}={text[:at]}{empty}{text[at:]}" if missing else o
+        out.append(o)
+    return out
 
 
 def _script_without_recipe(overrides: list[str]) -> list[str]:

@@ -89,3 +89,21 @@ def test_a_dry_run_resume_of_a_completed_sweep_leaves_its_record_as_it_was(tmp_p
     assert {name: (sweep / name).read_bytes() for name in kept} == kept
     assert {d: (sweep / d / ".hydra" / "overrides.yaml").stat().st_mtime_ns for d in jobs} == jobs
     assert "launch.dry_run" not in (sweep / "multirun.yaml").read_text()
+
+
+def test_a_tf_config_in_the_environment_is_said_not_to_be_read_with_the_overrides_that_run_its_cluster(tmp_path):
+    import json
+
+    tf = {"cluster": {"worker": ["localhost:12345", "localhost:23456"]}, "task": {"type": "worker", "index": 1}}
+    proc = dlaunch("launch.dry_run=true", cwd=tmp_path, env={"TF_CONFIG": json.dumps(tf)})
+    said = ("dlaunch: TF_CONFIG is set in this environment, but dlaunch's cluster is its config's, in every process "
+            "(TF_CONFIG is not read); its cluster as dlaunch's: cluster=tasks 'cluster.tasks={worker: [\"localhost:12345\", "
+            "\"localhost:23456\"]}' 'cluster.task={type: worker, index: 1}'")
+    assert proc.returncode == 0 and said in proc.stderr, proc.stderr
+    assert "cluster        1x1" in proc.stdout
+    # what it says to type runs that cluster (a shell would take the quotes off)
+    overrides = ["cluster=tasks", "cluster.tasks={worker: [\"localhost:12345\", \"localhost:23456\"]}",
+                 "cluster.task={type: worker, index: 1}", "strategy=multi_worker_mirrored"]
+    proc = dlaunch("launch.dry_run=true", *overrides, cwd=tmp_path, env={"TF_CONFIG": json.dumps(tf)})
+    assert proc.returncode == 0 and "TF_CONFIG" not in proc.stderr, proc.stderr
+    assert "cluster        2x1" in proc.stdout and "this machine is node 1 of 2" in proc.stdout, proc.stdout

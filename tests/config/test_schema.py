@@ -77,6 +77,17 @@ def test_a_cluster_given_as_a_task_list():
     assert (c.nodes, c.node_rank, c.master_addr, c.master_port, c.world_size) == (3, 2, "127.0.0.1", 29500, 6)
 
 
+def test_a_task_list_is_the_whole_cluster_as_a_tf_config_is():
+    """TF's usual multi-worker list names workers only (worker 0 is the chief): the `cluster=tasks` option's own demo
+    chief is not merged in as a third node, and `{}` lists no node rather than the demo's two."""
+    overrides = ["strategy=multi_worker_mirrored", "cluster=tasks", "cluster.tasks={worker: ['localhost:12345', 'localhost:23456']}",
+                 "cluster.task={type: worker, index: 1}"]
+    c = composer.compose_and_validate(composer.choose_user_recipes(overrides), 0).cluster
+    assert (c.nodes, c.node_rank, c.master_addr, c.master_port, c.world_size) == (2, 1, "localhost", 12345, 2)
+    (p,) = problems(composer.choose_user_recipes(["strategy=mirrored", "cluster=tasks", "cluster.tasks={}"]))
+    assert p.key == "cluster.tasks" and "lists no node" in p.message
+
+
 def test_a_task_that_is_not_in_the_list():
     (p,) = problems(["strategy=mirrored", "cluster=tasks", "cluster.task={type: worker, index: 5}"])
     assert p.key == "cluster.task" and "worker:5 is not in cluster.tasks" in p.message

@@ -93,3 +93,25 @@ def test_dlaunch_multi_worker_mirrored_trains_like_one_device(run_dlaunch):
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
+
+
+def test_in_a_dlaunch_job_a_tf_config_left_in_the_environment_is_not_the_cluster(monkeypatch, tmp_path):
+    """A script that builds MultiWorkerMirroredStrategy() in a dlaunch job of one process, with a TF_CONFIG of two
+    workers exported (a TF habit): dlaunch's plan stands. It read TF_CONFIG and waited 300 s for a worker never started."""
+    import json
+
+    from launcher import distribute as dl
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    tf = {"cluster": {"worker": ["localhost:12345", "localhost:23456"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf))
+    monkeypatch.setenv("DLAUNCH_RUN_DIR", str(tmp_path))  # what dlaunch sets in a script's processes
+    strategy = dl.MultiWorkerMirroredStrategy()
+    assert strategy.num_replicas_in_sync == 1 and not torch.distributed.is_initialized()
+    assert strategy.cluster_resolver.cluster_spec().as_dict() == {}
+    monkeypatch.delenv("DLAUNCH_RUN_DIR")  # outside dlaunch, TF_CONFIG is the cluster, as in TF
+    assert dl.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict() == tf["cluster"]
+    from launcher.strategies.impl.multi_worker_mirrored import default_resolver
+
+    assert default_resolver().cluster_spec().as_dict() == tf["cluster"]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.cluster.env import WorkerEnv, tf_config
+from launcher.cluster.env import WorkerEnv, script_run_dir, tf_config
 from launcher.cluster.process_group import default_backend, ensure_process_group, process_device
 from launcher.cluster.resolvers import TFConfigClusterResolver, TorchElasticClusterResolver, validate_task
 from launcher.distribute import cross_device_ops as cdo
@@ -63,10 +63,15 @@ def _backend(options: CommunicationOptions, device_type: str) -> str:
 
 
 def default_resolver() -> Any:
-    """The launcher's workers, else ``TF_CONFIG``'s (TF's default: one of its own even where ``TF_CONFIG`` is unset, a
-    lone worker with an empty cluster, so that ``strategy.cluster_resolver.task_type`` reads as in TF)."""
-    env = None if tf_config() else WorkerEnv.from_environ()
-    return TorchElasticClusterResolver(env) if env is not None else TFConfigClusterResolver()
+    """``TF_CONFIG``'s, else the launcher's workers (TF's default: one of its own even where ``TF_CONFIG`` is unset, a
+    lone worker with an empty cluster, so that ``strategy.cluster_resolver.task_type`` reads as in TF). In a dlaunch
+    job (a script's process) dlaunch's plan stands: a ``TF_CONFIG`` left in the environment is not its cluster (the
+    command said so, ``cli/main.py``), and reading it would wait on tasks that were never started."""
+    env = WorkerEnv.from_environ()
+    in_job = script_run_dir() is not None
+    if tf_config() and not in_job:
+        return TFConfigClusterResolver()
+    return TorchElasticClusterResolver(env) if env is not None else TFConfigClusterResolver(environ={})
 
 
 def _join_tf_config_group(resolver: Any, backend: str, timeout_s: float, kind: str) -> tuple[bool, torch.device | None]:
