@@ -195,9 +195,10 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     from launcher.launch import launchers
 
     resume_from = _checkpoints_usable(spec, run_dir)
-    done = resume.already_completed(spec, run_dir)
+    done = resume.already_completed(spec, run_dir, resume_from)
     if done is not None:
-        console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): nothing to resume")
+        again = "" if resume.RESUMING else "; trainer.resume=never trains it again from step 0"
+        console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): nothing to resume{again}")
         if not spec.launch.dry_run:  # a dry run leaves the record as it was: the sweep's record is kept whole
             outputs.touch_record(run_dir)  # a job of this command all the same: a resumed sweep's table lists it
         Status.codes.append(0)

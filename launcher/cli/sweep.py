@@ -315,13 +315,35 @@ def objective(summary: dict[str, Any] | None, name: str, direction: str = "minim
     its trial last and goes on: a NaN made hydra-optuna-sweeper stop the whole study with a traceback.
     """
     worst = -math.inf if direction == "maximize" else math.inf
+    _say_if_the_direction_is_against_the_name(name, direction)
     if not summary or summary.get("status") != "completed":
         return worst
     metrics = summary.get("metrics") or {}
     value = outputs.metric_value(summary, name)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         if name != "final_loss":
-            log.error("sweep.objective=%s: the job reported no such metric (it has %s); its trial counts as the worst",
-                      name, ", ".join(["final_loss", *metrics]))
+            from launcher.config.errors import did_you_mean
+
+            meant = did_you_mean(name, ["final_loss", *metrics])
+            log.error("sweep.objective=%s: the job reported no such metric (it has %s%s); its trial counts as the worst",
+                      name, ", ".join(["final_loss", *metrics]), f"; did you mean {meant}?" if meant else "")
         return worst
     return float(value)
+
+
+_DIRECTIONS_SAID: set[tuple[str, str]] = set()
+
+
+def _say_if_the_direction_is_against_the_name(name: str, direction: str) -> None:
+    """Optuna minimizes unless told (``hydra.sweeper.direction``): a study minimizing ``eval_accuracy`` finds the worst
+    job and calls it best, silently. Said once per sweep, where the metric's name tells its direction."""
+    from launcher.cli.report.jobs import lower_is_better
+
+    lower = lower_is_better(name)
+    meant = {True: "minimize", False: "maximize"}.get(lower)
+    if meant is None or meant == direction or (name, direction) in _DIRECTIONS_SAID:
+        return
+    _DIRECTIONS_SAID.add((name, direction))
+    log.warning("sweep.objective=%s: %s is better by its name, but the study's direction is %s (hydra.sweeper.direction, "
+                "Optuna's default: minimize), so it looks for the %s value; hydra.sweeper.direction=%s looks for the best",
+                name, "lower" if lower else "higher", direction, "highest" if direction == "maximize" else "lowest", meant)

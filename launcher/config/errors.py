@@ -42,7 +42,12 @@ class UserCodeError(ConfigError):
 
 # Other tools' words for dlaunch's values: torchrun's and Accelerate's devices, precisions and strategies.
 _SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "ddp": "mirrored", "bfloat16": "bf16-mixed",
-             "float16": "fp16-mixed", "half": "fp16-mixed", "16-mixed": "fp16-mixed", "float32": "fp32", "32-true": "fp32"}
+             "float16": "fp16-mixed", "half": "fp16-mixed", "16-mixed": "fp16-mixed", "float32": "fp32", "32-true": "fp32",
+             # tf.distribute's class names, as a TF user types them for strategy=
+             "mirroredstrategy": "mirrored", "multiworkermirroredstrategy": "multi_worker_mirrored",
+             "centralstoragestrategy": "central_storage", "parameterserverstrategy": "parameter_server",
+             "parameterserverstrategyv2": "parameter_server", "onedevicestrategy": "one_device", "tpustrategy": "mesh",
+             "tpu": "mesh", "fullyshardeddataparallel": "fsdp"}
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:

@@ -41,9 +41,16 @@ def batch_divides(spec: RunSpec, cuda: int) -> None:
     if gbs % n:
         raise PlanError(
             "input.global_batch_size", gbs,
-            f"cluster {spec.cluster.shape} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
+            f"cluster {_replicas_of(spec)} = {n} replicas, but global_batch_size {gbs} is not divisible by {n} "
             f"(try {nearby_multiples(gbs, n)})",
         )
+
+
+def _replicas_of(spec: RunSpec) -> str:
+    """What the replicas are: the cluster's shape, but a parameter-server cluster's chief and workers alone (its ps
+    tasks hold variables)."""
+    c = spec.cluster
+    return f"chief + {c.workers} worker(s) (its {c.ps} ps task(s) hold variables)" if c.ps else c.shape
 
 
 def nearby_multiples(value: int, n: int) -> str:

@@ -382,10 +382,10 @@ class StrategyExtended:
 
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:
-    shapes = {tuple(p.shape) for p in parts}
-    if len(shapes) > 1:
+    shapes = [tuple(p.shape) for p in parts]  # replica by replica
+    if len(set(shapes)) > 1:
         raise ValueError(
-            f"per-replica values have different shapes {sorted(shapes)}; pass axis= to reduce "
+            f"per-replica values have different shapes {shapes}; pass axis= to reduce "
             "along the batch dimension (for example with a last partial batch)"
         )
 

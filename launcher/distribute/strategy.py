@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from launcher.distribute import activation_checkpointing, gradient_sync, placement, precision
+from launcher.distribute import activation_checkpointing, context, gradient_sync, placement, precision
 from launcher.distribute.grad_norm import averaged_grad_norm
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute import run_options
@@ -37,6 +37,7 @@ from launcher.distribute.input_context import InputOptions, InputReplicationMode
 from launcher.distribute.input_iterator import InputIterator
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.run_options import RunOptions
+from launcher.distribute.values import PerReplica, map_structure
 
 log = logging.getLogger("dlaunch")
 
@@ -151,6 +152,13 @@ class Strategy:
         (one replica each) a plain tensor is its process's own, reduced over the processes (TF's multi-worker
         strategies; Accelerate's ``reduce``).
         """
+        frame = context._current_frame()
+        if frame is not None and frame.replica_context is not None:  # inside strategy.run, as TF refuses it
+            raise RuntimeError("Method requires being in cross-replica context, use get_replica_context().merge_call() "
+                               "(strategy.reduce inside strategy.run: return the per-replica value and reduce it after "
+                               "run, or use get_replica_context().all_reduce)")
+        if axis is not None:
+            map_structure(lambda leaf: _check_axis(leaf, axis), value)
         return self._extended._reduce(ReduceOp.from_any(reduce_op), value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
@@ -367,3 +375,13 @@ def _refuse_wrapped(module: torch.nn.Module, replicas: int) -> None:
         raise TypeError(f"strategy.prepare() got a model wrapped in {name}: pass the model itself (before that "
                         f"wrapping), and drop the {name}(...) call: prepare() wraps it the way this strategy trains "
                         "(docs/MIGRATION.md)")
+
+
+def _check_axis(leaf: Any, axis: int) -> None:
+    """``reduce(..., axis=k)`` reduces along dimension ``k`` of each replica's value: one it does not have is TF's
+    ValueError, not an IndexError from within (a per-replica scalar, a loss, takes ``axis=None``)."""
+    for part in leaf.values if isinstance(leaf, PerReplica) else (leaf,):
+        dims = part.dim() if isinstance(part, torch.Tensor) else 0 if isinstance(part, (int, float)) else None
+        if dims is not None and not -dims <= axis < dims:
+            scalar = " (a per-replica scalar, such as a loss, is reduced with axis=None)" if dims == 0 else ""
+            raise ValueError(f"Invalid reduction dimension {axis} for input with {dims} dimensions{scalar}")

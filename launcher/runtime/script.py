@@ -16,6 +16,7 @@ import runpy
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -182,7 +183,9 @@ def _wrapped_anywhere() -> bool:
     from torch.nn.parallel import DistributedDataParallel
 
     kinds = (DistributedDataParallel, FSDPModule, FullyShardedDataParallel)
-    return any(isinstance(o, kinds) for o in gc.get_objects())
+    with warnings.catch_warnings():  # isinstance reads __class__, which some of torch's deprecated objects warn on
+        warnings.simplefilter("ignore")
+        return any(isinstance(o, kinds) for o in gc.get_objects())
 
 
 # What a script gets from these strategies only through strategy.prepare(model, optimizer)

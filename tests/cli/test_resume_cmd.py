@@ -346,23 +346,6 @@ def test_a_failure_after_trained_steps_with_checkpoints_off_says_they_are_lost_a
     assert after_failure(saving, tmp_path) == ""  # checkpoints on, none yet: as before
 
 
-def test_a_stop_says_truthfully_why_there_is_no_checkpoint_and_a_sweeps_job_leaves_the_command_to_the_sweep(tmp_path):
-    """A stop before any save began (during start-up) is not "none was complete"; a sweep's job names no command of its
-    own: the sweep prints the one that resumes every job."""
-    from launcher.cli.resume import after_signal
-    from launcher.config.compose import compose_and_validate
-
-    spec = compose_and_validate(["trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
-    told = after_signal(spec, tmp_path, 143, None)
-    assert "no checkpoint to resume from: it stopped before it saved one;" in told and "none was complete" not in told
-    assert f"dlaunch resume {tmp_path} starts again at step 0" in told
-    (tmp_path / "checkpoints" / ".step-00000010.partial").mkdir(parents=True)
-    assert "no checkpoint to resume from: none was complete;" in after_signal(spec, tmp_path, 143, None)
-    assert "dlaunch resume" not in after_signal(spec, tmp_path, 143, None, in_sweep=True)
-    saved = tmp_path / "checkpoints" / "step-00000010"
-    assert after_signal(spec, tmp_path, 143, saved, in_sweep=True) == f"stopped (exit 143); checkpoint {saved}"
-
-
 def test_a_failure_to_load_a_damaged_newest_checkpoint_says_a_resume_passes_it_over(tmp_path):
     """A restart checks sizes alone: a committed checkpoint damaged in place (same size) failed every attempt's load,
     and the last line named it as what `dlaunch resume` goes on from (which verifies it, and passes it over)."""
@@ -382,26 +365,17 @@ def test_a_failure_to_load_a_damaged_newest_checkpoint_says_a_resume_passes_it_o
     assert said.endswith("goes on from the newest intact one") and "dlaunch resume" in said, said
 
 
-def test_a_stopped_script_is_told_its_newest_save_or_that_it_has_none_in_the_run(tmp_path):
-    """A script saves its own checkpoints: the stop's line names its newest save (ScriptCheckpoints' place in the run),
-    or says there is none there, as a recipe's names its checkpoint."""
-    from launcher.checkpoint import layout
-    from launcher.cli.resume import after_signal
-    from launcher.config.compose import choose_user_recipes, compose_and_validate
-
-    (tmp_path / "train.py").write_text("print('training')\n")
-    spec = compose_and_validate(choose_user_recipes([f"script={tmp_path / 'train.py'}", "cluster.device=cpu"]), cuda_devices=0)
+def test_a_completed_runs_own_command_again_keeps_its_summary_when_its_last_step_is_saved(tmp_path):
+    """The same command again into the same directory (a sweep run again into its own) resumed from the last step's
+    checkpoint, trained nothing, and replaced summary.json's throughput and wall time with those of no step."""
     run_dir = tmp_path / "run"
-    told = after_signal(spec, run_dir, 130, None)
-    assert told == (f"stopped (exit 130); the script saved no checkpoint in {run_dir / 'checkpoints'} (ScriptCheckpoints' "
-                    f"place; a script that saves elsewhere restores from there itself); dlaunch resume {run_dir} runs it "
-                    "again with the same arguments")
-    partial = layout.partial_dir(run_dir / "checkpoints", 40)
-    partial.mkdir(parents=True)
-    (partial / ".metadata").write_bytes(b"")  # torch.distributed.checkpoint's index: with the manifest, a complete step
-    layout.commit(partial, {"format": 1, "step": 40}, keep=3)
-    newest = layout.step_dir(run_dir / "checkpoints", 40)
-    told = after_signal(spec, run_dir, 130, None)
-    assert told == (f"stopped (exit 130); the script's newest save: {newest}; dlaunch resume {run_dir} runs it again with "
-                    "the same arguments, and its ScriptCheckpoints.restore goes on from step 40")
-    assert "dlaunch resume" not in after_signal(spec, run_dir, 130, None, in_sweep=True)
+    args = ("trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}")
+    assert dlaunch(*args, cwd=tmp_path).returncode == 0
+    before = summary(run_dir)
+    again = dlaunch(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (f"{run_dir}: completed already (summary.json, 4 steps): nothing to resume; trainer.resume=never trains it "
+            "again from step 0") in " ".join((again.stdout + again.stderr).split()), again.stderr
+    assert summary(run_dir) == before
+    longer = dlaunch(*args, "trainer.steps=6", cwd=tmp_path)  # more steps: it goes on from step 4, as before
+    assert longer.returncode == 0 and "from step 4" in longer.stdout and summary(run_dir)["steps"] == 6, longer.stdout

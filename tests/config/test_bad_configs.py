@@ -79,6 +79,9 @@ CASES = [
     # other tools' words for dlaunch's values
     (["cluster.device=gpu"], "cluster.device", "did you mean cuda?"),
     (["strategy=ddp"], "strategy", "did you mean mirrored?"),
+    (["strategy=MirroredStrategy"], "strategy", "did you mean mirrored?"),  # tf.distribute's class names
+    (["strategy=MultiWorkerMirroredStrategy"], "strategy", "did you mean multi_worker_mirrored?"),
+    (["strategy=TPUStrategy"], "strategy", "did you mean mesh?"),
     (["trainer.precision=half"], "trainer.precision", "did you mean fp16-mixed?"),
     (["trainer.steps=0"], "trainer.steps", "greater than 0"),
     (["trainer.steps=abc"], "trainer.steps", "valid integer"),
@@ -135,7 +138,7 @@ CASES = [
     (["strategy=mirrored", "cluster=1x2", "cluster.ps=2"], "cluster.ps", "only strategy=parameter_server has ps"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster=1x2"], "cluster", "not from cluster=1x2"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster.workers=6"], "input.global_batch_size",
-     "chief + 6 worker(s) + 1 ps = 7 replicas"),
+     "cluster chief + 6 worker(s) (its 1 ps task(s) hold variables) = 7 replicas"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "strategy.partitioner.kind=fixed"],
      "strategy.partitioner.num_shards", "needs num_shards"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "trainer.lr_schedule.warmup_steps=2"],  # the key set

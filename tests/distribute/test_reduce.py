@@ -121,7 +121,34 @@ def reduce_plain_tensors():
     whole = torch.tensor([4.0, 6.0, 8.0, 10.0])  # the seed's cross-replica sum, the same in every process
     return {"mean": strategy.reduce("MEAN", mine, axis=None).tolist(), "sum": strategy.reduce("SUM", mine, axis=None).tolist(),
             "nest": strategy.reduce("MEAN", {"a": mine, "n": 3}, axis=None)["a"].tolist(),
-            "again": int(strategy.reduce("SUM", whole, axis=0)), "gather": strategy.gather(mine, axis=0).tolist()}
+            "again": int(strategy.reduce("SUM", whole, axis=0)), "gather": strategy.gather(mine, axis=0).tolist(),
+            "refused": _refusals(strategy)}
+
+
+def _refusals(strategy):
+    """TF's errors for a reduce inside run and an axis the value lacks, the same on threads and processes."""
+    found = []
+    for call in (lambda: strategy.run(lambda: strategy.reduce(ReduceOp.SUM, torch.tensor(1.0), axis=None)),
+                 lambda: strategy.reduce("SUM", strategy.run(lambda: torch.tensor(1.0)), axis=0),
+                 lambda: strategy.reduce("SUM", strategy.run(lambda: torch.arange(4.0)), axis=5)):
+        try:
+            call()
+            found.append("not refused")
+        except (RuntimeError, ValueError) as exc:
+            found.append(f"{type(exc).__name__}: {str(exc).split(' (')[0]}")
+    return found
+
+
+REFUSED = ["RuntimeError: Method requires being in cross-replica context, use get_replica_context().merge_call()",
+           "ValueError: Invalid reduction dimension 0 for input with 0 dimensions",
+           "ValueError: Invalid reduction dimension 5 for input with 1 dimensions"]
+
+
+def test_a_reduce_inside_run_and_an_axis_the_value_lacks_get_tfs_errors(strategy):
+    """Inside run a reduce got a misleading 'non-DistributedValues' error on threads and succeeded across processes;
+    axis=0 of a per-replica scalar loss raised a bare IndexError from dlaunch's internals."""
+    assert _refusals(strategy) == REFUSED
+    assert int(strategy.reduce("SUM", strategy.run(lambda: torch.arange(4.0)), axis=-1)) == 12
 
 
 @pytest.mark.slow
@@ -131,4 +158,4 @@ def test_a_processs_plain_tensor_is_reduced_over_the_processes_as_tfs_multi_work
     from launcher.launch.function import run_function
 
     for rank, found in run_function(reduce_plain_tensors, device="cpu", nproc=2).items():
-        assert found == {"mean": [0.5], "sum": [1.0], "nest": [0.5], "again": 28, "gather": [0.0, 1.0]}, (rank, found)
+        assert found == {"mean": [0.5], "sum": [1.0], "nest": [0.5], "again": 28, "gather": [0.0, 1.0], "refused": REFUSED}, (rank, found)
