@@ -10,6 +10,7 @@ jobs (in turn, joblib's processes, SLURM): it reads each job's directory.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -66,6 +67,8 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         _keep_earlier_record(sweep_dir)
+        if _dry_run_said(config, sweep_dir):
+            return
         rows = collect(sweep_dir)
         if not rows:
             return
@@ -78,6 +81,28 @@ class SweepSummary(Callback):
         line = _how_to_go_on(rows, sweep_dir)
         if line:
             output.messages().print(line)
+
+
+def _dry_run_said(config: Any, sweep_dir: Path) -> bool:
+    """A dry run's sweep: how many jobs it planned and how many will not start (each said above), in one line; no
+    table (it listed the refused jobs alone, their overrides taken for every job's) and no files, so that the
+    directories Hydra made go again (``dry_run.LeaveNothing``). False where the sweep is not a dry run."""
+    from launcher.cli import output
+    from launcher.cli.dry_run import is_dry_run
+
+    if not is_dry_run(config):
+        return False
+    refusals = sorted((sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")))
+    jobs = len([d for d in sweep_dir.iterdir()  # Hydra's, made for each of this sweep's jobs
+                if d.is_dir() and d.name.isdigit() and d.stat().st_mtime >= _ThisSweep.started - 1])
+    for path in refusals:
+        path.unlink()
+    with contextlib.suppress(OSError):
+        (sweep_dir / outputs.STATE_DIR).rmdir()  # where it holds nothing else
+    _outcome["failed"] = len(refusals)
+    told = f"; {len(refusals)} of them are refused (their reasons above)" if refusals else ""
+    output.messages().print(f"dry run: the sweep plans {jobs} job(s){told}; nothing is started")
+    return True
 
 
 def _how_to_go_on(rows: list[dict[str, Any]], sweep_dir: Path) -> str:

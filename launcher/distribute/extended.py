@@ -24,6 +24,7 @@ from launcher.distribute.context import ReplicaContext, _current_frame, _enter, 
 from launcher.distribute.placement import Placement
 from launcher.distribute.precision import inherited_autocast
 from launcher.distribute.reduce_op import ReduceOp
+from launcher.distribute.replicated import one_optimizer_per_replica
 from launcher.distribute.values import PerReplica, contains_per_replica, map_structure, regroup, select_replica
 
 if TYPE_CHECKING:
@@ -177,9 +178,9 @@ class StrategyExtended:
                 stack.pop()
 
         if self._num_local == 1:
-            out = call(0)
-            return out if self.num_replicas_in_sync == 1 else regroup([out])
-        return regroup(self._replica_threads().run(call))
+            return call(0) if self.num_replicas_in_sync == 1 else regroup([call(0)])
+        with one_optimizer_per_replica(self._container):  # a model not prepared, stepped on every replica thread
+            return regroup(self._replica_threads().run(call))
 
     def _replica_frames(self) -> tuple[list[_Frame], list[Any]]:
         """Per local replica, made once: its context frame, and its device guard (None on CPU)."""

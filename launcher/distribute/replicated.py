@@ -10,9 +10,10 @@ identical (TF's mirrored variables).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -226,3 +227,32 @@ def _copy_hyperparameters(src: torch.optim.Optimizer, dst: torch.optim.Optimizer
         for key, value in g_src.items():
             if key != "params":
                 g_dst[key] = value
+
+
+@contextlib.contextmanager
+def one_optimizer_per_replica(strategy: Any) -> Iterator[None]:
+    """Around ``strategy.run`` on replica threads: an optimizer that two replicas step is one model shared by them,
+    not given to ``strategy.prepare`` (TF mirrors what ``scope()`` creates; here the copies come from ``prepare``).
+    Each replica would update the same parameters in turn while another reads them in its forward: racy, wrong
+    numbers, no error. The second replica's step raises instead. ``prepare``'s optimizers step one copy per replica
+    (mirrored), or once for all (central storage)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    stepped: dict[int, int] = {}
+
+    def check(optimizer: Any, *_: Any) -> None:
+        local = _local_id(strategy)
+        if local is None or isinstance(optimizer, DelegatingOptimizer):
+            return
+        if stepped.setdefault(id(optimizer), local) != local:
+            raise RuntimeError(
+                f"optimizer.step() of one {type(optimizer).__name__} ran on two of the {strategy.num_replicas_in_sync} "
+                "replica threads: they share one model, each updating its parameters while another reads them (racy, "
+                "wrong numbers). Give the model and optimizer to strategy.prepare(model, optimizer) inside scope(): "
+                "each replica then steps its own synced copy (docs/API.md)")
+
+    handle = register_optimizer_step_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()

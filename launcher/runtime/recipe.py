@@ -170,6 +170,9 @@ class BuildContext:
     when no files are set. A recipe that returns it as ``train_data`` gets it
     sharded across workers by ``input.auto_shard_policy``; ``.select("x", "y")``
     makes its batches tuples instead of dicts.
+
+    ``strategy`` is the run's strategy; None where ``build`` runs only to learn the model's variables (a
+    parameter-server job's plan, in the parent, and its ps tasks).
     """
 
     strategy: Any

@@ -152,6 +152,12 @@ class ParameterServerSpec(StrategyUnit):
                 model, _ = build_variables(spec, run_dir)
         except RecipeContractError as exc:  # the recipe's build(), run here for the plan: exit 1, no traceback
             raise UserCodeError([Problem(key="recipe", value=spec.recipe.name, message=str(exc))]) from None
+        except Exception as exc:  # noqa: BLE001 - its own code failed (ctx.strategy is None here): one screen
+            from launcher.runtime.recipe_import import one_line, where_raised
+
+            raise UserCodeError([Problem(key="recipe", value=spec.recipe.name, message=(
+                f"its build() raised {one_line(exc)}{where_raised(exc)}, run in the parent to place the variables on "
+                "the ps tasks (there ctx.strategy is None: build the model and optimizer, no strategy calls)"))]) from None
         placement = place_module(model, spec.cluster.ps, self.partitioner.build(spec.cluster.ps))
         per_ps = ", ".join(f"ps:{k} {b / 2**20:.1f} MiB" for k, b in enumerate(placement.bytes_per_ps()))
         table = Table(title=f"variable placement ({self.partitioner.describe()}; {per_ps})", title_justify="left",

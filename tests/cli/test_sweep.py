@@ -217,6 +217,18 @@ def test_a_dry_run_sweep_shows_each_plan_and_no_failed_jobs(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_dry_run_sweep_with_refused_jobs_counts_them_and_leaves_nothing(tmp_path):
+    """Its table listed the refused jobs alone, as '2 jobs, 2 failed', their own override taken for every job's, and
+    the sweep directory stayed with a summary and a log in each job's directory."""
+    proc = dlaunch("-m", "recipe.optimizer.lr=0.1,0.01", "trainer.grad_accum_steps=1,3", "launch.dry_run=true",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.count("does not split into 3 equal micro-batches") == 2, proc.stderr[-3000:]
+    assert ("dry run: the sweep plans 4 job(s); 2 of them are refused (their reasons above); nothing is started"
+            in proc.stdout + proc.stderr), proc.stderr[-3000:]
+    assert "sweep summary" not in proc.stdout + proc.stderr and "every job:" not in proc.stdout
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.slow
 def test_the_summary_lists_this_sweeps_jobs_only_whatever_their_directories_are_named(tmp_path):
     """An earlier sweep's job directories in the same sweep dir are not this sweep's; hydra.sweep.subdir may name

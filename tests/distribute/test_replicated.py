@@ -267,3 +267,25 @@ def test_dataparallel_under_one_replica_is_the_users_own_choice_and_prepared_as_
         wrapped = nn.DataParallel(_build())
     model, _ = strategy.prepare(wrapped, _sgd(wrapped))  # nothing of prepare's would wrap it again
     assert isinstance(model, nn.DataParallel)
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "central_storage"])
+def test_a_model_stepped_on_every_replica_thread_without_prepare_is_refused_not_raced(kind):
+    """Built in scope() as in TF, but never given to prepare: each replica thread stepped the one shared model while
+    another read it in its forward, and two runs of the same code printed different, wrong losses, with no error."""
+    strategy = (dl.MirroredStrategy(devices=["cpu:0", "cpu:1"]) if kind == "mirrored"
+                else dl.CentralStorageStrategy(compute_devices=["cpu:0", "cpu:1"]))
+    with strategy.scope():
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+
+    with pytest.raises(RuntimeError, match="optimizer.step\\(\\) of one SGD ran on two of the 2 replica threads"):
+        strategy.run(step, args=(strategy.experimental_distribute_values_from_function(lambda ctx: torch.ones(2, 4)),))
+    with strategy.scope():
+        model, optimizer = strategy.prepare(model, optimizer)  # prepared: one copy per replica, or one update for all
+    for _ in range(2):
+        strategy.run(step, args=(strategy.experimental_distribute_values_from_function(lambda ctx: torch.ones(2, 4)),))

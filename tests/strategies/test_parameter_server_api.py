@@ -105,6 +105,20 @@ def test_modules_built_in_scope_have_no_values_but_the_data_does():
     assert not batch.is_meta
 
 
+def test_a_chiefs_model_built_in_scope_is_refused_by_prepare_where_no_ps_task_builds_it():
+    """From Python (ps tasks in Server.join()), a chief's model built in scope() has shapes only: prepare waited out
+    ready_timeout_s for values that nobody would send, with no word. Under dlaunch (open_on_prepare=False) the ps
+    tasks build the recipe's model themselves, and a meta model is what the chief prepares."""
+    from launcher.strategies.impl.parameter_server import _PSExtended
+
+    extended = _PSExtended.__new__(_PSExtended)  # its prepare's check, before any RPC: no cluster needed
+    extended._args = {"task": "chief:0", "open_on_prepare": True}
+    with variables_scope():
+        model = new_model()
+    with pytest.raises(ValueError, match="the chief's model is on the meta device .* build the model outside scope"):
+        extended._prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
 class CountingClient:
     """Stands in for the RPC client: serves a real table and counts the rows asked for."""
 

@@ -24,8 +24,7 @@ torch.distributed.rpc (TensorPipe).
 Example (each task runs this with its own TF_CONFIG; ps tasks run ``Server(...).join()``)::
 
     strategy = ParameterServerStrategy(TFConfigClusterResolver(), MinSizePartitioner(256 << 10, 2))
-    with strategy.scope():
-        model = WideDeep()                            # created on the meta device: no values here
+    model = WideDeep()  # outside scope(): real values, which the chief sends to the ps tasks (in scope: meta, none)
     model, optimizer = strategy.prepare(model, torch.optim.Adagrad(model.parameters(), lr=0.05))
 """
 
@@ -141,11 +140,16 @@ class _PSExtended(StrategyExtended):
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         a = self._args
+        chief = a["task"].startswith("chief")
+        if chief and a["open_on_prepare"] and any(p.is_meta for p in module.parameters()):  # no ps would ever get values
+            raise ValueError("ParameterServerStrategy.prepare: the chief's model is on the meta device (built inside "
+                             "strategy.scope(): shapes, no values), and in a job of your own processes the chief sends "
+                             "the variables' values to the ps tasks; build the model outside scope() (under dlaunch the "
+                             "ps tasks build the recipe's themselves)")
         placement = place_module(module, a["num_ps"], a["partitioner"])
         client = Client(a["task"], a["num_ps"], placement, a["rpc_timeout_s"])
         client.sync, client.sync_timeout_s = a["mode"] == "sync", float(a["sync_timeout_s"])
         self.client = client
-        chief = a["task"].startswith("chief")
         if chief and not any(p.is_meta for p in module.parameters()) and optimizer is not None:
             for k in range(a["num_ps"]):  # the chief initializes the variables (built outside scope(): real values)
                 c = contents_for(k, module, optimizer, placement)
