@@ -18,9 +18,12 @@ class ReduceOp(enum.Enum):
 
     @classmethod
     def from_any(cls, op: "ReduceOp | str") -> "ReduceOp":
+        """A ``ReduceOp``, its name (``"sum"``, ``"MEAN"``), or torch.distributed's ``ReduceOp.SUM`` / ``AVG``."""
         if isinstance(op, cls):
             return op
+        name = str(op if isinstance(op, str) else getattr(op, "name", op)).upper()
         try:
-            return cls[str(op).upper()]
+            return cls[{"AVG": "MEAN"}.get(name, name)]
         except KeyError:
-            raise ValueError(f"unknown reduce op {op!r}; use ReduceOp.SUM or ReduceOp.MEAN") from None
+            raise ValueError(f"unknown reduce op {op!r}; use ReduceOp.SUM or ReduceOp.MEAN "
+                             "(launcher.distribute.ReduceOp, or their names)") from None

@@ -64,11 +64,16 @@ def test_reduce_accepts_op_names(strategy):
     v = PerReplica([torch.tensor([1, 2]), torch.tensor([3, 4])])
     assert torch.equal(strategy.reduce("sum", v, axis=None), torch.tensor([4, 6]))
     torch.testing.assert_close(strategy.reduce("MEAN", v, axis=None), torch.tensor([2.0, 3.0]))
+    # torch.distributed's own ops, as a ported script passes them: SUM, and AVG for MEAN
+    assert torch.equal(strategy.reduce(torch.distributed.ReduceOp.SUM, v, axis=None), torch.tensor([4, 6]))
+    torch.testing.assert_close(strategy.reduce(torch.distributed.ReduceOp.AVG, v, axis=None), torch.tensor([2.0, 3.0]))
 
 
 def test_unknown_reduce_op_raises_value_error(strategy):
     with pytest.raises(ValueError, match="unknown reduce op"):
         strategy.reduce("max", PerReplica([torch.ones(1), torch.ones(1)]))
+    with pytest.raises(ValueError, match="unknown reduce op <RedOpType.MAX"):
+        strategy.reduce(torch.distributed.ReduceOp.MAX, PerReplica([torch.ones(1), torch.ones(1)]))
 
 
 def test_reduce_along_inner_axis(strategy):

@@ -117,7 +117,9 @@ def errors() -> dict:
 
 def test_each_seed_value_error_says_what_is_wrong():
     for found in run_function(errors, device="cpu", nproc=2).values():
-        assert "logical device id 2 is out of range" in found["id"] and "2 logical device(s) (ids 0..1)" in found["id"]
+        assert found["id"].startswith("The logical device id presented is not consistent with total number of partitions "
+                                      "specified by the device assignment.")  # the seed's ValueError, word for word
+        assert "logical device id 2 is out of range" in found["id"] and "2 logical device(s), ids 0..1" in found["id"]
         assert "has 1 entries, but the tensor has rank 2" in found["rank"]
         assert "product of partition_dimensions [2, 2] is 4, but each replica has 2" in found["product"]
         assert "dimension 0 of the tensor (size 3) is not divisible by its partition 2" in found["divisible"]

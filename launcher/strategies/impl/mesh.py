@@ -271,8 +271,9 @@ class MeshStrategy(Strategy):
         """
         n = self.num_logical_devices
         if not isinstance(logical_device_id, int) or not 0 <= logical_device_id < n:
-            raise ValueError(f"logical device id {logical_device_id} is out of range: the device assignment gives each "
-                             f"replica {n} logical device(s) (ids 0..{n - 1})")
+            raise ValueError("The logical device id presented is not consistent with total number of partitions specified "
+                             f"by the device assignment. (logical device id {logical_device_id} is out of range: the device "
+                             f"assignment gives each replica {n} logical device(s), ids 0..{n - 1})")
         if self.mesh is None or n == 1:
             return tensor
         group = self.mesh.get_group("logical")
