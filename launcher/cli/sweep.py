@@ -76,11 +76,27 @@ class SweepSummary(Callback):
         from launcher.cli import output
 
         show(rows, sweep_dir, output.results())
+        _say_an_objective_no_job_reported(rows)
         _outcome["failed"] = sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows)
         _outcome["stopped"] = max((r.get("_exit_code") or 0 for r in rows if r["status"] == "stopped"), default=0)
         line = _how_to_go_on(rows, sweep_dir)
         if line:
             output.messages().print(line)
+
+
+def _say_an_objective_no_job_reported(rows: list[dict[str, Any]]) -> None:
+    """``sweep.objective`` that no completed job reported (a typo, or a recipe without it): the table's column of
+    dashes and a report with no ranking said nothing of why. Said once, with what the jobs do report."""
+    from launcher.cli import output
+    from launcher.config.errors import did_you_mean
+
+    done = [r for r in rows if r["status"] == "completed" and r["metric"]]
+    names = {r["metric"] for r in done} - {r["metric"] for r in done if r["metric_value"] is not None}
+    for name in sorted(names):
+        have = ["final_loss", *(_read_json(Path(done[0]["dir"]) / "summary.json").get("metrics") or {})]
+        meant = did_you_mean(name, have)
+        output.messages().print(f"sweep.objective={name}: no job reported such a metric (they report {', '.join(have)}"
+                                f"{f'; did you mean {meant}?' if meant else ''}), so nothing ranks the jobs", markup=False)
 
 
 def _dry_run_said(config: Any, sweep_dir: Path) -> bool:

@@ -35,7 +35,7 @@ COMMANDS = (
     ("dlaunch -m KEY=A,B ...", "a sweep: one job per combination, then one table (sweep_summary.json)"),
     ("dlaunch recipes ls | cp NAME DEST | validate PATH", "the recipe templates: list, copy, check"),
     ("dlaunch report RUN_OR_SWEEP_DIR", "PNG curves and report.html beside a run's or sweep's data"),
-    ("dlaunch resume RUN_DIR [KEY=VALUE ...]", "continue a stopped run from its newest checkpoint, in its directory"),
+    ("dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...]", "continue a stopped run (or every job of a sweep) from its newest checkpoint, in its directory"),
 )
 
 OPTIONS = (
@@ -72,7 +72,7 @@ def help_text() -> str:
     for group, options in help_data.GROUPS.items():
         lines.append(f"{group}: {', '.join(name for name, _ in options)}")
         lines += _table(options, indent=4)
-    lines += ["", "Settings (KEY=VALUE; default in brackets):"]
+    lines += ["", "Settings (KEY=VALUE; dlaunch's default in brackets, which a recipe's YAML may set otherwise: --cfg job shows the run's):"]
     for section, keys in help_data.SECTIONS.items():
         lines.append(f"{section}:")
         lines += _table([(f"{section}.{key} [{default}]", text) for key, default, text in keys], indent=4)

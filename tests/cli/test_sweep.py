@@ -4,33 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
-import math
 
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.cli.sweep import objective
 from tests.conftest import dlaunch
-
-
-def test_the_objective_is_the_final_loss_or_a_named_metric_and_the_worst_for_a_failed_job(caplog):
-    done = {"status": "completed", "final_loss": 0.5, "metrics": {"eval_accuracy": 0.97}}
-    assert objective(done, "final_loss") == 0.5
-    assert objective(done, "eval_accuracy", "maximize") == 0.97
-    assert objective({"status": "failed", "final_loss": 3.0}, "final_loss") == math.inf
-    assert objective(None, "eval_accuracy", "maximize") == -math.inf
-    with caplog.at_level(logging.ERROR, logger="dlaunch"):
-        assert objective(done, "eval_acuracy", "maximize") == -math.inf  # a metric the recipe does not report
-    assert ("sweep.objective=eval_acuracy: the job reported no such metric (it has final_loss, eval_accuracy; did you "
-            "mean eval_accuracy?)") in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="dlaunch"):  # Optuna's default direction, against the metric's name
-        assert objective(done, "eval_accuracy", "minimize") == objective(done, "eval_accuracy", "minimize") == 0.97
-        assert objective(done, "final_loss", "minimize") == 0.5
-    assert caplog.text.count("sweep.objective=eval_accuracy: higher is better by its name, but the study's direction is "
-                             "minimize (hydra.sweeper.direction, Optuna's default: minimize), so it looks for the lowest "
-                             "value; hydra.sweeper.direction=maximize looks for the best") == 1, caplog.text
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ def test_help_lists_subcommands_groups_and_settings_with_descriptions_quickly(tm
     proc = dlaunch("--help", cwd=tmp_path)
     assert not imports_torch(tmp_path, "--help")
     assert proc.returncode == 0
-    for expected in ("dlaunch recipes ls", "dlaunch report", "dlaunch resume RUN_DIR", "NxM", "2x8",
+    for expected in ("dlaunch recipes ls", "dlaunch report", "dlaunch resume RUN_OR_SWEEP_DIR", "NxM", "2x8",
                      "trainer.precision [fp32]", "launch.max_restarts"):
         assert expected in proc.stdout, expected
     assert re.search(r"^    mirrored +synchronous data parallelism", proc.stdout, re.M)  # the schema's docstring
