@@ -115,6 +115,9 @@ def sweep_jobs(directory: Path) -> list[Path]:
     """A sweep's job directories, in job order: numbered ones, or (a custom hydra.sweep.subdir) any run directory."""
     if is_run(directory):
         return []  # a run directory, even if it holds numbered folders of its own
+    listed = _summarized(directory)
+    if listed is not None:  # the sweep's own jobs: an earlier sweep's in the same directory are not charted
+        return [directory / name for name in listed if (directory / name).is_dir()]
     subdirs = [d for d in directory.iterdir() if d.is_dir() and not d.name.startswith(".")]
     numbered = sorted((d for d in subdirs if d.name.isdigit()), key=lambda d: int(d.name))
     if numbered:
@@ -122,6 +125,17 @@ def sweep_jobs(directory: Path) -> list[Path]:
     if not (directory / "multirun.yaml").exists():
         return []
     return sorted(d for d in subdirs if any((d / n).exists() for n in (outputs.METRICS, outputs.SUMMARY, outputs.HYDRA_RECORD)))
+
+
+def _summarized(directory: Path) -> list[str] | None:
+    """The job directories ``sweep_summary.json`` lists, by name, in its order (None: no readable summary)."""
+    import json
+
+    try:
+        jobs = json.loads((directory / "sweep_summary.json").read_text())["jobs"]
+        return [Path(job["dir"]).name for job in jobs]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def is_run(directory: Path) -> bool:

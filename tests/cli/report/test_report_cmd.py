@@ -235,3 +235,20 @@ def test_a_resumed_jobs_throughput_and_time_are_marked_as_its_last_commands(swee
     assert "<td>5100*</td>" in resumed and "<td>1.5*</td>" in resumed, resumed
     assert "*" not in fresh, fresh
     assert "* resumed (job 1 from step 120): examples/s and wall_seconds cover only the steps" in page
+
+
+def test_a_sweeps_report_charts_the_jobs_its_summary_lists_not_an_earlier_sweeps_left_beside_them(tmp_path):
+    """A sweep of 2 jobs run again into the directory of a 3-job one: the report's title said 3 jobs, and its legend
+    and table had the earlier sweep's job 2."""
+    import json
+
+    from launcher.cli.report.jobs import sweep_jobs
+
+    for n in range(3):
+        (tmp_path / str(n)).mkdir()
+        (tmp_path / str(n) / "summary.json").write_text(json.dumps({"status": "completed"}))
+    jobs = [{"job": n, "dir": str(tmp_path / str(n))} for n in range(2)]
+    (tmp_path / "sweep_summary.json").write_text(json.dumps({"jobs": jobs}))
+    assert [p.name for p in sweep_jobs(tmp_path)] == ["0", "1"]
+    (tmp_path / "sweep_summary.json").unlink()  # a sweep still running, or stopped before its table: every job
+    assert [p.name for p in sweep_jobs(tmp_path)] == ["0", "1", "2"]
