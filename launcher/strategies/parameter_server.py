@@ -173,8 +173,10 @@ def ps_cluster(spec: Any, cuda: int) -> None:
     """It needs at least one ps task, and one process per task."""
     c = spec.cluster
     if c.ps < 1:
+        shape = (f"; its tasks come from cluster.workers and cluster.ps, not from cluster={c.nodes}x{c.devices_per_node}: "
+                 "use cluster=1x1" if c.world_size > 1 and not c.tasks else "")
         raise PlanError("cluster.ps", c.ps, "strategy=parameter_server keeps the variables on ps tasks; give cluster.ps=1 or more "
-                                            "(and cluster.workers=N for workers besides the chief)")
+                                            f"(and cluster.workers=N for workers besides the chief){shape}")
     if c.world_size > 1 and not c.tasks:
         raise PlanError("cluster", c.shape, f"strategy=parameter_server takes its tasks from cluster.workers and cluster.ps "
                                             f"(one process each), not from cluster={c.nodes}x{c.devices_per_node}; use cluster=1x1")

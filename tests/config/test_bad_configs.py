@@ -137,6 +137,9 @@ CASES = [
      "strategy.device_assignment.computation_shape.1", "greater than 0"),
     (["strategy=mirrored", "cluster=1x2", "cluster.ps=2"], "cluster.ps", "only strategy=parameter_server has ps"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster=1x2"], "cluster", "not from cluster=1x2"),
+    (["strategy=parameter_server", "recipe=wide_deep", "cluster=1x2"], "cluster.ps",  # both said at once, not in turn
+     "give cluster.ps=1 or more (and cluster.workers=N for workers besides the chief); its tasks come from "
+     "cluster.workers and cluster.ps, not from cluster=1x2: use cluster=1x1"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "cluster.workers=6"], "input.global_batch_size",
      "cluster chief + 6 worker(s) (its 1 ps task(s) hold variables) = 7 replicas"),
     (["strategy=parameter_server", "recipe=wide_deep", "cluster.ps=1", "strategy.partitioner.kind=fixed"],
