@@ -159,8 +159,8 @@ def _say_if_nothing_is_split(module: torch.nn.Module, logical: int) -> None:
     if logical == 1 or any(isinstance(p, DTensor) for p in module.parameters()) or dist.get_rank() != 0:
         return
     logging.getLogger("dlaunch").warning(
-        "mesh: no parameter of the model is split over the %d logical devices of a replica (its build applies no "
-        "parallelize_module), so each holds the whole model, and unless its forward splits activations "
+        "mesh: no parameter of the model is split over the %d logical devices of a replica (nothing applied "
+        "parallelize_module to it: a recipe's build, or a script before strategy.prepare), so each holds the whole model, and unless its forward splits activations "
         "(experimental_split_to_logical_devices) each computes what the others do; strategy=mirrored on the same "
         "devices trains %d replicas instead (docs/STRATEGIES.md)", logical, dist.get_world_size())
 
