@@ -347,10 +347,9 @@ def refuse_training_again(spec: Any, run_dir: Path, resume_from: Path | None) ->
         f"none is in {root}"
     start = "step 0" if resume_from is None else f"{resume_from}, where it started"
     raise CompletedRunKept([Problem(key="trainer.steps", value=spec.trainer.steps, message=(
-        f"{run_dir} completed {summary.get('steps', 'its')} steps and has no checkpoint of its own to go on from: "
-        f"{why}. A resume would train it again from {start} and replace its results. Train for "
-        f"{spec.trainer.steps} steps in a new run (a directory of its own), or add trainer.resume=never to train "
-        "this one again from step 0; with trainer.checkpoint.every_steps=N a run can be resumed to train longer"))])
+        f"{run_dir} completed {summary.get('steps', 'its')} steps with no checkpoint of its own ({why}): a resume "
+        f"would train it again from {start} over its results. For {spec.trainer.steps} steps: a new run, or "
+        "trainer.resume=never here (with trainer.checkpoint.every_steps=N a run can be resumed to train longer)"))])
 
 
 def _go_to_first_cwd(run_dir: Path) -> str:

@@ -155,8 +155,10 @@ def test_a_resume_for_other_steps_of_a_completed_run_without_checkpoints_is_refu
         refused = dlaunch("resume", str(run_dir), f"trainer.steps={steps}", cwd=tmp_path)
         text = " ".join(refused.stderr.split())
         assert refused.returncode == 2 and "Traceback" not in text, refused.stderr[-3000:]
-        assert (f"trainer.steps = {steps} {run_dir} completed 3 steps and has no checkpoint of its own to go on from: "
-                "checkpoints are off (trainer.checkpoint.every_steps=0). A resume would train it again from step 0") in text
+        assert (f"trainer.steps = {steps} {run_dir} completed 3 steps with no checkpoint of its own (checkpoints are off "
+                f"(trainer.checkpoint.every_steps=0)): a resume would train it again from step 0 over its results. For "
+                f"{steps} steps: a new run, or trainer.resume=never here") in text
+        assert "..." not in text  # the whole reason, not cut at the screen's limit
         assert {**records(run_dir), "metrics": (run_dir / "metrics.jsonl").read_bytes()} == before
     again = dlaunch("resume", str(run_dir), "trainer.steps=5", "trainer.resume=never", cwd=tmp_path)
     assert again.returncode == 0 and summary(run_dir)["steps"] == 5, again.stderr[-3000:]
@@ -167,7 +169,7 @@ def test_a_resume_for_other_steps_of_a_completed_run_without_checkpoints_is_refu
     assert dlaunch("trainer.steps=4", f"trainer.resume={step2}", f"hydra.run.dir={tune}", cwd=tmp_path).returncode == 0
     kept = (tune / "metrics.jsonl").read_bytes()
     refused = dlaunch("resume", str(tune), "trainer.steps=6", cwd=tmp_path)
-    assert refused.returncode == 2 and f"A resume would train it again from {step2}, where it started" in " ".join(
+    assert refused.returncode == 2 and f"a resume would train it again from {step2}, where it started" in " ".join(
         refused.stderr.split()), refused.stderr[-3000:]
     assert (tune / "metrics.jsonl").read_bytes() == kept
 
