@@ -118,4 +118,4 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
  'sweep': [('objective',
             'final_loss',
             'final_loss, or a metric the recipe reports (eval_accuracy): what Optuna optimizes, and what the sweep '
-            'table and dlaunch report rank by (not given: the first metric evaluate returns)')]}
+            'table and dlaunch report rank by (those two, where it is not given: the first metric evaluate returns)')]}

@@ -195,7 +195,9 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     from launcher.launch import launchers
 
     resume_from = _checkpoints_usable(spec, run_dir)
-    done = resume.already_completed(spec, run_dir, resume_from)
+    config = run_dir / outputs.CONFIG  # the same command again: its config as it ran, on one node (others would wait)
+    same = spec.cluster.nodes == 1 and config.is_file() and config.read_text() == as_run(spec)
+    done = resume.already_completed(spec, run_dir, resume_from, same)
     if done is not None:
         again = "" if resume.RESUMING else "; trainer.resume=never trains it again from step 0"
         console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): nothing to resume{again}")

@@ -167,8 +167,9 @@ def _say_tf_config_not_read(overrides: list[str]) -> None:
         config = tf_config()
     except ValueError:
         config = {"cluster": {}}
-    if not config or any(o.replace(" ", "") in ("cluster=tasks", "+cluster=tasks") for o in overrides):
-        return
+    if not config or any(composer.key_of(o) == "cluster" and "tasks" in o.partition("=")[2]
+                         or composer.key_of(o).startswith("cluster.tasks") for o in overrides):
+        return  # a task list given to dlaunch
     roles = {role: list(config.get("cluster", {}).get(role, [])) for role in ("chief", "worker", "ps")}
     given = ", ".join(f"{role}: {json.dumps(hosts)}" for role, hosts in roles.items() if hosts)
     task = config.get("task") or {}

@@ -56,6 +56,7 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         _outcome.update(failed=0, stopped=0)  # an earlier sweep's in this process (tests run several)
+        _DIRECTIONS_SAID.clear()
         sweep_stop.started(sweep_dir)  # from here a stop signal stops the sweep's jobs run elsewhere
         for stale in (sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")):  # an earlier command's
             stale.unlink()
@@ -100,7 +101,7 @@ def _say_an_objective_no_job_reported(rows: list[dict[str, Any]]) -> None:
 
 
 def _dry_run_said(config: Any, sweep_dir: Path) -> bool:
-    """A dry run's sweep: how many jobs it planned and how many will not start (each said above), in one line; no
+    """A dry run's sweep: how many of its jobs will not start (each said above), in one line; no
     table (it listed the refused jobs alone, their overrides taken for every job's) and no files, so that the
     directories Hydra made go again (``dry_run.LeaveNothing``). False where the sweep is not a dry run."""
     from launcher.cli import output
@@ -109,15 +110,13 @@ def _dry_run_said(config: Any, sweep_dir: Path) -> bool:
     if not is_dry_run(config):
         return False
     refusals = sorted((sweep_dir / outputs.STATE_DIR).glob(REFUSED.format(job="*")))
-    jobs = len([d for d in sweep_dir.iterdir()  # Hydra's, made for each of this sweep's jobs
-                if d.is_dir() and d.name.isdigit() and d.stat().st_mtime >= _ThisSweep.started - 1])
     for path in refusals:
         path.unlink()
     with contextlib.suppress(OSError):
         (sweep_dir / outputs.STATE_DIR).rmdir()  # where it holds nothing else
     _outcome["failed"] = len(refusals)
-    told = f"; {len(refusals)} of them are refused (their reasons above)" if refusals else ""
-    output.messages().print(f"dry run: the sweep plans {jobs} job(s){told}; nothing is started")
+    told = f"; {len(refusals)} of its jobs are refused (their reasons above)" if refusals else ""
+    output.messages().print(f"dry run: the sweep's plans are above{told}; nothing is started")
     return True
 
 

@@ -136,7 +136,7 @@ def _whole_task_lists(overrides: list[str]) -> list[str]:
     Hydra's merge of a mapping would keep (a third node). One override in, one out."""
     out = []
     for o in overrides:
-        if key_of(o) == "cluster.tasks" and o[:1] not in "+~" and o.partition("=")[2].lstrip().startswith("{"):
+        if key_of(o) == "cluster.tasks" and (o[:1] not in "+~" or o[:2] == "++") and o.partition("=")[2].lstrip().startswith("{"):
             try:
                 (ov,) = parse_overrides([o])
                 value = ov.value()

@@ -151,6 +151,8 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
         message += f"; a list of one: {key}=[{spelled(value)}]" if low <= 1 else f"; give a list, e.g. {_list_example(key, field)}"
     elif kind in ("too_short", "too_long") and isinstance(value, list) and field is not None:
         message += f"; e.g. {_list_example(key, field)}"
+    if kind == "value_error" and isinstance(value, dict):  # a rule over a section's keys: its words name them
+        return Problem(key=key, message=message, has_value=False)
     return Problem(key=key, value=value, message=message)
 
 

@@ -235,7 +235,7 @@ class RecipeSpec(BaseModel):
 
 
 class SweepSpec(Strict):
-    objective: str = Field("final_loss", min_length=1, description="final_loss, or a metric the recipe reports (eval_accuracy): what Optuna optimizes, and what the sweep table and dlaunch report rank by (not given: the first metric evaluate returns)")
+    objective: str = Field("final_loss", min_length=1, description="final_loss, or a metric the recipe reports (eval_accuracy): what Optuna optimizes, and what the sweep table and dlaunch report rank by (those two, where it is not given: the first metric evaluate returns)")
 
 
 class RunSpec(Strict):

@@ -231,28 +231,36 @@ def _copy_hyperparameters(src: torch.optim.Optimizer, dst: torch.optim.Optimizer
 
 @contextlib.contextmanager
 def one_optimizer_per_replica(strategy: Any) -> Iterator[None]:
-    """Around ``strategy.run`` on replica threads: an optimizer that two replicas step is one model shared by them,
-    not given to ``strategy.prepare`` (TF mirrors what ``scope()`` creates; here the copies come from ``prepare``).
-    Each replica would update the same parameters in turn while another reads them in its forward: racy, wrong
-    numbers, no error. The second replica's step raises instead. ``prepare``'s optimizers step one copy per replica
-    (mirrored), or once for all (central storage)."""
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    """Around ``strategy.run`` on replica threads: an optimizer that two replicas step, in a strategy that never
+    prepared a model, is one model shared by them (TF mirrors what ``scope()`` creates; here the copies come from
+    ``prepare``). Each replica would update the same parameters in turn while another reads them in its forward:
+    racy, wrong numbers, no error. The second replica's step raises instead. One hook for the process (torch's global
+    hooks are iterated by every optimizer step on every thread: none is added or removed per run)."""
+    global _HOOKED
+    if not _HOOKED:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    stepped: dict[int, int] = {}
-
-    def check(optimizer: Any, *_: Any) -> None:
-        local = _local_id(strategy)
-        if local is None or isinstance(optimizer, DelegatingOptimizer):
-            return
-        if stepped.setdefault(id(optimizer), local) != local:
-            raise RuntimeError(
-                f"optimizer.step() of one {type(optimizer).__name__} ran on two of the {strategy.num_replicas_in_sync} "
-                "replica threads: they share one model, each updating its parameters while another reads them (racy, "
-                "wrong numbers). Give the model and optimizer to strategy.prepare(model, optimizer) inside scope(): "
-                "each replica then steps its own synced copy (docs/API.md)")
-
-    handle = register_optimizer_step_pre_hook(check)
+        register_optimizer_step_pre_hook(_one_replica_steps_it)
+        _HOOKED = True
+    strategy._stepped_in_run = {}
     try:
         yield
     finally:
-        handle.remove()
+        strategy._stepped_in_run = None
+
+
+_HOOKED = False
+
+
+def _one_replica_steps_it(optimizer: Any, *_: Any) -> None:
+    ctx = get_replica_context()
+    strategy = ctx.strategy if ctx is not None else None
+    stepped = getattr(strategy, "_stepped_in_run", None)
+    if stepped is None or getattr(strategy, "_prepared", False) or isinstance(optimizer, DelegatingOptimizer):
+        return  # not in a run on threads; or prepare's copies (a wrapper of its optimizer too)
+    if stepped.setdefault(id(optimizer), ctx._local_id) != ctx._local_id:
+        raise RuntimeError(
+            f"optimizer.step() of one {type(optimizer).__name__} ran on two of the {strategy.num_replicas_in_sync} "
+            "replica threads: they share one model, each updating its parameters while another reads them (racy, "
+            "wrong numbers). Give the model and optimizer to strategy.prepare(model, optimizer) inside scope(): "
+            "each replica then steps its own synced copy (docs/API.md)")

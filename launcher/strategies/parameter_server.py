@@ -143,7 +143,8 @@ class ParameterServerSpec(StrategyUnit):
 
         from launcher.distribute.partitioners import place_module
         from launcher.runtime.ps_task import build_variables
-        from launcher.config.errors import Problem, UserCodeError
+        from launcher.config.errors import ConfigError, Problem, UserCodeError
+        from launcher.runtime.recipe_import import RecipeError
         from launcher.distribute.meta_scope import variables_scope
         from launcher.runtime.recipe import RecipeContractError
 
@@ -152,6 +153,8 @@ class ParameterServerSpec(StrategyUnit):
                 model, _ = build_variables(spec, run_dir)
         except RecipeContractError as exc:  # the recipe's build(), run here for the plan: exit 1, no traceback
             raise UserCodeError([Problem(key="recipe", value=spec.recipe.name, message=str(exc))]) from None
+        except (ConfigError, RecipeError):  # loading the recipe, its input files: as anywhere else
+            raise
         except Exception as exc:  # noqa: BLE001 - its own code failed (ctx.strategy is None here): one screen
             from launcher.runtime.recipe_import import one_line, where_raised
 

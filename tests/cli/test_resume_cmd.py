@@ -183,7 +183,7 @@ def test_a_sweep_resumed_for_other_steps_without_checkpoints_keeps_its_completed
     first = dlaunch("-m", "trainer.steps=3", "trainer.checkpoint.every_steps=0,2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     again = dlaunch("resume", str(sweep), "trainer.steps=5", cwd=tmp_path)
-    assert again.returncode == 2 and " ".join(again.stderr.split()).count("has no checkpoint of its own to go on") == 1
+    assert again.returncode == 2 and " ".join(again.stderr.split()).count("with no checkpoint of its own (") == 1
     rows = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [(r["job"], r["status"], r["final_loss"] is not None) for r in rows] == [(0, "completed", True),
                                                                                   (1, "completed", True)], rows
@@ -379,5 +379,7 @@ def test_a_completed_runs_own_command_again_keeps_its_summary_when_its_last_step
     assert (f"{run_dir}: completed already (summary.json, 4 steps): nothing to resume; trainer.resume=never trains it "
             "again from step 0") in " ".join((again.stdout + again.stderr).split()), again.stderr
     assert summary(run_dir) == before
+    other = dlaunch(*args, "trainer.seed=7", cwd=tmp_path)  # another config: not this run's command, as before
+    assert other.returncode == 0 and "completed already" not in other.stdout + other.stderr, other.stderr[-3000:]
     longer = dlaunch(*args, "trainer.steps=6", cwd=tmp_path)  # more steps: it goes on from step 4, as before
     assert longer.returncode == 0 and "from step 4" in longer.stdout and summary(run_dir)["steps"] == 6, longer.stdout

@@ -182,6 +182,14 @@ def test_bad_config_exits_2_naming_the_key(overrides, key, text, capsys, monkeyp
     assert len(err.splitlines()) <= 25
 
 
+def test_a_rule_over_a_recipes_keys_names_the_recipe_not_its_whole_section(capsys, monkeypatch):
+    """A recipe Config's model_validator: the key line showed `recipe = {'strategies': [...], ...` cut short."""
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    assert main(["recipe=charlm", "recipe.heads=3", "cluster.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "\n  recipe\n    d_model=64 does not split evenly among heads=3\n" in err and "{'strategies'" not in err, err
+
+
 def test_a_sweep_is_checked_job_by_job(capsys):
     assert main(["-m", "strategy=one_device,mirored"]) == 2
     assert "did you mean mirrored" in capsys.readouterr().err

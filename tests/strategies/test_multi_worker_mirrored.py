@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def test_dlaunch_multi_worker_mirrored_trains_like_one_device(run_dlaunch):
 
 
 
-def test_in_a_dlaunch_job_a_tf_config_left_in_the_environment_is_not_the_cluster(monkeypatch, tmp_path):
+def test_in_a_dlaunch_job_a_tf_config_left_in_the_environment_is_not_the_cluster(monkeypatch, tmp_path, caplog):
     """A script that builds MultiWorkerMirroredStrategy() in a dlaunch job of one process, with a TF_CONFIG of two
     workers exported (a TF habit): dlaunch's plan stands. It read TF_CONFIG and waited 300 s for a worker never started."""
     import json
@@ -107,11 +108,19 @@ def test_in_a_dlaunch_job_a_tf_config_left_in_the_environment_is_not_the_cluster
     tf = {"cluster": {"worker": ["localhost:12345", "localhost:23456"]}, "task": {"type": "worker", "index": 0}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf))
     monkeypatch.setenv("DLAUNCH_RUN_DIR", str(tmp_path))  # what dlaunch sets in a script's processes
-    strategy = dl.MultiWorkerMirroredStrategy()
-    assert strategy.num_replicas_in_sync == 1 and not torch.distributed.is_initialized()
-    assert strategy.cluster_resolver.cluster_spec().as_dict() == {}
-    monkeypatch.delenv("DLAUNCH_RUN_DIR")  # outside dlaunch, TF_CONFIG is the cluster, as in TF
-    assert dl.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict() == tf["cluster"]
+    from launcher.distribute.context import experimental_set_strategy
     from launcher.strategies.impl.multi_worker_mirrored import default_resolver
 
+    assert default_resolver().cluster_spec().as_dict() == tf["cluster"]  # the variable alone (a child process's)
+    experimental_set_strategy(dl.OneDeviceStrategy("cpu"))  # and dlaunch's strategy set, as it runs a script
+    try:
+        with caplog.at_level(logging.WARNING, logger="dlaunch"):
+            strategy = dl.MultiWorkerMirroredStrategy()
+    finally:
+        experimental_set_strategy(None)
+    assert strategy.num_replicas_in_sync == 1 and not torch.distributed.is_initialized()
+    assert strategy.cluster_resolver.cluster_spec().as_dict() == {}
+    assert ("TF_CONFIG lists 2 tasks, but this process runs in a dlaunch job (1 process(es)): dlaunch's plan stands"
+            in caplog.text), caplog.text
+    monkeypatch.delenv("DLAUNCH_RUN_DIR")  # outside dlaunch, TF_CONFIG is the cluster, as in TF
     assert default_resolver().cluster_spec().as_dict() == tf["cluster"]

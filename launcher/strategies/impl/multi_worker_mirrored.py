@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import logging
 from typing import Any
 
 import torch
@@ -33,11 +34,13 @@ from launcher.cluster.resolvers import TFConfigClusterResolver, TorchElasticClus
 from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
+from launcher.distribute.context import has_strategy
 from launcher.distribute.strategy import Strategy
 from launcher.strategies import Runtime
 from launcher.strategies.impl.mirrored import _MirroredExtended
 
 GROUP_JOBS = ("chief", "worker")
+log = logging.getLogger("dlaunch")
 
 
 class CommunicationImplementation(enum.Enum):
@@ -68,9 +71,15 @@ def default_resolver() -> Any:
     job (a script's process) dlaunch's plan stands: a ``TF_CONFIG`` left in the environment is not its cluster (the
     command said so, ``cli/main.py``), and reading it would wait on tasks that were never started."""
     env = WorkerEnv.from_environ()
-    in_job = script_run_dir() is not None
-    if tf_config() and not in_job:
+    config = tf_config()
+    in_job = script_run_dir() is not None and has_strategy()  # dlaunch runs a script with its strategy set
+    if config and not in_job:
         return TFConfigClusterResolver()
+    tasks = sum(len(v) for k, v in (config.get("cluster") or {}).items() if k in GROUP_JOBS)
+    if tasks > 1:
+        log.warning("TF_CONFIG lists %d tasks, but this process runs in a dlaunch job (%d process(es)): dlaunch's "
+                    "plan stands, TF_CONFIG is not read (cluster=tasks gives dlaunch a task list)", tasks,
+                    env.world_size if env else 1)
     return TorchElasticClusterResolver(env) if env is not None else TFConfigClusterResolver(environ={})
 
 
