@@ -200,7 +200,8 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     done = resume.already_completed(spec, run_dir, resume_from, same)
     if done is not None:
         again = "" if resume.RESUMING else "; trainer.resume=never trains it again from step 0"
-        console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): nothing to resume{again}")
+        console.print(f"{run_dir}: completed already ({outputs.SUMMARY}, {spec.trainer.steps} steps): "
+                      f"nothing to resume{again}")
         if not spec.launch.dry_run:  # a dry run leaves the record as it was: the sweep's record is kept whole
             outputs.touch_record(run_dir)  # a job of this command all the same: a resumed sweep's table lists it
         Status.codes.append(0)

@@ -312,14 +312,15 @@ RESUMING: list[bool] = []  # set by `dlaunch resume`: a completed run with nothi
 def already_completed(spec: Any, run_dir: Path, resume_from: Path | None = None, same_run: bool = False) -> dict | None:
     """The run's completed summary when it ran its ``trainer.steps`` and this command would train nothing: under
     ``dlaunch resume``, or its own command again (``same_run``: the same config, one node) with the checkpoint of its
-    last step to go on from (a sweep run again into its directory). With no checkpoint (checkpoints were off) training it again from step 0 would replace
-    its results; from its last checkpoint there is nothing left to train, and its summary's throughput and wall time
-    stand (a re-run replaced them with those of no step)."""
+    last step to go on from (a sweep run again into its directory). With no checkpoint (checkpoints were off)
+    training it again from step 0 would replace its results; from its last checkpoint there is nothing left to
+    train, and its summary's throughput and wall time stand (a re-run replaced them with those of no step)."""
     from launcher.checkpoint import layout
     from launcher.runtime import outputs
 
     try:
-        last = same_run and resume_from is not None and spec.script is None and layout.step_of(resume_from) == spec.trainer.steps
+        last = (same_run and resume_from is not None and spec.script is None
+                and layout.step_of(resume_from) == spec.trainer.steps)
     except AttributeError:  # a trainer.resume=PATH not named step-N
         last = False
     summary = outputs.read_summary(run_dir) if (RESUMING or last) and outputs.completed(run_dir) else None
