@@ -170,7 +170,7 @@ def _say_tf_config_not_read(overrides: list[str]) -> None:
     if not config or any(composer.key_of(o) == "cluster" and "tasks" in o.partition("=")[2]
                          or composer.key_of(o).startswith("cluster.tasks") for o in overrides):
         return  # a task list given to dlaunch
-    roles = {role: list(config.get("cluster", {}).get(role, [])) for role in ("chief", "worker", "ps")}
+    roles = {role: list(config.get("cluster", {}).get(role, [])) for role in composer.TASK_ROLES}
     given = ", ".join(f"{role}: {json.dumps(hosts)}" for role, hosts in roles.items() if hosts)
     task = config.get("task") or {}
     which = f" 'cluster.task={{type: {task['type']}, index: {task.get('index', 0)}}}'" if task.get("type") else ""
