@@ -341,14 +341,8 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool
 def _optimizing_sweeper() -> str:
     """Optuna's sweeper wants a number back from each job: its study's direction ("minimize", "maximize"), else ""."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
-    sweeper = HydraConfig.get().sweeper
-    if "optuna" not in str(sweeper.get("_target_", "")).lower():
-        return ""
-    direction = sweeper.get("direction", "minimize")  # a Direction enum, its name, or a list of them (multi-objective)
-    direction = direction[0] if OmegaConf.is_list(direction) else direction
-    return str(getattr(direction, "name", direction)).lower()
+    return sweep.study_direction(HydraConfig.get().sweeper)
 
 
 def _checkpoint_dir_writable(spec: Any, run_dir: Path) -> None:

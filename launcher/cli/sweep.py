@@ -11,8 +11,6 @@ jobs (in turn, joblib's processes, SLURM): it reads each job's directory.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 import shlex
@@ -21,17 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from launcher.cli import resume
+from launcher.cli.sweep_table import _CUT_SHORT, COLUMNS, params, show, write
 from launcher.runtime import outputs
 from launcher.runtime.progress import log
 
-COLUMNS = ("job", "overrides", "status", "final_loss", "last_logged_loss", "last_logged_step", "metric", "metric_value",
-           "examples_per_sec", "wall_seconds",
-           "resumed_from_step")  # set: the last command went on from that checkpoint, and the throughput and time are its
 RESUMING = resume.ADDED  # what `dlaunch resume` adds to every job it replays (and the default): not the job's own
 _outcome: dict[str, Any] = {"failed": 0, "stopped": 0}
 
@@ -73,16 +66,29 @@ class SweepSummary(Callback):
         rows = collect(sweep_dir)
         if not rows:
             return
-        write(sweep_dir, rows)
+        direction = study_direction(config.hydra.get("sweeper")) or None
+        write(sweep_dir, rows, direction)
         from launcher.cli import output
 
-        show(rows, sweep_dir, output.results())
+        show(rows, sweep_dir, output.results(), direction)
         _say_an_objective_no_job_reported(rows)
         _outcome["failed"] = sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows)
         _outcome["stopped"] = max((r.get("_exit_code") or 0 for r in rows if r["status"] == "stopped"), default=0)
         line = _how_to_go_on(rows, sweep_dir)
         if line:
             output.messages().print(line)
+
+
+def study_direction(sweeper: Any) -> str:
+    """An optimizing sweeper's (Optuna's) study direction, "minimize" or "maximize", from ``hydra.sweeper``; "": the
+    sweeper is not one (Hydra's basic sweeper runs every job and ranks none)."""
+    from omegaconf import OmegaConf
+
+    if not sweeper or "optuna" not in str(sweeper.get("_target_", "")).lower():
+        return ""
+    direction = sweeper.get("direction", "minimize")  # a Direction enum, its name, or a list of them (multi-objective)
+    direction = direction[0] if OmegaConf.is_list(direction) else direction
+    return str(getattr(direction, "name", direction)).lower()
 
 
 def _say_an_objective_no_job_reported(rows: list[dict[str, Any]]) -> None:
@@ -149,7 +155,7 @@ def refused(run_dir: Path, status: str, reason: str) -> None:
     typed = user_recipes.as_shown(user_recipes.as_typed([str(o) for o in hydra.overrides.task]))
     own = [o for o in typed if not o.startswith("hydra") and o != RESUMING] + _script_tail(list(script_config.ARGS))
     row = {"job": int(hydra.job.num), "overrides": " ".join(own), "status": status, **dict.fromkeys(COLUMNS[3:]),
-           "error": reason, "dir": str(Path(run_dir).resolve()), "_overrides": own}
+           "error": reason, "dir": str(Path(run_dir).resolve()), "params": params(own), "_overrides": own}
     (run_dir.parent / outputs.STATE_DIR).mkdir(parents=True, exist_ok=True)
     outputs.write_json_atomic(run_dir.parent / outputs.STATE_DIR / REFUSED.format(job=hydra.job.num), row)
 
@@ -218,6 +224,7 @@ def _row(job: Path, number: int) -> dict[str, Any]:
     return {
         "job": number,
         "overrides": " ".join(overrides),
+        "params": params(overrides),  # the same by key: a column of its own in the CSV
         "_overrides": overrides,  # as typed, one per item (a value may hold spaces); not written out
         "status": status,
         "final_loss": summary.get("final_loss") if done else None,
@@ -269,23 +276,13 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def write(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    summary = {"sweep_dir": str(sweep_dir.resolve()), "jobs": public}  # absolute: read from anywhere, the same after a resume
-    outputs.write_json_atomic(sweep_dir / "sweep_summary.json", summary)
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=[*COLUMNS, "error", "dir"])
-    writer.writeheader()
-    writer.writerows(public)
-    outputs.write_atomic(sweep_dir / "sweep_summary.csv", text.getvalue().encode())  # a reader never sees half a table
-
-
 def update_row(job: Path) -> bool:
     """A sweep's job that ``dlaunch resume SWEEP_DIR/N`` ran alone: its row in the sweep's ``sweep_summary.json`` and
     ``.csv`` becomes what its directory holds now (the other rows stay), so the sweep's record does not go on saying
     it failed. Whether there was such a summary to update."""
     sweep_dir = job.parent
-    jobs = _read_json(sweep_dir / "sweep_summary.json").get("jobs")
+    summary = _read_json(sweep_dir / "sweep_summary.json")
+    jobs, was_best = summary.get("jobs"), summary.get("best")
     if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
         return False
     rows = [r for r in jobs if isinstance(r, dict) and "job" in r]
@@ -293,59 +290,9 @@ def update_row(job: Path) -> bool:
         return False
     row = _row(job, int(job.name))
     rows = sorted([r for r in rows if r["job"] != row["job"]] + [row], key=lambda r: r["job"])
-    write(sweep_dir, rows)
+    lower = was_best.get("lower_is_better") if isinstance(was_best, dict) else None
+    write(sweep_dir, rows, {True: "minimize", False: "maximize"}.get(lower))  # the way the sweep ranked its jobs
     return True
-
-
-def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:
-    """The overrides every job has: shown once above the table, not in each row."""
-    lists = [r["_overrides"] for r in rows]
-    return [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
-
-
-_CUT_SHORT = outputs.CUT_SHORT  # a signal stopped the sweep: shown by name, in yellow, not as failures
-
-
-def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console) -> None:
-    failed = sum(r["status"] != "completed" for r in rows)
-    shared = shared_overrides(rows)
-    counts = [(sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows), "failed"),
-              *((sum(r["status"] == status for r in rows), status) for status in _CUT_SHORT)]
-    title = f"sweep summary: {len(rows)} job{'s' if len(rows) != 1 else ''}" + "".join(f", {n} {what}" for n, what in counts if n)
-    table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
-    columns = ("job", "overrides", "status", "final loss", "metric", "examples/s", "wall s") + (("reason",) if failed else ())
-    for column in columns:
-        table.add_column(column, justify="right" if column in ("job", "final loss", "examples/s", "wall s") else "left",
-                         overflow="fold")
-    for r in rows:
-        status = r["status"] if r["status"] == "completed" else f"[{'yellow' if r['status'] in _CUT_SHORT else 'red'}]{r['status']}[/]"
-        metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
-        own = " ".join(o for o in r["_overrides"] if o not in shared)
-        why = [escape(r.get("error") or "")] if failed else []
-        part = "*" if r.get("resumed_from_step") else ""
-        table.add_row(str(r["job"]), escape(own), status, _loss(r), metric,
-                      _num(r["examples_per_sec"], ".0f") + part, _num(r["wall_seconds"], ".2f") + part, *why)
-    if shared:
-        console.print(f"every job: {escape(' '.join(shared))}")
-    console.print(table)
-    resumed = [f"job {r['job']} from step {r['resumed_from_step']}" for r in rows if r.get("resumed_from_step")]
-    if resumed:
-        console.print(f"* resumed ({', '.join(resumed)}): examples/s and wall s cover only the steps its last command "
-                      "trained after that checkpoint, not the job as a whole")
-    console.print(f"sweep results: [bold]{sweep_dir}[/] (sweep_summary.json, sweep_summary.csv, one directory per job)")
-
-
-def _loss(row: dict[str, Any]) -> str:
-    """A completed job's final loss; for one that ended early, the last loss it logged and that step's number."""
-    if row.get("last_logged_loss") is None:
-        return _num(row["final_loss"])
-    return f"last logged {outputs.loss_at(row['last_logged_loss'], row['last_logged_step'])}"
-
-
-def _num(value: Any, fmt: str = ".6g") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, fmt)
 
 
 def objective(summary: dict[str, Any] | None, name: str, direction: str = "minimize") -> float:

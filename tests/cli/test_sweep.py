@@ -262,7 +262,7 @@ def test_a_resumed_sweeps_table_shows_the_jobs_own_overrides_and_labels_a_resume
     showed it in those rows alone. A resumed job's examples/s and wall time are its last command's, and say so."""
     from rich.console import Console
 
-    from launcher.cli import sweep
+    from launcher.cli import sweep, sweep_table
 
     monkeypatch.setattr(sweep._ThisSweep, "before", {})
     for job, extra, summary in ((0, [], {}), (1, ["trainer.resume=auto"], {"resumed_from_step": 15})):
@@ -275,12 +275,12 @@ def test_a_resumed_sweeps_table_shows_the_jobs_own_overrides_and_labels_a_resume
     assert [r["overrides"] for r in rows] == ["trainer.seed=0 trainer.steps=30", "trainer.seed=1 trainer.steps=30"]
     assert [r["resumed_from_step"] for r in rows] == [None, 15]
     console = Console(record=True, width=200)
-    sweep.show(rows, tmp_path, console)
+    sweep_table.show(rows, tmp_path, console)
     text = console.export_text()
     assert "trainer.resume" not in text and "every job: trainer.steps=30" in text
     assert "1000*" in text and "2.00*" in text and text.count("*") == 3, text
     assert "* resumed (job 1 from step 15): examples/s and wall s cover only the steps" in " ".join(text.split())
-    sweep.write(tmp_path, rows)
+    sweep_table.write(tmp_path, rows)
     with open(tmp_path / "sweep_summary.csv") as f:
         assert [r["resumed_from_step"] for r in csv.DictReader(f)] == ["", "15"]
 
