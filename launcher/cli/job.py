@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import dry_run, interrupts, output, resume, scheduled, sweep, sweep_jobs, sweep_stop
+from launcher.cli import dry_run, interrupts, output, resume, resume_lines, scheduled, sweep, sweep_jobs, sweep_stop
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
@@ -316,12 +316,12 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool
     from launcher.launch import report
 
     if code >= 128:  # stopped by a signal, after its checkpoint
-        checkpoint = resume.saved(spec, run_dir)
+        checkpoint = resume_lines.saved(spec, run_dir)
         if not spec.cluster.node_rank:
             report.record_stop(spec, run_dir, code, checkpoint)
-        console.print(resume.after_signal(spec, run_dir, code, checkpoint, in_sweep=multirun))
-    elif code and resume.after_failure(spec, run_dir, in_sweep=multirun):
-        console.print(resume.after_failure(spec, run_dir, in_sweep=multirun))
+        console.print(resume_lines.after_signal(spec, run_dir, code, checkpoint, in_sweep=multirun))
+    elif code and resume_lines.after_failure(spec, run_dir, in_sweep=multirun):
+        console.print(resume_lines.after_failure(spec, run_dir, in_sweep=multirun))
     if 0 < code < 128 and scheduler_tasks():  # a stop is no failure: its summary goes back, and the sweep's table says so
         raise scheduled.JobFailed(
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "

@@ -20,7 +20,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from launcher.cli import resume
+from launcher.cli import resume, resume_lines
 from launcher.cli.sweep_table import _CUT_SHORT, COLUMNS, params, show, write
 from launcher.runtime import outputs
 from launcher.runtime.progress import log
@@ -135,7 +135,7 @@ def _how_to_go_on(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         return ""
     head = "the sweep was stopped" + (f", and failed jobs saved checkpoints ({kept})" if kept else "") + ";" if stopped \
         else f"failed jobs saved checkpoints ({kept}); once the cause is fixed,"
-    return (f"{head} go on with: {resume.command(sweep_dir)} (completed jobs are kept, a stopped or failed job resumes "
+    return (f"{head} go on with: {resume_lines.command(sweep_dir)} (completed jobs are kept, a stopped or failed job resumes "
             "from its newest checkpoint where it saved one, the others start)")
 
 

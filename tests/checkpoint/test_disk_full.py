@@ -62,7 +62,7 @@ def test_with_on_error_warn_training_goes_on_and_the_next_save_lands(tmp_path, m
 def test_with_on_error_warn_a_failed_save_on_a_stop_is_said_to_be_lost_not_that_training_continues(tmp_path, monkeypatch, caplog):
     """The stop said "no checkpoint (trainer.checkpoint.every_steps is 0)" with every_steps=5, and its summary named
     the earlier checkpoint as if it were the stop's."""
-    from launcher.cli import resume
+    from launcher.cli import resume_lines
     from launcher.launch import report
     from launcher.runtime.preemption import Preempted
 
@@ -79,7 +79,7 @@ def test_with_on_error_warn_a_failed_save_on_a_stop_is_said_to_be_lost_not_that_
     assert "every_steps is 0" not in stopped and "step 7 was not saved: No space left on device" in stopped
     assert "step-00000005 is intact" in stopped
     checkpoint = layout.latest(tmp_path / "checkpoints")
-    told = resume.after_signal(spec, tmp_path, 143, checkpoint)
+    told = resume_lines.after_signal(spec, tmp_path, 143, checkpoint)
     assert "step 7 was not saved: No space left on device" in told and "from step 5" in told
     report.record_stop(spec, tmp_path, 143, checkpoint)
     saved = summary(tmp_path)

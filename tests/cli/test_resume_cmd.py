@@ -30,6 +30,10 @@ def test_resume_names_a_directory_that_is_not_a_run(tmp_path):
     proc = dlaunch("resume", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2
     assert f"{tmp_path} is not a dlaunch run or sweep directory" in proc.stderr
+    (tmp_path / "multirun" / "lr_sweep").mkdir(parents=True)
+    proc = dlaunch("resume", "multirun/lr_swep", cwd=tmp_path)  # a typo: no such directory, and the one beside it
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"multirun/lr_swep: no such directory; did you mean {tmp_path}/multirun/lr_sweep?" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("form", ["config-dir name", "path", "path, quoted"])
@@ -327,7 +331,7 @@ def test_a_failure_after_trained_steps_with_checkpoints_off_says_they_are_lost_a
     nothing of the trained steps it lost with it."""
     import json
 
-    from launcher.cli.resume import after_failure
+    from launcher.cli.resume_lines import after_failure
     from launcher.config.compose import compose_and_validate
 
     spec = compose_and_validate(["trainer.steps=20", "cluster.device=cpu"], cuda_devices=0)
@@ -353,16 +357,16 @@ def test_a_failure_to_load_a_damaged_newest_checkpoint_says_a_resume_passes_it_o
     and the last line named it as what `dlaunch resume` goes on from (which verifies it, and passes it over)."""
     import json
 
-    from launcher.cli import resume
+    from launcher.cli import resume_lines
     from tests.checkpoint.test_integrity import flip_a_bit, save_steps, spec_for
 
     _, forty = save_steps(tmp_path, 20, 40)
     flip_a_bit(forty)
-    said = resume.after_failure(spec_for(), tmp_path)
+    said = resume_lines.after_failure(spec_for(), tmp_path)
     assert said.startswith(f"newest checkpoint: {forty}\n"), said  # another failure: nothing read
     error = {"exception": f"CheckpointError: cannot load {forty}: RuntimeError: PytorchStreamReader failed"}
     (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": error}))
-    said = resume.after_failure(spec_for(), tmp_path)
+    said = resume_lines.after_failure(spec_for(), tmp_path)
     assert said.startswith(f"newest checkpoint: {forty} is damaged: __0_0.distcp does not match its sha256"), said
     assert said.endswith("goes on from the newest intact one") and "dlaunch resume" in said, said
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_a_stop_says_truthfully_why_there_is_no_checkpoint_and_a_sweeps_job_leaves_the_command_to_the_sweep(tmp_path):
     """A stop before any save began (during start-up) is not "none was complete"; a sweep's job names no command of its
     own: the sweep prints the one that resumes every job."""
-    from launcher.cli.resume import after_signal
+    from launcher.cli.resume_lines import after_signal
     from launcher.config.compose import compose_and_validate
 
     spec = compose_and_validate(["trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
@@ -24,7 +24,7 @@ def test_a_stopped_script_is_told_its_newest_save_or_that_it_has_none_in_the_run
     """A script saves its own checkpoints: the stop's line names its newest save (ScriptCheckpoints' place in the run),
     or says there is none there, as a recipe's names its checkpoint."""
     from launcher.checkpoint import layout
-    from launcher.cli.resume import after_signal
+    from launcher.cli.resume_lines import after_signal
     from launcher.config.compose import choose_user_recipes, compose_and_validate
 
     (tmp_path / "train.py").write_text("print('training')\n")
