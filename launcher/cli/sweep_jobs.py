@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from launcher.config import compose as composer
-from launcher.config.errors import ConfigError, Problem, render
+from launcher.config.errors import ConfigError, Problem, render, spelled
 from launcher.runtime import outputs
 
 
@@ -55,6 +55,7 @@ def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool, unl
             _add(checked.up_front, exc.problems)
         checked.invalid.clear()
     _add(checked.up_front, _shared_checkpoints(list(checked.valid.values()), multirun and unlisted))
+    checked.up_front = _one_per_key(checked.up_front)
     return checked
 
 
@@ -77,9 +78,27 @@ def _add(problems: list[Problem], new: list[Problem]) -> None:
     problems.extend(p for p in new if p not in problems)
 
 
+def _one_per_key(problems: list[Problem]) -> list[Problem]:
+    """A key that several jobs give the same problem with other values (a typo swept over ``10,20``) is one problem
+    with its values as swept, not one per job."""
+    merged: dict[Problem, list[Any]] = {}
+    for p in problems:
+        merged.setdefault(dataclasses.replace(p, value=None), []).append(p.value)
+    return [dataclasses.replace(p, value=",".join(map(spelled, values))) if p.has_value and len(values) > 1
+            else dataclasses.replace(p, value=values[0]) for p, values in merged.items()]
+
+
 def reason(problems: list[Problem]) -> str:
     """The problems on one line, for the sweep table."""
-    return "; ".join(f"{p.key}" + (f"={p.value}" if p.has_value else "") + f": {p.message}" for p in problems)
+    return "; ".join(f"{p.key}" + (f"={spelled(p.value)}" if p.has_value else "") + f": {p.message}" + _hint(p)
+                     for p in problems)
+
+
+def _hint(p: Problem) -> str:
+    """What was meant, as the one-screen error says it (``did you mean bf16-mixed?``), else a short allowed list."""
+    if p.suggestion:
+        return f" (did you mean {p.suggestion}?)"
+    return f" (allowed: {', '.join(p.allowed)})" if p.allowed and len(p.allowed) <= 8 else ""
 
 
 def announce_invalid(checked: Checked, console: Console, width: int = 200) -> None:

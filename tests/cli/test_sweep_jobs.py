@@ -69,4 +69,24 @@ def test_an_unknown_key_swept_over_several_values_is_one_line():
 
     checked = Checked(valid={}, invalid={("trainer.stesp=1", "lr=1"): unknown(1), ("trainer.stesp=2", "lr=1"): unknown(2)})
     lines = _said(checked).splitlines()
-    assert lines[1:] == ["  2 jobs, e.g. trainer.stesp=1: unknown key under trainer"], lines
+    assert lines[1:] == ["  2 jobs, e.g. trainer.stesp=1: unknown key under trainer (did you mean trainer.steps?)"], lines
+
+
+def test_a_typo_swept_over_two_values_is_one_problem_with_both_values():
+    """`-m trainer.stpes=10,20` said the same unknown key twice ("2 problems")."""
+    from launcher.cli.sweep_jobs import check
+
+    checked = check({("trainer.stpes=10",): ["trainer.stpes=10", "cluster.device=cpu"],
+                     ("trainer.stpes=20",): ["trainer.stpes=20", "cluster.device=cpu"]}, cuda=0, multirun=True)
+    assert [(p.key, p.value, p.suggestion) for p in checked.up_front] == [("trainer.stpes", "10,20", "trainer.steps")]
+
+
+def test_a_bad_value_the_sweep_skips_says_what_was_meant():
+    """The up-front line and the table's reason said `trainer.precision=bf16: not an allowed value`, and no more."""
+    from launcher.cli.sweep_jobs import reason
+
+    meant = Problem(key="trainer.precision", value="bf16", message="not an allowed value", suggestion="bf16-mixed",
+                    allowed=("fp32", "bf16-mixed", "fp16-mixed"))
+    assert reason([meant]) == "trainer.precision=bf16: not an allowed value (did you mean bf16-mixed?)"
+    short = Problem(key="trainer.resume", value=None, message="not an allowed value", allowed=("auto", "never"))
+    assert reason([short]) == "trainer.resume=null: not an allowed value (allowed: auto, never)"
