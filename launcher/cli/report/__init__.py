@@ -136,7 +136,7 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
     charts.put(FINAL_METRIC_PNG, f"{metric} per completed job",
                plots.final_metric(bars, metric, directory.name, spec, tops) if bars else None)
     body = [page.images(charts.images), "<h2>Jobs</h2>", page.sweep_table(jobs, metric, tops),
-            page.failed_jobs([j for j in jobs if not j.completed])]
+            page.failed_jobs([j for j in jobs if not j.completed], directory)]
     return [*charts.paths, page.write(directory, f"dlaunch report: sweep {directory.name}", body)]
 
 

@@ -98,9 +98,12 @@ def _marked(value: Any, mark: Raw | None) -> Any:
     return value if mark is None or value is None else Raw(cell(value) + mark)
 
 
-def failed_jobs(unfinished: list[Job]) -> str:
-    """Each failed job with its overrides and root cause, then each stopped one; their partial curves are in the
-    loss chart, dashed."""
+def failed_jobs(unfinished: list[Job], sweep_dir: Path | None = None) -> str:
+    """Each failed job with its overrides and root cause, then each stopped or not started one, with the command that
+    goes on (a sweep's one command, which also starts the jobs not started); their partial curves are in the loss
+    chart, dashed."""
+    from launcher.cli.resume_lines import command
+
     failed = [j for j in unfinished if not j.stopped]
     stopped = [j for j in unfinished if j.stopped]
     parts = []
@@ -113,8 +116,12 @@ def failed_jobs(unfinished: list[Job]) -> str:
     if stopped:
         items = "".join(f"<li><b>job {e(j.name)}</b>: {status_html(j)}"
                         f"{' &mdash; ' + e(' '.join(j.overrides)) if j.overrides else ''}</li>" for j in stopped)
-        parts.append(f"<h2 class='stopped'>Jobs a signal stopped ({len(stopped)}): dashed in the loss chart; "
-                     f"<code>dlaunch resume JOB_DIR</code> goes on from a stopped job's checkpoint</h2><ul>{items}</ul>")
+        waiting = sum(j.status == "not started" for j in stopped)
+        counts = ", ".join(f"{n} {what}" for n, what in ((len(stopped) - waiting, "stopped"), (waiting, "not started")) if n)
+        go_on = (f"<code>{e(command(sweep_dir))}</code> resumes each stopped job from its checkpoint and starts the others"
+                 if sweep_dir else "<code>dlaunch resume JOB_DIR</code> goes on from a stopped job's checkpoint")
+        parts.append(f"<h2 class='stopped'>Jobs a signal cut short ({counts}): dashed in the loss chart; {go_on}</h2>"
+                     f"<ul>{items}</ul>")
     return "".join(parts)
 
 

@@ -76,8 +76,10 @@ def sweep_loss(jobs: list[Job], sweep: str, every: list[Job] | None = None) -> F
         _draw(ax, job, i, len(jobs), steps, values)
     _step_axis(ax, losses)
     every = every or jobs
-    failed, stopped = sum(not j.completed and not j.stopped for j in every), sum(j.stopped for j in every)
-    count = f"{_plural(len(every), 'job')}{f', {failed} failed' if failed else ''}{f', {stopped} stopped' if stopped else ''}"
+    failed, waiting = sum(not j.completed and not j.stopped for j in every), sum(j.status == "not started" for j in every)
+    stopped = sum(j.stopped for j in every) - waiting
+    count = _plural(len(every), "job") + "".join(f", {n} {what}" for n, what in
+                                                 ((failed, "failed"), (stopped, "stopped"), (waiting, "not started")) if n)
     count += f"; {len(jobs)} with a loss curve" if len(jobs) < len(every) else ""
     what = " · ".join(shared(every))
     what += ", " if what else ""

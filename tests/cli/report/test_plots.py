@@ -138,6 +138,21 @@ def test_a_stopped_job_is_counted_as_stopped_not_failed(tmp_path):
     assert [line.get_linestyle() for line in fig.axes[0].lines] == ["-", "--", "--"]
 
 
+def test_a_stopped_sweeps_jobs_not_started_are_counted_as_such_and_the_page_gives_the_sweeps_one_command(tmp_path):
+    """A stopped sweep's report counted its jobs not started as stopped and told `dlaunch resume JOB_DIR` of each,
+    where the terminal gave the sweep's one command, which also starts them."""
+    from launcher.cli.report import page
+
+    write_run(tmp_path / "0", lr=0.05)
+    write_run(tmp_path / "1", lr=0.05, steps=60, status="stopped")
+    write_run(tmp_path / "2", lr=0.05, steps=10, status="not started")
+    jobs = loaded(*(tmp_path / n for n in "012"))
+    assert plots.sweep_loss(jobs, "s").axes[0].get_title().endswith("3 jobs, 1 stopped, 1 not started)")
+    html = page.failed_jobs(jobs[1:], tmp_path)
+    assert f"Jobs a signal cut short (1 stopped, 1 not started): dashed in the loss chart; <code>dlaunch resume " \
+           f"{tmp_path}</code> resumes each stopped job from its checkpoint and starts the others" in html, html
+
+
 def test_a_job_with_no_curve_is_counted_in_the_title(four_jobs):
     """A job refused by its config logged nothing: it has no curve, but it is one of the sweep's jobs."""
     title = plots.sweep_loss(four_jobs[:3], "s", four_jobs).axes[0].get_title()
