@@ -153,9 +153,17 @@ def _say_if_not_recomputed(strategy: Any) -> None:
 def _watch_for_unsynced_copies(strategy: Any, name: str, env: WorkerEnv | None) -> Any:
     """Under mirrored or multi_worker_mirrored across processes, a script that neither gives its model to
     ``strategy.prepare()`` nor wraps it in DDP (or FSDP) trains one copy per process, never synced, with no error:
-    rank 0 says so at the first optimizer step. Returns the hook's handle (None: nothing to watch)."""
+    rank 0 says so at the first optimizer step. Under fsdp or mesh, notes that an optimizer stepped. Returns the
+    hook's handle (None: nothing to watch)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook  # torch.optim deletes its submodules' names
 
+    if name in _LAID_OUT_BY_PREPARE:  # whether the script trained a model at all: what _say_if_not_prepared tells of
+        def stepped(*_: Any) -> None:
+            strategy.__dict__["_script_stepped"] = True
+            handle.remove()
+
+        handle = register_optimizer_step_post_hook(stepped)
+        return handle
     if env is None or env.world_size == 1 or name not in ("mirrored", "multi_worker_mirrored"):
         return None
 
@@ -196,7 +204,8 @@ def _say_if_not_prepared(strategy: Any, name: str) -> None:
     """A script under fsdp or mesh that wraps its model itself (its own DDP) trains, but unsharded: the plan's
     strategy would be a label only, which the user should not have to find out from the memory it takes."""
     what = _LAID_OUT_BY_PREPARE.get(name)
-    if what and not strategy._prepared:
+    if what and not strategy._prepared and strategy.__dict__.get("_script_stepped"):  # a script with no optimizer step
+        # (a data check, an evaluation of a saved model) has no training to lay out: nothing to say
         log.warning("strategy=%s: the script never called strategy.prepare(model, optimizer), so its model did not get "
                     "%s: it trained as the script set it up (its own DDP, if it wraps one); in place of that wrapper, "
                     "`model, optimizer = dl.get_strategy().prepare(model, optimizer)` with `from launcher import "

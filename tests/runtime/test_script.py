@@ -154,9 +154,8 @@ def test_only_the_workers_run_the_script_the_plan_does_not(strategy, tmp_path):
         proc, _ = _run(tmp_path, "script=count.py", "strategy=fsdp", "cluster=1x2")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert sorted((tmp_path / "ran.txt").read_text().split()) == ["0", "1"]
-        # it never called strategy.prepare: nothing was sharded, and the user is told so, once
-        text = " ".join(proc.stderr.split())
-        assert text.count("strategy=fsdp: the script never called strategy.prepare(model, optimizer)") == 1, text[-3000:]
+        # it never called strategy.prepare, but it trained no model either (no optimizer step): nothing to say
+        assert "never called strategy.prepare" not in proc.stderr, proc.stderr[-3000:]
 
 
 PREPARED = """import torch

@@ -1,4 +1,5 @@
-"""A script under a strategy of several processes that never syncs its model's copies is told so."""
+"""A script under a strategy of several processes that never syncs its model's copies, or never lets fsdp shard it, is
+told so."""
 
 from __future__ import annotations
 
@@ -33,3 +34,14 @@ def test_a_script_whose_copies_are_never_synced_is_told_so_at_its_first_step(tmp
     assert text.count("strategy=mirrored: the script's model was neither given to strategy.prepare(model, optimizer) "
                       "nor wrapped in DistributedDataParallel, so each of the 2 processes trains its own copy") == 1, text
     assert "FutureWarning" not in text, text  # the look for DDP over every live object read torch's deprecated reduce_op
+
+
+def test_a_script_that_trains_a_model_fsdp_never_sharded_is_told_so_once(tmp_path):
+    """Under fsdp the same script trains (its copies unsynced, each on its own data), but nothing is sharded: the plan's
+    strategy would be a label only. A script with no optimizer step is not told (tests/runtime/test_script.py)."""
+    (tmp_path / "unsharded.py").write_text(UNSYNCED)
+    proc, _ = _run(tmp_path, "script=unsharded.py", "strategy=fsdp", "cluster=1x2")
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert text.count("strategy=fsdp: the script never called strategy.prepare(model, optimizer), so its model did "
+                      "not get FSDP2's sharding (fully_shard)") == 1, text[-3000:]
