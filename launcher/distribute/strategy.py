@@ -381,7 +381,8 @@ def _check_axis(leaf: Any, axis: int) -> None:
     """``reduce(..., axis=k)`` reduces along dimension ``k`` of each replica's value: one it does not have is TF's
     ValueError, not an IndexError from within (a per-replica scalar, a loss, takes ``axis=None``)."""
     for part in leaf.values if isinstance(leaf, PerReplica) else (leaf,):
-        dims = part.dim() if isinstance(part, torch.Tensor) else 0 if isinstance(part, (int, float)) else None
+        dims = part.dim() if isinstance(part, torch.Tensor) else 0 if isinstance(part, (int, float)) else \
+            getattr(part, "ndim", None)  # a numpy array or scalar
         if dims is not None and not -dims <= axis < dims:
             scalar = " (a per-replica scalar, such as a loss, is reduced with axis=None)" if dims == 0 else ""
             raise ValueError(f"Invalid reduction dimension {axis} for input with {dims} dimensions{scalar}")

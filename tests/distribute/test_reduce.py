@@ -1,5 +1,6 @@
 """Strategy.reduce: the tf.distribute seed numbers (global batch 8 over 2 replicas, last partial batch of 6)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -154,6 +155,8 @@ def test_a_reduce_inside_run_and_an_axis_the_value_lacks_get_tfs_errors(strategy
     axis=0 of a per-replica scalar loss raised a bare IndexError from dlaunch's internals."""
     assert _refusals(strategy) == REFUSED
     assert int(strategy.reduce("SUM", strategy.run(lambda: torch.arange(4.0)), axis=-1)) == 12
+    with pytest.raises(ValueError, match="^Invalid reduction dimension 0 for input with 0 dimensions"):  # numpy too
+        strategy.reduce("SUM", strategy.run(lambda: np.float32(1.0)), axis=0)  # (an IndexError from within)
 
 
 @pytest.mark.slow
