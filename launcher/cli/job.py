@@ -27,7 +27,7 @@ from launcher.config import compose as composer
 from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
-from launcher.runtime import outputs, recipe_import
+from launcher.runtime import outputs, progress, recipe_import
 from launcher.runtime.stop_signals import closing
 
 log = logging.getLogger("dlaunch")
@@ -62,6 +62,8 @@ def task(cfg: Any) -> Any:
     from hydra.types import RunMode
 
     elsewhere = HydraConfig.get().mode == RunMode.MULTIRUN and not Status.here  # a joblib worker's, a submitit task's
+    if elsewhere and "joblib" in str(HydraConfig.get().launcher.get("_target_", "")):  # jobs side by side, one terminal
+        progress.tag_console_lines(f"[job {HydraConfig.get().job.num}] ")
     try:
         with interrupts.between_jobs() if elsewhere else contextlib.nullcontext():  # a stop before its launch: noted
             summary = _job(cfg)

@@ -56,7 +56,8 @@ def write_job(spec: RunSpec, run_dir: Path, plan: Plan) -> Path:
         teardown_marker(run_dir).unlink(missing_ok=True)  # an earlier command's teardown is not this one's
     path = state / ("job.json" if node is None else f"job-node{node}.json")
     path.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
-                                "run_dir": str(run_dir.resolve()), "log_file": progress.launcher_log()}))
+                                "run_dir": str(run_dir.resolve()), "log_file": progress.launcher_log(),
+                                "console_tag": progress.console_tag()}))
     return path
 
 

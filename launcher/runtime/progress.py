@@ -69,6 +69,34 @@ def console_handler(console: Console, tag: str = "") -> logging.Handler:
     return handler
 
 
+class _Tagged(logging.Formatter):
+    """Another formatter's line with ``tag`` before it."""
+
+    def __init__(self, tag: str, inner: logging.Formatter | None):
+        super().__init__()
+        self.tag, self.inner = tag, inner.inner if isinstance(inner, _Tagged) else inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.tag + self.inner.format(record)
+
+
+_console_tag = {"tag": ""}  # this process's, for the workers it launches
+
+
+def tag_console_lines(tag: str) -> None:
+    """Start each line this process logs to the terminal with ``tag`` (``[job 3] ``): a sweep's jobs that joblib runs
+    side by side write to one terminal. The log file (the job's own) stays as it is; workers launched from here are
+    given the tag (``console_tag``)."""
+    _console_tag["tag"] = tag
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, RichHandler) or type(handler) is logging.StreamHandler:
+            handler.setFormatter(_Tagged(tag, handler.formatter))
+
+
+def console_tag() -> str:
+    return _console_tag["tag"]
+
+
 class ProgressReporter:
     """Shows step, loss, examples/s and ETA."""
 

@@ -66,6 +66,11 @@ def test_joblib_runs_two_multi_process_jobs_at_once_without_port_clashes(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed", "completed"]
+    # the two jobs' lines interleave on one terminal: each says whose it is, rank 0's in the workers too
+    for job in (0, 1):
+        assert f"[job {job}] INFO MirroredStrategy: 2 replica(s) in sync" in proc.stderr, proc.stderr[-3000:]
+        assert f"[job {job}] INFO step 30/30" in proc.stderr, proc.stderr[-3000:]
+    assert "[job" not in (sweep / "0" / "dlaunch.log").read_text()  # the job's own log file needs no tag
 
 
 def test_an_invalid_combination_is_a_failed_job_and_the_others_run(tmp_path):
