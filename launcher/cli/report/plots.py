@@ -56,7 +56,7 @@ def run_metrics(job: Job) -> Figure | None:
     for ax, key in zip(axes.flat, keys):
         xs, ys = job.curve(key)
         ax.plot(xs, ys, marker="o" if len(xs) <= 50 else None, markersize=3)
-        _step_axis(ax, ys)
+        _step_axis(ax, ys, log=key != "lr")  # a schedule's shape (warmup, decay towards 0) reads on a linear axis
         ax.set_title(key)
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
@@ -168,16 +168,16 @@ def _legend(ax: Axes, n: int) -> None:
               loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def _step_axis(ax: Axes, values: list[float]) -> None:
+def _step_axis(ax: Axes, values: list[float], log: bool = True) -> None:
     """Integer steps on x (one logged step gets its neighbours, not ticks at 4.68, 4.74, ...); a log y-axis for a
-    curve that falls by more than 20x, as losses do."""
+    curve that falls by more than 20x, as losses do (``log``: allowed)."""
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     low, high = ax.get_xlim()
     if high - low < 2:
         ax.set_xlim((low + high) / 2 - 1, (low + high) / 2 + 1)
     finite = [v for v in values if math.isfinite(v)]
-    if finite and min(finite) > 0 and max(finite) / min(finite) > 20:
+    if log and finite and min(finite) > 0 and max(finite) / min(finite) > 20:
         ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
 

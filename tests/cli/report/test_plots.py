@@ -98,6 +98,20 @@ def test_a_runs_metrics_draw_lr_and_grad_norm(tmp_path):
     assert plots.run_metrics(loaded(tmp_path / "plain")[0]) is None
 
 
+def test_a_runs_lr_schedule_is_drawn_on_a_linear_axis_and_a_falling_grad_norm_on_a_log_one(tmp_path):
+    """A warmup and a cosine decay towards 0 spans over 20x: the lr chart went to a log axis, which bends the schedule's
+    shape (and went linear again for a decay that reached 0)."""
+    import json
+    import math
+
+    write_run(tmp_path / "run", lr=0.05)
+    records = [{"step": s, "loss": 1.0, "lr": 0.1 * min(s / 10, 0.5 * (1 + math.cos(math.pi * s / 101))),
+                "grad_norm": 100.0 / s} for s in range(1, 101)]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    shown = {ax.get_title(): ax for ax in plots.run_metrics(loaded(tmp_path / "run")[0]).axes if ax.get_visible()}
+    assert shown["lr"].get_yscale() == "linear" and shown["grad_norm"].get_yscale() == "log"
+
+
 @pytest.fixture
 def four_jobs(tmp_path) -> list[jobs.Job]:
     """Jobs 0 and 1 train identically (a strategy sweep does: the same numbers); job 3 failed part way."""
