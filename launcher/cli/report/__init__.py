@@ -68,8 +68,10 @@ def report(directory: Path) -> list[Path]:
     job_dirs = sweep_jobs(directory)
     if job_dirs:
         return report_sweep(directory, [load(d, d.name) for d in job_dirs])
-    if is_run(directory):
-        return report_run(directory, load(directory, directory.name))
+    if is_run(directory):  # a sweep's job is named with its sweep: its own name is a number
+        in_sweep = (directory.resolve().parent / "multirun.yaml").is_file()
+        return report_run(directory, load(directory, f"{directory.resolve().parent.name}/{directory.name}"
+                                          if in_sweep else directory.name))
     raise ReportError(
         f"{directory} has no metrics: no {outputs.METRICS} or {outputs.SUMMARY}, and no sweep job directories (0/, 1/, ...)"
     )
@@ -109,7 +111,9 @@ def report_run(directory: Path, job: Job) -> list[Path]:
     body += ["<h2>Summary</h2>", page.run_table(job)]
     if job.records:
         body += ["<h2>Logged steps</h2>", page.records_table(job.records)]
-    return [*charts.paths, page.write(directory, f"dlaunch report: {directory.name}", body)]
+    typed = " ".join(job.overrides)
+    typed = typed if len(typed) <= 100 else typed[:97] + "..."
+    return [*charts.paths, page.write(directory, f"dlaunch report: {job.name}" + (f" ({typed})" if typed else ""), body)]
 
 
 def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:

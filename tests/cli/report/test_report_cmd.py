@@ -252,3 +252,11 @@ def test_a_sweeps_report_charts_the_jobs_its_summary_lists_not_an_earlier_sweeps
     assert [p.name for p in sweep_jobs(tmp_path)] == ["0", "1"]
     (tmp_path / "sweep_summary.json").unlink()  # a sweep still running, or stopped before its table: every job
     assert [p.name for p in sweep_jobs(tmp_path)] == ["0", "1", "2"]
+
+
+def test_a_sweeps_job_is_named_with_its_sweep_and_its_page_with_its_overrides(sweep):
+    """`dlaunch report multirun/x/1` titled its chart and page `1`, the name of every sweep's second job (the charts
+    take the same name as the page)."""
+    assert report.main([str(sweep / "1")]) == 0
+    page = (sweep / "1" / "report.html").read_text()
+    assert "<h1>dlaunch report: sweep/1 (recipe.optimizer.lr=0.02 trainer.steps=200)</h1>" in page, page[:800]
