@@ -181,7 +181,8 @@ def test_a_signal_stops_the_sweep_its_job_saves_and_the_rest_do_not_start(tmp_pa
     report = dlaunch("report", str(sweep), cwd=tmp_path)
     assert report.returncode == 0, report.stderr  # the stopped job's partial curve is worth a page
     page = (sweep / "report.html").read_text()
-    assert "Jobs a signal stopped (3)" in page and "stopped by SIGINT; checkpoint at step" in page
+    assert "Jobs a signal cut short (1 stopped, 2 not started)" in page and "stopped by SIGINT; checkpoint at step" in page
+    assert f"<code>dlaunch resume {sweep}</code> resumes each stopped job" in page
     assert "Failed jobs" not in page
     assert f"the sweep was stopped; go on with: dlaunch resume {sweep}" in text
     again = dlaunch("resume", str(sweep), "trainer.steps=40", cwd=tmp_path, timeout=300)
