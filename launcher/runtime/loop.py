@@ -41,7 +41,7 @@ from launcher.runtime import heartbeat, outputs, recipe as recipe_lib
 from launcher.runtime.compiled import compile_model
 from launcher.runtime.evaluation import Evaluator, said
 from launcher.runtime.loggers import make_loggers
-from launcher.runtime.preemption import Preempted, StopRequests
+from launcher.runtime.preemption import Preempted, StopRequests, StoppedEarly
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, is_logged, loop_state,
@@ -281,7 +281,8 @@ class _Loop:
         losses: list[float] = []
         try:
             stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested,
-                                 saves=self.ckpt.enabled, torn_down=functools.partial(outputs.torn_down, self.run_dir, self.ckpt.rank))
+                                 saves=self.ckpt.enabled, torn_down=functools.partial(outputs.torn_down, self.run_dir, self.ckpt.rank),
+                                 at_once_before_a_step=True)
             with self.profiler as prof, stops as stop:  # stops settles its all-reduce before a cut-short window stops
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
@@ -310,6 +311,8 @@ class _Loop:
                     self.step_seconds.append(time.perf_counter() - tick)
                     if len(self.step_seconds) == 1:
                         self.first_aside = self.aside_seconds
+        except StoppedEarly as early:  # in this command's first step (compiling, maybe): nothing new to save
+            raise Preempted(early.signum, start, in_step=True) from None
         finally:
             progress.close()
             for logger in self.loggers:

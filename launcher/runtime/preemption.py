@@ -29,10 +29,15 @@ class Preempted(Exception):
 
     explained = True
 
-    def __init__(self, signum: int, step: int, checkpoint: Any = None, saved_elsewhere: str = "", unsaved: str = ""):
+    def __init__(self, signum: int, step: int, checkpoint: Any = None, saved_elsewhere: str = "", unsaved: str = "",
+                 in_step: bool = False):
         """``saved_elsewhere``: who saves instead of this process (a parameter-server worker's chief). ``unsaved``:
-        why the stop's checkpoint was not saved (the storage refused it, ``trainer.checkpoint.on_error=warn``)."""
+        why the stop's checkpoint was not saved (the storage refused it, ``trainer.checkpoint.on_error=warn``).
+        ``in_step``: stopped inside step ``step + 1``, the command's first, before it completed: nothing to save."""
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        if in_step:
+            super().__init__(f"stopped by {self.signal_name} in step {step + 1}, before it completed: nothing new to save")
+            return
         saved = (saved_elsewhere or (f"checkpoint {checkpoint}" if checkpoint else unsaved)
                  or "no checkpoint (trainer.checkpoint.every_steps is 0)")
         super().__init__(f"stopped by {self.signal_name} after step {step}; {saved}")
@@ -46,6 +51,15 @@ class Preempted(Exception):
         return signal.Signals(self.signum).name
 
 
+class StoppedEarly(KeyboardInterrupt):
+    """A stop signal before the first step of this command completed: nothing new to save, so the rank stops at once
+    (a first step that compiles can take minutes) rather than at the step's end."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 class StopRequests:
     """Signal flags, agreed across ranks one step late.
 
@@ -55,11 +69,13 @@ class StopRequests:
     """
 
     def __init__(self, distributed: bool, force_on_repeat: bool = False, elsewhere: Callable[[], int] = lambda: 0,
-                 saves: bool = True, torn_down: Callable[[], bool] = lambda: False):
+                 saves: bool = True, torn_down: Callable[[], bool] = lambda: False, at_once_before_a_step: bool = False):
         """``elsewhere``: a signal another process of the job stopped on, to stop on as if received here.
         ``saves``: a checkpoint is saved at the stop (checkpoints are on). ``torn_down``: the signal came from this
-        rank's agent, stopping it for a failure that dlaunch reports (no stop to announce)."""
+        rank's agent, stopping it for a failure that dlaunch reports (no stop to announce). ``at_once_before_a_step``:
+        a signal before the first ``agreed()`` raises ``StoppedEarly`` (the training loop's first step)."""
         self.signum, self._saves, self._torn_down = 0, saves, torn_down
+        self._at_once = at_once_before_a_step
         self._force, self._elsewhere = force_on_repeat, elsewhere
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -90,6 +106,11 @@ class StopRequests:
             return
         if self.signum and self._force:
             raise KeyboardInterrupt
+        if self._at_once and not self.signum and not self._torn_down():
+            self.signum = signum
+            log.warning("%s received before this command's first step completed: the ranks stop now, with nothing new "
+                        "to save", signal.Signals(signum).name)
+            raise StoppedEarly(signum)
         first, self.signum = not self.signum, self.signum or signum
         if first:  # set before the log: a second signal (the terminal's SIGINT, then the agent's SIGTERM) arriving
             # inside this log call logs nothing, rather than re-enter the log file's writer (a "Logging error")
@@ -107,6 +128,7 @@ class StopRequests:
 
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""
+        self._at_once = False  # a step completed: a stop from here on waits for the step's end and saves it
         if self._group is None:
             self.signum = self.signum or self._elsewhere()
             return self.signum

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+
+import pytest
 
 from launcher.runtime.preemption import StopRequests
 
@@ -94,3 +97,47 @@ def test_a_process_forked_inside_ignores_the_stop_its_rank_handles():
     finally:
         logger.removeHandler(handler)
     assert said == ["SIGINT received: the ranks stop together within a step, then save"]
+
+
+def test_a_signal_before_the_first_step_completes_raises_at_once_and_after_it_waits_for_the_step():
+    """The training loop's first step may compile for minutes; nothing in it could be saved: the stop is at once."""
+    from launcher.runtime.preemption import StoppedEarly
+
+    stop = StopRequests(distributed=False, at_once_before_a_step=True)
+    with pytest.raises(StoppedEarly) as raised:
+        stop._handler(signal.SIGINT, None)
+    assert raised.value.signum == signal.SIGINT and isinstance(raised.value, KeyboardInterrupt)
+    stop = StopRequests(distributed=False, at_once_before_a_step=True)
+    assert stop.agreed() == 0  # step 1 completed
+    stop._handler(signal.SIGTERM, None)  # flagged: the ranks stop after the step, and save it
+    assert stop.agreed() == signal.SIGTERM
+    torn_down = StopRequests(distributed=False, at_once_before_a_step=True, torn_down=lambda: True)
+    torn_down._handler(signal.SIGTERM, None)  # a failure's teardown is not a stop the user asked for: as before
+
+
+@pytest.mark.slow
+def test_a_stop_in_the_first_step_ends_the_ranks_at_once_not_after_the_grace(tmp_path):
+    """Ctrl-C while a compiled run's first step compiled (about 50 s) waited launch.stop_grace_s, then killed the ranks
+    (SIGKILL) with a message about a rank that traps the signal. A step of 600 s stands for the compile here."""
+    import subprocess
+
+    from launcher.runtime import outputs
+    from tests.conftest import PROBE, command
+    from tests.launch.test_restarts import STARTUP_S, finish, wait_for
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(command(f"recipe.entry={PROBE}", "+recipe.step_sleep=600", "trainer.steps=3", "strategy=mirrored",
+                                    "cluster=1x2", "trainer.checkpoint.every_steps=1", "launch.stop_grace_s=400",
+                                    f"hydra.run.dir={run_dir}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: all(outputs.read_progress(run_dir, r).get("operation") == "train step 1" for r in (0, 1)),
+                 STARTUP_S, "both ranks in step 1")
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out = finish(proc, timeout=300)  # under the grace: a stop that waited for the step would time out here
+    text = " ".join(out.split())
+    assert proc.returncode == 130, out[-3000:]
+    assert "stopped by SIGINT in step 1, before it completed: nothing new to save" in text, out[-3000:]
+    assert "did not exit within" not in text and "Traceback" not in text, out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
