@@ -37,7 +37,8 @@ class UserCodeError(ConfigError):
 
     exit_code = 1
     title = "the recipe's code failed"
-    hint = "Fix it in the recipe's file; `dlaunch recipes validate DIR` checks a recipe directory without training."
+    hint = ("Fix it where it points (the recipe's file, or a module it imports); `dlaunch recipes validate DIR` checks "
+            "a recipe directory without training.")
 
 
 # Other tools' words for dlaunch's values: torchrun's and Accelerate's devices, precisions and strategies.

@@ -50,7 +50,6 @@ class Strategy:
     _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
     #: called once, after the first step of an optimizer given to ``prepare()`` (a script's rank 0 is told then
     #: what its precision lacks, not at the end of a long run)
-    _first_step_hook: Callable[[], None] | None = None
     _prepared = False  # whether prepare() distributed a model (a script under fsdp or mesh is told if not)
     _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
     #: module class names whose forward ``prepare()`` makes recompute in backward (``trainer.activation_checkpointing``
@@ -245,7 +244,6 @@ class Strategy:
                      ", ".join(name for name in self.activation_checkpointing if name in present))
         if optimizer is not None:
             align_optimizer_state(optimizer)
-            self._after_first_step(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
         self._prepared = True
         return module if optimizer is None else (module, optimizer)
@@ -299,27 +297,6 @@ class Strategy:
         if self._scaler is not None and self._scaler.is_enabled():
             precision.unscale_once(self._scaler, optimizer)
         return averaged_grad_norm(module, optimizer, max_norm)
-
-    def _after_first_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """``_first_step_hook``, once, after the first ``optimizer.step()`` (replica 0's copy, under replica threads)."""
-        if self._first_step_hook is None:
-            return
-
-        def once(stepped: torch.optim.Optimizer, *_: Any) -> None:
-            from launcher.checkpoint.state import is_filling
-
-            if self._first_step_hook is None:  # another optimizer's first step came first
-                handle.remove()
-                return
-            # A step that only fills the optimizer's state: dlaunch's own (a restore's get/set_state_dict), or, at lr
-            # 0 everywhere, the user's own torch.distributed.checkpoint calls (a warm-up from 0 waits one step more).
-            if is_filling() or all(_zero(group.get("lr")) for group in stepped.param_groups):
-                return
-            hook, self._first_step_hook = self._first_step_hook, None
-            handle.remove()
-            hook()
-
-        handle = optimizer.register_step_post_hook(once)
 
     def _unused_precision_helpers(self) -> list[str]:
         """The helpers the precision needs that the script never used: ``autocast`` (never entered) and, under

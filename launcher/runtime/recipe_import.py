@@ -140,7 +140,8 @@ def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (entry == exc.name or entry.startswith(exc.name + ".")):  # the recipe itself is missing
             raise RecipeError("recipe.entry", entry, f"cannot import recipe module {entry}: {exc}") from None
-        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {one_line(exc)} at import{where_raised(exc)}", True) from None
+        raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {one_line(exc)} at import{where_raised(exc)}"
+                          f"{_beside_the_command(exc.name)}", True) from None
     except SyntaxError as exc:
         where = f"{exc.filename}:{exc.lineno}" if exc.filename else entry
         raise RecipeError("recipe.entry", entry, f"{where}: {type(exc).__name__}: {exc.msg}", True) from None
@@ -148,6 +149,18 @@ def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:
         raise RecipeError("recipe.entry", entry, f"recipe {entry} called sys.exit({exc.code!r}) at import{where_raised(exc)}", True) from None
     except BaseException as exc:  # noqa: BLE001 - the recipe's own code failed: one line, no traceback
         raise RecipeError("recipe.entry", entry, f"recipe {entry} raised {one_line(exc)} at import{where_raised(exc)}", True) from None
+
+
+def _beside_the_command(name: str | None) -> str:
+    """A module the recipe imports from the user's own project (``mymodels/`` where dlaunch was started), which is
+    not on the import path: a recipe in a subfolder (``cfg/tiny.py``) puts only its own folder there."""
+    top = (name or "").partition(".")[0]
+    here = Path.cwd()
+    if not top or not ((here / top / "__init__.py").is_file() or (here / f"{top}.py").is_file()):
+        return ""
+    return (f"; {top} is in {here}, where dlaunch was started, which is not on the import path (a recipe's own folder "
+            f"is): PYTHONPATH={here} dlaunch ..., or `pip install -e .` for a project with a pyproject.toml "
+            "(docs/RECIPES.md)")
 
 
 def where_raised(exc: BaseException) -> str:

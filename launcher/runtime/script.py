@@ -85,8 +85,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     experimental_set_strategy(strategy)
     if rank == 0:  # the run's history counts the workers' (re)starts, as a recipe run's does
         outputs.record_start(run_dir, env.restart_count if env else 0, 0)
-        strategy._first_step_hook = lambda: _say_if_precision_unused(strategy, "after its first optimizer step, ")
-    unsynced = _watch_for_unsynced_copies(strategy, spec.strategy.name, env) if rank == 0 else None
+    first_step = _watch_the_first_step(strategy, spec.strategy.name, env) if rank == 0 else None
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
                 _as_torchrun(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
@@ -96,8 +95,8 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
             raise ScriptExit(Path(spec.script.path).name, exc.code) from None
     finally:
         experimental_set_strategy(None)
-        if unsynced is not None:
-            unsynced.remove()
+        if first_step is not None:
+            first_step.remove()
     if rank == 0:
         _say_if_precision_unused(strategy)
         _say_if_not_prepared(strategy, spec.strategy.name)
@@ -109,7 +108,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         "script": spec.script.command(),
         "cluster": spec.cluster.shape,
         "device": runtime.device_type,
-        "precision": spec.trainer.precision,
+        **_precision_used(spec.trainer.precision, strategy),
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "world_size": env.world_size if env else 1,
         "restarts": env.restart_count if env else 0,
@@ -120,6 +119,15 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     if rank == 0:
         outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
     return summary
+
+
+def _precision_used(precision: str, strategy: Any) -> dict[str, str]:
+    """summary.json's ``precision``: what the script trained in. One that never entered ``strategy.autocast()`` got no
+    autocast from dlaunch: ``fp32``, with what was asked kept as ``precision_unused`` (runs compared by their summaries
+    would read an fp32 run as bf16)."""
+    if "autocast" not in strategy._unused_precision_helpers():
+        return {"precision": precision}
+    return {"precision": "fp32", "precision_unused": f"{precision}: the script never entered strategy.autocast()"}
 
 
 def _say_if_precision_unused(strategy: Any, when: str = "") -> None:
@@ -150,36 +158,33 @@ def _say_if_not_recomputed(strategy: Any) -> None:
                     "" if strategy._prepared else " (it never called strategy.prepare)")
 
 
-def _watch_for_unsynced_copies(strategy: Any, name: str, env: WorkerEnv | None) -> Any:
-    """Under mirrored or multi_worker_mirrored across processes, a script that neither gives its model to
-    ``strategy.prepare()`` nor wraps it in DDP (or FSDP) trains one copy per process, never synced, with no error:
-    rank 0 says so at the first optimizer step. Under fsdp or mesh, notes that an optimizer stepped. Returns the
-    hook's handle (None: nothing to watch)."""
+def _watch_the_first_step(strategy: Any, name: str, env: WorkerEnv | None) -> Any:
+    """Rank 0 at the script's first optimizer step, prepared or not (neither dlaunch's restore of an optimizer's state
+    nor a step at lr 0, which only fills it): notes that the script trains (fsdp's and mesh's never-prepared warning
+    is for such a script); tells of a ``trainer.precision`` the script has not used (a torchrun script's own DDP is
+    not prepared: it was told at its end, hours late); under mirrored or multi_worker_mirrored across processes, says
+    so where the model was neither prepared nor wrapped in DDP (or FSDP): one copy per process trains, never synced,
+    with no error. Returns the hook's handle."""
     from torch.optim.optimizer import register_optimizer_step_post_hook  # torch.optim deletes its submodules' names
 
-    if name in _LAID_OUT_BY_PREPARE:  # whether the script trained a model at all: what _say_if_not_prepared tells of
-        def stepped(*_: Any) -> None:
-            strategy.__dict__["_script_stepped"] = True
-            handle.remove()
+    from launcher.distribute.strategy import _zero
 
-        handle = register_optimizer_step_post_hook(stepped)
-        return handle
-    if env is None or env.world_size == 1 or name not in ("mirrored", "multi_worker_mirrored"):
-        return None
-
-    def check(optimizer: Any, *_: Any) -> None:
+    def first(optimizer: Any, *_: Any) -> None:
         from launcher.checkpoint.state import is_filling
 
-        if is_filling():  # dlaunch's own restore of the optimizer's state
+        if is_filling() or all(_zero(group.get("lr")) for group in optimizer.param_groups):
             return
         handle.remove()
-        if not strategy._prepared and not _wrapped_anywhere():
+        strategy.__dict__["_script_stepped"] = True
+        _say_if_precision_unused(strategy, "after its first optimizer step, ")
+        across = env is not None and env.world_size > 1 and name in ("mirrored", "multi_worker_mirrored")
+        if across and not strategy._prepared and not _wrapped_anywhere():
             log.warning("strategy=%s: the script's model was neither given to strategy.prepare(model, optimizer) nor "
                         "wrapped in DistributedDataParallel, so each of the %d processes trains its own copy and they "
                         "are never synced (unless the script averages the gradients itself); `model, optimizer = "
                         "dl.get_strategy().prepare(model, optimizer)` syncs them (docs/SCRIPTS.md)", name, env.world_size)
 
-    handle = register_optimizer_step_post_hook(check)
+    handle = register_optimizer_step_post_hook(first)
     return handle
 
 

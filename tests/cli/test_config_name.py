@@ -40,4 +40,4 @@ def test_bad_recipe_input_exits_2_or_1_naming_the_file(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "the recipe's code failed" in proc.stdout + proc.stderr and f"{tmp_path / 'broken.py'}:1" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert "Fix it in the recipe's file" in proc.stderr and "--cfg job" not in proc.stderr  # no config advice
+    assert "Fix it where it points (the recipe's file, or a module it imports)" in proc.stderr and "--cfg job" not in proc.stderr  # no config advice

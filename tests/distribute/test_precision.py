@@ -72,27 +72,33 @@ def test_autocast_counts_as_used_only_once_entered(strategy):
         assert strategy._unused_precision_helpers() == []
 
 
-def test_the_first_step_hook_waits_for_a_step_that_trains_not_one_that_fills_the_state():
+def test_a_scripts_first_step_is_one_that_trains_not_one_that_fills_the_state(caplog):
     """A script's restore builds its optimizer state with torch's get/set_state_dict, which step at lr 0: a resumed
-    script was told it never entered autocast before it took a single step of its own."""
+    script was told it never entered autocast before it took a single step of its own. Its optimizer need not be
+    prepared (a torchrun script's own DDP)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from launcher.checkpoint.state import filling_state
+    from launcher.runtime.script import _watch_the_first_step
 
     strategy = dl.OneDeviceStrategy("cpu")
-    told = []
-    strategy._first_step_hook = lambda: told.append(True)
+    strategy.precision = "bf16-mixed"
     model = torch.nn.Linear(3, 1)
-    model, optimizer = strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
-    get_state_dict(model, optimizer)  # the user's own call: fills AdamW's state with a step at lr 0
-    assert optimizer.state and told == []
-    with filling_state():  # dlaunch's restore says so, whatever the lr
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    handle = _watch_the_first_step(strategy, "one_device", None)
+    try:
+        get_state_dict(model, optimizer)  # the user's own call: fills AdamW's state with a step at lr 0
+        assert optimizer.state and not strategy.__dict__.get("_script_stepped")
+        with filling_state():  # dlaunch's restore says so, whatever the lr
+            optimizer.step()
+        assert not strategy.__dict__.get("_script_stepped") and "has not entered" not in caplog.text
+        model(torch.ones(2, 3)).sum().backward()
         optimizer.step()
-    assert told == []
-    model(torch.ones(2, 3)).sum().backward()
-    optimizer.step()
-    optimizer.step()
-    assert told == [True]  # once, after the first step that trained
+        optimizer.step()
+    finally:
+        handle.remove()
+    assert strategy.__dict__.get("_script_stepped") and caplog.text.count("after its first optimizer step, the script "
+                                                                           "has not entered strategy.autocast()") == 1
 
 
 def test_an_lr_on_a_device_is_never_read_to_tell_a_filling_step():

@@ -26,6 +26,21 @@ def test_import_errors_name_the_file_and_line(tmp_path, text, says):
     with pytest.raises(RecipeError) as info:
         import_entry(entry)
     assert info.value.key == "recipe.entry" and says in info.value.message
+
+
+def test_a_package_of_the_users_project_that_a_recipe_in_a_subfolder_imports_is_named_with_the_fix(tmp_path, monkeypatch):
+    """cfg/tiny.py imports mymodels/ from where dlaunch was started: `No module named 'mymodels'`, and "fix it in the
+    recipe's file", where the fix is the import path. The error now says where the package is and how it imports."""
+    (tmp_path / "mymodels").mkdir()
+    (tmp_path / "mymodels" / "__init__.py").write_text("")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "tiny.py").write_text("import mymodels.layers\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError) as info:
+        import_entry(str(tmp_path / "cfg" / "tiny.py"))
+    assert f"No module named 'mymodels' at import ({tmp_path}/cfg/tiny.py:1); mymodels is in {tmp_path}, where dlaunch " \
+           f"was started, which is not on the import path (a recipe's own folder is): PYTHONPATH={tmp_path} dlaunch" \
+           in info.value.message
     assert "dlaunch_recipe_my_recipe" not in sys.modules, "a recipe that failed to import is not left half-loaded"
 
 

@@ -321,8 +321,10 @@ def test_a_script_takes_precision_accumulation_and_clipping_from_the_strategy(pr
 def test_a_script_given_a_precision_it_never_asks_for_is_told(tmp_path):
     """custom_loop.py enters no strategy.autocast(): bf16-mixed would have changed nothing, silently."""
     shutil.copy(LOOP, tmp_path / "custom_loop.py")
-    proc, _ = _run(tmp_path, "script=custom_loop.py", "trainer.precision=bf16-mixed", script_args=("--epochs", "1"))
+    proc, run_dir = _run(tmp_path, "script=custom_loop.py", "trainer.precision=bf16-mixed", script_args=("--epochs", "1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(run_dir)["precision"] == "fp32"  # what it trained in: runs compared by their summaries
+    assert summary(run_dir)["precision_unused"] == "bf16-mixed: the script never entered strategy.autocast()"
     said = " ".join((proc.stdout + proc.stderr).split())
     told = ("trainer.precision=bf16-mixed: after its first optimizer step, the script has not entered "
             "strategy.autocast(), so unless it enters torch.autocast itself, its forward pass runs without autocast")

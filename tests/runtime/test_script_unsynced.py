@@ -36,12 +36,15 @@ def test_a_script_whose_copies_are_never_synced_is_told_so_at_its_first_step(tmp
     assert "FutureWarning" not in text, text  # the look for DDP over every live object read torch's deprecated reduce_op
 
 
-def test_a_script_that_trains_a_model_fsdp_never_sharded_is_told_so_once(tmp_path):
+def test_a_script_that_trains_a_model_fsdp_never_sharded_is_told_so_once_and_its_precision_at_its_first_step(tmp_path):
     """Under fsdp the same script trains (its copies unsynced, each on its own data), but nothing is sharded: the plan's
     strategy would be a label only. A script with no optimizer step is not told (tests/runtime/test_script.py)."""
     (tmp_path / "unsharded.py").write_text(UNSYNCED)
-    proc, _ = _run(tmp_path, "script=unsharded.py", "strategy=fsdp", "cluster=1x2")
+    proc, _ = _run(tmp_path, "script=unsharded.py", "strategy=fsdp", "cluster=1x2", "trainer.precision=bf16-mixed")
     text = " ".join(proc.stderr.split())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert text.count("strategy=fsdp: the script never called strategy.prepare(model, optimizer), so its model did "
                       "not get FSDP2's sharding (fully_shard)") == 1, text[-3000:]
+    # a torchrun script's optimizer is not prepared either: its unused precision was told at its end, hours late
+    assert text.count("trainer.precision=bf16-mixed: after its first optimizer step, the script has not entered") == 1
+    assert text.count("has not entered") == 1, text[-3000:]
