@@ -282,7 +282,7 @@ def update_row(job: Path) -> bool:
     it failed. Whether there was such a summary to update."""
     sweep_dir = job.parent
     summary = _read_json(sweep_dir / "sweep_summary.json")
-    jobs, was_best = summary.get("jobs"), summary.get("best")
+    jobs, direction = summary.get("jobs"), summary.get("direction")
     if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
         return False
     rows = [r for r in jobs if isinstance(r, dict) and "job" in r]
@@ -290,8 +290,7 @@ def update_row(job: Path) -> bool:
         return False
     row = _row(job, int(job.name))
     rows = sorted([r for r in rows if r["job"] != row["job"]] + [row], key=lambda r: r["job"])
-    lower = was_best.get("lower_is_better") if isinstance(was_best, dict) else None
-    write(sweep_dir, rows, {True: "minimize", False: "maximize"}.get(lower))  # the way the sweep ranked its jobs
+    write(sweep_dir, rows, direction if isinstance(direction, str) else None)  # the way the sweep ranked its jobs
     return True
 
 

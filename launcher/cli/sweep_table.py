@@ -5,7 +5,7 @@
     job  overrides                status     final loss  metric               examples/s  wall s
       0  recipe.optimizer.lr=0.1  completed    0.0512    eval_loss 0.0498           8121    1.52
     ...
-    best: job 0 (recipe.optimizer.lr=0.1), eval_loss 0.0498 (lower is better)
+    best: job 0 (recipe.optimizer.lr=0.1): eval_loss 0.0498 (lower is better)
 
 ``sweep_summary.csv`` has a column per swept key (``recipe.optimizer.lr``), so a table tool groups by it;
 ``sweep_summary.json`` has each job's ``params`` and the sweep's ``best``.
@@ -124,12 +124,12 @@ def _best_line(rows: list[dict[str, Any]], top: dict[str, Any], shared: list[str
 
 
 def write(sweep_dir: Path, rows: list[dict[str, Any]], direction: str | None = None) -> None:
-    """``sweep_summary.json`` (every row, each job's ``params``, the sweep's ``best``) and ``sweep_summary.csv`` (a
-    column per swept key after the job's number), each written whole."""
+    """``sweep_summary.json`` (every row, each job's ``params``, the sweep's ``best`` and an Optuna study's
+    ``direction``) and ``sweep_summary.csv`` (a column per swept key after the job's number), each written whole."""
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     for row in public:
         row.setdefault("params", params((row.get("overrides") or "").split()))  # a row of an older summary
-    summary = {"sweep_dir": str(sweep_dir.resolve()), "best": best(rows, direction), "jobs": public}
+    summary = {"sweep_dir": str(sweep_dir.resolve()), "direction": direction, "best": best(rows, direction), "jobs": public}
     outputs.write_json_atomic(sweep_dir / "sweep_summary.json", summary)  # absolute: read from anywhere, after a resume too
     keys = swept_keys(public)
     text = io.StringIO(newline="")

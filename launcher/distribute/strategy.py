@@ -48,8 +48,6 @@ class Strategy:
     _is_user_strategy = True
     _precision = "fp32"  # trainer.precision where dlaunch runs the script; the ``precision`` setter elsewhere
     _autocast_used = False  # whether the script entered autocast() (it is told if it did not)
-    #: called once, after the first step of an optimizer given to ``prepare()`` (a script's rank 0 is told then
-    #: what its precision lacks, not at the end of a long run)
     _prepared = False  # whether prepare() distributed a model (a script under fsdp or mesh is told if not)
     _scaler: torch.amp.GradScaler | None = None  # grad_scaler()'s, made at its first call
     #: module class names whose forward ``prepare()`` makes recompute in backward (``trainer.activation_checkpointing``

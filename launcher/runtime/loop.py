@@ -281,13 +281,12 @@ class _Loop:
         losses: list[float] = []
         try:
             stops = StopRequests(distributed, force_on_repeat=not distributed, elsewhere=self.strategy.extended.stop_requested,
-                                 saves=self.ckpt.enabled, torn_down=functools.partial(outputs.torn_down, self.run_dir, self.ckpt.rank),
-                                 at_once_before_a_step=True)
+                                 saves=self.ckpt.enabled, torn_down=functools.partial(outputs.torn_down, self.run_dir, self.ckpt.rank))
             with self.profiler as prof, stops as stop:  # stops settles its all-reduce before a cut-short window stops
                 for step in range(start + 1, steps + 1):
                     tick = time.perf_counter()
                     logged = is_logged(step, self.spec.trainer)
-                    with watch.step(step):
+                    with watch.step(step), stop.at_once_inside(step == start + 1 and step < steps):
                         with prof.region("dlaunch.data"):
                             batch = next(self.stream)
                         with prof.region("dlaunch.step"):

@@ -10,11 +10,12 @@ checkpoints are on) and leaves with ``128 + signal``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,12 +30,14 @@ class Preempted(Exception):
 
     explained = True
 
-    def __init__(self, signum: int, step: int, checkpoint: Any = None, saved_elsewhere: str = "", unsaved: str = "",
-                 in_step: bool = False):
+    def __init__(self, signum: int, step: int | None, checkpoint: Any = None, saved_elsewhere: str = "",
+                 unsaved: str = "", in_step: bool = False):
         """``saved_elsewhere``: who saves instead of this process (a parameter-server worker's chief). ``unsaved``:
         why the stop's checkpoint was not saved (the storage refused it, ``trainer.checkpoint.on_error=warn``).
-        ``in_step``: stopped inside step ``step + 1``, the command's first, before it completed: nothing to save."""
+        ``in_step``: stopped inside step ``step + 1``, the command's first, before it completed: nothing to save,
+        and the ranks stopped wherever the signal found each, not at one agreed point (as a script's do)."""
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.agreed = not in_step and step is not None  # the ranks stopped after the same step: they may meet to leave
         if in_step:
             super().__init__(f"stopped by {self.signal_name} in step {step + 1}, before it completed: nothing new to save")
             return
@@ -69,13 +72,12 @@ class StopRequests:
     """
 
     def __init__(self, distributed: bool, force_on_repeat: bool = False, elsewhere: Callable[[], int] = lambda: 0,
-                 saves: bool = True, torn_down: Callable[[], bool] = lambda: False, at_once_before_a_step: bool = False):
+                 saves: bool = True, torn_down: Callable[[], bool] = lambda: False):
         """``elsewhere``: a signal another process of the job stopped on, to stop on as if received here.
         ``saves``: a checkpoint is saved at the stop (checkpoints are on). ``torn_down``: the signal came from this
-        rank's agent, stopping it for a failure that dlaunch reports (no stop to announce). ``at_once_before_a_step``:
-        a signal before the first ``agreed()`` raises ``StoppedEarly`` (the training loop's first step)."""
+        rank's agent, stopping it for a failure that dlaunch reports (no stop to announce)."""
         self.signum, self._saves, self._torn_down = 0, saves, torn_down
-        self._at_once = at_once_before_a_step
+        self._at_once = False
         self._force, self._elsewhere = force_on_repeat, elsewhere
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -121,6 +123,17 @@ class StopRequests:
                 log.warning("%s received: the ranks stop together within a step, %s", name,
                             "then save" if self._saves else "and save nothing (checkpoints are off)")
 
+    @contextlib.contextmanager
+    def at_once_inside(self, armed: bool) -> Iterator[None]:
+        """A first signal inside raises ``StoppedEarly`` (``armed``: the command's first step, not its last): that
+        step, a compile maybe minutes long, has nothing to save yet. Its evaluation and checkpoint after it wait for a
+        stop as every step's do (a save in flight is never cut short from here)."""
+        self._at_once = armed
+        try:
+            yield
+        finally:
+            self._at_once = False
+
     def settle(self) -> None:
         """Wait for the agreement launched after the last step (``agreed`` reads it as before): none runs on."""
         if self._pending is not None:
@@ -128,7 +141,6 @@ class StopRequests:
 
     def agreed(self) -> int:
         """After a step: the signal every rank stops for (0: go on)."""
-        self._at_once = False  # a step completed: a stop from here on waits for the step's end and saves it
         if self._group is None:
             self.signum = self.signum or self._elsewhere()
             return self.signum

@@ -154,9 +154,10 @@ def _guarded(entry: str, run: Callable[..., Any], *args: Any) -> Any:
 def _beside_the_command(name: str | None) -> str:
     """A module the recipe imports from the user's own project (``mymodels/`` where dlaunch was started), which is
     not on the import path: a recipe in a subfolder (``cfg/tiny.py``) puts only its own folder there."""
-    top = (name or "").partition(".")[0]
+    top, _, below = (name or "").partition(".")
     here = Path.cwd()
-    if not top or not ((here / top / "__init__.py").is_file() or (here / f"{top}.py").is_file()):
+    if not top or below or not ((here / top / "__init__.py").is_file() or (here / f"{top}.py").is_file()):
+        # the package imported and a module under it is missing (``mymodels.layrs``): a typo, not the import path
         return ""
     return (f"; {top} is in {here}, where dlaunch was started, which is not on the import path (a recipe's own folder "
             f"is): PYTHONPATH={here} dlaunch ..., or `pip install -e .` for a project with a pyproject.toml "

@@ -121,19 +121,20 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     return summary
 
 
-def _precision_used(precision: str, strategy: Any) -> dict[str, str]:
-    """summary.json's ``precision``: what the script trained in. One that never entered ``strategy.autocast()`` got no
-    autocast from dlaunch: ``fp32``, with what was asked kept as ``precision_unused`` (runs compared by their summaries
-    would read an fp32 run as bf16)."""
-    if "autocast" not in strategy._unused_precision_helpers():
+def _precision_used(precision: str, strategy: Any) -> dict[str, Any]:
+    """summary.json's ``precision`` (as asked) and, under bf16- or fp16-mixed, ``autocast_entered``: whether the
+    script entered ``strategy.autocast()``. One that did not got no autocast from dlaunch (it trained in fp32 unless it
+    entered torch.autocast itself, or a model prepared under fsdp computes in FSDP's bf16 parameters): runs compared
+    by their summaries should not read such a run as a bf16 one."""
+    if precision == "fp32":
         return {"precision": precision}
-    return {"precision": "fp32", "precision_unused": f"{precision}: the script never entered strategy.autocast()"}
+    return {"precision": precision, "autocast_entered": "autocast" not in strategy._unused_precision_helpers()}
 
 
 def _say_if_precision_unused(strategy: Any, when: str = "") -> None:
     """``trainer.precision`` reaches a script through ``strategy.autocast()`` (and fp16's ``strategy.grad_scaler()``):
     a script that never asked for them did not train so, which the user should not have to find out from the speed.
-    Said once: after the first step of an optimizer the script gave ``strategy.prepare()``, else at the end."""
+    Said once: after the first optimizer step of the process (any optimizer), else at the end."""
     told = strategy.__dict__.setdefault("_precision_told", set())  # each helper once
     unused = [name for name in strategy._unused_precision_helpers() if name not in told]
     told.update(unused)

@@ -120,9 +120,10 @@ def _leave_on(exc: BaseException, rank: int, leave: Callable[..., None]) -> int:
     if isinstance(exc, Preempted):  # the launcher was signalled too, or only the workers were (then this is the cause)
         log.warning("%s", exc)
         write_error_file(env_lib.error_file(), exc, rank, {"last_step": exc.step, "stopped_by": exc.signal_name})
-        # a script's stop (no step): wherever the signal found each rank; a stop's ranks wait for each other as long
-        # as it takes (their agent bounds it by launch.stop_grace_s), not as a finished rank does
-        leave(in_step=exc.step is not None, wait_s=None)
+        # a script's stop, or one inside a first step: wherever the signal found each rank (a barrier could meet a
+        # peer's gradient all-reduce); a stop's ranks wait for each other as long as it takes (their agent bounds it
+        # by launch.stop_grace_s), not as a finished rank does
+        leave(in_step=exc.agreed, wait_s=None)
         return exc.exit_code
     write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
     return 130 if isinstance(exc, KeyboardInterrupt) else exit_status(exc)

@@ -83,6 +83,7 @@ def test_a_job_resumed_alone_keeps_the_columns_and_the_sweeps_direction(three_jo
     assert sweep.update_row(three_jobs / "2")
     summary = json.loads((three_jobs / "sweep_summary.json").read_text())
     assert summary["best"]["jobs"] == [0] and summary["jobs"][2]["params"]["trainer.seed"] == "1"
+    assert summary["direction"] == "minimize"  # kept for the next such resume, also where no job was best
     with open(three_jobs / "sweep_summary.csv") as f:
         assert "trainer.seed" in next(csv.reader(f))
 

@@ -99,20 +99,27 @@ def test_a_process_forked_inside_ignores_the_stop_its_rank_handles():
     assert said == ["SIGINT received: the ranks stop together within a step, then save"]
 
 
-def test_a_signal_before_the_first_step_completes_raises_at_once_and_after_it_waits_for_the_step():
-    """The training loop's first step may compile for minutes; nothing in it could be saved: the stop is at once."""
+def test_a_signal_inside_the_first_step_raises_at_once_and_after_it_or_in_the_last_step_waits_for_the_step():
+    """The training loop's first step may compile for minutes; nothing in it could be saved: the stop is at once.
+    After the step (its evaluation, its checkpoint's save and commit) a stop waits, as in any step, so a save in
+    flight is not cut short; a signal in the command's last step lets the run complete."""
     from launcher.runtime.preemption import StoppedEarly
 
-    stop = StopRequests(distributed=False, at_once_before_a_step=True)
-    with pytest.raises(StoppedEarly) as raised:
+    stop = StopRequests(distributed=False)
+    with pytest.raises(StoppedEarly) as raised, stop.at_once_inside(True):
         stop._handler(signal.SIGINT, None)
     assert raised.value.signum == signal.SIGINT and isinstance(raised.value, KeyboardInterrupt)
-    stop = StopRequests(distributed=False, at_once_before_a_step=True)
-    assert stop.agreed() == 0  # step 1 completed
-    stop._handler(signal.SIGTERM, None)  # flagged: the ranks stop after the step, and save it
-    assert stop.agreed() == signal.SIGTERM
-    torn_down = StopRequests(distributed=False, at_once_before_a_step=True, torn_down=lambda: True)
-    torn_down._handler(signal.SIGTERM, None)  # a failure's teardown is not a stop the user asked for: as before
+    for armed in (True, False):  # after the first step; inside a first step that is also the last
+        stop = StopRequests(distributed=False)
+        with stop.at_once_inside(armed):
+            if not armed:
+                stop._handler(signal.SIGTERM, None)
+        if armed:
+            stop._handler(signal.SIGTERM, None)  # flagged: the ranks stop after the step's save
+        assert stop.agreed() == signal.SIGTERM
+    torn_down = StopRequests(distributed=False, torn_down=lambda: True)
+    with torn_down.at_once_inside(True):
+        torn_down._handler(signal.SIGTERM, None)  # a failure's teardown is not a stop the user asked for: as before
 
 
 @pytest.mark.slow
@@ -141,3 +148,33 @@ def test_a_stop_in_the_first_step_ends_the_ranks_at_once_not_after_the_grace(tmp
     assert "stopped by SIGINT in step 1, before it completed: nothing new to save" in text, out[-3000:]
     assert "did not exit within" not in text and "Traceback" not in text, out[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_first_steps_checkpoint_commits_keeps_it(tmp_path):
+    """Only the first step itself stops at once: a stop during its save (or evaluation) waits for it, as in any step,
+    and the save is kept (an early stop there raised inside torch's checkpoint writer and lost it)."""
+    import subprocess
+
+    from tests.conftest import PROBE, command
+    from tests.launch.test_restarts import STARTUP_S, finish, wait_for
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "hold-save").write_text("1")
+    proc = subprocess.Popen(command(f"recipe.entry={PROBE}", "+recipe.hold_saves=true", "trainer.steps=3",
+                                    "strategy=mirrored", "cluster=1x2", "trainer.checkpoint.every_steps=1",
+                                    f"hydra.run.dir={run_dir}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: (run_dir / "saving").exists(), STARTUP_S, "rank 0 to hold step 1's save")
+        proc.send_signal(signal.SIGINT)
+        (run_dir / "hold-save").unlink()
+    finally:
+        out = finish(proc, timeout=300)
+    text = " ".join(out.split())
+    assert proc.returncode == 130, out[-3000:]
+    assert f"checkpoint: step 1 saved to {run_dir / 'checkpoints' / 'step-00000001'}" in text, out[-3000:]
+    assert "before it completed" not in text and "Traceback" not in text, out[-3000:]
+    saved = json.loads((run_dir / "summary.json").read_text())["checkpoint_step"]  # the agreement is read a step late
+    assert saved in (1, 2) and f"stopped (exit 130); checkpoint {run_dir / 'checkpoints'}/step-0000000{saved}" in text

@@ -26,6 +26,7 @@ def test_import_errors_name_the_file_and_line(tmp_path, text, says):
     with pytest.raises(RecipeError) as info:
         import_entry(entry)
     assert info.value.key == "recipe.entry" and says in info.value.message
+    assert "dlaunch_recipe_my_recipe" not in sys.modules, "a recipe that failed to import is not left half-loaded"
 
 
 def test_a_package_of_the_users_project_that_a_recipe_in_a_subfolder_imports_is_named_with_the_fix(tmp_path, monkeypatch):
@@ -41,7 +42,11 @@ def test_a_package_of_the_users_project_that_a_recipe_in_a_subfolder_imports_is_
     assert f"No module named 'mymodels' at import ({tmp_path}/cfg/tiny.py:1); mymodels is in {tmp_path}, where dlaunch " \
            f"was started, which is not on the import path (a recipe's own folder is): PYTHONPATH={tmp_path} dlaunch" \
            in info.value.message
-    assert "dlaunch_recipe_my_recipe" not in sys.modules, "a recipe that failed to import is not left half-loaded"
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable: a missing module under it is a typo, not the path
+    with pytest.raises(RecipeError) as info:
+        import_entry(str(tmp_path / "cfg" / "tiny.py"))
+    assert "No module named 'mymodels.layers'" in info.value.message and "PYTHONPATH" not in info.value.message
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
 
 
 def test_the_recipe_itself_missing_is_not_blamed_on_its_code():

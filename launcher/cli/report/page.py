@@ -118,7 +118,8 @@ def failed_jobs(unfinished: list[Job], sweep_dir: Path | None = None) -> str:
                         f"{' &mdash; ' + e(' '.join(j.overrides)) if j.overrides else ''}</li>" for j in stopped)
         waiting = sum(j.status == "not started" for j in stopped)
         counts = ", ".join(f"{n} {what}" for n, what in ((len(stopped) - waiting, "stopped"), (waiting, "not started")) if n)
-        go_on = (f"<code>{e(command(sweep_dir))}</code> resumes each stopped job from its checkpoint and starts the others"
+        go_on = (f"<code>{e(command(sweep_dir))}</code> resumes each stopped job from its checkpoint (where it saved "
+                 "one) and starts the others"
                  if sweep_dir else "<code>dlaunch resume JOB_DIR</code> goes on from a stopped job's checkpoint")
         parts.append(f"<h2 class='stopped'>Jobs a signal cut short ({counts}): dashed in the loss chart; {go_on}</h2>"
                      f"<ul>{items}</ul>")

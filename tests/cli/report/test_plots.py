@@ -164,7 +164,7 @@ def test_a_stopped_sweeps_jobs_not_started_are_counted_as_such_and_the_page_give
     assert plots.sweep_loss(jobs, "s").axes[0].get_title().endswith("3 jobs, 1 stopped, 1 not started)")
     html = page.failed_jobs(jobs[1:], tmp_path)
     assert f"Jobs a signal cut short (1 stopped, 1 not started): dashed in the loss chart; <code>dlaunch resume " \
-           f"{tmp_path}</code> resumes each stopped job from its checkpoint and starts the others" in html, html
+           f"{tmp_path}</code> resumes each stopped job from its checkpoint (where it saved one) and starts the others" in html
 
 
 def test_a_job_with_no_curve_is_counted_in_the_title(four_jobs):
