@@ -62,15 +62,16 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     emulated node whose agent is gone, so that no restart could bring its workers back.
 
     Ranks that were all stopped by a signal sent to them (not to dlaunch) stopped as dlaunch stops on one,
-    after their save: that is a stop (exit 128 + signal), not a failure.
+    after their save: that is a stop (exit 128 + signal), not a failure. So is such a stop where the other ranks
+    failed only on losing a stopped peer (one rank stopped at once in its first step, another had just passed it).
     """
     if not real:
         if finished:
             ranks = ", ".join(f"rank {c.rank} ({c.exit})" for c in sorted(finished, key=lambda c: c.rank))
             log.warning("%s ended abnormally during teardown after completing; the run completed", ranks)
         return 0
-    if all(c.stopped_by for c in real):
-        name = real[0].stopped_by
+    if any(c.stopped_by for c in real) and all(failures.is_consequence(c) for c in real):
+        name = next(c.stopped_by for c in real if c.stopped_by)
         log.warning("the workers were sent %s (dlaunch was not): they stopped as dlaunch stops them, not by failing", name)
         return 128 + int(signal.Signals[name])
     root = failures.first(real)
