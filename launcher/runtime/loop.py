@@ -355,13 +355,14 @@ class _Loop:
              metrics_log: Any) -> float:
         reduced = self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None)
         loss, norm, skipped, *extras = self.strategy.extended.logged_metrics(step, reduced).tolist()
-        if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
-            raise loss_not_finite(loss, step, self.spec.trainer.log_every)
         rate, eta = meter.window(step)
         own = dict(zip(self.step.metric_names or (), extras))  # the recipe's own, averaged over the replicas
-        progress.logged(step, loss, rate, eta, own)
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,
                   **({} if norm == NOT_MEASURED else {"grad_norm": norm}), **own}  # inf/NaN: null in metrics.jsonl
+        if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
+            self._write(record, metrics_log)  # the diverged step's record too: its lr and grad_norm tell why
+            raise loss_not_finite(loss, step, self.spec.trainer.log_every)
+        progress.logged(step, loss, rate, eta, own)
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
             record["skipped_steps"] = self.skipped_steps

@@ -34,7 +34,7 @@ def test_the_job_file_carries_the_plan(tmp_path):
     spec = compose_and_validate(["recipe=linear", "strategy=mirrored", "cluster=1x2"], cuda_devices=0)
     plan = Plan.resolve(spec, 0)
     job = json.loads(write_job(spec, tmp_path, plan).read_text())
-    assert set(job) == {"spec", "plan", "run_dir", "log_file"}  # the CUDA count the parent saw lives in the plan alone
+    assert set(job) == {"spec", "plan", "run_dir", "log_file", "console_tag"}  # the CUDA count the parent saw lives in the plan alone
     assert read_job(job) == (spec, plan)
 
 

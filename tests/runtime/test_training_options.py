@@ -308,3 +308,16 @@ def test_a_resume_trains_with_this_commands_lr_and_can_add_a_schedule(run_dlaunc
     factor = ScheduleFactor(ScheduleSpec(decay="cosine"), 40)
     # the schedule runs from the resumed step's position: step 21 trains at its lr for position 20
     assert lrs[25] == pytest.approx(0.01 * factor(24)) and lrs[40] == pytest.approx(0.01 * factor(39)), lrs
+
+
+def test_a_diverged_steps_record_is_in_metrics_jsonl_with_its_lr_and_grad_norm(run_dlaunch):
+    """The step whose loss was inf ended the run with no record of its own: the report's curves stopped a step early,
+    without the grad_norm spike that says why."""
+    import json
+
+    proc, run_dir = run_dlaunch("recipe.optimizer.lr=1e6", "trainer.log_every=1", "trainer.steps=30")
+    assert proc.returncode == 1 and "LossNotFinite: loss is" in proc.stderr, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step = int(proc.stderr.split("LossNotFinite: loss is ")[1].split(" at step ")[1].split()[0].rstrip(";"))
+    assert records[-1]["step"] == step and records[-1]["loss"] is None and records[-1]["lr"] == 1e6, records[-1]
+    assert summary(run_dir)["last_logged_step"] == step and summary(run_dir)["last_logged_loss_step"] < step
