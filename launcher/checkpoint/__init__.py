@@ -32,7 +32,7 @@ import torch.distributed as dist
 from launcher.checkpoint import integrity, layout, manifest, state
 from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.objects import read as read_object
-from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint
+from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint, storage_refusal
 from launcher.checkpoint.writer import planner, storage_writer
 from launcher.cluster.process_group import comm_device
 from launcher.config.schema import RunSpec
@@ -217,9 +217,10 @@ class Checkpointer:
                 saved = {**manifest.build(self.spec, step, position), "files": read_back or {}}
                 layout.commit(partial, saved, self.spec.trainer.checkpoint.keep)
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-            if not isinstance(_cause(exc), OSError):  # only a storage failure is this method's to report
+            refused = storage_refusal(exc, self.root)
+            if refused is None:  # only a storage failure is this method's to report
                 raise
-            return self._not_saved(step, partial, _cause(exc), stopping)
+            return self._not_saved(step, partial, refused, stopping)
         self.unsaved = ""
         if self.rank == 0:
             log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 from pathlib import Path
 
 
@@ -27,3 +30,36 @@ class NoIntactCheckpoint(CheckpointError):
 
 START_AFRESH = ("start afresh with trainer.resume=never (the damaged ones are moved aside, not deleted), "
                 "or resume from another checkpoint with trainer.resume=PATH")
+
+
+# What torch's zip writer (torch.save, a rank's DCP file) says when a write of its failed: the OSError is gone by then
+_FAILED_WRITES = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+NEARLY_FULL_BYTES = 1 << 20  # a file system with less free than this refused the write for space
+
+
+def storage_refusal(exc: BaseException, root: Path) -> OSError | None:
+    """The storage's refusal behind a failed save (None: another failure, which is not the storage's).
+
+    DCP reports each rank's failure: an ``OSError`` on any of them (rank 1's ``ENOSPC``) is the cause, though rank 0's
+    may be torch's zip writer failing after its write did (``unexpected pos 704 vs 598``), which keeps no errno: that
+    alone, on a file system with under a MiB free, is a full disk too."""
+    failures = getattr(exc, "failures", None)
+    causes = [failure[0] for failure in failures.values()] if failures else [exc]
+    for cause in causes:
+        while cause is not None:
+            if isinstance(cause, OSError) and not isinstance(cause, (ConnectionError, TimeoutError)):  # a peer's
+                return cause  # lost connection is no refusal of the storage's
+            cause = cause.__cause__ or cause.__context__
+    failed_write = any(any(sign in str(c) for sign in _FAILED_WRITES) for c in causes)
+    if failed_write and _free_bytes(root) < NEARLY_FULL_BYTES:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # where: the message names the directory
+    return None
+
+
+def _free_bytes(root: Path) -> int:
+    for where in (root, *root.parents):  # the checkpoint directory, or the nearest folder above it that exists
+        try:
+            return shutil.disk_usage(where).free
+        except OSError:
+            continue
+    return NEARLY_FULL_BYTES

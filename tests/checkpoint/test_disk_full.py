@@ -168,3 +168,29 @@ def test_a_stop_whose_save_fails_says_so_and_resume_goes_on_from_the_last_good_s
     assert "stopped by SIGTERM after step 15; the checkpoint of step 15 was not saved: No space left on device" in text
     assert "step-00000014 is intact" in text and "from step 14: the steps after it up to 15 are trained again" in text
     assert (summary(run_dir)["checkpoint_step"], summary(run_dir)["unsaved_checkpoint"]["step"]) == (14, 15)
+
+
+def test_a_real_full_disk_is_found_behind_torchs_zip_writer_and_any_ranks_failure(tmp_path, monkeypatch):
+    """On a tmpfs that filled during a save, rank 0's failure was torch's zip writer (`unexpected pos 704 vs 598`, no
+    errno) and rank 1's the OSError: the save was not taken for a refused one (a CheckpointException panel, the
+    `.partial` left behind, trainer.checkpoint.on_error=warn ignored)."""
+    import errno as errnos
+    import shutil
+
+    from launcher.checkpoint import errors
+
+    zip_writer = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    full = OSError(errnos.ENOSPC, "No space left on device", "__1_0.distcp")
+
+    class Reported(BaseException):  # as DCP's CheckpointException holds each rank's failure
+        def __init__(self, *failures):
+            self.failures = {rank: (failure, None) for rank, failure in enumerate(failures)}
+
+    assert errors.storage_refusal(Reported(zip_writer, full), tmp_path) is full
+    lost = ConnectionResetError(errnos.ECONNRESET, "Connection reset by peer")
+    assert errors.storage_refusal(Reported(lost), tmp_path) is None  # a peer's connection is not the storage
+    usage = shutil.disk_usage(tmp_path)
+    assert errors.storage_refusal(Reported(zip_writer), tmp_path) is None  # room on the disk: another failure
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage._replace(free=4096))
+    refused = errors.storage_refusal(Reported(zip_writer), tmp_path / "not" / "made")
+    assert refused is not None and refused.errno == errnos.ENOSPC  # the writer's failure alone, on a full disk
