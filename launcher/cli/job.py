@@ -305,7 +305,8 @@ def _completed_before_the_stop(spec: Any, run_dir: Path, code: int) -> bool:
     if not report.completed_before_the_stop(spec, run_dir):
         return False
     said = "Ctrl-C" if code == 128 + signal.SIGINT else signal.Signals(code - 128).name
-    log.warning("the %s came after the run had completed, as its workers ended: nothing was cut short (exit 0)", said)
+    log.warning("the %s came in the run's last step or as its workers ended: the run completed, nothing was cut short "
+                "(exit 0)", said)
     return True
 
 

@@ -203,7 +203,7 @@ def run_node(
         with closing():
             if teardown_marker(run_dir).exists():  # dlaunch's parent tears this node down after another node failed
                 log.warning("node %d torn down after another node failed; its workers were shut down", node_rank or 0)
-            else:
+            elif not report.completed_before_the_stop(spec, run_dir):  # else the run completed: said after this
                 killed = report.killed_on_stop(spec, run_dir, agent.Agent.killed)
                 log.warning("stopped by %s; %s", exc.sigval.name, killed or "all workers were shut down")
         return 128 + int(exc.sigval)
