@@ -72,8 +72,8 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
         return 0
     if any(c.stopped_by for c in real) and all(failures.is_consequence(c) for c in real):
         name = next(c.stopped_by for c in real if c.stopped_by)
-        log.warning("the workers were sent %s (dlaunch was not; the workers themselves or a node's agent were): they "
-                    "stopped as dlaunch stops them, not by failing", name)
+        log.warning("%s reached the workers, not dlaunch (sent to them, or to a node's agent): they stopped as dlaunch "
+                    "stops them, not by failing", name)
         return 128 + int(signal.Signals[name])
     root = failures.first(real)
     others = [c for c in real + finished if c.rank != root.rank]
