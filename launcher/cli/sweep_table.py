@@ -35,12 +35,9 @@ _DIRECTIONS = {"minimize": True, "maximize": False}  # Optuna's hydra.sweeper.di
 def params(overrides: list[str]) -> dict[str, str]:
     """A job's ``key=value`` overrides by key, as typed (``+``, ``++`` and ``~`` dropped; a script's ``-- ...`` is
     not one)."""
-    found = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and not key.startswith("-"):
-            found[key.lstrip("+~")] = value
-    return found
+    from launcher.config.validation import key_of
+
+    return {key_of(item): item.partition("=")[2] for item in overrides if "=" in item and not item.startswith("-")}
 
 
 def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
