@@ -16,6 +16,7 @@ from launcher import strategies
 from launcher.cli.recipes import Refused
 from launcher.cluster import gpus
 from launcher.config.errors import ConfigError, Problem, UserCodeError, render
+from launcher.config.overrides import key_of
 
 # The cluster shape each strategy is checked with: its unit's example (several replicas where it has them).
 STRATEGY_SHAPES: dict[str, tuple[str, ...]] = {name: unit.example for name, unit in strategies.units().items()}
@@ -43,20 +44,16 @@ def _has_recipe_section(path: Path) -> bool:
     return isinstance(data, dict) and "recipe" in data
 
 
-def _key(override: str) -> str:
-    return override.partition("=")[0].strip().lstrip("+~")
-
-
 def plans(strategies: list[str], overrides: list[str]) -> list[tuple[str, list[str]]]:
     """(label, overrides) for each strategy to check: the declared ones, or those the overrides name."""
-    named = [o.partition("=")[2].strip() for o in overrides if _key(o) == "strategy"]
+    named = [o.partition("=")[2].strip() for o in overrides if key_of(o) == "strategy"]
     strategies = named or strategies
     if not strategies:
         return [("default strategy (the recipe declares none)", list(overrides))]
-    user_keys = {_key(o) for o in overrides}
+    user_keys = {key_of(o) for o in overrides}
     result = []
     for strategy in strategies:
-        shape = [s for s in STRATEGY_SHAPES.get(strategy, ()) if _key(s) not in user_keys]
+        shape = [s for s in STRATEGY_SHAPES.get(strategy, ()) if key_of(s) not in user_keys]
         own = [] if named else [f"strategy={strategy}"]
         result.append((" ".join([strategy, *shape]), [*own, *shape, *overrides]))
     return result
@@ -81,7 +78,7 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
     from launcher.config import user_recipes
 
     for o in args.overrides:
-        if _key(o) == "recipe":
+        if key_of(o) == "recipe":
             raise Refused(f"validate checks the recipe in {args.path}; leave out {o!r}")
     cuda = gpus.count() if args.cuda_devices is None else args.cuda_devices
     found: dict[type[ConfigError], list[Problem]] = {ConfigError: [], UserCodeError: []}
@@ -99,7 +96,7 @@ def cmd_validate(args: argparse.Namespace, out: Console) -> int:
         declared = [str(s) for s in declared] if isinstance(declared, ListConfig) else []
         results: list[tuple[str, list[Problem] | None]] = []
         # the example shapes are validate's choice: where this machine's GPUs are too few for one, it is checked on the CPU
-        on_cpu = args.cuda_devices is None and cuda > 0 and not any(_key(o) == "cluster.device" for o in args.overrides)
+        on_cpu = args.cuda_devices is None and cuda > 0 and not any(key_of(o) == "cluster.device" for o in args.overrides)
         for label, overrides in plans(declared, list(args.overrides)):
             exc = _checked(option, overrides, cuda)
             if exc is not None and on_cpu and _too_few_gpus(exc.problems):

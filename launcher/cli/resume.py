@@ -26,6 +26,7 @@ from typing import Any
 
 from launcher.cli.resume_lines import command
 from launcher.config.errors import ConfigError
+from launcher.config.overrides import key_of
 
 
 SWEEP_FILE = "multirun.yaml"  # what Hydra writes at the top of a sweep's directory
@@ -95,7 +96,7 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
         own = user_recipes.as_typed([str(o) for o in recorded["task"]])
         _refuse_swept_values(run_dir, [*own, *map(str, recorded["hydra"])], extra, [*extra, *_script_tail(args)])
         hydra_own = [str(o) for o in recorded["hydra"]
-                     if _key(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir")]
+                     if key_of(str(o)) not in ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir")]
         jobs = sorted(run_dir.glob(f"*/{outputs.HYDRA_RECORD}/{outputs.SCRIPT_ARGS}"))  # the same in every job
         return [*_config_args(run_dir / SWEEP_FILE), "-m", *hydra_own, *_rerun(own, extra), f"hydra.sweep.dir={run_dir}",
                 *_script_tail(args if given else _recorded(jobs))]
@@ -121,12 +122,12 @@ def _refuse_swept_values(sweep_dir: Path, recorded: list[str], extra: list[str],
 
     params = "hydra.sweeper.params."  # an Optuna search space given as Hydra's setting
     try:
-        parsed = composer.parse_overrides([o for o in recorded if not _key(o).startswith(params)])
+        parsed = composer.parse_overrides([o for o in recorded if not key_of(o).startswith(params)])
     except ConfigError:
         return  # the sweep's own record: its replay says what does not parse
-    swept = {_key(o.input_line): o.input_line for o in parsed if o.is_sweep_override()}
-    swept.update({_key(o).removeprefix(params): o for o in recorded if _key(o).startswith(params)})
-    clash = [swept[_key(o)] for o in extra if _key(o) in swept and o.lstrip("+") != swept[_key(o)].lstrip("+")]
+    swept = {key_of(o.input_line): o.input_line for o in parsed if o.is_sweep_override()}
+    swept.update({key_of(o).removeprefix(params): o for o in recorded if key_of(o).startswith(params)})
+    clash = [swept[key_of(o)] for o in extra if key_of(o) in swept and o.lstrip("+") != swept[key_of(o)].lstrip("+")]
     if not clash:
         return
     jobs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
@@ -134,7 +135,7 @@ def _refuse_swept_values(sweep_dir: Path, recorded: list[str], extra: list[str],
     typed = " ".join(shlex.quote(a) for a in given)
     lines = "\n".join(f"  dlaunch resume {shlex.quote(str(d))} {typed}   (job {d.name}: {status or 'no record'})"
                       for d, status in left) or f"  dlaunch resume {shlex.quote(str(sweep_dir))}/N {typed}"
-    keys = "; ".join(f"{_key(s)} is swept by this sweep ({as_shown([s])[0]})" for s in clash)
+    keys = "; ".join(f"{key_of(s)} is swept by this sweep ({as_shown([s])[0]})" for s in clash)
     raise ValueError(
         f"{keys}: one value cannot replace each job's own (the jobs would no longer differ in it, and a completed "
         f"job keeps what its own value trained). Resume the job that needs the new value on its own; it goes on from "
@@ -154,7 +155,7 @@ def _pinned(own: list[str], config: Path) -> list[str]:
     resolved = OmegaConf.load(config)
     pinned = []
     for o in own:
-        value = OmegaConf.select(resolved, _key(o), default=None) if o in interpolated else None
+        value = OmegaConf.select(resolved, key_of(o), default=None) if o in interpolated else None
         if isinstance(value, str) and not re.fullmatch(r"[\w./@+-]+", value):  # Hydra's grammar: quoted, escaped
             value = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
         pinned.append(f"{o.split('=', 1)[0]}={value}" if isinstance(value, (str, int, float, bool)) else o)
@@ -184,7 +185,7 @@ def _resumes_from(run_dir: Path, own: list[str]) -> str:
     from launcher.config.trainer import CheckpointSpec
     from launcher.runtime import outputs
 
-    recorded = next((o.split("=", 1)[1] for o in reversed(own) if _key(o) == "trainer.resume"), "auto")
+    recorded = next((o.split("=", 1)[1] for o in reversed(own) if key_of(o) == "trainer.resume"), "auto")
     if recorded in ("auto", "never") or not (run_dir / outputs.CONFIG).is_file():
         return "auto"
     own_dir = OmegaConf.select(OmegaConf.load(run_dir / outputs.CONFIG), "trainer.checkpoint.dir", default=None)
@@ -196,19 +197,15 @@ def _rerun(own: list[str], extra: list[str], resume: str = "auto") -> list[str]:
     """The run's own overrides, each that ``extra`` sets replaced where it stood (a sweep numbers its jobs in that
     order), resuming from the newest checkpoint (``resume``); never a dry run (``dlaunch resume RUN
     launch.dry_run=true`` previews one resume, not the ones after it)."""
-    given = {_key(o): o for o in extra}
+    given = {key_of(o): o for o in extra}
     mine = set(given)
     kept = []
     for o in own:  # a key given twice (the later one won): extra's value takes the first place, the rest go
-        if _key(o) in given:
-            kept.append(given.pop(_key(o)))
-        elif _key(o) not in (*mine, "trainer.resume", "launch.dry_run"):
+        if key_of(o) in given:
+            kept.append(given.pop(key_of(o)))
+        elif key_of(o) not in (*mine, "trainer.resume", "launch.dry_run"):
             kept.append(o)
     return [*kept, *given.values(), *([] if "trainer.resume" in mine else [f"trainer.resume={resume}"])]
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 RESUMING: list[bool] = []  # set by `dlaunch resume`: a completed run with nothing to resume from is kept, not retrained
@@ -296,7 +293,7 @@ def main(argv: list[str]) -> int:
     from launcher.cli.main import main as run
 
     code = run(args)
-    dry = any(_key(a) == "launch.dry_run" and a.partition("=")[2].strip().lower() == "true" for a in args)
+    dry = any(key_of(a) == "launch.dry_run" and a.partition("=")[2].strip().lower() == "true" for a in args)
     if code != 2 and not dry and not (run_dir / SWEEP_FILE).exists() and sweep.update_row(run_dir):  # one job of a sweep
         print(f"job {run_dir.name}'s row of {run_dir.parent / 'sweep_summary.json'} (and .csv) is updated",
               file=sys.stderr)

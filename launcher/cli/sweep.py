@@ -281,7 +281,7 @@ def update_row(job: Path) -> bool:
     ``.csv`` becomes what its directory holds now (the other rows stay), so the sweep's record does not go on saying
     it failed. Whether there was such a summary to update."""
     sweep_dir = job.parent
-    summary = _read_json(sweep_dir / "sweep_summary.json")
+    summary = _read_json(sweep_dir / outputs.SWEEP_SUMMARY)
     jobs, direction = summary.get("jobs"), summary.get("direction")
     if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
         return False

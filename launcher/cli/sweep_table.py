@@ -23,20 +23,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launcher.config.overrides import key_of
 from launcher.runtime import outputs
 
 COLUMNS = ("job", "overrides", "status", "final_loss", "last_logged_loss", "last_logged_step", "metric", "metric_value",
            "examples_per_sec", "wall_seconds",
            "resumed_from_step")  # set: the last command went on from that checkpoint, and the throughput and time are its
 _CUT_SHORT = outputs.CUT_SHORT  # a signal stopped the sweep: shown by name, in yellow, not as failures
-_DIRECTIONS = {"minimize": True, "maximize": False}  # Optuna's hydra.sweeper.direction: lower is better?
 
 
 def params(overrides: list[str]) -> dict[str, str]:
     """A job's ``key=value`` overrides by key, as typed (``+``, ``++`` and ``~`` dropped; a script's ``-- ...`` is
     not one)."""
-    from launcher.config.validation import key_of
-
     return {key_of(item): item.partition("=")[2] for item in overrides if "=" in item and not item.startswith("-")}
 
 
@@ -59,23 +57,21 @@ def best(rows: list[dict[str, Any]], direction: str | None = None) -> dict[str, 
     "lower_is_better", "value", "jobs"}``. None: under two such jobs, all of them tied, jobs ranked by different
     metrics (a sweep over recipes), or a metric whose name does not tell which way is better (Optuna's ``direction``
     does, where given)."""
-    from launcher.cli.report.jobs import lower_is_better
+    from launcher.cli.report.jobs import best as ranked, lower_is_better
 
     done = [r for r in rows if r["status"] == "completed"]
     names = {r["metric"] or outputs.DEFAULT_OBJECTIVE for r in done}
     if len(names) != 1:
         return None
     name = names.pop()
-    lower = _DIRECTIONS.get(direction) if direction in _DIRECTIONS else lower_is_better(name)
+    lower = lower_is_better(name, direction)
     values = [(r["job"], r["metric_value"] if r["metric"] else r["final_loss"]) for r in done]
     values = [(job, float(v)) for job, v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    if lower is None or len(values) < 2:
+    jobs = ranked(values, lower, _num)
+    if not jobs:
         return None
-    top = (min if lower else max)(v for _, v in values)
-    jobs = [job for job, v in values if _num(v) == _num(top)]
-    if len(jobs) == len(values):  # every job as good as the others: no job to point at
-        return None
-    return {"metric": name, "lower_is_better": lower, "value": top, "jobs": jobs}
+    return {"metric": name, "lower_is_better": lower, "value": (min if lower else max)(v for _, v in values),
+            "jobs": jobs}
 
 
 def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console, direction: str | None = None) -> None:
@@ -127,7 +123,7 @@ def write(sweep_dir: Path, rows: list[dict[str, Any]], direction: str | None = N
     for row in public:
         row.setdefault("params", params((row.get("overrides") or "").split()))  # a row of an older summary
     summary = {"sweep_dir": str(sweep_dir.resolve()), "direction": direction, "best": best(rows, direction), "jobs": public}
-    outputs.write_json_atomic(sweep_dir / "sweep_summary.json", summary)  # absolute: read from anywhere, after a resume too
+    outputs.write_json_atomic(sweep_dir / outputs.SWEEP_SUMMARY, summary)  # absolute: read from anywhere, after a resume too
     keys = swept_keys(public)
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=[COLUMNS[0], *keys, *COLUMNS[1:], "error", "dir"], extrasaction="ignore")

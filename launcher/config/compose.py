@@ -24,9 +24,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import shapes, user_recipes
 from launcher.config.errors import ConfigError, Problem, did_you_mean
+from launcher.config.overrides import key_of
 from launcher.config.schema import ClusterSpec, RunSpec
 from launcher.config.unknown_keys import unknown_key_problem
-from launcher.config.validation import key_of, validate
+from launcher.config.validation import validate
 
 CONF_DIR = Path(str(importlib.resources.files("launcher.conf")))
 RECIPE_DIR = Path(str(importlib.resources.files("launcher.recipes")))
@@ -346,7 +347,7 @@ def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> 
     groups = {p.key for p in exc.problems if p.key in GROUPS and not p.message.startswith("unknown key")}
     unparsable = {p.key for p in exc.problems if p.message.startswith(UNPARSABLE)}  # keyed by the whole override
     rest = [o for o in overrides if o not in unparsable
-            and (k := o.partition("=")[0].lstrip("+~")) not in unknown and k.split(".")[0] not in groups]
+            and (k := key_of(o)) not in unknown and k.split(".")[0] not in groups]
     try:
         if unknown | groups | unparsable and len(unknown | groups | unparsable) == len({p.key for p in exc.problems}) and rest != overrides:
             _check_the_rest(rest, cuda_devices)

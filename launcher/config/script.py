@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from launcher.config.base import PlanError, PlanErrors, Strict
 from launcher.config.errors import ConfigError, Problem, did_you_mean
+from launcher.config.overrides import key_of
 from launcher.config.trainer import TrainerSpec
 
 SEPARATOR = "--"
@@ -80,18 +81,15 @@ _SECTIONS = ("strategy", "cluster", "recipe", "trainer", "input", "launch", "swe
 def like_settings(args: list[str]) -> list[str]:
     """A script's arguments that read as dlaunch's settings (``strategy=mirrored``, ``trainer.steps=5``): typed after
     ``--`` by mistake, they go to the script, and dlaunch runs without them."""
-    return [a for a in args if "=" in a and a.split("=", 1)[0].lstrip("+~").split(".")[0] in _SECTIONS]
+    return [a for a in args if "=" in a and key_of(a).split(".")[0] in _SECTIONS]
 
 
 def path_beside_keys(overrides: list[str]) -> list[str]:
     """``script=PATH`` beside a ``script.KEY=`` override (``script.args=[...]``, a sweep over a script's arguments)
     as ``script.path=PATH``: Hydra would let the later of the two replace the other whole."""
-    def key(override: str) -> str:
-        return override.split("=", 1)[0].lstrip("+~")
-
-    if not any(key(o).startswith("script.") for o in overrides):
+    if not any(key_of(o).startswith("script.") for o in overrides):
         return overrides
-    return [f"script.path={o.split('=', 1)[1]}" if "=" in o and key(o) == "script" and not o.startswith("~") else o
+    return [f"script.path={o.split('=', 1)[1]}" if "=" in o and key_of(o) == "script" and not o.startswith("~") else o
             for o in overrides]
 
 

@@ -13,6 +13,8 @@ from typing import Iterable
 
 import yaml
 
+from launcher.config.overrides import key_of
+
 SHAPE = re.compile(r"^(\d+)x(\d+)$")
 
 
@@ -24,8 +26,8 @@ def named(overrides: Iterable[str], config_dirs: Iterable[str], config_name: str
 def _in_overrides(overrides: Iterable[str]) -> set[str]:
     shapes = set()
     for text in overrides:
-        key, _, value = text.partition("=")
-        if key.lstrip("+~") == "cluster":
+        if key_of(text) == "cluster":
+            value = text.partition("=")[2]
             shapes |= {v for v in re.split(r"[,\s\[\]()]+", value) if SHAPE.match(v)}
     return shapes
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from launcher.config import pydantic_errors, recipe_rules, user_recipes
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, UserCodeError
+from launcher.config.overrides import key_of
 from launcher.config.schema import RunSpec
 from launcher.runtime import recipe as recipe_lib
 
@@ -52,12 +53,6 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
         recipe_rules.check(spec, loaded)
     spec._deferred = tuple(deferred)
     return spec
-
-
-def key_of(override: str) -> str:
-    """An override's key without Hydra's add/force/delete prefix (``++trainer.steps=5``: ``trainer.steps``), which
-    names the same setting however the user wrote it."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: list[str] | None) -> list[Problem]:

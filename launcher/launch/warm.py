@@ -40,6 +40,7 @@ from typing import Any, Iterator
 
 from launcher.cluster.env import quiet_cpp_variables, worker_environment, worker_env_set
 from launcher.config import shapes
+from launcher.config.overrides import key_of
 
 # torch._dynamo (with sympy, about 0.9 s here) is imported by a process's first optimizer step: in the
 # server it is imported once, off the workers' critical path. The server stays single-threaded.
@@ -99,8 +100,7 @@ def may_ask_for_workers(argv: list[str]) -> bool:
     recipes = importlib.resources.files("launcher.recipes").iterdir()
     shipped = {f.name.removesuffix(".yaml") for f in recipes if f.name.endswith(".yaml")}
     for arg in argv:
-        key, _, value = arg.partition("=")
-        key = key.lstrip("+~")
+        key, value = key_of(arg), arg.partition("=")[2]
         if key in _OTHER_CONFIG or key in ("cluster.nodes", "cluster.devices_per_node"):
             return True
         if key == "cluster":
@@ -117,8 +117,7 @@ def several_nodes(argv: list[str]) -> bool:
     (``env.quiet_cpp_warnings``), which torch reads as it loads, so the server must load it so too. A wrong guess
     costs only the server: ``keep_if_useful`` stops one that loaded torch otherwise than the validated job needs."""
     for arg in argv:
-        key, _, value = arg.partition("=")
-        key, value = key.lstrip("+~"), value.strip()
+        key, value = key_of(arg), arg.partition("=")[2].strip()
         shape = shapes.SHAPE.match(value) if key == "cluster" else None
         if (shape and int(shape[1]) > 1 or key == "cluster.nodes" and value not in ("", "1")
                 or key == "cluster" and value == "tasks" or key == "cluster.tasks"):  # a task list: a node per task

@@ -18,6 +18,7 @@ HYDRA_RECORD = ".hydra"  # the job's command as Hydra records it (config, hydra,
 SCRIPT_ARGS = "script_args.json"  # in HYDRA_RECORD: a script's own arguments (after --), which are no override
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+SWEEP_SUMMARY = "sweep_summary.json"  # in a sweep's directory: its table, each job's params, the best job
 ERROR = "error.txt"  # a failed run's root-cause block, as the terminal showed it
 STATE_DIR = ".dlaunch"  # launcher bookkeeping: the worker job file, per-rank completion markers and progress
 TOKEN = "token"  # in STATE_DIR, owner-only: the cluster.token node 0 made, taken again when the run resumes

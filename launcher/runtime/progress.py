@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, Callable
 
@@ -25,6 +26,29 @@ def setup_logging(rank: int, console: Console, who: str | None = None) -> None:
         root.removeHandler(handler)
     root.addHandler(console_handler(console, f"[{who}{rank}] " if who and rank else ""))
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+_TORCH_RANK = re.compile(r"^\[rank\d+\]:", re.MULTILINE)
+
+
+class _WithoutTorchRank(logging.Formatter):
+    def __init__(self, inner: logging.Formatter):
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _TORCH_RANK.sub("", self.inner.format(record))
+
+
+def untag_torch_logs() -> None:
+    """torch's own log lines (torch.compile's recompile warning) start with ``[rankN]:`` once a process group exists,
+    and the agent tags a worker's lines already: ``[rank1] [rank1]:W1201 ...``. Drop torch's tag from the handlers
+    torch set up as it loaded (the lines keep torch's format otherwise)."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.partition(".")[0] == "torch" and isinstance(logger, logging.Logger):
+            for handler in logger.handlers:
+                if type(handler.formatter).__name__ == "TorchLogsFormatter":
+                    handler.setFormatter(_WithoutTorchRank(handler.formatter))
 
 
 FILE_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - {tag}%(message)s"  # conf/hydra/job_logging/dlaunch.yaml's

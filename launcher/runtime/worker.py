@@ -30,7 +30,7 @@ from launcher.launch.parent_death import die_with_parent
 from launcher.runtime import heartbeat, outputs
 from launcher.runtime.loop import train
 from launcher.runtime.preemption import Preempted
-from launcher.runtime.progress import log, log_to_file, setup_logging, tag_console_lines
+from launcher.runtime.progress import log, log_to_file, setup_logging, tag_console_lines, untag_torch_logs
 from launcher.runtime.stop_signals import cut_short
 from launcher.runtime.streams import reader_may_leave
 
@@ -88,6 +88,8 @@ def run(job_path: Path) -> int:
     rank = task.rank if task is not None else (env.rank if env else 0)
     console = Console(stderr=True)
     setup_logging(rank, console)
+    if rank:  # the agent tags its lines (rank 0 keeps the terminal untagged, and torch's own tag)
+        untag_torch_logs()
     if job.get("console_tag"):  # a sweep's job that joblib runs beside others: ``[job 3] ``
         tag_console_lines(job["console_tag"])
     log_to_file(job.get("log_file"), rank)

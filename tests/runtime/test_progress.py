@@ -60,3 +60,31 @@ def test_the_recipes_own_metrics_follow_the_loss_in_the_step_lines_and_the_bar(c
     bar.logged(20, 0.65, 31000.0, 1.0, {"accuracy": 0.895833})
     bar.close()
     assert "loss 0.65  accuracy 0.8958" in screen.getvalue()
+
+
+_TORCH_WARNING = """
+import logging, os, sys, tempfile
+import torch.distributed as dist
+from launcher.runtime.progress import untag_torch_logs
+dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1), rank=0, world_size=1)
+if sys.argv[1] == "untag":
+    untag_torch_logs()
+logging.getLogger("torch._dynamo").warning("recompile_limit reached\\nsecond line")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("untag", [False, True])
+def test_a_workers_torch_warnings_lose_torchs_rank_tag_which_the_agent_adds_already(untag):
+    """A rank's torch.compile warning read ``[rank1] [rank1]:W1201 ...`` on the terminal: the agent's tag, then the
+    one torch's own log format adds once a process group exists."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_LOGS")}  # torch's default format
+    out = subprocess.run([sys.executable, "-c", _TORCH_WARNING, "untag" if untag else "keep"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    lines = [line for line in out.stderr.splitlines() if "recompile_limit" in line or "second line" in line]
+    assert len(lines) == 2, out.stderr
+    assert all(line.startswith("W") for line in lines) if untag else all(line.startswith("[rank0]:W") for line in lines)

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from launcher.cli.report import page
-from launcher.cli.report.jobs import Job, ReportError, best, final_value, fixed_format, is_run, label, load, sweep_jobs
+from launcher.cli.report.jobs import (Job, ReportError, best, final_value, fixed_format, is_run, label, load, lower_is_better,
+                                      study_direction, sweep_jobs)
 from launcher.runtime import outputs
 
 __all__ = ["Job", "ReportError", "main", "report"]
@@ -136,9 +137,10 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
                plots.sweep_loss(curves, directory.name, jobs) if curves else None)
     charts.put(METRICS_PNG, "logged metrics vs step, every job", plots.sweep_metrics(curves, directory.name))
     spec = fixed_format([v for _, v in bars])
-    tops = best(bars, metric, spec)
+    lower = lower_is_better(metric, study_direction(directory))
+    tops = best(bars, lower, lambda v: format(v, spec))
     charts.put(FINAL_METRIC_PNG, f"{metric} per completed job",
-               plots.final_metric(bars, metric, directory.name, spec, tops) if bars else None)
+               plots.final_metric(bars, metric, directory.name, spec, tops, lower) if bars else None)
     body = [page.images(charts.images), "<h2>Jobs</h2>", page.sweep_table(jobs, metric, tops),
             page.failed_jobs([j for j in jobs if not j.completed], directory)]
     return [*charts.paths, page.write(directory, f"dlaunch report: sweep {directory.name}", body)]

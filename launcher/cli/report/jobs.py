@@ -6,7 +6,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from launcher.runtime import outputs
 
@@ -129,12 +129,24 @@ def sweep_jobs(directory: Path) -> list[Path]:
 
 def _summarized(directory: Path) -> list[str] | None:
     """The job directories ``sweep_summary.json`` lists, by name, in its order (None: no readable summary)."""
+    try:
+        return [Path(job["dir"]).name for job in _sweep_summary(directory)["jobs"]]
+    except (KeyError, TypeError):
+        return None
+
+
+def study_direction(directory: Path) -> str | None:
+    """The ``direction`` of the Optuna study a sweep ran, as its ``sweep_summary.json`` records it."""
+    summary = _sweep_summary(directory)
+    return summary.get("direction") if isinstance(summary, dict) else None
+
+
+def _sweep_summary(directory: Path) -> Any:
     import json
 
     try:
-        jobs = json.loads((directory / "sweep_summary.json").read_text())["jobs"]
-        return [Path(job["dir"]).name for job in jobs]
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads((directory / outputs.SWEEP_SUMMARY).read_text())
+    except (OSError, ValueError):
         return None
 
 
@@ -221,7 +233,14 @@ LOWER_IS_BETTER = ("loss", "error", "err", "mse", "mae", "rmse", "perplexity", "
 HIGHER_IS_BETTER = ("acc", "accuracy", "auc", "f1", "precision", "recall", "ap", "map", "score")
 
 
-def lower_is_better(metric: str) -> bool | None:
+STUDY_DIRECTIONS = {"minimize": True, "maximize": False}  # an Optuna study's hydra.sweeper.direction: lower is better?
+
+
+def lower_is_better(metric: str, direction: str | None = None) -> bool | None:
+    """Whether a lower ``metric`` is better: an Optuna study's ``direction`` where given, else the metric's name (None:
+    neither tells)."""
+    if direction in STUDY_DIRECTIONS:
+        return STUDY_DIRECTIONS[direction]
     words = metric.lower().replace("-", "_").split("_")
     if any(w in LOWER_IS_BETTER for w in words):
         return True
@@ -242,10 +261,12 @@ def fixed_format(values: list[float], digits: int = 3) -> str:
     return f".{max(0, digits - 1 - math.floor(math.log10(smallest)))}f"
 
 
-def best(bars: list[tuple[Job, float]], metric: str, spec: str) -> list[Job]:
-    """Every job whose value, printed as ``spec``, equals the best one's: a tie shown equal is a tie."""
-    lower = lower_is_better(metric)
-    if lower is None or len(bars) < 2:
+def best(values: list[tuple[Any, float]], lower: bool | None, shown: Callable[[float], str]) -> list[Any]:
+    """What each of ``values`` ranks (a job, its number) whose value, as ``shown`` prints it, equals the best one's: a
+    tie as the reader sees it is a tie. None where no direction is known (``lower`` None), under two values, or every
+    value tied: no job to point at. The report's chart and the sweep's table rank with it alike."""
+    if lower is None or len(values) < 2:
         return []
-    top = format((min if lower else max)(v for _, v in bars), spec)
-    return [j for j, v in bars if format(v, spec) == top]
+    top = shown((min if lower else max)(v for _, v in values))
+    tops = [item for item, v in values if shown(v) == top]
+    return tops if len(tops) < len(values) else []

@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from launcher.cli.report.jobs import Job, extra_keys, lower_is_better
+from launcher.cli.report.jobs import Job, extra_keys
 
 MAX_LEGEND = 20  # a sweep's charts label this many jobs at most
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
@@ -124,8 +124,10 @@ def sweep_metrics(jobs: list[Job], sweep: str) -> Figure | None:
     return fig
 
 
-def final_metric(bars: list[tuple[Job, float]], metric: str, sweep: str, spec: str, best: list[Job]) -> Figure:
-    """A bar per job of its final ``metric``, each printed as ``spec``; every job tied for best highlighted."""
+def final_metric(bars: list[tuple[Job, float]], metric: str, sweep: str, spec: str, best: list[Job],
+                 lower: bool | None) -> Figure:
+    """A bar per job of its final ``metric``, each printed as ``spec``; every job tied for best highlighted. ``lower``:
+    whether a lower value is better (None: not known)."""
     width = max(6.0, min(0.8 * len(bars) + 3, 24.0))
     fig = Figure(figsize=(width, 5.5))
     ax = fig.subplots()
@@ -138,7 +140,7 @@ def final_metric(bars: list[tuple[Job, float]], metric: str, sweep: str, spec: s
     fits = sum(len(s) for s in labels) * 7 < width * 100 * 0.8  # small font: about 7 px a character
     ax.set_xticks(list(xs), labels, fontsize="small",
                   **({} if fits else {"rotation": 30, "ha": "right", "rotation_mode": "anchor"}))
-    direction = {True: " (lower is better)", False: " (higher is better)"}.get(lower_is_better(metric), "")
+    direction = {True: " (lower is better)", False: " (higher is better)"}.get(lower, "")
     tie = f"; {len(best)} tie for best" if len(best) > 1 else ""
     ax.set(ylabel=metric, title=f"{metric} per job: sweep {sweep}{direction}{tie}")
     ax.grid(True, axis="y", alpha=0.3)

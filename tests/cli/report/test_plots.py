@@ -193,9 +193,9 @@ def test_every_job_tied_for_best_is_highlighted_and_values_share_one_precision(t
     found = loaded(*(tmp_path / n for n in "0123"))
     bars = [(j, jobs.final_value(j, "eval_accuracy")) for j in found]
     spec = jobs.fixed_format([v for _, v in bars])
-    best = jobs.best(bars, "eval_accuracy", spec)
+    best = jobs.best(bars, jobs.lower_is_better("eval_accuracy"), lambda v: format(v, spec))
 
-    fig = plots.final_metric(bars, "eval_accuracy", "sweep", spec, best)
+    fig = plots.final_metric(bars, "eval_accuracy", "sweep", spec, best, False)
 
     (ax,) = fig.axes
     assert [j.name for j in best] == ["0", "2"]  # 0.9312 and 0.93124 print alike: a tie as the reader sees it

@@ -260,3 +260,28 @@ def test_a_sweeps_job_is_named_with_its_sweep_and_its_page_with_its_overrides(sw
     assert report.main([str(sweep / "1")]) == 0
     page = (sweep / "1" / "report.html").read_text()
     assert "<h1>dlaunch report: sweep/1 (recipe.optimizer.lr=0.02 trainer.steps=200)</h1>" in page, page[:800]
+
+
+@pytest.mark.parametrize("direction, starred", [(None, []), ("maximize", ["1"]), ("minimize", ["0"])])
+def test_a_sweeps_best_job_follows_its_optuna_studys_direction_as_the_sweeps_table_does(tmp_path, direction, starred):
+    """A metric whose name tells no direction (``reward``): the sweep's table named the best job by the study's
+    ``direction``, and the report's chart and page starred none."""
+    root = tmp_path / "sweep"
+    for job, reward in enumerate([0.4, 0.9]):
+        write_run(root / str(job), lr=0.1 * (job + 1), metrics={"reward": reward}, objective="reward")
+    jobs = [{"job": n, "dir": str(root / str(n))} for n in range(2)]
+    (root / "sweep_summary.json").write_text(json.dumps({"jobs": jobs, "direction": direction}))
+
+    assert report.main([str(root)]) == 0
+
+    page = (root / "report.html").read_text()
+    assert re.findall(r"<td>(\d+) &#9733;", page) == starred
+
+
+def test_jobs_all_tied_have_no_best(tmp_path):
+    """Every job as good as the others: neither the report nor the sweep's table points at one."""
+    from launcher.cli.report import jobs
+
+    assert jobs.best([(0, 0.5), (1, 0.5)], True, str) == []
+    assert jobs.best([(0, 0.5), (1, 0.5), (2, 0.7)], True, str) == [0, 1]
+    assert jobs.best([(0, 0.5), (1, 0.7)], None, str) == []  # a metric with no known direction
