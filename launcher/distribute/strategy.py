@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from launcher.distribute import activation_checkpointing, context, gradient_sync, placement, precision
+from launcher.distribute import activation_checkpointing, context, gradient_sync, placement, precision, prepare_checks
 from launcher.distribute.grad_norm import averaged_grad_norm
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute import run_options
@@ -227,7 +227,9 @@ class Strategy:
         given. Plain torch code then runs unchanged: ``loss.backward()`` and
         ``optimizer.step()`` inside ``run`` average gradients over replicas.
         """
-        _refuse_wrapped(module, self.num_replicas_in_sync)
+        prepare_checks.refuse_wrapped(module, self.num_replicas_in_sync)
+        prepare_checks.refuse_all_frozen(optimizer)
+        prepare_checks.refuse_mistyped_groups(optimizer)
         if not self._extended.places_itself:
             placement.settle(module)  # called inside scope(): the parameters go to the device first
         if self.activation_checkpointing and self._extended._num_local > 1:
@@ -241,7 +243,7 @@ class Strategy:
             log.info("activation checkpointing: %d module(s) of %s recompute their forward in backward", recomputed,
                      ", ".join(name for name in self.activation_checkpointing if name in present))
         if optimizer is not None:
-            align_optimizer_state(optimizer)
+            prepare_checks.align_optimizer_state(optimizer)
         module, optimizer = self._extended._prepare(module, optimizer)
         self._prepared = True
         return module if optimizer is None else (module, optimizer)
@@ -320,36 +322,6 @@ def _zero(lr: Any) -> bool:
     if isinstance(lr, torch.Tensor):
         return lr.device.type == "cpu" and lr.numel() == 1 and float(lr) == 0.0
     return isinstance(lr, (int, float)) and lr == 0
-
-
-def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """State an optimizer made at construction (Adagrad's sums) follows its parameter to the device.
-
-    ``scope()`` moves parameters when it closes, after an optimizer built inside it may
-    already hold state on the CPU. Scalars such as ``step`` stay: torch keeps them on the CPU.
-    """
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != p.device and p.device.type != "meta":
-                    state[key] = value.to(p.device)
-
-
-def _refuse_wrapped(module: torch.nn.Module, replicas: int) -> None:
-    """A model that DDP, FSDP (either) or, with several replicas, DataParallel wraps already (``torch.compile``'d or
-    not): ``prepare()`` would wrap it again (two all-reduces a step, with DDP), or shard what another engine holds.
-    The half-way move from a torchrun script keeps ``DDP(model)``."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-    inner = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule
-    wrappers = (torch.nn.parallel.DistributedDataParallel, FullyShardedDataParallel, FSDPModule,
-                *((torch.nn.DataParallel,) if replicas > 1 else ()))
-    if isinstance(inner, wrappers):
-        name = "FSDP2's fully_shard" if isinstance(inner, FSDPModule) else type(inner).__name__
-        raise TypeError(f"strategy.prepare() got a model wrapped in {name}: pass the model itself (before that "
-                        f"wrapping), and drop the {name}(...) call: prepare() wraps it the way this strategy trains "
-                        "(docs/MIGRATION.md)")
 
 
 def _check_axis(leaf: Any, axis: int) -> None:

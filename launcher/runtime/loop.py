@@ -351,13 +351,13 @@ class _Loop:
             watch.chief_alone(label, self.chief)
         return found
 
-    def _log(self, step: int, per_replica: Any, lr: float | None, meter: Meter, progress: ProgressReporter,
+    def _log(self, step: int, per_replica: Any, lr: dict[str, float], meter: Meter, progress: ProgressReporter,
              metrics_log: Any) -> float:
         reduced = self.strategy.reduce(ReduceOp.MEAN, per_replica, axis=None)
         loss, norm, skipped, *extras = self.strategy.extended.logged_metrics(step, reduced).tolist()
         rate, eta = meter.window(step)
         own = dict(zip(self.step.metric_names or (), extras))  # the recipe's own, averaged over the replicas
-        record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": lr,
+        record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": None, **lr,
                   **({} if norm == NOT_MEASURED else {"grad_norm": norm}), **own}  # inf/NaN: null in metrics.jsonl
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             self._write(record, metrics_log)  # the diverged step's record too: its lr and grad_norm tell why

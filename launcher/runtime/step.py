@@ -336,9 +336,12 @@ def make_schedule(trainer: TrainerSpec, optimizer: Any) -> torch.optim.lr_schedu
     return torch.optim.lr_scheduler.LambdaLR(primary(optimizer), ScheduleFactor(trainer.lr_schedule, trainer.steps))
 
 
-def current_lr(optimizer: Any) -> float | None:
-    groups = getattr(primary(optimizer), "param_groups", None)
-    return float(groups[0]["lr"]) if groups else None
+def current_lr(optimizer: Any) -> dict[str, float]:
+    """``{"lr": ...}``, the first parameter group's; where the groups train at rates of their own (a fine-tune's head),
+    each other group's too: ``lr_group1``, ... (an optimizer with none, a parameter server's chief: ``{}``)."""
+    groups = getattr(primary(optimizer), "param_groups", None) or []
+    own = len({float(g.get("initial_lr", g["lr"])) for g in groups}) > 1  # a schedule keeps each group's base rate
+    return {("lr" if i == 0 else f"lr_group{i}"): float(g["lr"]) for i, g in enumerate(groups) if i == 0 or own}
 
 
 # ---------- what a checkpoint holds of the loop ----------

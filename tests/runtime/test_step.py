@@ -370,3 +370,20 @@ def test_a_replica_whose_first_batch_has_no_rows_is_told_why(strategy):
     with pytest.raises(StepError, match=r"replica 1's first batch has no rows: the global batch of 1 row\(s\) is smaller "
                                         r"than the 2 replicas in sync"):
         train_on(strategy, batches)
+
+
+def test_each_parameter_group_training_at_its_own_rate_has_its_lr_logged():
+    """A fine-tune's head at 10x the body's rate: only the first group's lr was logged, so a sweep over the head's lr
+    charted one curve per job, all alike."""
+    from launcher.runtime.step import current_lr
+
+    body, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD([{"params": body.parameters()}, {"params": head.parameters(), "lr": 0.1}], lr=0.01)
+    assert current_lr(optimizer) == {"lr": 0.01, "lr_group1": 0.1}
+    schedule = make_schedule(TrainerSpec(steps=4, lr_schedule=ScheduleSpec(decay="linear")), optimizer)
+    for _ in range(4):
+        optimizer.step()
+        schedule.step()
+    assert current_lr(optimizer) == {"lr": 0.0, "lr_group1": 0.0}  # at the end both reach 0: still two keys
+    same = torch.optim.SGD([{"params": body.parameters()}, {"params": head.parameters(), "weight_decay": 0.0}], lr=0.01)
+    assert current_lr(same) == {"lr": 0.01}  # groups apart for their weight decay only: one rate

@@ -26,15 +26,17 @@ def shard_and_measure() -> dict:
         model, optimizer = strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     model(torch.randn(8, 64)).square().mean().backward()
     optimizer.step()
-    return {"local": local_bytes(model, optimizer), "ddp": whole * 4, "sharded": type(next(model.parameters())).__name__}
+    resolver = strategy.cluster_resolver  # the job's, as mirrored's (it was None)
+    return {"local": local_bytes(model, optimizer), "ddp": whole * 4, "sharded": type(next(model.parameters())).__name__,
+            "task": (resolver.task_type, resolver.task_id)}
 
 
 @pytest.mark.slow
 def test_each_rank_holds_a_quarter_of_ddps_parameter_gradient_and_optimizer_bytes():
     """AdamW: parameters + gradients + 2 state tensors = 4x the parameters under DDP; FSDP on 4 ranks holds 1/4 of it."""
     results = run_function(shard_and_measure, device="cpu", nproc=4)
-    for r in results.values():
-        assert r["sharded"] == "DTensor"
+    for rank, r in results.items():
+        assert r["sharded"] == "DTensor" and r["task"] == ("worker", rank)
         assert r["local"] == r["ddp"] // 4  # 64x128, 128, 128x64, 64 all split evenly in 4 along dim 0
 
 
@@ -245,3 +247,29 @@ def test_init_from_rank0_trains_bit_for_bit_as_every_rank_does(run_dlaunch):
 
     for a, b in zip(final_state(every), final_state(rank0)):
         assert_bitwise_equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_fine_tune_loads_on_rank_0_keeps_its_frozen_layer_and_the_plan_counts_no_state_for_it(run_dlaunch, tmp_path):
+    """A pretrained file loaded in build (docs/RECIPES.md, Fine-tuning) under init_from=rank0: the plan's meta build
+    printed torch's "copying from a non-meta parameter ... is a no-op" once per tensor, and its memory row counted
+    gradients and AdamW state for the frozen layer too."""
+    from tests.checkpoint.test_resume import final_state
+    from tests.fixtures import finetune_recipe
+
+    torch.manual_seed(7)
+    pretrained = finetune_recipe.model_for(finetune_recipe.Config(name="ft", entry="ft")).state_dict()
+    torch.save(pretrained, tmp_path / "pretrained.pt")
+    proc, run_dir = run_dlaunch(f"recipe.entry={finetune_recipe.__file__}", "recipe.optimizer.name=adamw",
+                                "strategy=fsdp", "cluster=1x2", "strategy.init_from=rank0", "trainer.steps=6",
+                                "trainer.checkpoint.every_steps=6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert "non-meta parameter" not in out
+    # 32x16 + 16 frozen (2,112 bytes), 16 + 1 trained (68 bytes): params 2,180 + grads 68 + AdamW 2 x 68 = 2,384
+    assert "1/2 of DDP's 2,384 bytes (2,180 bytes parameters, 2,112 bytes of them frozen, AdamW: 2 state tensor(s) " \
+           "per trained parameter" in out, out
+    model, optim = final_state(run_dir)
+    assert torch.equal(model["0.weight"], pretrained["0.weight"]) and torch.equal(model["0.bias"], pretrained["0.bias"])
+    assert not torch.equal(model["2.weight"], pretrained["2.weight"])
+    assert {key.split(".")[1] for key in optim if key.startswith("state.")} == {"2"}, list(optim)

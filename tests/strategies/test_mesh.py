@@ -50,13 +50,15 @@ def seed_examples() -> dict:
     }
 
 
-def _saves_summary() -> bool:
-    return _strategy([1, 1, 1, 2], 1).extended.should_save_summary
+def _saves_summary() -> tuple[bool, str, int]:
+    strategy = _strategy([1, 1, 1, 2], 1)
+    return strategy.extended.should_save_summary, strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id
 
 
 def test_one_process_saves_the_summary_when_a_replica_spans_two():
-    """One replica split over two processes: both are replica 0, and one alone writes the run's shared files."""
-    assert run_function(_saves_summary, device="cpu", nproc=2) == {0: True, 1: False}
+    """One replica split over two processes: both are replica 0, and one alone writes the run's shared files. Each
+    process's strategy has the job's resolver, as mirrored's has (it had None)."""
+    assert run_function(_saves_summary, device="cpu", nproc=2) == {0: (True, "worker", 0), 1: (False, "worker", 1)}
 
 
 def test_two_logical_devices_by_four_replicas_follow_the_seed():

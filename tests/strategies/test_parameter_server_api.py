@@ -152,3 +152,9 @@ def test_an_embedding_lookup_pulls_only_its_rows_and_pushes_their_gradients():
     assert rows.tolist() == [5, 7, 900]
     torch.testing.assert_close(values, real[0].weight.grad[[5, 7, 900]])
     torch.testing.assert_close(grads[placement.of("2.weight")[0].ps]["2.weight"], real[2].weight.grad)
+
+
+def test_num_gpus_per_worker_given_first_as_tf1s_contrib_strategy_took_it_says_to_pass_it_by_keyword():
+    """``ParameterServerStrategy(0)`` read the 0 as a resolver: ``'int' object has no attribute 'cluster_spec'``."""
+    with pytest.raises(TypeError, match=r"pass num_gpus_per_worker=0 by keyword"):
+        ParameterServerStrategy(0)

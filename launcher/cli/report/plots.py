@@ -56,7 +56,7 @@ def run_metrics(job: Job) -> Figure | None:
     for ax, key in zip(axes.flat, keys):
         xs, ys = job.curve(key)
         ax.plot(xs, ys, marker="o" if len(xs) <= 50 else None, markersize=3)
-        _step_axis(ax, ys, log=key != "lr")  # a schedule's shape (warmup, decay towards 0) reads on a linear axis
+        _step_axis(ax, ys, log=not is_lr(key))  # a schedule's shape (warmup, decay towards 0) reads on a linear axis
         ax.set_title(key)
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
@@ -115,7 +115,7 @@ def sweep_metrics(jobs: list[Job], sweep: str) -> Figure | None:
             drawn += values
             if steps:
                 _draw(ax, job, i, len(jobs), steps, values)
-        _step_axis(ax, drawn)
+        _step_axis(ax, drawn, log=not is_lr(key))
         ax.set_title(key)
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
@@ -168,6 +168,11 @@ def _legend(ax: Axes, n: int) -> None:
     more = f" (+{n - MAX_LEGEND} more)" if n > MAX_LEGEND else ""
     ax.legend(fontsize="small", title=f"job: overrides{more}", title_fontsize="small",
               loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def is_lr(key: str) -> bool:
+    """``lr``, or another parameter group's (``lr_group1``)."""
+    return key == "lr" or key.startswith("lr_group")
 
 
 def _step_axis(ax: Axes, values: list[float], log: bool = True) -> None:

@@ -23,6 +23,7 @@ Example (in a process started by dlaunch or torchrun)::
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,14 +45,22 @@ _STATE_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "Adagrad": 1, "RMSprop": 1,
 
 
 # ---------- memory arithmetic (the plan) ----------
-def state_bytes(model: torch.nn.Module, optimizer: Any) -> tuple[int, int]:
-    """(parameter bytes, optimizer-state tensors per parameter) of a model built on any device, meta included."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+def state_bytes(model: torch.nn.Module, optimizer: Any) -> tuple[int, int, int, int]:
+    """(parameter bytes, gradient bytes, the bytes of the parameters the optimizer updates, its state tensors per
+    such parameter) of a model built on any device, meta included. A frozen parameter (a fine-tune's) has neither
+    gradient nor optimizer state."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    params = grads = updated = 0
+    for p in model.parameters():
+        size = p.numel() * p.element_size()
+        params += size
+        grads += size if p.requires_grad else 0
+        updated += size if p.requires_grad and id(p) in held else 0
     name = type(optimizer).__name__
     per = _STATE_PER_PARAM.get(name, 2)
     if name == "SGD" and not any(g.get("momentum") for g in optimizer.param_groups):
         per = 0
-    return params, per
+    return params, grads, updated, per
 
 
 def memory_row(spec: Any, run_dir: Path, ways: int | None = None, how: str = "") -> str:
@@ -63,14 +72,18 @@ def memory_row(spec: Any, run_dir: Path, ways: int | None = None, how: str = "")
     from launcher.runtime.ps_task import build_variables
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), warnings.catch_warnings():
+            # a recipe that loads pretrained weights into the meta model: torch warns once per tensor (a no-op)
+            warnings.filterwarnings("ignore", message=r".*copying from a non-meta parameter in the checkpoint to a meta")
             model, optimizer = build_variables(spec, run_dir)
     except Exception as exc:  # noqa: BLE001 - the plan shows why, the run itself will say more
         return f"unknown: the recipe's model could not be built on the meta device ({type(exc).__name__}: {exc})"
-    params, per = state_bytes(model, optimizer)
-    ddp = params * (2 + per)  # parameters, gradients, optimizer state: every rank holds all of them
+    params, grads, updated, per = state_bytes(model, optimizer)
+    ddp = params + grads + updated * per  # parameters, gradients, optimizer state: every rank holds all of them
     n = ways or spec.num_replicas
-    what = f"{_mib(params)} parameters, {type(optimizer).__name__}: {per} state tensor(s) per parameter{how}"
+    frozen = f", {_mib(params - grads)} of them frozen" if grads < params else ""
+    trained = "trained " if frozen else ""
+    what = f"{_mib(params)} parameters{frozen}, {type(optimizer).__name__}: {per} state tensor(s) per {trained}parameter{how}"
     if n == 1:
         return f"params + grads + optimizer state: {_mib(ddp)}, nothing sharded on one process ({what})"
     return f"params + grads + optimizer state per rank: {_mib(ddp / n)} = 1/{n} of DDP's {_mib(ddp)} ({what})"
@@ -258,7 +271,10 @@ class FSDPStrategy(Strategy):
             mesh = init_device_mesh(kind, (dist.get_world_size(),), mesh_dim_names=("shard",))
             collectives = ProcessCollectives()
         device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
-        super().__init__(_FSDPExtended(device, collectives, mesh, options, wrap, init_from))
+        from launcher.cluster.resolvers import TorchElasticClusterResolver
+
+        resolver = TorchElasticClusterResolver(env, kind) if grouped and env is not None else None  # as mirrored's
+        super().__init__(_FSDPExtended(device, collectives, mesh, options, wrap, init_from), cluster_resolver=resolver)
 
     @property
     def mesh(self) -> Any:

@@ -282,6 +282,10 @@ class ParameterServerStrategy(Strategy):
             raise ValueError(f"reduce_over must be 'tasks' or 'this_task', got {reduce_over!r}")
         if global_step_rule not in ("every_worker", "chief"):
             raise ValueError(f"global_step_rule must be 'every_worker' or 'chief', got {global_step_rule!r}")
+        if isinstance(cluster_resolver, int) and not isinstance(cluster_resolver, bool):
+            raise TypeError(f"ParameterServerStrategy({cluster_resolver}): the first argument is a cluster resolver, as in "
+                            f"TF 2; TF 1's contrib strategy took num_gpus_per_worker there: pass "
+                            f"num_gpus_per_worker={cluster_resolver} by keyword")
         self._is_chief = True
         resolver = cluster_resolver if cluster_resolver is not None else (TFConfigClusterResolver() if tf_config() else None)
         if resolver is None or not resolver.cluster_spec():
