@@ -98,9 +98,10 @@ class _Watch:
                    if self.at_forward else "FSDP2 reduced none of its gradients into the sharded parameters: "
                    "the step would leave them out")
             raise UnsyncedStep(
-                f"optimizer.step() after a backward inside strategy.no_sync(model): {how}. Keep the last "
-                "micro-batch's forward and backward out of it, e.g. `with strategy.no_sync(model, enabled=not last):` "
-                "(a script that all-reduces the gradients itself: `strategy.no_sync(model, check=False)`)")
+                f"optimizer.step() after a backward inside strategy.no_sync(model): {how}. Step the optimizer "
+                "(and a scheduler) only after the last micro-batch, and keep that micro-batch's forward and backward "
+                "out of no_sync, e.g. `with strategy.no_sync(model, enabled=not last):` (a script that all-reduces "
+                "the gradients itself: `strategy.no_sync(model, check=False)`)")
 
 
 def _tensors(output: Any) -> Iterator[torch.Tensor]:

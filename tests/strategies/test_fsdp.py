@@ -273,3 +273,33 @@ def test_a_fine_tune_loads_on_rank_0_keeps_its_frozen_layer_and_the_plan_counts_
     assert torch.equal(model["0.weight"], pretrained["0.weight"]) and torch.equal(model["0.bias"], pretrained["0.bias"])
     assert not torch.equal(model["2.weight"], pretrained["2.weight"])
     assert {key.split(".")[1] for key in optim if key.startswith("state.")} == {"2"}, list(optim)
+
+
+def whole_weights_after_sharding() -> dict:
+    """docs/MIGRATION.md's `unwrap_model` row under fsdp: every rank gathers the full state dict, rank 0 keeps it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from launcher.strategies.fsdp import FSDPStrategy
+
+    strategy = FSDPStrategy(wrap=["Linear"], device_type="cpu")
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        plain = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model = strategy.prepare(model)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    own = model.state_dict()["0.weight"]
+    return {"own": tuple(own.to_local().shape), "full": full if dist.get_rank() == 0 else None, "plain": plain}
+
+
+@pytest.mark.slow
+def test_the_whole_weights_of_a_sharded_model_load_into_a_plain_one():
+    """Saving `model.state_dict()` from rank 0 under fsdp kept its shards only: DTensors of 16 of 32 rows."""
+    results = run_function(whole_weights_after_sharding, device="cpu", nproc=2)
+    assert results[0]["own"] == (16, 8)
+    full, plain = results[0]["full"], results[0]["plain"]
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    fresh.load_state_dict(full)  # plain tensors, the whole shapes
+    for key, value in plain.items():
+        assert torch.equal(full[key], value), key
