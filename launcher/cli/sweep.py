@@ -67,10 +67,11 @@ class SweepSummary(Callback):
         if not rows:
             return
         direction = study_direction(config.hydra.get("sweeper")) or None
-        write(sweep_dir, rows, direction)
+        objective = str(config.get("sweep", {}).get("objective", outputs.DEFAULT_OBJECTIVE)) if direction else None
+        write(sweep_dir, rows, direction, objective)
         from launcher.cli import output
 
-        show(rows, sweep_dir, output.results(), direction)
+        show(rows, sweep_dir, output.results(), direction, objective)
         _say_an_objective_no_job_reported(rows)
         _outcome["failed"] = sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows)
         _outcome["stopped"] = max((r.get("_exit_code") or 0 for r in rows if r["status"] == "stopped"), default=0)
@@ -282,7 +283,7 @@ def update_row(job: Path) -> bool:
     it failed. Whether there was such a summary to update."""
     sweep_dir = job.parent
     summary = _read_json(sweep_dir / outputs.SWEEP_SUMMARY)
-    jobs, direction = summary.get("jobs"), summary.get("direction")
+    jobs, direction, objective = summary.get("jobs"), summary.get("direction"), summary.get("objective")
     if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
         return False
     rows = [r for r in jobs if isinstance(r, dict) and "job" in r]
@@ -290,7 +291,8 @@ def update_row(job: Path) -> bool:
         return False
     row = _row(job, int(job.name))
     rows = sorted([r for r in rows if r["job"] != row["job"]] + [row], key=lambda r: r["job"])
-    write(sweep_dir, rows, direction if isinstance(direction, str) else None)  # the way the sweep ranked its jobs
+    write(sweep_dir, rows, direction if isinstance(direction, str) else None,  # the way the sweep ranked its jobs
+          objective if isinstance(objective, str) else None)
     return True
 
 

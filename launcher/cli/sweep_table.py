@@ -51,7 +51,7 @@ def shared_overrides(rows: list[dict[str, Any]]) -> list[str]:
     return [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
 
 
-def best(rows: list[dict[str, Any]], direction: str | None = None) -> dict[str, Any] | None:
+def best(rows: list[dict[str, Any]], direction: str | None = None, objective: str | None = None) -> dict[str, Any] | None:
     """The completed jobs with the best value of the metric they all rank by (``sweep.objective``, else the first
     metric their recipe's evaluate returned, else the final loss), ties as printed counted equal: ``{"metric",
     "lower_is_better", "value", "jobs"}``. None: under two such jobs, all of them tied, jobs ranked by different
@@ -64,7 +64,7 @@ def best(rows: list[dict[str, Any]], direction: str | None = None) -> dict[str, 
     if len(names) != 1:
         return None
     name = names.pop()
-    lower = lower_is_better(name, direction)
+    lower = lower_is_better(name, direction if objective in (None, name) else None)  # the study ranks its objective
     values = [(r["job"], r["metric_value"] if r["metric"] else r["final_loss"]) for r in done]
     values = [(job, float(v)) for job, v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     jobs = ranked(values, lower, _num)
@@ -74,7 +74,8 @@ def best(rows: list[dict[str, Any]], direction: str | None = None) -> dict[str, 
             "jobs": jobs}
 
 
-def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console, direction: str | None = None) -> None:
+def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console, direction: str | None = None,
+         objective: str | None = None) -> None:
     failed = sum(r["status"] != "completed" for r in rows)
     shared = shared_overrides(rows)
     counts = [(sum(r["status"] not in ("completed", *_CUT_SHORT) for r in rows), "failed"),
@@ -85,7 +86,7 @@ def show(rows: list[dict[str, Any]], sweep_dir: Path, console: Console, directio
     for column in columns:
         table.add_column(column, justify="right" if column in ("job", "final loss", "examples/s", "wall s") else "left",
                          overflow="fold")
-    top = best(rows, direction)
+    top = best(rows, direction, objective)
     for r in rows:
         status = r["status"] if r["status"] == "completed" else f"[{'yellow' if r['status'] in _CUT_SHORT else 'red'}]{r['status']}[/]"
         metric = f"{r['metric']} {_num(r['metric_value'])}" if r["metric"] else ""
@@ -116,13 +117,14 @@ def _best_line(rows: list[dict[str, Any]], top: dict[str, Any], shared: list[str
     return escape(f"best: {who}: {top['metric']} {_num(top['value'])} ({way} is better)")
 
 
-def write(sweep_dir: Path, rows: list[dict[str, Any]], direction: str | None = None) -> None:
+def write(sweep_dir: Path, rows: list[dict[str, Any]], direction: str | None = None, objective: str | None = None) -> None:
     """``sweep_summary.json`` (every row, each job's ``params``, the sweep's ``best`` and an Optuna study's
     ``direction``) and ``sweep_summary.csv`` (a column per swept key after the job's number), each written whole."""
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     for row in public:
         row.setdefault("params", params((row.get("overrides") or "").split()))  # a row of an older summary
-    summary = {"sweep_dir": str(sweep_dir.resolve()), "direction": direction, "best": best(rows, direction), "jobs": public}
+    summary = {"sweep_dir": str(sweep_dir.resolve()), "direction": direction, "objective": objective,
+               "best": best(rows, direction, objective), "jobs": public}
     outputs.write_json_atomic(sweep_dir / outputs.SWEEP_SUMMARY, summary)  # absolute: read from anywhere, after a resume too
     keys = swept_keys(public)
     text = io.StringIO(newline="")

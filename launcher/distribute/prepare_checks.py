@@ -3,11 +3,15 @@ same under every strategy."""
 
 from __future__ import annotations
 
-import difflib
+import logging
 
 import torch
 
-_SET_BY_TORCH = ("params", "initial_lr", "name")  # a group's keys besides the optimizer's defaults: an lr scheduler's, a label
+log = logging.getLogger("dlaunch")
+
+# a group's keys besides the optimizer's defaults: torch's lr schedulers' (OneCycleLR, CyclicLR, SWALR), a label
+_SET_BY_TORCH = ("params", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum", "swa_lr", "name",
+                 "param_names")
 
 
 def align_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -50,17 +54,33 @@ def refuse_wrapped(module: torch.nn.Module, replicas: int) -> None:
                         "(docs/MIGRATION.md)")
 
 
-def refuse_mistyped_groups(optimizer: torch.optim.Optimizer | None) -> None:
-    """A parameter group's key one letter off one the optimizer knows (``weight_decy``, ``lr_``): torch.optim keeps it
-    unused and the group trains with the optimizer's default, silently. A key like no known one (a recipe's own
-    label) is left alone."""
-    known = [*getattr(optimizer, "defaults", {}), *_SET_BY_TORCH]
+def warn_mistyped_groups(optimizer: torch.optim.Optimizer | None) -> None:
+    """A parameter group's key one edit off one the optimizer knows (``weight_decy``, ``lr_``): torch.optim keeps it
+    unused and the group trains with the optimizer's default, silently. Said once (rank 0), not refused: a key of the
+    recipe's own, or one a scheduler writes, may sit that close to a known one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return
+    settings = list(getattr(optimizer, "defaults", {}))  # what a typo would leave at its default
     for index, group in enumerate(getattr(optimizer, "param_groups", [])):
         for key in group:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75) if key not in known else []
-            if close:
-                raise ValueError(f"parameter group {index} of {type(optimizer).__name__} has {key!r}, which it does not "
-                                 f"know (did you mean {close[0]!r}?): torch.optim keeps such a key unused, so the group's "
-                                 f"{close[0]} is {group.get(close[0])!r}. A key of your own needs a name unlike the "
-                                 f"optimizer's ({', '.join(optimizer.defaults)})")
+            if key in settings or key in _SET_BY_TORCH:
+                continue
+            meant = next((k for k in settings if _one_edit(str(key), k)), None)
+            if meant is not None:
+                log.warning("parameter group %d of %s has %r, which it does not know (did you mean %r?): torch.optim "
+                            "keeps such a key unused, so the group's %s is %r", index, type(optimizer).__name__, key,
+                            meant, meant, group.get(meant))
 
+
+def _one_edit(a: str, b: str) -> bool:
+    """``a`` is ``b`` with one character added, dropped, changed, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+        return len(diff) == 1 or swapped
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))

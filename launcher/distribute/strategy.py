@@ -229,7 +229,7 @@ class Strategy:
         """
         prepare_checks.refuse_wrapped(module, self.num_replicas_in_sync)
         prepare_checks.refuse_all_frozen(optimizer)
-        prepare_checks.refuse_mistyped_groups(optimizer)
+        prepare_checks.warn_mistyped_groups(optimizer)
         if not self._extended.places_itself:
             placement.settle(module)  # called inside scope(): the parameters go to the device first
         if self.activation_checkpointing and self._extended._num_local > 1:

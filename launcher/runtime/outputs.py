@@ -28,6 +28,11 @@ UNSAVED_STOP = "unsaved-stop.json"  # in STATE_DIR: the checkpoint of a stop tha
 RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
 
 
+def is_reserved(name: str) -> bool:
+    """A key of dlaunch's own records: ``RESERVED_METRICS``, or another parameter group's rate (``lr_group1``)."""
+    return name in RESERVED_METRICS or name.startswith("lr_group") and name[len("lr_group"):].isdigit()
+
+
 def start_run(run_dir: Path, resuming: bool = False, script: bool = False) -> None:
     """A reused run directory must not show the previous run's results as this one's.
 
@@ -289,7 +294,7 @@ def script_results(run_dir: Path) -> dict[str, Any]:
     for record in latest_timeline(read_records(run_dir / METRICS)):
         if _finite_number(record.get("loss")) and _finite_number(record.get("step")):
             results.update(final_loss=record["loss"], last_logged_step=record["step"])
-        metrics.update({k: v for k, v in record.items() if k not in RESERVED_METRICS and _finite_number(v)})
+        metrics.update({k: v for k, v in record.items() if not is_reserved(k) and _finite_number(v)})
     return {**results, **({"metrics": metrics} if metrics else {})}
 
 

@@ -43,7 +43,14 @@ class _WithoutTorchRank(logging.Formatter):
 def untag_torch_logs() -> None:
     """torch's own log lines (torch.compile's recompile warning) start with ``[rankN]:`` once a process group exists,
     and the agent tags a worker's lines already: ``[rank1] [rank1]:W1201 ...``. Drop torch's tag from the handlers
-    torch set up as it loaded (the lines keep torch's format otherwise)."""
+    torch set up as it loaded, and from those it sets up again (``torch._logging.set_logs``, ``TORCH_LOGS``) through its
+    default formatter (private: where a torch has none by that name, only the first)."""
+    import sys
+
+    internal = sys.modules.get("torch._logging._internal")
+    default = getattr(internal, "DEFAULT_FORMATTER", None)
+    if isinstance(default, logging.Formatter) and not isinstance(default, _WithoutTorchRank):
+        internal.DEFAULT_FORMATTER = _WithoutTorchRank(default)
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.partition(".")[0] == "torch" and isinstance(logger, logging.Logger):
             for handler in logger.handlers:

@@ -32,7 +32,7 @@ from launcher.distribute.gradient_sync import no_sync
 from launcher.distribute.precision import autocast
 from launcher.input.split import batch_size_of, slice_batch
 from launcher.runtime.compiled import compile_error
-from launcher.runtime.outputs import RESERVED_METRICS
+from launcher.runtime.outputs import RESERVED_METRICS, is_reserved
 from launcher.runtime.progress import log
 from launcher.runtime.recipe import described, where
 
@@ -205,10 +205,11 @@ class ReplicaStep:
         """The metrics besides ``loss``, in the order of their names on the first logged step (the same every step)."""
         names = tuple(sorted((k for k in metrics if k != "loss"), key=str))  # a key that is no string is named below
         if self.metric_names is None:
-            taken = [n for n in names if n in RESERVED_METRICS or not isinstance(n, str)]
+            taken = [n for n in names if not isinstance(n, str) or is_reserved(n)]
             if taken:
                 raise StepError(f"the recipe's {self.name}() ({where(self.user_step)}) returned metrics named {taken}; "
-                                f"dlaunch's records use {sorted(RESERVED_METRICS)}: name them otherwise")
+                                f"dlaunch's records use {sorted(RESERVED_METRICS)} and lr_group1, lr_group2, ...: "
+                                f"name them otherwise")
             self.metric_names = names
         elif names != self.metric_names:
             raise StepError(f"the recipe's {self.name}() ({where(self.user_step)}) returned the metrics {list(names)}, "

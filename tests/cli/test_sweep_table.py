@@ -43,6 +43,14 @@ def test_an_optuna_direction_decides_a_metric_whose_name_does_not(three_jobs):
     assert sweep_table.best(rows) is None and "best:" not in _shown(rows, three_jobs)
     assert sweep_table.best(rows, "maximize")["jobs"] == [1]
     assert sweep_table.best(rows, "minimize")["jobs"] == [0]
+    assert sweep_table.best(rows, "maximize", "bleu")["jobs"] == [1]  # the study's objective is the ranked metric
+
+
+def test_a_studys_direction_does_not_rank_a_metric_it_did_not_optimize(three_jobs):
+    """A study minimizing the final loss (sweep.objective's default) while the table ranks the first metric the
+    recipe's evaluate returned, eval_accuracy: the report starred the least accurate job."""
+    rows = sweep.collect(three_jobs)
+    assert sweep_table.best(rows, "minimize", "final_loss")["jobs"] == [1]  # eval_accuracy: higher is better
 
 
 def test_ties_as_printed_are_named_together_and_a_sweep_of_equals_names_none(three_jobs):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -33,18 +35,24 @@ def test_a_frozen_model_beside_a_trained_head_and_a_frozen_teacher_prepared_alon
 
 
 @pytest.mark.parametrize("group, typo, meant", [({"weight_decy": 0.0}, "weight_decy", "weight_decay"),
-                                                ({"lr_": 0.01}, "lr_", "lr")])
-def test_a_parameter_groups_mistyped_key_is_refused_with_what_was_meant(group, typo, meant):
+                                                ({"lr_": 0.01}, "lr_", "lr"), ({"mometnum": 0.5}, "mometnum", "momentum")])
+def test_a_parameter_groups_mistyped_key_is_said_with_what_was_meant(group, typo, meant, caplog):
     """torch.optim keeps an unknown group key unused: the head trained at the base lr, the norms with weight decay."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    optimizer = torch.optim.AdamW([{"params": model[0].parameters()}, {"params": model[1].parameters(), **group}],
-                                  lr=1e-3, weight_decay=0.1)
-    with pytest.raises(ValueError, match=rf"parameter group 1 of AdamW has '{typo}', which it does not know "
-                                         rf"\(did you mean '{meant}'\?\)"):
+    optimizer = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[1].parameters(), **group}],
+                                lr=1e-3, momentum=0.9, weight_decay=0.1)
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
         dl.OneDeviceStrategy("cpu:0").prepare(model, optimizer)
+    assert f"parameter group 1 of SGD has '{typo}', which it does not know (did you mean '{meant}'?)" in caplog.text
 
 
-def test_a_groups_own_keys_unlike_the_optimizers_are_kept():
+def test_keys_of_its_own_and_those_torchs_schedulers_write_are_not_said(caplog):
+    """OneCycleLR over SGD writes max_momentum and base_momentum into every group (a first version, matching keys
+    loosely, refused the linear recipe with such a schedule)."""
     model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.SGD([{"params": model.parameters(), "lr_mult": 0.1, "label": "head"}], lr=0.1)
-    dl.OneDeviceStrategy("cpu:0").prepare(model, optimizer)
+    optimizer = torch.optim.SGD([{"params": model.parameters(), "lr_mult": 0.1, "label": "head", "names": ["w"]}], lr=0.1,
+                                momentum=0.9)
+    torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10)
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        dl.OneDeviceStrategy("cpu:0").prepare(model, optimizer)
+    assert "does not know" not in caplog.text

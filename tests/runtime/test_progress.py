@@ -69,6 +69,8 @@ from launcher.runtime.progress import untag_torch_logs
 dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1), rank=0, world_size=1)
 if sys.argv[1] == "untag":
     untag_torch_logs()
+import torch._logging
+torch._logging.set_logs(recompiles=True)  # a recipe's own: torch sets its handlers up again
 logging.getLogger("torch._dynamo").warning("recompile_limit reached\\nsecond line")
 dist.destroy_process_group()
 """

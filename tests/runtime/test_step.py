@@ -307,6 +307,7 @@ def test_a_step_that_returns_metrics_of_its_own_trains_as_one_that_returns_the_l
 @pytest.mark.parametrize("returned, says", [
     ({"lr": 0.1}, "named ['lr']; dlaunch's records use"),
     ({"acc": 0.5, 1: 0.5}, "named [1]; dlaunch's records use"),
+    ({"lr_group1": 0.1}, "named ['lr_group1']; dlaunch's records use"),  # another parameter group's rate
     ({"acc": torch.ones(3)}, "metrics ['acc'] that are not numbers"),
     ({"acc": "high"}, "metrics ['acc'] that are not numbers"),
 ])

@@ -137,7 +137,7 @@ def report_sweep(directory: Path, jobs: list[Job]) -> list[Path]:
                plots.sweep_loss(curves, directory.name, jobs) if curves else None)
     charts.put(METRICS_PNG, "logged metrics vs step, every job", plots.sweep_metrics(curves, directory.name))
     spec = fixed_format([v for _, v in bars])
-    lower = lower_is_better(metric, study_direction(directory))
+    lower = lower_is_better(metric, study_direction(directory, metric))
     tops = best(bars, lower, lambda v: format(v, spec))
     charts.put(FINAL_METRIC_PNG, f"{metric} per completed job",
                plots.final_metric(bars, metric, directory.name, spec, tops, lower) if bars else None)

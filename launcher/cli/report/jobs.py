@@ -135,10 +135,13 @@ def _summarized(directory: Path) -> list[str] | None:
         return None
 
 
-def study_direction(directory: Path) -> str | None:
-    """The ``direction`` of the Optuna study a sweep ran, as its ``sweep_summary.json`` records it."""
+def study_direction(directory: Path, metric: str) -> str | None:
+    """The ``direction`` of the Optuna study a sweep ran, as its ``sweep_summary.json`` records it, where ``metric`` is
+    what the study optimized (its ``objective``): a minimized final loss says nothing of an accuracy."""
     summary = _sweep_summary(directory)
-    return summary.get("direction") if isinstance(summary, dict) else None
+    if not isinstance(summary, dict) or summary.get("objective") not in (None, metric):
+        return None
+    return summary.get("direction")
 
 
 def _sweep_summary(directory: Path) -> Any:

@@ -262,15 +262,19 @@ def test_a_sweeps_job_is_named_with_its_sweep_and_its_page_with_its_overrides(sw
     assert "<h1>dlaunch report: sweep/1 (recipe.optimizer.lr=0.02 trainer.steps=200)</h1>" in page, page[:800]
 
 
-@pytest.mark.parametrize("direction, starred", [(None, []), ("maximize", ["1"]), ("minimize", ["0"])])
-def test_a_sweeps_best_job_follows_its_optuna_studys_direction_as_the_sweeps_table_does(tmp_path, direction, starred):
+@pytest.mark.parametrize("direction, objective, starred", [
+    (None, None, []), ("maximize", "reward", ["1"]), ("minimize", "reward", ["0"]),
+    ("minimize", "final_loss", []),  # the study minimized another metric: it says nothing of the reward's direction
+])
+def test_a_sweeps_best_job_follows_its_optuna_studys_direction_as_the_sweeps_table_does(tmp_path, direction, objective,
+                                                                                       starred):
     """A metric whose name tells no direction (``reward``): the sweep's table named the best job by the study's
     ``direction``, and the report's chart and page starred none."""
     root = tmp_path / "sweep"
     for job, reward in enumerate([0.4, 0.9]):
         write_run(root / str(job), lr=0.1 * (job + 1), metrics={"reward": reward}, objective="reward")
     jobs = [{"job": n, "dir": str(root / str(n))} for n in range(2)]
-    (root / "sweep_summary.json").write_text(json.dumps({"jobs": jobs, "direction": direction}))
+    (root / "sweep_summary.json").write_text(json.dumps({"jobs": jobs, "direction": direction, "objective": objective}))
 
     assert report.main([str(root)]) == 0
 
