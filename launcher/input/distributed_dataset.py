@@ -246,7 +246,8 @@ def _say_uneven_shares(steps: Iterator[Step], global_batch_size: Callable[[], in
                     "rebatches%s. A script's own loss, a mean per replica, then weighs a smaller share as much as a "
                     "full one: weight it by the global batch with dl.compute_average_loss(per_example_loss, "
                     "global_batch_size=%d) (a replica with no rows adds 0), or drop the last partial batch with "
-                    "DataLoader(..., drop_last=True) (docs/SCRIPTS.md; said once)",
+                    "DataLoader(..., drop_last=True); a loop that gathers its rows (an evaluation's strategy.gather) "
+                    "needs neither (docs/SCRIPTS.md; said once)",
                     step.rows, size, replicas, shares, empty, size,
                 )
         yield step

@@ -229,3 +229,4 @@ def test_an_uneven_split_is_said_once_in_script_mode_and_never_for_a_recipe(stra
         list(strategy.experimental_distribute_dataset(loader))
     assert caplog.text.count("a batch of 4 row(s) (global batch 32) splits over the 2 replicas as [4, 0]") == 1
     assert "compute_average_loss(per_example_loss, global_batch_size=32)" in caplog.text and "drop_last=True" in caplog.text
+    assert "a loop that gathers its rows (an evaluation's strategy.gather) needs neither" in caplog.text  # no loss there
