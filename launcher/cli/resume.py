@@ -64,8 +64,9 @@ def keep_replayable(run_dir: Path) -> None:
             OmegaConf.save(OmegaConf.create(typed), job)
     if sweep.exists():
         record = OmegaConf.load(sweep)
-        own = [str(o) for o in record.hydra.overrides.task]
-        if (typed := user_recipes.as_typed(own)) != own:
+        task = OmegaConf.select(record, "hydra.overrides.task", default=None)  # None: not a record Hydra wrote
+        own = [str(o) for o in task or ()]
+        if task is not None and (typed := user_recipes.as_typed(own)) != own:
             record.hydra.overrides.task = typed
             OmegaConf.save(record, sweep)
 
