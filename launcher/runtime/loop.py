@@ -292,7 +292,7 @@ class _Loop:
                         with prof.region("dlaunch.step"):
                             self.step.begin()
                             per_replica = self.strategy.run(self.step, args=(batch, logged, self.stream.rows))
-                    lr = current_lr(self.optimizer)  # the lr this step used; the schedule moves on after it
+                    lr = current_lr(self.optimizer) if logged else {}  # the lr this step used, before the schedule moves
                     if self.schedule is not None:
                         self.schedule.step()
                     if logged:
