@@ -292,10 +292,11 @@ def main(argv: list[str]) -> int:
     RESUMING.append(True)
     from launcher.cli import sweep
     from launcher.cli.main import main as run
+    from launcher.runtime import outputs
 
     code = run(args)
     dry = any(key_of(a) == "launch.dry_run" and a.partition("=")[2].strip().lower() == "true" for a in args)
     if code != 2 and not dry and not (run_dir / SWEEP_FILE).exists() and sweep.update_row(run_dir):  # one job of a sweep
-        print(f"job {run_dir.name}'s row of {run_dir.parent / 'sweep_summary.json'} (and .csv) is updated",
+        print(f"job {run_dir.name}'s row of {run_dir.parent / outputs.SWEEP_SUMMARY} (and .csv) is updated",
               file=sys.stderr)
     return code

@@ -320,3 +320,9 @@ def expand_tasks_per_node(text: str, num_nodes: int) -> list[int]:
             raise ValueError(f"cannot read SLURM tasks per node {text!r}")
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts or [1] * num_nodes
+
+
+def of_launched_job(env: WorkerEnv | None, device_type: str) -> TorchElasticClusterResolver | None:
+    """A strategy's ``cluster_resolver`` in a job of processes that dlaunch or torchrun started (``env``, from the
+    environment); None outside one: a single worker has none, as in TF."""
+    return TorchElasticClusterResolver(env, device_type) if env is not None else None

@@ -28,9 +28,14 @@ UNSAVED_STOP = "unsaved-stop.json"  # in STATE_DIR: the checkpoint of a stop tha
 RESERVED_METRICS = frozenset({"step", "loss", "lr", "grad_norm", "examples_per_sec", "time", "skipped_steps"})
 
 
+def is_group_lr(name: str) -> bool:
+    """A parameter group's own rate in a record (``lr_group1``): the first group's is ``lr``."""
+    return name.startswith("lr_group") and name[len("lr_group"):].isdigit()
+
+
 def is_reserved(name: str) -> bool:
     """A key of dlaunch's own records: ``RESERVED_METRICS``, or another parameter group's rate (``lr_group1``)."""
-    return name in RESERVED_METRICS or name.startswith("lr_group") and name[len("lr_group"):].isdigit()
+    return name in RESERVED_METRICS or is_group_lr(name)
 
 
 def start_run(run_dir: Path, resuming: bool = False, script: bool = False) -> None:

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from launcher.cli.report.jobs import Job, extra_keys
+from launcher.runtime import outputs
 
 MAX_LEGEND = 20  # a sweep's charts label this many jobs at most
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
@@ -172,7 +173,7 @@ def _legend(ax: Axes, n: int) -> None:
 
 def is_lr(key: str) -> bool:
     """``lr``, or another parameter group's (``lr_group1``)."""
-    return key == "lr" or key.startswith("lr_group")
+    return key == "lr" or outputs.is_group_lr(key)
 
 
 def _step_axis(ax: Axes, values: list[float], log: bool = True) -> None:

@@ -271,9 +271,9 @@ class FSDPStrategy(Strategy):
             mesh = init_device_mesh(kind, (dist.get_world_size(),), mesh_dim_names=("shard",))
             collectives = ProcessCollectives()
         device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
-        from launcher.cluster.resolvers import TorchElasticClusterResolver
+        from launcher.cluster.resolvers import of_launched_job
 
-        resolver = TorchElasticClusterResolver(env, kind) if grouped and env is not None else None  # as mirrored's
+        resolver = of_launched_job(env, kind) if grouped else None
         super().__init__(_FSDPExtended(device, collectives, mesh, options, wrap, init_from), cluster_resolver=resolver)
 
     @property

@@ -39,7 +39,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from launcher.cluster.env import WorkerEnv
 from launcher.cluster.process_group import ensure_process_group, process_device
-from launcher.cluster.resolvers import TorchElasticClusterResolver
+from launcher.cluster.resolvers import of_launched_job
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.device_assignment import DeviceAssignment, Topology
@@ -225,7 +225,7 @@ class MeshStrategy(Strategy):
                                     mesh_dim_names=("replica", "logical"))
         device = devlib.canonical_name(process_device(env, kind)) if grouped else ("cuda:0" if kind == "cuda" else "cpu:0")
         collectives = ProcessCollectives(mesh.get_group("replica")) if mesh is not None and assignment.num_replicas > 1 else None
-        resolver = TorchElasticClusterResolver(env, kind) if grouped and env is not None else None  # as mirrored's
+        resolver = of_launched_job(env, kind) if grouped else None
         super().__init__(_MeshExtended(device, collectives, mesh, assignment, data_parallel), cluster_resolver=resolver)
 
     # ----- the device assignment -----

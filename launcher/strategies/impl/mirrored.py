@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.cluster.env import WorkerEnv
 from launcher.cluster.process_group import ensure_process_group, process_device
-from launcher.cluster.resolvers import TorchElasticClusterResolver
+from launcher.cluster.resolvers import of_launched_job
 from launcher.distribute import cross_device_ops as cdo
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
@@ -133,7 +133,7 @@ class MirroredStrategy(Strategy):
             processes = ProcessCollectives()
             ops = cdo.for_processes(cross_device_ops, processes, env, devlib.to_torch(devices[0]))
             extended = _MirroredExtended(devices, processes, ddp_options, ops)
-            resolver = TorchElasticClusterResolver(env, extended._devices[0].type) if env is not None else None
+            resolver = of_launched_job(env, extended._devices[0].type)
         else:
             local = list(devices) if devices else devlib.default_local_devices()
             extended = _MirroredExtended(local, None, ddp_options, cdo.resolve(cross_device_ops))
