@@ -18,8 +18,8 @@ ln 256 = 5.55) and the same in bits (``eval_bits_per_char``).
 Quality bounds: after the default 1,200 steps of 48 windows (about two minutes
 on one CPU thread) ``eval_loss`` is below 1.8 nats per byte; measured on one
 device: 1.49 (2.15 bits) with seed 0 and 1.50 with seed 1, the training loss
-falling from 5.77 to about 1.25. After 300 steps it is below 2.3 (1.91 measured,
-seed 0); tests/recipes/test_charlm.py holds that one.
+falling from 5.77 to about 1.25. After 150 steps it is below 2.4 (2.11 measured,
+seed 0; 1.91 after 300); tests/recipes/test_charlm.py holds that one.
 
 The model is a byte embedding plus a learned position embedding, a pre-norm
 ``nn.TransformerEncoder`` run with a causal mask (each position sees only the

@@ -260,6 +260,32 @@ def test_a_whole_section_the_yaml_leaves_out_is_set_like_any_other(tmp_path, cap
     assert "recipe.optimzer.lr = 0.5" in typo.stderr and "did you mean recipe.optimizer.lr?" in typo.stderr
 
 
+@pytest.mark.parametrize("choice", [[], *([f"recipe={n}"] for n in composer.recipe_files())])
+def test_a_shipped_recipes_section_is_read_without_composing_and_is_what_composing_gives(choice, monkeypatch, config_dirs):
+    """chosen_recipe reads a shipped recipe's YAML, once per process (a sweep checks every job's keys against it):
+    the section Hydra composes for the choice, to the letter, and no compose runs for it."""
+    config_dirs[:] = []  # dlaunch's own configs (an earlier main() in this process may have left a --config-dir)
+    monkeypatch.setattr(composer, "CONFIG_NAME", "config")
+    composed = OmegaConf.to_container(composer.compose(choice).recipe)
+
+    def no_compose(overrides):
+        raise AssertionError(f"composed {overrides}")
+
+    monkeypatch.setattr(composer, "compose", no_compose)
+    assert OmegaConf.to_container(composer.chosen_recipe(choice)) == composed
+
+
+def test_a_config_dirs_recipe_section_is_composed(tmp_path, capsys, config_dirs):
+    """Under --config-dir the recipe of that name may be the user's own: its section is composed, not dlaunch's read."""
+    assert recipes.main(["cp", "linear", str(tmp_path / "p") + "/"]) == 0
+    capsys.readouterr()
+    yaml_path = tmp_path / "p" / "recipe" / "linear.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("  features:", "  extra_key: 1\n  features:"))
+    assert "+recipe.extra_key=2" in composer.choose_user_recipes(["recipe=linear", "recipe.extra_key=2"])  # dlaunch's
+    config_dirs[:] = [str(tmp_path / "p")]
+    assert "recipe.extra_key=2" in composer.choose_user_recipes(["recipe=linear", "recipe.extra_key=2"])  # the user's
+
+
 def test_with_a_swept_recipe_choice_a_recipe_key_is_set_or_added_per_job(config_dirs):
     chosen = composer.choose_user_recipes(["recipe=linear,digits", "recipe.optimizer.lr=0.5", "+recipe.x=1", "trainer.steps=2"])
     assert chosen == ["recipe=linear,digits", "++recipe.optimizer.lr=0.5", "+recipe.x=1", "trainer.steps=2"]

@@ -82,13 +82,14 @@ def test_train_step_starts_near_uniform_and_evaluate_writes_a_sample(tmp_path):
 @pytest.mark.slow
 def test_one_device_run_learns(tmp_path):
     run_dir = tmp_path / "run"
-    assert main(["recipe=charlm", "cluster.device=cpu", "trainer.steps=300", f"hydra.run.dir={run_dir}"]) == 0
+    assert main(["recipe=charlm", "cluster.device=cpu", "trainer.steps=150", f"hydra.run.dir={run_dir}"]) == 0
     result = json.loads((run_dir / "summary.json").read_text())
     assert result["status"] == "completed" and result["strategy"] == "one_device" and result["recipe"] == "charlm"
     metrics = result["metrics"]
-    # The recipe's stated bound after 300 steps (a quarter of the default; the full run's 1.8 is measured, not
-    # run here: 2 minutes). Measured (seed 0): eval_loss 1.91 nats/byte at 300 steps, 1.49 at 1,200.
-    assert metrics["eval_loss"] < 2.3, metrics
+    # An eighth of the default run (the full run's 1.8 is measured, not run here: 2 minutes; 300 steps took 90 s of
+    # the suite). Measured (seed 0): eval_loss 2.11 nats/byte at 150 steps, 1.91 at 300, 1.49 at 1,200; 5.55
+    # (ln 256) is a model that learned nothing.
+    assert metrics["eval_loss"] < 2.4, metrics
     assert metrics["eval_bits_per_char"] == pytest.approx(metrics["eval_loss"] / math.log(2))
     sample = (run_dir / "sample.txt").read_text()
     assert sample.startswith("def ") and len(sample.strip()) > 4
