@@ -290,8 +290,9 @@ def _interrupted_before_start(launcher: str | None) -> int:
     running = [spec for spec in job.Status.validated.values() if not spec.launch.dry_run]
     if launcher is None and running:
         from launcher.cluster import env
+        from launcher.launch.warm import quiets_cpp
 
-        if any(spec.cluster.nodes > 1 for spec in running):
+        if any(quiets_cpp(spec) for spec in running):
             env.quiet_cpp_warnings()
         else:  # the console script guessed several nodes from the command line: the workers need not inherit it
             env.unquiet_cpp_warnings()

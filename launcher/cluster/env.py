@@ -112,6 +112,26 @@ def task_environment(task: PSTask) -> dict[str, str]:
             **quiet_cpp_variables()}
 
 
+def torch_settings(environ: Mapping[str, str], threads: bool = False) -> dict[str, str]:
+    """The ``TORCH*`` variables of ``environ`` that torch reads as it loads (``threads``: and ``OMP_NUM_THREADS``): a
+    process forked from one where torch loaded under other ones would not be what a fresh one is. Not elastic's own
+    (``TORCHELASTIC_*``, set per worker), nor ``TORCHINDUCTOR_CACHE_DIR`` at the default that torch sets itself as
+    inductor first finds its cache, in whichever process that happens."""
+    settings = {k: v for k, v in environ.items() if k.startswith("TORCH") and not k.startswith("TORCHELASTIC_")
+                or threads and k == "OMP_NUM_THREADS"}
+    if "TORCHINDUCTOR_CACHE_DIR" in settings and settings["TORCHINDUCTOR_CACHE_DIR"] == _default_inductor_cache():
+        del settings["TORCHINDUCTOR_CACHE_DIR"]
+    return settings
+
+
+def _default_inductor_cache() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # torch-free; torch 2.11-2.13 have it
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
 def quiet_cpp_variables() -> dict[str, str]:
     """torch's C++ warnings off (errors still print), unless the user set ``TORCH_CPP_LOG_LEVEL``: read as torch loads."""
     return {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}

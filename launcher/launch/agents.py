@@ -9,8 +9,8 @@ Where the console script's warm server runs for this job (``warm.forks_agents``:
 a local CPU job), each agent is forked from it instead: an interpreter whose
 imports are done, and which no thread has run in. The fork then takes dlaunch's
 environment and working directory as they are now, as a fresh agent would, and
-dies with dlaunch (its parent, the server, does). Its workers are started by its
-elastic agent as from a fresh one. ``launch.warm_workers=false``, CUDA nodes and
+dies with dlaunch (its parent, the server, does). Its elastic agent forks its workers
+from a server the agent forks of itself (``launch/agent_server.py``). ``launch.warm_workers=false``, CUDA nodes and
 ``main()`` called from another program start fresh interpreters, as before::
 
     proc = agents.start(tasks.task_main, args)   # a subprocess.Popen, or a Forked
@@ -28,7 +28,7 @@ import traceback
 from multiprocessing import reduction
 from typing import Any, Callable, Iterable, Iterator, Union
 
-from launcher.launch import warm
+from launcher.launch import agent_server, warm
 
 _MOVED: dict[int, int] = {}  # in a forked agent: dlaunch's number of each descriptor it passed -> its number here
 _MAX_PASSED = 200  # multiprocessing sends at most 256 descriptors to its server with each process, 4 its own
@@ -139,11 +139,13 @@ def _agent(main: Callable[[list[str]], int], args: list[str], fds: list[int], en
     """In the forked agent: as a fresh ``python -u -m`` would start (dlaunch's environment, directory, signals and
     unbuffered output), then ``main``. ``fds`` are already in ``_MOVED``."""
     as_started_now(environ, cwd)
+    agent_server.forked_agent()  # its workers may fork from it in turn
     for stream in (sys.stdout, sys.stderr):  # as -u: each line out at once, whatever the server's buffering
         stream.reconfigure(line_buffering=True, write_through=True)
     sys.argv = [getattr(sys.modules[main.__module__], "__file__", None) or main.__module__, *args]  # as -m sets it
     try:
         code = main(args)
+        agent_server.shutdown()
     except KeyboardInterrupt:  # as Python ends a fresh one: the traceback, then by SIGINT (multiprocessing: exit 1)
         traceback.print_exc()
         sys.stderr.flush()

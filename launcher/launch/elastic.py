@@ -30,7 +30,7 @@ from launcher.cluster.env import worker_env_set, worker_environment
 from launcher.cluster.interface import node_route
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
-from launcher.launch import agent, rendezvous, report, warm
+from launcher.launch import agent, agent_server, rendezvous, report, warm
 from launcher.runtime import outputs, progress
 from launcher.runtime.stop_signals import closing, handling_stop_signals
 
@@ -304,7 +304,8 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     route = None if single_node or master_addr is None else node_route(master_addr)
     variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
     with worker_env_set({**variables, **(extra_env or {})}), agent.graceful_agent(config):
-        if forked is None and module == WORKER_MODULE and warm.started():  # kept only for local CPU workers (warm.eligible)
+        # dlaunch's server is kept only for local CPU workers (warm.eligible); an agent forked from it forks its own
+        if forked is None and module == WORKER_MODULE and (warm.started() or agent_server.start()):
             from launcher.runtime.worker import run_job as forked  # imported by the forkserver already
         if forked is not None:
             config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)

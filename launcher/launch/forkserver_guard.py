@@ -43,6 +43,20 @@ def _stays(signum: int, frame: object) -> None:
     os.kill(os.getpid(), signum)
 
 
+LOADED_WITH = dict(os.environ)  # this module is the server's first import: torch loads after it, in this environment
+
+
+def guard_forked_server() -> None:
+    """An agent's own server, forked from the agent (``launch/agent_server.py``): guarded as this module guards
+    dlaunch's, and its workers given back the stop signals dlaunch's server's workers get."""
+    global _SERVER
+    _SERVER = os.getpid()
+    die_with_parent()
+    signal.signal(signal.SIGINT, _interrupted)
+    for signum, handler in BEFORE.items():
+        signal.signal(signum, _stays if handler == signal.SIG_DFL else handler)
+
+
 def restore_stop_signals() -> None:
     """In a forked worker (``worker.run_job``): SIGTERM and SIGHUP as the server had them before this module (the
     default, or ignored under ``nohup``)."""

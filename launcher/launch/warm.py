@@ -17,7 +17,8 @@ processes (one process, CUDA, a node of several machines) stops it. The elastic 
 then starts each worker as a function (``start_method="forkserver"``): a fork of
 an interpreter whose imports are done. Monitoring, restarts, output tagging and
 failure files stay the agent's. Emulated nodes and parameter-server tasks fork
-their agents from it instead (``launch/agents.py``); those start fresh workers.
+their agents from it instead (``launch/agents.py``); each forks its workers from a server of its own
+(``launch/agent_server.py``).
 
 The forkserver inherits the workers' environment (``worker_environment``): it is
 started inside it, because torch reads some variables (``OMP_NUM_THREADS``) when it
@@ -38,7 +39,7 @@ import time
 from multiprocessing import forkserver, resource_tracker
 from typing import Any, Iterator
 
-from launcher.cluster.env import quiet_cpp_variables, worker_environment, worker_env_set
+from launcher.cluster.env import quiet_cpp_variables, torch_settings, worker_environment, worker_env_set
 from launcher.config import shapes
 from launcher.config.overrides import key_of
 
@@ -53,7 +54,7 @@ _server_torch: dict[str, str] = {}  # the TORCH* variables torch loaded with in 
 
 def eligible(spec: Any, cuda_devices: int) -> bool:
     """A local CPU job of more than one process: the workers of one node that this dlaunch starts with its own agent,
-    or the agents of emulated nodes or parameter-server tasks (``launch/agents.py``), whose workers start fresh."""
+    or the agents of emulated nodes or parameter-server tasks (``launch/agents.py``), with their own servers."""
     c = spec.cluster
     launcher = spec.strategy.launcher(spec)
     return (
@@ -113,11 +114,14 @@ def may_ask_for_workers(argv: list[str]) -> bool:
 
 
 def several_nodes(argv: list[str]) -> bool:
-    """Whether ``argv`` likely sets a shape of more than one node: dlaunch will quiet torch's C++ store warnings
-    (``env.quiet_cpp_warnings``), which torch reads as it loads, so the server must load it so too. A wrong guess
-    costs only the server: ``keep_if_useful`` stops one that loaded torch otherwise than the validated job needs."""
+    """Whether ``argv`` likely sets a shape of more than one node, or parameter-server tasks (``quiets_cpp``): dlaunch
+    will quiet torch's C++ store warnings (``env.quiet_cpp_warnings``), which torch reads as it loads, so the server
+    must load it so too. A wrong guess costs only the server: ``keep_if_useful`` stops one that loaded torch otherwise
+    than the validated job needs."""
     for arg in argv:
         key, value = key_of(arg), arg.partition("=")[2].strip()
+        if key == "strategy" and value == "parameter_server":
+            return True
         shape = shapes.SHAPE.match(value) if key == "cluster" else None
         if (shape and int(shape[1]) > 1 or key == "cluster.nodes" and value not in ("", "1")
                 or key == "cluster" and value == "tasks" or key == "cluster.tasks"):  # a task list: a node per task
@@ -140,10 +144,18 @@ def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
     return False
 
 
+def quiets_cpp(spec: Any) -> bool:
+    """Whether dlaunch quiets torch's C++ warnings for this job (``launcher/cli/main.py``), before torch loads: one of
+    several nodes (a store gone away), or of parameter-server tasks (TensorPipe's per-connection warnings, which each
+    task's workers are quieted of anyway: ``env.task_environment``). The job's agents, and the servers their workers
+    fork from, then load torch as its workers do."""
+    return spec.cluster.nodes > 1 or spec.strategy.launcher(spec) == "tasks"
+
+
 def _job_environment(spec: Any) -> dict[str, str]:
-    """This process's environment once the job starts: a job of several nodes quiets torch's C++ warnings
-    (``launcher/cli/main.py``), which the server's torch must have loaded with too."""
-    return {**os.environ, **(quiet_cpp_variables() if spec.cluster.nodes > 1 else {})}
+    """This process's environment once the job starts: a job that ``quiets_cpp``, the server's torch must have
+    loaded so too."""
+    return {**os.environ, **(quiet_cpp_variables() if quiets_cpp(spec) else {})}
 
 
 def forks_agents() -> bool:
@@ -153,7 +165,7 @@ def forks_agents() -> bool:
 
 
 def _torch_variables(environ: Any) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k.startswith("TORCH") and not k.startswith("TORCHELASTIC_")}
+    return torch_settings(environ)
 
 
 def stop() -> None:

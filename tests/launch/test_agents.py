@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cluster.env import quiet_cpp_variables
 from launcher.launch import agents, warm
 from tests.conftest import alive, process_state
 
@@ -44,6 +45,8 @@ def server(monkeypatch):
     """The console script's warm server, kept as a validated parameter-server job keeps it."""
     assert warm.start_early(["strategy=parameter_server"])
     monkeypatch.setattr(warm, "_kept", True)
+    for name, value in quiet_cpp_variables().items():  # as dlaunch sets them for such a job (warm.quiets_cpp)
+        monkeypatch.setenv(name, value)
     try:
         yield forkserver._forkserver._forkserver_pid
     finally:

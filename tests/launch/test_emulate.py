@@ -34,11 +34,19 @@ def test_a_later_node_that_dies_ends_the_wait_while_node_0_still_runs(tmp_path):
 
 
 def agent_pid(run_dir, node: int) -> int | None:
-    """The pid of emulated node ``node``'s elastic agent for this run (2x1: node N runs rank N): its worker's parent.
-    A forked agent's command line is its server's, so it cannot be found by that."""
+    """The pid of emulated node ``node``'s elastic agent for this run (2x1: node N runs rank N): its worker's parent,
+    or where that is the agent's own server (``launch/agent_server.py``: one thread, where the agent runs several),
+    the server's parent. A forked agent's command line is its server's, so it cannot be found by that."""
     worker = worker_pids(run_dir).get(node)
     state = process_state(worker) if worker else None
-    return state[1] if state else None
+    if state is None:
+        return None
+    try:
+        server = len(os.listdir(f"/proc/{state[1]}/task")) == 1
+    except OSError:
+        return None
+    above = process_state(state[1]) if server else state
+    return above[1] if above else None
 
 
 def kill_agent_in_step_3(run_dir: Path, node: int, *overrides: str) -> tuple[subprocess.Popen, str]:

@@ -185,12 +185,13 @@ def test_killing_dlaunch_takes_what_it_forked_and_the_server_with_it(tmp_path, j
             time.sleep(0.2)
         pids = [json.loads(p.read_text())["pid"] for p in (run_dir / ".dlaunch").glob("rank-*.progress.json")]
         assert len(pids) == 2, "the workers should be training"
-        left = set()  # each worker and what it descends from below dlaunch: the server, and a node's agent
+        # each worker and what it descends from below dlaunch: the server, and a node's agent and its own server
+        left = set()
         for pid in pids:
             while pid not in (proc.pid, 0, 1):  # up to dlaunch (0, 1: gone, or orphaned already)
                 left.add(pid)
                 pid = (process_state(pid) or ("", 0, 0))[1]
-        assert len(left) == (3 if job[1] == "cluster=1x2" else 5)  # two workers, (two agents,) one server
+        assert len(left) == (3 if job[1] == "cluster=1x2" else 7)  # two workers, (two agents, theirs,) one server
         proc.send_signal(signal.SIGKILL)  # no handler runs: only the kernel's parent-death signals are left
         proc.wait()
         deadline = time.monotonic() + 10

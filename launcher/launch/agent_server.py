@@ -1,0 +1,119 @@
+"""An agent's own warm server: an emulated node's or a parameter-server task's workers forked, not started fresh.
+
+An agent forked from dlaunch's warm server (``launch/agents.py``) has imported all that a worker imports (torch,
+torch._dynamo, dlaunch), and no thread has run in it yet. As it starts its workers, it forks itself once more into a
+``multiprocessing`` forkserver, in the workers' environment, and its elastic agent forks each worker from that
+(``start_method="forkserver"``), as dlaunch's own single-node workers fork from its warm server. A fresh worker
+instead spends about 3.3 s of CPU importing before it reads its job: a 20-step ``cluster=2x2`` run took 26.3 CPU-s
+with fresh workers and 7.4 with forked ones, a parameter-server run of 5 tasks 58.6 and 11.0 (docs/PERFORMANCE.md).
+
+The chain is the one dlaunch's own warm workers have: the agent -> its server, which dies with the agent and stays
+through SIGTERM and SIGHUP (``forkserver_guard.guard_forked_server``) -> its workers (``die_with_launcher``), each
+of which lets go of the server's keep-alive pipe (``release_forkserver``). The agent stops and reaps its server
+when it ends (``shutdown``).
+
+Workers start fresh as before where the agent is not a fork of the warm server (``launch.warm_workers=false``, CUDA
+nodes), where a thread already runs in it, or where torch loaded with other settings (``TORCH*``,
+``OMP_NUM_THREADS``) than the workers' environment has.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing import connection, forkserver, util
+
+_forked_agent = False  # this process is an agent forked from the warm server (agents._agent says so)
+_pid: int | None = None  # the server this agent forked
+
+
+def forked_agent() -> None:
+    """In an agent forked from the warm server, before its main: its workers may be forked from it."""
+    global _forked_agent
+    _forked_agent = True
+
+
+def start() -> bool:
+    """At the workers' start, in their environment: this agent's server, forked now where it can be; whether the
+    workers are to be forked from it."""
+    global _pid
+    if _pid is not None:
+        return True
+    if not (_forked_agent and sys.platform == "linux" and _single_threaded() and _torch_loaded_as_now()):
+        return False
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    if not util.is_abstract_socket_namespace(address):
+        os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _serve(listener.fileno(), alive_r, alive_w)  # never returns
+    os.close(alive_r)
+    listener.close()
+    server = forkserver._forkserver
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    _pid = pid
+    return True
+
+
+def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
+    """The forked server: guarded as dlaunch's is, then multiprocessing's own server loop, until the agent's end."""
+    code = 0
+    try:
+        os.close(alive_w)
+        from launcher.launch import forkserver_guard
+
+        forkserver_guard.guard_forked_server()
+        forkserver.main(listener_fd, alive_r, [])
+    except SystemExit:  # the keep-alive pipe's end: the agent has gone
+        pass
+    except BaseException:  # noqa: BLE001 - the agent's workers cannot start: its elastic agent reports that
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _single_threaded() -> bool:
+    """A fork is safe only where no other thread runs (one may hold a lock the fork would copy held)."""
+    try:
+        return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _torch_loaded_as_now() -> bool:
+    """torch in this process loaded in the warm server's environment: the workers' own must not differ in what torch
+    reads as it loads."""
+    from launcher.cluster.env import torch_settings
+    from launcher.launch import forkserver_guard
+
+    return torch_settings(os.environ, threads=True) == torch_settings(forkserver_guard.LOADED_WITH, threads=True)
+
+
+def started() -> bool:
+    return _pid is not None
+
+
+def shutdown(wait_s: float = 10.0) -> None:
+    """At the agent's end: once its server has reaped every worker, kill and reap it."""
+    global _pid
+    if _pid is None:
+        return
+    from launcher.launch.warm import has_children
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and has_children(_pid):
+        time.sleep(0.01)
+    try:
+        os.kill(_pid, signal.SIGKILL)
+        os.waitpid(_pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+    _pid = None
