@@ -57,8 +57,12 @@ def start() -> bool:
         _serve(listener.fileno(), alive_r, alive_w)  # never returns
     os.close(alive_r)
     listener.close()
+    # multiprocessing's own client state, as its ensure_running leaves it (the same fields in Python 3.10-3.13);
+    # 3.14's key for the server's socket: none here, as ``main`` is given none (the socket is mode 0600, as before)
     server = forkserver._forkserver
     server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    if hasattr(server, "_forkserver_authkey"):
+        server._forkserver_authkey = None
     _pid = pid
     return True
 
