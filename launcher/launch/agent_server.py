@@ -19,6 +19,7 @@ nodes), where a thread already runs in it, or where torch loaded with other sett
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -43,7 +44,7 @@ def start() -> bool:
     global _pid
     if _pid is not None:
         return True
-    if not (_forked_agent and sys.platform == "linux" and _single_threaded() and _torch_loaded_as_now()):
+    if not (_forked_agent and sys.platform == "linux" and _unkeyed() and _single_threaded() and _torch_loaded_as_now()):
         return False
     listener = socket.socket(socket.AF_UNIX)
     address = connection.arbitrary_address("AF_UNIX")
@@ -57,23 +58,34 @@ def start() -> bool:
         _serve(listener.fileno(), alive_r, alive_w)  # never returns
     os.close(alive_r)
     listener.close()
-    # multiprocessing's own client state, as its ensure_running leaves it (the same fields in Python 3.10-3.13);
-    # 3.14's key for the server's socket: none here, as ``main`` is given none (the socket is mode 0600, as before)
+    # multiprocessing's own client state, as its ensure_running leaves it (the same fields in Python 3.10-3.13). A
+    # server that died is started again by multiprocessing itself, fresh: it imports and is guarded as dlaunch's is.
+    from launcher.launch.warm import PRELOAD
+
     server = forkserver._forkserver
     server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
-    if hasattr(server, "_forkserver_authkey"):
-        server._forkserver_authkey = None
+    forkserver.set_forkserver_preload(PRELOAD)
     _pid = pid
     return True
 
 
+def _unkeyed() -> bool:
+    """Python 3.14's forkserver authenticates each request with a key handed to the server at its start (not on
+    3.10-3.13, where this is verified): not yet done here, so its agents start their workers fresh."""
+    return not hasattr(forkserver._forkserver, "_forkserver_authkey")
+
+
 def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
-    """The forked server: guarded as dlaunch's is, then multiprocessing's own server loop, until the agent's end."""
+    """The forked server: guarded as dlaunch's is, then multiprocessing's own server loop, until the agent's end.
+    The descriptors dlaunch passed the agent are closed first: a worker holding a copy of its node's lifeline
+    (``emulate._lifelines``) would hide the agent's end from the other nodes."""
     code = 0
     try:
         os.close(alive_w)
-        from launcher.launch import forkserver_guard
+        from launcher.launch import agents, forkserver_guard
 
+        for fd in set(agents.passed_fds()):
+            os.close(fd)
         forkserver_guard.guard_forked_server()
         forkserver.main(listener_fd, alive_r, [])
     except SystemExit:  # the keep-alive pipe's end: the agent has gone
@@ -106,18 +118,20 @@ def started() -> bool:
 
 
 def shutdown(wait_s: float = 10.0) -> None:
-    """At the agent's end: once its server has reaped every worker, kill and reap it."""
+    """At the agent's end: once its server (the one it forked, or one multiprocessing started in its place) has
+    reaped every worker, kill and reap it."""
     global _pid
     if _pid is None:
         return
     from launcher.launch.warm import has_children
 
+    server = forkserver._forkserver
+    pid = server._forkserver_pid
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and has_children(_pid):
+    while pid is not None and time.monotonic() < deadline and has_children(pid):
         time.sleep(0.01)
-    try:
-        os.kill(_pid, signal.SIGKILL)
-        os.waitpid(_pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # at once: left to its keep-alive pipe, it would shut an interpreter down
+        server._stop()  # reaps it, closes this end of its keep-alive pipe, removes its socket
     _pid = None

@@ -67,6 +67,11 @@ def killed_on_error(procs: Iterable[Agent]) -> Iterator[None]:
         raise
 
 
+def passed_fds() -> list[int]:
+    """In a forked agent: the descriptors dlaunch passed it, by their numbers here."""
+    return list(_MOVED.values())
+
+
 def inherited_fd(fd: int) -> int:
     """In an agent: the number that descriptor ``fd`` of dlaunch's (one it passed) has here."""
     return _MOVED.get(fd, fd)

@@ -14,7 +14,7 @@ import pytest
 
 from launcher.launch import agent_server
 from tests.conftest import alive, command, process_state, summary
-from tests.launch.test_restarts import worker_pids
+from tests.launch.test_restarts import STARTUP_S, finish, run_processes, start, wait_for, worker_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the warm server is Linux-only")
 JOBS = {
@@ -105,3 +105,29 @@ def test_an_agent_with_a_thread_running_starts_its_workers_fresh(monkeypatch):
 def test_a_process_that_is_not_a_forked_agent_forks_no_server():
     """dlaunch itself, a fresh agent (launch.warm_workers=false, a CUDA node), a test: never."""
     assert agent_server.start() is False and not agent_server.started()
+
+
+@pytest.mark.slow
+def test_a_killed_agent_server_is_replaced_and_the_restarted_workers_finish_the_run(tmp_path):
+    """Node 1's own server SIGKILLed while its worker is inside step 3: the worker dies with it (its parent-death
+    signal), node 1's agent restarts the job's workers from a server multiprocessing starts in its place (fresh,
+    and guarded as dlaunch's: warm.PRELOAD), the run completes from its checkpoint, and nothing is left running."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "strategy=multi_worker_mirrored", "cluster=2x1", "launch.max_restarts=1", "trainer.steps=12",
+                 "trainer.checkpoint.every_steps=2", "+recipe.pause_replica=1", "+recipe.pause_step=3",
+                 "+recipe.step_sleep=0.5")
+    try:
+        paused = run_dir / "paused-replica1"
+        wait_for(lambda: paused.exists() and paused.read_text().strip(), STARTUP_S, "replica 1 to pause in step 3")
+        worker = int(paused.read_text())
+        own_server = process_state(worker)[1]
+        assert threads(own_server) == 1 and b"multiprocessing.forkserver" in cmdline(own_server)
+        os.kill(own_server, signal.SIGKILL)
+        wait_for(lambda: worker_pids(run_dir).get(1, worker) != worker, STARTUP_S, "replica 1 to restart")
+        replacement = process_state(worker_pids(run_dir)[1])[1]
+        assert b"launcher.launch.forkserver_guard" in cmdline(replacement)  # imports the guard first, as dlaunch's
+    finally:
+        out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["restarts"] == 1, out[-3000:]
+    wait_for(lambda: run_processes(run_dir) == [], 30, "the run's processes to end")
