@@ -101,8 +101,8 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
              "scheduler's own grace, often 30 s, bounds it too)"),
             ('warm_workers',
              'True',
-             'local CPU workers, and the agents of emulated nodes and parameter-server tasks, fork from a process that '
-             'imported them while dlaunch planned')],
+             'local CPU workers, and the agents of emulated nodes and parameter-server tasks and their workers, fork '
+             'from a process that imported them while dlaunch planned')],
  'cluster': [('device',
               'auto',
               'auto: cuda where this machine has a CUDA GPU (those CUDA_VISIBLE_DEVICES shows), else cpu'),

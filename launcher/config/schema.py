@@ -221,7 +221,8 @@ class LaunchSpec(Strict):
     stop_grace_s: PositiveInt = Field(25, description="after a stop signal, seconds the workers have to save a checkpoint and "
                                       "exit before SIGKILL (a scheduler's own grace, often 30 s, bounds it too)")
     warm_workers: bool = Field(True, description="local CPU workers, and the agents of emulated nodes and "
-                               "parameter-server tasks, fork from a process that imported them while dlaunch planned")
+                               "parameter-server tasks and their workers, fork from a process that imported them while "
+                               "dlaunch planned")
 
 
 class RecipeSpec(BaseModel):
