@@ -137,7 +137,7 @@ def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
     which see that program's environment as it is at launch.
     """
     global _kept
-    if _started and eligible(spec, cuda_devices) and _server_torch == _torch_variables(_job_environment(spec)):
+    if _started and eligible(spec, cuda_devices) and _server_torch == torch_settings(_job_environment(spec)):
         _kept = True
         return True
     stop()
@@ -161,11 +161,7 @@ def _job_environment(spec: Any) -> dict[str, str]:
 def forks_agents() -> bool:
     """Whether the validated job forks its agents (emulated nodes', tasks') from the server: it kept it, and torch
     loaded there with the ``TORCH*`` variables a fresh agent would load it with now (its C++ log level, say)."""
-    return _kept and _started and _torch_variables(os.environ) == _server_torch
-
-
-def _torch_variables(environ: Any) -> dict[str, str]:
-    return torch_settings(environ)
+    return _kept and _started and torch_settings(os.environ) == _server_torch
 
 
 def stop() -> None:
@@ -218,7 +214,7 @@ def _launch(quiet_cpp: bool = False) -> None:
     if quiet_cpp:
         env.update(quiet_cpp_variables())
     with worker_env_set(env), sigint_blocked():
-        _server_torch = _torch_variables(os.environ)
+        _server_torch = torch_settings(os.environ)
         forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
 
