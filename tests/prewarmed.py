@@ -37,6 +37,9 @@ from launcher.launch.parent_death import die_with_parent
 def serve() -> None:
     """The zygote: import what every command imports, then fork one child per request until stdin closes."""
     die_with_parent()
+    from launcher.launch import warm
+
+    warm.prewarm()  # torch and what a worker imports: a command's warm server is then a fork of the command
     import torch._dynamo  # noqa: F401  (what the first optimizer of a run imports)
 
     import launcher.cli.entry  # noqa: F401

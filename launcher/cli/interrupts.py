@@ -71,6 +71,15 @@ def release() -> None:
             signal.signal(sig, _before.pop(sig))
 
 
+def forget() -> None:
+    """In a process forked from dlaunch that is not dlaunch (its forked warm server): every handler this replaced back
+    as it was, nothing noted."""
+    for sig, previous in list(_before.items()):
+        signal.signal(sig, previous)
+    _before.clear()
+    _noted.clear()
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP where nothing else handles it (dlaunch itself, before its workers or its training loop take the
     signals over): raised as Ctrl-C's ``KeyboardInterrupt`` is, so the run stops with its summary and exit 128+N,

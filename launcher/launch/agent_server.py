@@ -13,8 +13,8 @@ of which lets go of the server's keep-alive pipe (``release_forkserver``). The a
 when it ends (``shutdown``).
 
 Workers start fresh as before where the agent is not a fork of the warm server (``launch.warm_workers=false``, CUDA
-nodes), where a thread already runs in it, or where torch loaded with other settings (``TORCH*``,
-``OMP_NUM_THREADS``) than the workers' environment has.
+nodes), where a thread already runs in it (``forked_server.possible``), or where torch loaded with other settings
+(``TORCH*``, ``OMP_NUM_THREADS``) than the workers' environment has.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
-import sys
-import threading
 import time
-from multiprocessing import connection, forkserver, util
+from multiprocessing import forkserver
+
+from launcher.launch import forked_server
 
 _forked_agent = False  # this process is an agent forked from the warm server (agents._agent says so)
 _pid: int | None = None  # the server this agent forked
@@ -44,64 +43,25 @@ def start() -> bool:
     global _pid
     if _pid is not None:
         return True
-    if not (_forked_agent and sys.platform == "linux" and _unkeyed() and _single_threaded() and _torch_loaded_as_now()):
+    if not (_forked_agent and forked_server.possible() and _torch_loaded_as_now()):
         return False
-    listener = socket.socket(socket.AF_UNIX)
-    address = connection.arbitrary_address("AF_UNIX")
-    listener.bind(address)
-    if not util.is_abstract_socket_namespace(address):
-        os.chmod(address, 0o600)
-    listener.listen()
-    alive_r, alive_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _serve(listener.fileno(), alive_r, alive_w)  # never returns
-    os.close(alive_r)
-    listener.close()
-    # multiprocessing's own client state, as its ensure_running leaves it (the same fields in Python 3.10-3.13). A
-    # server that died is started again by multiprocessing itself, fresh: it imports and is guarded as dlaunch's is.
+    _pid = forked_server.fork(_prepare)
+    # A server that died is started again by multiprocessing itself, fresh: it imports and is guarded as dlaunch's is.
     from launcher.launch.warm import PRELOAD
 
-    server = forkserver._forkserver
-    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
     forkserver.set_forkserver_preload(PRELOAD)
-    _pid = pid
     return True
 
 
-def _unkeyed() -> bool:
-    """Python 3.14's forkserver authenticates each request with a key handed to the server at its start (not on
-    3.10-3.13, where this is verified): not yet done here, so its agents start their workers fresh."""
-    return not hasattr(forkserver._forkserver, "_forkserver_authkey")
+def _prepare() -> None:
+    """In the forked server: guarded as dlaunch's is. The descriptors dlaunch passed the agent are closed first: a
+    worker holding a copy of its node's lifeline (``emulate._lifelines``) would hide the agent's end from the other
+    nodes."""
+    from launcher.launch import agents, forkserver_guard
 
-
-def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
-    """The forked server: guarded as dlaunch's is, then multiprocessing's own server loop, until the agent's end.
-    The descriptors dlaunch passed the agent are closed first: a worker holding a copy of its node's lifeline
-    (``emulate._lifelines``) would hide the agent's end from the other nodes."""
-    code = 0
-    try:
-        os.close(alive_w)
-        from launcher.launch import agents, forkserver_guard
-
-        for fd in set(agents.passed_fds()):
-            os.close(fd)
-        forkserver_guard.guard_forked_server()
-        forkserver.main(listener_fd, alive_r, [])
-    except SystemExit:  # the keep-alive pipe's end: the agent has gone
-        pass
-    except BaseException:  # noqa: BLE001 - the agent's workers cannot start: its elastic agent reports that
-        code = 1
-    finally:
-        os._exit(code)
-
-
-def _single_threaded() -> bool:
-    """A fork is safe only where no other thread runs (one may hold a lock the fork would copy held)."""
-    try:
-        return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+    for fd in set(agents.passed_fds()):
+        os.close(fd)
+    forkserver_guard.guard_forked_server()
 
 
 def _torch_loaded_as_now() -> bool:

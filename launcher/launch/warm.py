@@ -30,6 +30,7 @@ fresh interpreter instead (``python -m launcher.runtime.worker_entry``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.resources
 import multiprocessing
 import os
@@ -42,11 +43,13 @@ from typing import Any, Iterator
 from launcher.cluster.env import quiet_cpp_variables, torch_settings, worker_environment, worker_env_set
 from launcher.config import shapes
 from launcher.config.overrides import key_of
+from launcher.launch import forked_server
 
 # torch._dynamo (with sympy, about 0.9 s here) is imported by a process's first optimizer step: in the
 # server it is imported once, off the workers' critical path. The server stays single-threaded.
 PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch._dynamo", "launcher.launch.agents",
            "launcher.launch.tasks", "launcher.launch.emulate"]
+_prewarmed: dict[str, str] | None = None  # the environment torch loaded with in this process, where prewarm imported it
 _started = False
 _kept = False  # the validated job will fork its workers, or its agents, from it (keep_if_useful)
 _server_torch: dict[str, str] = {}  # the TORCH* variables torch loaded with in the server
@@ -215,8 +218,41 @@ def _launch(quiet_cpp: bool = False) -> None:
         env.update(quiet_cpp_variables())
     with worker_env_set(env), sigint_blocked():
         _server_torch = torch_settings(os.environ)
-        forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
+        if _prewarmed is not None and forked_server.possible() and torch_settings(_prewarmed, threads=True) == torch_settings(os.environ, threads=True):
+            forked_server.fork(_prepare_forked)  # this process has imported what the server would: no fresh one
+        else:
+            forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
+
+
+def prewarm() -> bool:
+    """For a program that runs many dlaunch commands, each in a fork of itself (the test suite's ``tests/prewarmed.py``):
+    import now, before torch is imported, what the warm server would import, and note the environment torch loads in.
+    A command forked from it later then forks its warm server from itself, in a moment and without a second copy of
+    those imports, where torch loaded as the workers' environment would load it (``TORCH*``, ``OMP_NUM_THREADS``); a
+    fresh server otherwise. Whether torch was imported here (it was not if something had imported it before)."""
+    global _prewarmed
+    if "torch" in sys.modules:
+        return False
+    environment = dict(os.environ)
+    for module in PRELOAD[1:]:  # not the guard, whose import guards the process that imports it
+        importlib.import_module(module)
+    _prewarmed = environment
+    return True
+
+
+def _prepare_forked() -> None:
+    """In a server forked from dlaunch: the stop signals as they were before dlaunch noted them, then guarded as a
+    fresh server is (its first import), Ctrl-C let through again (``sigint_blocked``)."""
+    from launcher.cli import interrupts
+
+    interrupts.forget()
+    imported = "launcher.launch.forkserver_guard" in sys.modules
+    from launcher.launch import forkserver_guard  # its first import guards the process that imports it
+
+    if imported:
+        forkserver_guard.guard_forked_server()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @contextlib.contextmanager

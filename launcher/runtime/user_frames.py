@@ -13,12 +13,17 @@ from types import FrameType, TracebackType
 
 import torch
 
+from launcher.launch import forked_server
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # as frames name their files
 _RECIPES_DIR = os.path.join(_PACKAGE_DIR, "recipes")  # shipped recipes are user code
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd")
 _NOT_USER = (_PACKAGE_DIR, _TORCH_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
 _DISTRIBUTED_DIR = os.path.join(_TORCH_DIR, "distributed")
+# A worker forked from a server that was forked from a running program (``launch/forked_server.py``) still has that
+# program's frames below its own: the frames from here outwards are not the rank's.
+_FORKED_SERVER = forked_server._serve.__code__
 _C10D = os.path.join(_DISTRIBUTED_DIR, "distributed_c10d.py")
 _WAITING = frozenset({  # torch.distributed's calls that return only once the other ranks have joined in
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
@@ -59,7 +64,9 @@ def in_traceback(tb: TracebackType | None) -> str:
     """The innermost frame of user code an exception passed through: where a collective that failed was called."""
     found = ""
     while tb is not None:
-        if is_user_file(tb.tb_frame.f_code.co_filename):
+        if tb.tb_frame.f_code is _FORKED_SERVER:
+            found = ""  # what ran above it is the process the server was forked from
+        elif is_user_file(tb.tb_frame.f_code.co_filename):
             found = f"{tb.tb_frame.f_code.co_name} ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
         tb = tb.tb_next
     return found
@@ -71,7 +78,7 @@ def is_user_file(filename: str) -> bool:
 
 def innermost(frame: FrameType | None) -> str:
     """The innermost frame of user code from ``frame`` outwards: ``main (train.py:63)`` ("": none)."""
-    while frame is not None:
+    while frame is not None and frame.f_code is not _FORKED_SERVER:  # above it: the process it was forked from
         if is_user_file(frame.f_code.co_filename):
             return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
         frame = frame.f_back

@@ -1,8 +1,10 @@
 """Exact resume: a run stopped and resumed ends bitwise equal to one that never stopped.
 
-Each strategy trains 30 steps straight through, and again as 17 steps plus a
-resumed 13 (step 17 is mid-epoch: 10 batches per epoch). Parameters, optimizer
-state and the loss curve after the resume point must be identical.
+Each strategy trains 30 steps straight through; a second run resumes from that run's
+step-15 checkpoint (mid-epoch: 10 batches per epoch, saved while the input pipeline had
+read ahead) and trains to 30. Mirrored 1x2 resumes a run that stopped at step 17 instead
+(its final checkpoint, `trainer.resume=auto` in the same run directory). Parameters,
+optimizer state and the loss curve after the resume point must be identical.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from launcher.checkpoint import layout, read_tensors
 from tests.conftest import PROBE, dlaunch, summary
 
 pytestmark = pytest.mark.slow
-COMMON = ("recipe=linear", "recipe.examples=640", "trainer.log_every=1", "trainer.checkpoint.every_steps=5")
+COMMON = ("recipe=linear", "recipe.examples=640", "trainer.log_every=1", "trainer.checkpoint.every_steps=5",
+          "trainer.checkpoint.keep=10")
 STRATEGIES = {
     "one_device": ("strategy=one_device",),
     "mirrored": ("strategy=mirrored", "cluster=1x2"),
@@ -83,23 +86,27 @@ def mirrored_1x2(tmp_path_factory, tmp_path):
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_resumed_run_is_bitwise_equal_to_an_uninterrupted_one(run_dlaunch, tmp_path_factory, tmp_path, strategy):
     args = STRATEGIES[strategy]
-    if strategy == "mirrored":
+    if strategy == "mirrored":  # a run that stopped at step 17, resumed in its own directory
         straight, stopped = mirrored_1x2(tmp_path_factory, tmp_path)
-    else:
+        proc, resumed = run_ok(run_dlaunch, stopped, *args, "trainer.steps=30")
+        at, position, steps = 17, "epoch 1, batch 7", range(1, 31)
+    else:  # another run, from the straight run's step-15 checkpoint
         _, straight = run_ok(run_dlaunch, "straight", *args, "trainer.steps=30")
-        run_ok(run_dlaunch, stopped := "stopped", *args, "trainer.steps=17")
-    proc, resumed = run_ok(run_dlaunch, stopped, *args, "trainer.steps=30")
-    assert "resume" in proc.stdout + proc.stderr and "from step 17" in proc.stdout + proc.stderr and "epoch 1, batch 7" in proc.stdout + proc.stderr
+        middle = straight / "checkpoints" / "step-00000015"
+        proc, resumed = run_ok(run_dlaunch, "resumed", *args, "trainer.steps=30", f"trainer.resume={middle}")
+        at, position, steps = 15, "epoch 1, batch 5", range(16, 31)
+    said = proc.stdout + proc.stderr
+    assert "resume" in said and f"from step {at}" in said and position in said
 
     model_a, optim_a = final_state(straight)
     model_b, optim_b = final_state(resumed)
     assert_bitwise_equal(model_a, model_b)
     assert_bitwise_equal(optim_a, optim_b)
     curve_a, curve_b = losses(straight), losses(resumed)
-    assert list(curve_b) == list(range(1, 31)), "no step lost or doubled"
-    assert curve_a == curve_b
+    assert list(curve_b) == list(steps), "no step lost or doubled"
+    assert curve_b == {step: curve_a[step] for step in steps}
     s = summary(resumed)
-    assert s["resumed_from_step"] == 17 and s["first_loss"] == curve_a[1] and s["final_loss"] == curve_a[30]
+    assert s["resumed_from_step"] == at and s["first_loss"] == curve_a[steps[0]] and s["final_loss"] == curve_a[30]
     if strategy.endswith("batch-norm"):  # what was saved is what rank 0 evaluated, in both runs
         for run_dir, saved in ((straight, model_a), (resumed, model_b)):
             evaluated = torch.load(run_dir / "buffers.pt", weights_only=True)
