@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cluster.env import quiet_cpp_variables
+from launcher.launch import warm
 from tests import prewarmed
 
 # One intra-op thread in every process the suite starts (dlaunch's workers get one already), unless the
@@ -89,11 +91,19 @@ def command(*args: str, device: str | None = "cpu", warm: bool = True) -> list[s
 
 
 ZYGOTE = None if os.environ.get("DLAUNCH_TEST_FRESH") == "1" else prewarmed.Zygote(str(ROOT), dict(os.environ))
+# A command of several nodes or parameter-server tasks quiets torch's C++ warnings before torch loads (``cli/entry.py``):
+# it forks from an interpreter whose torch loaded so, as its workers' does (its warm server is then a fork of it).
+QUIET_ZYGOTE = ZYGOTE and prewarmed.Zygote(str(ROOT), {**os.environ, **quiet_cpp_variables()})
+
+
+def zygote_for(args) -> prewarmed.Zygote | None:
+    return QUIET_ZYGOTE if warm.several_nodes(list(args)) else ZYGOTE
 
 
 def pytest_sessionfinish(session):
-    if ZYGOTE is not None:
-        ZYGOTE.close()
+    for zygote in (ZYGOTE, QUIET_ZYGOTE):
+        if zygote is not None:
+            zygote.close()
 
 
 def importable_from(directory: Path) -> dict[str, str]:
@@ -113,7 +123,8 @@ def dlaunch(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
     quick = answered_early(args)  # answered before torch is imported: always fresh
     args = pinned(args, device)
-    forked = ZYGOTE and not quick and ZYGOTE.run(list(args), cwd, full_env, timeout)
+    zygote = zygote_for(args)
+    forked = zygote and not quick and zygote.run(list(args), cwd, full_env, timeout)
     if forked:
         return forked
     return subprocess.run(
@@ -130,7 +141,8 @@ def popen(*args: str, cwd: Path, env: dict | None = None, device: str | None = "
     its own (``start_new_session``)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", **(env or {})}
     args = pinned(args, device)
-    forked = ZYGOTE and ZYGOTE.start(list(args), cwd, full_env, session=session)
+    zygote = zygote_for(args)
+    forked = zygote and zygote.start(list(args), cwd, full_env, session=session)
     if forked:
         return forked
     return subprocess.Popen(command(*args, device=None), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

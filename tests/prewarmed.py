@@ -5,7 +5,9 @@ optimizer imports it), Hydra and dlaunch before it reads its command line. The s
 commands on a 2-core CI machine, so each pytest-xdist worker keeps one such interpreter (the *zygote*) and forks
 a command from it instead. The fork is a separate process, as a fresh one would be: its own pid, working
 directory, environment, stdout and stderr files and exit status, stopped by a signal as any process is, and its
-workers, forkserver and agents are started by dlaunch itself exactly as from a fresh interpreter.
+workers and agents are started by dlaunch itself exactly as from a fresh interpreter. Its warm forkserver is a fork
+of the command (``warm.prewarm``), where torch loaded here as the workers' environment would load it: the imports a
+fresh server would make again are done.
 
 ``Zygote.start`` leaves the command running and hands back a ``Forked``, which a test signals and waits for as
 it would a ``subprocess.Popen`` (``conftest.popen``). What a fork cannot show, fresh interpreters cover: the

@@ -8,10 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, command
+from tests.conftest import ROOT, alive, command, process_state
 from tests.prewarmed import Zygote
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="forks with PR_SET_PDEATHSIG")]
@@ -84,3 +85,33 @@ def test_a_started_command_is_handled_as_a_popen_is(zygote, tmp_path):
     assert proc.returncode == 143 and err is None  # stderr is in stdout, as with stderr=STDOUT
     assert "stopped by SIGTERM after step" in out and "stopped (exit 143)" in out, out[-3000:]
     assert zygote.run(["--cfg", "job"], tmp_path, ENV, 60).returncode == 0  # free again
+
+
+@pytest.mark.parametrize("threads,forked", [("1", True), ("2", False)], ids=["forked server", "torch loaded otherwise"])
+def test_a_commands_warm_server_is_a_fork_of_it_where_torch_loaded_as_the_workers_would(zygote, tmp_path, threads, forked):
+    """``warm.prewarm``: the zygote loaded torch with OMP_NUM_THREADS=1, as dlaunch's workers load it, so a command's
+    server is the command forked, not a fresh interpreter; with another value the workers need a fresh one. A stop
+    of the whole group then ends as it does with a fresh server: no word from the server, nothing left."""
+    run_dir = tmp_path / "run"
+    args = ["recipe=linear", "strategy=mirrored", "cluster=1x2", "trainer.steps=100000000", "trainer.log_every=100",
+            f"hydra.run.dir={run_dir}"]
+    proc = zygote.start(args, tmp_path, {**ENV, "OMP_NUM_THREADS": threads}, session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:  # training
+            assert proc.poll() is None
+            time.sleep(0.1)
+        workers = [json.loads(p.read_text())["pid"] for p in (run_dir / ".dlaunch").glob("rank-*.progress.json")]
+        assert len(workers) == 2
+        servers = {process_state(pid)[1] for pid in workers}
+        assert len(servers) == 1 and process_state(server := servers.pop())[1] == proc.pid
+        started_as = Path(f"/proc/{server}/cmdline").read_bytes()
+        assert ("multiprocessing.forkserver" not in started_as.decode()) == forked
+        assert (started_as == Path(f"/proc/{proc.pid}/cmdline").read_bytes()) == forked
+        os.killpg(proc.pid, signal.SIGTERM)  # dlaunch, its server and its workers, as `kill -TERM -PGID` does
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "stopped (exit 143)" in out, out[-3000:]
+    assert "stopping before training starts" not in out  # the server took dlaunch's early handler back
+    assert not any(alive(pid) for pid in (*workers, server))

@@ -190,7 +190,8 @@ def _outcome(spec: RunSpec, run_dir: Path, codes: list[int], lost: list[failures
 # ---------- one node's agent (a child process) ----------
 def _record_failures(real: list, finished: list, spec: RunSpec, run_dir: Path, node: int) -> int:
     data = {"real": [c.as_dict() for c in real], "finished": [c.as_dict() for c in finished]}
-    failures_file(run_dir, node).write_text(json.dumps(data))
+    # whole or not at all: dlaunch reads it as soon as a task's failure is known, while other tasks may be writing theirs
+    outputs.write_atomic(failures_file(run_dir, node), json.dumps(data).encode())
     return 1 if real else 0
 
 

@@ -24,7 +24,9 @@ The forkserver inherits the workers' environment (``worker_environment``): it is
 started inside it, because torch reads some variables (``OMP_NUM_THREADS``) when it
 is imported. It dies with dlaunch, however dlaunch ends (``forkserver_guard``), and
 its children follow it (``die_with_launcher``). ``launch.warm_workers=false`` starts every worker as a
-fresh interpreter instead (``python -m launcher.runtime.worker_entry``).
+fresh interpreter instead (``python -m launcher.runtime.worker_entry``). A command forked from an
+interpreter that ``prewarm`` prepared (the test suite's) has those imports already, and forks its server
+from itself (``launch/forked_server.py``) where torch loaded as the workers' environment would load it.
 """
 
 from __future__ import annotations
