@@ -90,10 +90,13 @@ def command(*args: str, device: str | None = "cpu", warm: bool = True) -> list[s
     return [sys.executable, "-m", "launcher.cli.entry" if warm else "launcher.cli.main", *pinned(args, device)]
 
 
-ZYGOTE = None if os.environ.get("DLAUNCH_TEST_FRESH") == "1" else prewarmed.Zygote(str(ROOT), dict(os.environ))
-# A command of several nodes or parameter-server tasks quiets torch's C++ warnings before torch loads (``cli/entry.py``):
-# it forks from an interpreter whose torch loaded so, as its workers' does (its warm server is then a fork of it).
-QUIET_ZYGOTE = ZYGOTE and prewarmed.Zygote(str(ROOT), {**os.environ, **quiet_cpp_variables()})
+# The commands' environment as Python and torch read it at start (``dlaunch`` below adds PYTHONUNBUFFERED), which
+# their workers' is too: a command's warm server is then a fork of it (``warm.prewarm``). A command of several nodes or
+# parameter-server tasks quiets torch's C++ warnings before torch loads (``cli/entry.py``): it forks from an
+# interpreter whose torch loaded so.
+_STARTED_IN = {**os.environ, "PYTHONUNBUFFERED": "1"}
+ZYGOTE = None if os.environ.get("DLAUNCH_TEST_FRESH") == "1" else prewarmed.Zygote(str(ROOT), _STARTED_IN)
+QUIET_ZYGOTE = ZYGOTE and prewarmed.Zygote(str(ROOT), {**_STARTED_IN, **quiet_cpp_variables()})
 
 
 def zygote_for(args) -> prewarmed.Zygote | None:

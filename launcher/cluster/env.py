@@ -117,8 +117,25 @@ def torch_settings(environ: Mapping[str, str], threads: bool = False) -> dict[st
     process forked from one where torch loaded under other ones would not be what a fresh one is. Not elastic's own
     (``TORCHELASTIC_*``, set per worker), nor ``TORCHINDUCTOR_CACHE_DIR`` at the default that torch sets itself as
     inductor first finds its cache, in whichever process that happens."""
-    settings = {k: v for k, v in environ.items() if k.startswith("TORCH") and not k.startswith("TORCHELASTIC_")
-                or threads and k == "OMP_NUM_THREADS"}
+    return _without_default_cache({k: v for k, v in environ.items() if k.startswith("TORCH") and not k.startswith("TORCHELASTIC_")
+                                   or threads and k == "OMP_NUM_THREADS"})
+
+
+# What a process reads as it starts and imports torch: threads and their runtimes, torch's own switches, Python's
+# flags (PYTHONUNBUFFERED, PYTHONHASHSEED, PYTHONPATH) and the loader's paths.
+_IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "PYTHON", "LD_")
+
+
+def import_time_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` read as a process starts and imports torch: a process forked from one that
+    started under other ones would not be what a fresh one is. Not elastic's own (``TORCHELASTIC_*``, set per
+    worker; its agent sets ``TORCHELASTIC_SIGNALS_TO_HANDLE`` in its own process), nor ``TORCHINDUCTOR_CACHE_DIR``
+    at torch's own default (``torch_settings``)."""
+    return _without_default_cache(
+        {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME) and not k.startswith("TORCHELASTIC_")})
+
+
+def _without_default_cache(settings: dict[str, str]) -> dict[str, str]:
     if "TORCHINDUCTOR_CACHE_DIR" in settings and settings["TORCHINDUCTOR_CACHE_DIR"] == _default_inductor_cache():
         del settings["TORCHINDUCTOR_CACHE_DIR"]
     return settings

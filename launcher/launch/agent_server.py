@@ -14,7 +14,7 @@ when it ends (``shutdown``).
 
 Workers start fresh as before where the agent is not a fork of the warm server (``launch.warm_workers=false``, CUDA
 nodes), where a thread already runs in it (``forked_server.possible``), or where torch loaded with other settings
-(``TORCH*``, ``OMP_NUM_THREADS``) than the workers' environment has.
+(``TORCH*``, ``OMP_*``, ``PYTHON*``) than the workers' environment has.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def start() -> bool:
     if not (_forked_agent and forked_server.possible() and _torch_loaded_as_now()):
         return False
     _pid = forked_server.fork(_prepare)
+    if _pid is None:
+        return False
     # A server that died is started again by multiprocessing itself, fresh: it imports and is guarded as dlaunch's is.
     from launcher.launch.warm import PRELOAD
 
@@ -65,12 +67,12 @@ def _prepare() -> None:
 
 
 def _torch_loaded_as_now() -> bool:
-    """torch in this process loaded in the warm server's environment: the workers' own must not differ in what torch
-    reads as it loads."""
-    from launcher.cluster.env import torch_settings
+    """This process started and torch loaded in it in the warm server's environment: the workers' own must not
+    differ in what Python reads as it starts and torch as it loads (``env.import_time_settings``)."""
+    from launcher.cluster.env import import_time_settings
     from launcher.launch import forkserver_guard
 
-    return torch_settings(os.environ, threads=True) == torch_settings(forkserver_guard.LOADED_WITH, threads=True)
+    return import_time_settings(os.environ) == import_time_settings(forkserver_guard.LOADED_WITH)
 
 
 def started() -> bool:

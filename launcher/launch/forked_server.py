@@ -16,10 +16,13 @@ by multiprocessing itself, fresh.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
+import traceback
 from multiprocessing import connection, forkserver, util
 from typing import Callable
 
@@ -43,20 +46,41 @@ def single_threaded() -> bool:
         return False
 
 
-def fork(prepare: Callable[[], None]) -> int:
-    """Fork this process into multiprocessing's forkserver; ``prepare()`` runs in the server before it serves
-    (its guard, the descriptors it must not hold). Returns the server's pid; multiprocessing's next forkserver
-    start forks from it."""
+_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def fork(prepare: Callable[[], None]) -> int | None:
+    """Fork this process into multiprocessing's forkserver; ``prepare()`` runs in the server before it serves (its
+    guard, the descriptors it must not hold). Returns the server's pid, from which multiprocessing's forkserver
+    start now forks; None where the fork failed (no process to spare): the caller starts a fresh one instead.
+
+    The stop signals are held back from the fork until ``prepare`` has put the server's own handlers in place: one
+    that came between would run this process's handler in the server (dlaunch's "stopping before training starts").
+    """
+    for stream in (sys.stdout, sys.stderr):  # what is buffered would be written again by every worker at its exit
+        with contextlib.suppress(Exception):
+            stream.flush()
     listener = socket.socket(socket.AF_UNIX)
     address = connection.arbitrary_address("AF_UNIX")
-    listener.bind(address)
-    if not util.is_abstract_socket_namespace(address):
-        os.chmod(address, 0o600)
-    listener.listen()
     alive_r, alive_w = os.pipe()
-    pid = os.fork()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        listener.close()
+        for fd in (alive_r, alive_w):
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(address)  # its socket file, where it was bound
+        return None
     if pid == 0:
         _serve(prepare, listener.fileno(), alive_r, alive_w)  # never returns
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)
     os.close(alive_r)
     listener.close()
     server = forkserver._forkserver
@@ -65,16 +89,18 @@ def fork(prepare: Callable[[], None]) -> int:
 
 
 def _serve(prepare: Callable[[], None], listener_fd: int, alive_r: int, alive_w: int) -> None:
-    """The forked server: prepared, then multiprocessing's own server loop until its client's end (the keep-alive
-    pipe's close)."""
+    """The forked server: prepared, its stop signals let through, then multiprocessing's own server loop until its
+    client's end (the keep-alive pipe's close)."""
     code = 0
     try:
         os.close(alive_w)
         prepare()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         forkserver.main(listener_fd, alive_r, [])
     except SystemExit:  # the keep-alive pipe's end: the client has gone
         pass
-    except BaseException:  # noqa: BLE001 - the client's workers cannot start: whoever starts them reports that
+    except BaseException:  # noqa: BLE001 - the client's workers cannot start: its own report names the server's end
+        traceback.print_exc()
         code = 1
     finally:
         os._exit(code)

@@ -20,7 +20,7 @@ so the first call starts a ``multiprocessing`` forkserver that imports torch and
 once, and every call forks its workers from it, as notebook launchers do. Each worker
 then takes the caller's environment and working directory as they are at that call, so
 it sees what a fresh one would. A call whose environment differs in a variable read
-while torch imports (``OMP_NUM_THREADS``, ``TORCH*``, ``PYTHON*``: ``_IMPORT_TIME``)
+while torch imports (``OMP_NUM_THREADS``, ``TORCH*``, ``PYTHON*``: ``env.import_time_settings``)
 starts a new server. A warm worker that has returned stays until every rank has returned (torch
 elastic collects function workers' results then): its process group is destroyed, but a peer that
 watches its pid sees it running. Forked workers import the calling script as ``__mp_main__``, as
@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, worker_env_set, worker_environment
+from launcher.cluster.env import DEVICE_VARIABLE, WorkerEnv, error_file, import_time_settings, worker_env_set, worker_environment
 from launcher.launch import elastic, failures, scratch
 from launcher.launch.agents import as_started_now, working_directory
 from launcher.launch.parent_death import die_with_parent
@@ -56,7 +56,6 @@ MODULE = "launcher.launch.function"
 # The server imports what a worker needs before it forks one: this module, dlaunch's worker side (the strategies)
 # and torch._dynamo, which a worker's first optimizer imports (3 of a fresh worker's 6-7 CPU-s here).
 PRELOAD = ["launcher.launch.forkserver_guard", MODULE, "launcher.runtime.worker", "torch._dynamo"]
-_IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "PYTHON", "LD_")
 _START_ENV = dict(os.environ)  # in the server: the environment it started with, which each worker's differs from
 # What torch elastic's agent sets for every worker (LocalElasticAgent._start_workers, torch 2.11-2.13)
 _AGENT_SETS = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
@@ -127,7 +126,7 @@ def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
         return False
     if device == "cuda" or (device is None and torch.cuda.is_available()):
         return False
-    server, wanted = forkserver._forkserver, _import_time(environ)
+    server, wanted = forkserver._forkserver, import_time_settings(environ)
     if server._forkserver_pid is not None and server._forkserver_pid != _server.get("pid"):
         return False  # started by someone else, with other imports: fresh workers
     if server._forkserver_pid is not None and _server["env"] != wanted:
@@ -143,11 +142,6 @@ def _server_ready(environ: Mapping[str, str], device: str | None) -> bool:
         forkserver.ensure_running()  # at once where it runs; started again where it died
     _server.update(pid=server._forkserver_pid, env=wanted)
     return True
-
-
-def _import_time(environ: Mapping[str, str]) -> dict[str, str]:
-    # not torch elastic's own (its agent sets TORCHELASTIC_SIGNALS_TO_HANDLE in this process at the first call)
-    return {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME) and not k.startswith("TORCHELASTIC_")}
 
 
 def _forked_worker(job_path: str) -> int:

@@ -42,7 +42,7 @@ import time
 from multiprocessing import forkserver, resource_tracker
 from typing import Any, Iterator
 
-from launcher.cluster.env import quiet_cpp_variables, torch_settings, worker_environment, worker_env_set
+from launcher.cluster.env import import_time_settings, quiet_cpp_variables, torch_settings, worker_environment, worker_env_set
 from launcher.config import shapes
 from launcher.config.overrides import key_of
 from launcher.launch import forked_server
@@ -220,9 +220,9 @@ def _launch(quiet_cpp: bool = False) -> None:
         env.update(quiet_cpp_variables())
     with worker_env_set(env), sigint_blocked():
         _server_torch = torch_settings(os.environ)
-        if _prewarmed is not None and forked_server.possible() and torch_settings(_prewarmed, threads=True) == torch_settings(os.environ, threads=True):
-            forked_server.fork(_prepare_forked)  # this process has imported what the server would: no fresh one
-        else:
+        # a process that has imported what the server would forks it (where torch loaded as the workers' would)
+        if not (_prewarmed is not None and forked_server.possible()
+                and import_time_settings(_prewarmed) == import_time_settings(os.environ) and forked_server.fork(_prepare_forked)):
             forkserver.ensure_running()  # returns at once; the server imports while dlaunch goes on
     _started = True
 
@@ -231,8 +231,10 @@ def prewarm() -> bool:
     """For a program that runs many dlaunch commands, each in a fork of itself (the test suite's ``tests/prewarmed.py``):
     import now, before torch is imported, what the warm server would import, and note the environment torch loads in.
     A command forked from it later then forks its warm server from itself, in a moment and without a second copy of
-    those imports, where torch loaded as the workers' environment would load it (``TORCH*``, ``OMP_NUM_THREADS``); a
-    fresh server otherwise. Whether torch was imported here (it was not if something had imported it before)."""
+    those imports, where this process started and torch loaded as the workers' environment would have them; a
+    fresh server otherwise. Whether torch was imported here (it was not if something had imported it before).
+    Compared are the variables read as a process starts and imports torch (``env.import_time_settings``: ``TORCH*``,
+    ``OMP_*``, ``PYTHON*`` such as ``PYTHONUNBUFFERED``, which the workers' environment sets)."""
     global _prewarmed
     if "torch" in sys.modules:
         return False
@@ -245,7 +247,7 @@ def prewarm() -> bool:
 
 def _prepare_forked() -> None:
     """In a server forked from dlaunch: the stop signals as they were before dlaunch noted them, then guarded as a
-    fresh server is (its first import), Ctrl-C let through again (``sigint_blocked``)."""
+    fresh server is (its first import)."""
     from launcher.cli import interrupts
 
     interrupts.forget()
@@ -254,7 +256,6 @@ def _prepare_forked() -> None:
 
     if imported:
         forkserver_guard.guard_forked_server()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @contextlib.contextmanager

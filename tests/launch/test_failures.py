@@ -327,6 +327,23 @@ def test_a_segfault_gives_pythons_fatal_error_and_the_stack_of_the_ranks_own_thr
     assert failures.native_crash(tmp_path / "missing.log") == ("", "")
 
 
+def test_a_crashed_rank_forked_from_a_forked_server_shows_none_of_the_forking_programs_frames(tmp_path):
+    """A worker's server forked from a running program (``launch/forked_server.py``: the suite's prewarmed commands)
+    keeps that program's frames below the rank's own: they are outside dlaunch's innermost frame, so not shown."""
+    from launcher.launch import forked_server
+
+    log = tmp_path / "stderr.log"
+    log.write_text(
+        "Fatal Python error: Segmentation fault\n\nThread 0x00007f00 (most recent call first):\n"
+        '  File "/home/me/train.py", line 40 in step\n'
+        f'  File "{failures._PACKAGE_DIR}/runtime/worker.py", line 90 in run_job\n'
+        f'  File "{forked_server.__file__}", line 99 in _serve\n'
+        f'  File "{forked_server.__file__}", line 70 in fork\n  File "/home/me/harness.py", line 12 in serve\n\n'
+        "Extension modules: numpy\n")
+    _, stack = failures.native_crash(log)
+    assert stack.splitlines()[1:] == ['  File "/home/me/train.py", line 40, in step']
+
+
 def test_torchs_module_calls_between_the_users_frames_are_hidden_not_the_frame_that_raised():
     """A shape error in a Sequential under DDP showed about 8 frames of torch's call plumbing (``_wrapped_call_impl``,
     ``_call_impl``, DDP's ``forward``) between the user's line and the op that raised."""

@@ -107,9 +107,10 @@ def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_p
     text = " ".join(out.split())  # it said "all workers were shut down": not which were killed, nor why
     # the first rank killed breaks its peer's collective, which may then exit on that before its own kill; on a loaded
     # machine (CI) a rank may be caught in its loss reduce, or in the stop-signal agreement (where it finds the stop
-    # its peer would not agree to), rather than its train step
+    # its peer would not agree to), or reading the next batch ahead, rather than its train step
     # and where in its own code, as its heartbeat said (", at train_step (probe_recipe.py:29)")
-    doing = r"rank \d \((train step|loss reduce at step|stop-signal agreement after step) \d+(, at [^()]+ \([^()]*\))?\)"
+    doing = (r"rank \d \((train step|loss reduce at step|stop-signal agreement after step|reading ahead after step) \d+"
+             r"(, at [^()]+ \([^()]*\))?\)")
     killed = doing + "(, " + doing + ")? did not exit within launch.stop_grace_s=3 s"
     assert re.search(killed + r" of the signal and (was|were) killed \(SIGKILL\)", text), out[-3000:]
 
