@@ -41,8 +41,7 @@ def serve() -> None:
     die_with_parent()
     from launcher.launch import warm
 
-    warm.prewarm()  # torch and what a worker imports: a command's warm server is then a fork of the command
-    import torch._dynamo  # noqa: F401  (what the first optimizer of a run imports)
+    warm.prewarm()  # torch, torch._dynamo and what a worker imports: a command's warm server is then a fork of it
 
     import launcher.cli.entry  # noqa: F401
     import launcher.cli.main  # noqa: F401

@@ -251,11 +251,7 @@ def _prepare_forked() -> None:
     from launcher.cli import interrupts
 
     interrupts.forget()
-    imported = "launcher.launch.forkserver_guard" in sys.modules
-    from launcher.launch import forkserver_guard  # its first import guards the process that imports it
-
-    if imported:
-        forkserver_guard.guard_forked_server()
+    from launcher.launch import forkserver_guard  # noqa: F401 - its import (the first: dlaunch never imports it) guards
 
 
 @contextlib.contextmanager
