@@ -27,6 +27,7 @@ from launcher.config import compose as composer
 from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
+from launcher.launch import warm
 from launcher.runtime import outputs, progress, recipe_import
 from launcher.runtime.stop_signals import closing
 
@@ -102,6 +103,7 @@ def _job(cfg: Any) -> Any:
         with _where_started():
             spec = Status.validated.get(key) or composer.validate(cfg, cuda)
         spec = scheduled.placed(spec)
+        warm.fits(spec, cuda)  # a sweep's jobs differ: each forks from the command's warm server only if it can
         _checkpoint_dir_writable(spec, run_dir)
         with lock.held(spec, run_dir):  # released on every way out of the job; the kernel releases it after SIGKILL
             kept = run_dir / outputs.STATE_DIR / outputs.TOKEN  # a dry run shows the kept token and writes none

@@ -115,12 +115,18 @@ def precheck(overrides: list[str], multirun: bool) -> sweep_jobs.Checked:
     return checked
 
 
-def _warm_workers(overrides: list[str]) -> None:
-    """Keep the forkserver that imports the workers (``launcher/launch/warm.py``) only for local CPU workers."""
+def _warm_workers(overrides: list[str], multirun: bool, checked: sweep_jobs.Checked) -> None:
+    """Keep the forkserver that imports the workers (``launcher/launch/warm.py``) only for local CPU workers: a lone
+    run's, or those of a sweep's jobs run one after the other here (each job asks again as it starts, cli/job.py)."""
     from launcher.launch import warm
 
-    specs = list(job.Status.validated.values())
-    if len(specs) == 1 and not specs[0].launch.dry_run and scheduled.launcher_of(overrides) is None:
+    specs = [spec for spec in job.Status.validated.values() if not spec.launch.dry_run]
+    if not specs or scheduled.launcher_of(overrides) is not None or not _jobs_here(overrides):
+        warm.stop()
+    elif multirun:
+        undecided = checked.unlisted or any(spec.deferred for spec in checked.valid.values())
+        warm.keep_for_sweep(specs, job.cuda_devices(), undecided)
+    elif len(specs) == 1:
         warm.keep_if_useful(specs[0], job.cuda_devices())
     else:
         warm.stop()
@@ -211,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             composer.register_configs(args.overrides)
         else:
             checked = precheck(args.overrides, args.multirun)
-            if not args.multirun:
-                _warm_workers(args.overrides)
-            elif not args.cfg and not any(spec.launch.dry_run for spec in checked.valid.values()):  # jobs will run
+            _warm_workers(args.overrides, args.multirun, checked)
+            dry = any(spec.launch.dry_run for spec in checked.valid.values())
+            if args.multirun and not args.cfg and not dry:  # a sweep's jobs will run
                 sweep_jobs.announce_invalid(checked, Console(stderr=True))
             argv.append(NO_HYDRA_RECORD)  # the job writes Hydra's record itself, once it goes ahead (cli/job.py)
     except ConfigError as exc:

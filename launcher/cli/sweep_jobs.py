@@ -28,6 +28,7 @@ class Checked:
     invalid: dict[tuple[str, ...], ConfigError] = dataclasses.field(default_factory=dict)  # its own error (exit 1 or 2)
     up_front: list[Problem] = dataclasses.field(default_factory=list)  # stop before anything runs
     error: type[ConfigError] = ConfigError  # UserCodeError (exit 1) when a recipe's own code raised
+    unlisted: bool = False  # the sweep has jobs beyond ``valid`` and ``invalid`` (ranges, a sweeper's search)
 
     def note(self, exc: ConfigError) -> None:
         self.error = type(exc) if exc.exit_code < self.error.exit_code else self.error
@@ -36,7 +37,7 @@ class Checked:
 def check(jobs: dict[tuple[str, ...], list[str]], cuda: int, multirun: bool, unlisted: bool = False) -> Checked:
     """Compose and validate every job (``key -> overrides``); a sweep keeps its valid jobs. ``unlisted``: the sweep
     has jobs ``jobs`` does not list (a range or interval axis, a sweeper's own search)."""
-    checked = Checked()
+    checked = Checked(unlisted=multirun and unlisted)
     for key, job in jobs.items():
         try:
             cfg = composer.compose(job)

@@ -181,7 +181,7 @@ def run_node(
     where = f" on node {node_rank} of {spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
     # the user's words, not the module's: what it is, and the key that turns it off (docs/TROUBLESHOOTING.md)
     how = (" (forked from a process that imported torch while dlaunch planned, to start sooner; "
-           "launch.warm_workers=false starts fresh interpreters)") if warm.started() else ""
+           "launch.warm_workers=false starts fresh interpreters)") if warm.serves() else ""
     log.info("starting %d worker process(es)%s through torch.distributed.elastic%s", config.nproc_per_node, where, how)
     try:
         trace = nccl_trace_prefix(plan, run_dir)
@@ -298,14 +298,14 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     ``extra_env``: more variables for the workers (a parameter-server task's identity).
     ``master_addr``: a multi-node job's collectives use the interface whose route reaches it.
     ``forked``: ``forked(job)`` in workers forked from the running forkserver instead (``run_function``'s);
-    dlaunch's own workers fork from the command's warm server (``warm.started()``).
+    dlaunch's own workers fork from the command's warm server (``warm.serves()``).
     """
     _quiet_agent()
     route = None if single_node or master_addr is None else node_route(master_addr)
     variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
     with worker_env_set({**variables, **(extra_env or {})}), agent.graceful_agent(config):
         # dlaunch's server is kept only for local CPU workers (warm.eligible); an agent forked from it forks its own
-        if forked is None and module == WORKER_MODULE and (warm.started() or agent_server.start()):
+        if forked is None and module == WORKER_MODULE and (warm.serves() or agent_server.start()):
             from launcher.runtime.worker import run_job as forked  # imported by the forkserver already
         if forked is not None:
             config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)

@@ -7,13 +7,14 @@ for each one, after the launcher has composed, planned and started its agent.
 
 dlaunch therefore starts a ``multiprocessing`` forkserver as the command starts
 (``launcher/cli/entry.py``), unless the command line rules out a run (help, a
-dry run, a sweep, a subcommand) or a run of more than one process (``may_ask_for_workers``:
+dry run, a subcommand, a sweep run by joblib or SLURM) or a run of more than one process (``may_ask_for_workers``:
 a plain ``dlaunch recipe=charlm`` trains in dlaunch, and the server would cost it about
 2 s of CPU). The forkserver imports ``launcher.runtime.worker``
 (and ``torch._dynamo``, which the first optimizer step would import) on another
 core while the launcher imports, composes, validates, plans and starts
 torch.distributed.elastic. Once the job is validated, a job that is not local CPU
-processes (one process, CUDA, a node of several machines) stops it. The elastic agent
+processes (one process, CUDA, a node of several machines) stops it. A sweep's jobs, run one
+after the other in dlaunch, share it: each job asks as it starts (``fits``). The elastic agent
 then starts each worker as a function (``start_method="forkserver"``): a fork of
 an interpreter whose imports are done. Monitoring, restarts, output tagging and
 failure files stay the agent's. Emulated nodes and parameter-server tasks fork
@@ -53,7 +54,7 @@ PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch
            "launcher.launch.tasks", "launcher.launch.emulate"]
 _prewarmed: dict[str, str] | None = None  # the environment torch loaded with in this process, where prewarm imported it
 _started = False
-_kept = False  # the validated job will fork its workers, or its agents, from it (keep_if_useful)
+_kept = False  # the job that runs now forks its workers, or its agents, from it (fits)
 _server_torch: dict[str, str] = {}  # the TORCH* variables torch loaded with in the server
 
 
@@ -71,8 +72,9 @@ def eligible(spec: Any, cuda_devices: int) -> bool:
     )
 
 
-# Command lines that never start local workers: no warming before they are parsed properly.
-_NOT_A_RUN = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "-m", "--multirun",
+# Command lines that never start local workers: no warming before they are parsed properly. A sweep (-m) warms too:
+# its jobs run one after the other in this process (Hydra's basic launcher), each forking from the one server.
+_NOT_A_RUN = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc",
               "launch.dry_run=true", "launch.warm_workers=false", "recipes", "report")
 
 
@@ -88,12 +90,17 @@ def start_early(argv: list[str]) -> bool:
     line that cannot ask for more than one local process starts none: the server
     would cost a second or two of CPU for nothing.
     """
-    if sys.platform != "linux" or any(arg in _NOT_A_RUN or arg.startswith("hydra/launcher=") for arg in argv):
+    if sys.platform != "linux" or any(arg in _NOT_A_RUN or _jobs_elsewhere(arg) for arg in argv):
         return False
     if not may_ask_for_workers(argv):
         return False
     _launch(several_nodes(argv))
     return True
+
+
+def _jobs_elsewhere(arg: str) -> bool:
+    """A launcher that runs the jobs in other processes (joblib's, SLURM's): none forks from this one's server."""
+    return key_of(arg) == "hydra/launcher" and arg.partition("=")[2].strip() not in ("", "basic")
 
 
 def may_ask_for_workers(argv: list[str]) -> bool:
@@ -106,15 +113,15 @@ def may_ask_for_workers(argv: list[str]) -> bool:
     recipes = importlib.resources.files("launcher.recipes").iterdir()
     shipped = {f.name.removesuffix(".yaml") for f in recipes if f.name.endswith(".yaml")}
     for arg in argv:
-        key, value = key_of(arg), arg.partition("=")[2]
+        key = key_of(arg)
         if key in _OTHER_CONFIG or key in ("cluster.nodes", "cluster.devices_per_node"):
             return True
-        if key == "cluster":
-            shape = shapes.SHAPE.match(value.strip())
-            if not shape or int(shape[1]) * int(shape[2]) > 1:
+        for value in (c.strip() for c in arg.partition("=")[2].split(",")):  # a sweep's choices: any of them
+            shape = shapes.SHAPE.match(value) if key == "cluster" else None
+            if key == "cluster" and (not shape or int(shape[1]) * int(shape[2]) > 1):
                 return True
-        if key == "recipe" and value not in shipped or key == "strategy" and value.strip() == "parameter_server":
-            return True
+            if key == "recipe" and value not in shipped or key == "strategy" and value == "parameter_server":
+                return True
     return False
 
 
@@ -124,13 +131,14 @@ def several_nodes(argv: list[str]) -> bool:
     must load it so too. A wrong guess costs only the server: ``keep_if_useful`` stops one that loaded torch otherwise
     than the validated job needs."""
     for arg in argv:
-        key, value = key_of(arg), arg.partition("=")[2].strip()
-        if key == "strategy" and value == "parameter_server":
-            return True
-        shape = shapes.SHAPE.match(value) if key == "cluster" else None
-        if (shape and int(shape[1]) > 1 or key == "cluster.nodes" and value not in ("", "1")
-                or key == "cluster" and value == "tasks" or key == "cluster.tasks"):  # a task list: a node per task
-            return True
+        key, choices = key_of(arg), arg.partition("=")[2].split(",")  # a sweep's choices: any of them
+        for value in (c.strip() for c in choices):
+            if key == "strategy" and value == "parameter_server":
+                return True
+            shape = shapes.SHAPE.match(value) if key == "cluster" else None
+            if (shape and int(shape[1]) > 1 or key == "cluster.nodes" and value not in ("", "1")
+                    or key == "cluster" and value == "tasks" or key == "cluster.tasks"):  # a task list: a node per task
+                return True
     return False
 
 
@@ -141,12 +149,32 @@ def keep_if_useful(spec: Any, cuda_devices: int) -> bool:
     another program (a test, a notebook) starts its workers as fresh interpreters,
     which see that program's environment as it is at launch.
     """
-    global _kept
-    if _started and eligible(spec, cuda_devices) and _server_torch == torch_settings(_job_environment(spec)):
-        _kept = True
+    if fits(spec, cuda_devices):
         return True
     stop()
     return False
+
+
+def keep_for_sweep(specs: list[Any], cuda_devices: int, undecided: bool) -> bool:
+    """Once a sweep's jobs are validated: keep the server if any of them can use it (``undecided``: a job validated
+    only when it runs, which may), else stop it. Each job then asks ``fits`` as it starts."""
+    if _started and (undecided or any(_usable(spec, cuda_devices) for spec in specs)):
+        return True
+    stop()
+    return False
+
+
+def fits(spec: Any, cuda_devices: int) -> bool:
+    """Whether this job forks its workers (or agents) from the server: it is running, the job is local CPU processes
+    (``eligible``), and torch loaded in it as the job's workers will load it. A lone run asks once
+    (``keep_if_useful``), each job of a sweep as it starts; ``serves`` answers for the job that asked last."""
+    global _kept
+    _kept = _usable(spec, cuda_devices)
+    return _kept
+
+
+def _usable(spec: Any, cuda_devices: int) -> bool:
+    return _started and eligible(spec, cuda_devices) and _server_torch == torch_settings(_job_environment(spec))
 
 
 def quiets_cpp(spec: Any) -> bool:
@@ -274,3 +302,8 @@ def sigint_blocked() -> Iterator[None]:
 def started() -> bool:
     """Whether this process has a warm forkserver for its workers."""
     return _started
+
+
+def serves() -> bool:
+    """Whether the job that runs now forks its workers from the warm server (``fits``)."""
+    return _started and _kept

@@ -149,13 +149,14 @@ class Heartbeat:
     # ----- the thread -----
     def _beat(self) -> None:
         store = self._connect()
-        saved: tuple[int, str] | None = None
+        saved: tuple[int, str, bool] | None = None
         while True:
             record = self.record()
             store = self._publish(store, record)
-            if (record.step, record.operation) != saved:
+            # per operation, and once more once the rank's own code is seen in it (a stop's save, held in a hook)
+            if (record.step, record.operation, bool(record.where)) != saved:
                 self._save(record)
-                saved = (record.step, record.operation)
+                saved = (record.step, record.operation, bool(record.where))
             if self._stopping.wait(self.interval_s):
                 return
 

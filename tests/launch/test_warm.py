@@ -17,8 +17,9 @@ linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the forkserver 
 
 
 @pytest.mark.parametrize("argv", [
-    ["--help"], ["--cfg", "job"], ["-m", "cluster=1x1,1x2"], ["launch.dry_run=true"], ["launch.warm_workers=false"],
-    ["recipes", "ls"], ["report", "x"], ["hydra/launcher=submitit_slurm"],
+    ["--help"], ["--cfg", "job"], ["launch.dry_run=true"], ["launch.warm_workers=false"],
+    ["recipes", "ls"], ["report", "x"], ["hydra/launcher=submitit_slurm"], ["-m", "cluster=1x2,1x4", "hydra/launcher=joblib"],
+    ["-m", "recipe=linear,charlm", "trainer.steps=5,10"],  # a sweep whose every job is one process
     # one process, which trains in dlaunch: dlaunch's own config is 1x1 and no shipped recipe sets a shape
     ["trainer.steps=5"], ["recipe=charlm", "strategy=mirrored", "cluster.device=cpu"], ["cluster=1x1"],
 ])
@@ -108,12 +109,40 @@ def test_the_server_is_killed_at_the_end_not_waited_for(monkeypatch, kept):
 @pytest.mark.parametrize("argv", [
     ["cluster=1x2"], ["cluster=2x1"], ["cluster=tasks"], ["cluster.devices_per_node=4"], ["+cluster.nodes=2"],
     ["--config-dir", "mine"], ["--config-name=other"], ["recipe=mine.yaml"], ["recipe=path/to/mine.py"],
-    ["strategy=parameter_server"],
+    ["strategy=parameter_server"], ["-m", "cluster=1x1,1x2"], ["-m", "strategy=one_device,parameter_server"],
+    ["-m", "recipe=linear,mine.yaml"],
 ])
 def test_a_command_line_that_may_ask_for_workers_warms_them(argv):
     """Another primary config, a user's recipe (its YAML may set the shape), a shape of more than one device, or
     parameter-server tasks (their agents fork from the server)."""
     assert warm.may_ask_for_workers(argv)
+
+
+@linux_only
+def test_a_sweep_keeps_the_server_for_the_jobs_that_can_fork_from_it(monkeypatch):
+    """Each job of a sweep run here asks as it starts (``fits``): a 1x2 job forks its workers from the server, a
+    one-process job trains in dlaunch and a CUDA one starts fresh workers; a sweep with no such job stops it."""
+    monkeypatch.setattr(warm, "_kept", False)
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    argv = ["-m", "strategy=mirrored", "cluster=1x1,1x2"]
+    assert not warm.several_nodes(argv) and warm.several_nodes(["-m", "cluster=1x2,2x1"])
+    one, two = (composer.compose_and_validate(["strategy=mirrored", f"cluster={shape}"], cuda_devices=0)
+                for shape in ("1x1", "1x2"))
+    assert warm.start_early(argv)
+    try:
+        assert warm.keep_for_sweep([one, two], 0, undecided=False) and warm.started()
+        assert warm.fits(two, 0) and warm.serves()
+        assert not warm.fits(one, 0) and not warm.serves() and warm.started()  # kept for the jobs after it
+        assert not warm.fits(two, 1) and not warm.serves()  # the same job on a GPU machine
+        assert warm.fits(two, 0) and warm.serves()
+        assert not warm.keep_for_sweep([one], 0, undecided=False) and not warm.started() and not warm.serves()
+    finally:
+        warm.stop()
+    assert warm.start_early(argv)
+    try:
+        assert warm.keep_for_sweep([one], 0, undecided=True), "a job validated only as it runs may use it"
+    finally:
+        warm.stop()
 
 
 def test_eligibility_follows_the_validated_job():
@@ -147,6 +176,26 @@ def test_workers_fork_from_the_warm_server_and_train_as_fresh_interpreters_do(tm
         servers = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout.splitlines()
         assert [s for s in servers if "multiprocessing.forkserver" in s and str(tmp_path) in s] == [], "reaped at exit"
     assert runs["true"]["final_loss"] == runs["false"]["final_loss"]
+
+
+@linux_only
+@pytest.mark.slow
+def test_a_sweeps_jobs_fork_their_workers_and_agents_from_one_server(tmp_path):
+    """``dlaunch -m``: the jobs run one after the other in dlaunch, and each job of several processes forks them
+    (its workers, or its emulated nodes' agents) from the one warm server; they train as fresh ones do."""
+    sweeps = {}
+    for warm_workers in ("true", "false"):
+        done = dlaunch("-m", "strategy=multi_worker_mirrored", "cluster=1x1,1x2,2x1", "trainer.steps=4",
+                       f"launch.warm_workers={warm_workers}", f"hydra.sweep.dir={tmp_path / warm_workers}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        sweeps[warm_workers] = [summary(tmp_path / warm_workers / str(job)) for job in range(3)]
+        logs = [(tmp_path / warm_workers / str(job) / "dlaunch.log").read_text() for job in range(3)]
+        forked = ["forked from a process that imported torch" in log for log in logs]
+        assert forked == ([False, True, True] if warm_workers == "true" else [False] * 3), logs
+        servers = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout.splitlines()
+        assert [s for s in servers if "multiprocessing.forkserver" in s and str(tmp_path) in s] == [], "reaped at exit"
+    assert [s["status"] for s in sweeps["true"]] == ["completed"] * 3
+    assert [s["final_loss"] for s in sweeps["true"]] == [s["final_loss"] for s in sweeps["false"]]
 
 
 @linux_only

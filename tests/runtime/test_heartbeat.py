@@ -177,6 +177,34 @@ def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
     assert outputs.last_completed_step(run_dir, 0) == 1
 
 
+def _where_saved(run_dir) -> tuple:
+    try:
+        progress = json.loads(outputs.progress_file(run_dir, 0).read_text())
+    except (OSError, ValueError):
+        return None, None
+    return progress["operation"], progress["where"]
+
+
+def test_the_progress_file_gets_where_the_rank_is_once_its_own_code_is_seen(job):
+    """A stop's save: the first beat in it may come while only dlaunch's code runs (no user frame), and the rank is
+    then held in the recipe's own hook; a rank killed there must be named there. The rank's thread here idles in the
+    standard library's pool first, then runs a function of this file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env, _, run_dir = job
+    entered, done = {}, threading.Event()
+    with ThreadPoolExecutor(1) as rank_thread:  # the Heartbeat watches the thread it was made in
+        watch = rank_thread.submit(Heartbeat, env(0), run_dir, 20, interval_s=0.05).result()
+        with watch.start(), watch.operation("checkpoint save on a stop signal after step 6"):
+            wait_for(lambda: _where_saved(run_dir) == ("checkpoint save on a stop signal after step 6", ""))
+            held = rank_thread.submit(_parked, entered, done)
+            try:
+                wait_for(lambda: _where_saved(run_dir)[1].startswith("_parked (test_heartbeat.py:"))
+            finally:
+                done.set()
+                held.result()
+
+
 def test_a_timeout_names_the_rank_still_in_its_step(job):
     env, _, run_dir = job
     stuck = Heartbeat(env(1), run_dir, 1, interval_s=0.05).start()
