@@ -121,10 +121,12 @@ def _warm_workers(overrides: list[str], multirun: bool, checked: sweep_jobs.Chec
     from launcher.launch import warm
 
     specs = [spec for spec in job.Status.validated.values() if not spec.launch.dry_run]
-    if not specs or scheduled.launcher_of(overrides) is not None or not _jobs_here(overrides):
+    # jobs validated only as they run: a sweeper's, those past the pre-check's first jobs, a config that needs Hydra's
+    undecided = checked.unlisted or len(checked.valid) + len(checked.invalid) >= MAX_PRECHECKED_JOBS or any(
+        spec.deferred and not spec.launch.dry_run for spec in checked.valid.values())
+    if scheduled.launcher_of(overrides) is not None or not _jobs_here(overrides) or not (specs or multirun and undecided):
         warm.stop()
     elif multirun:
-        undecided = checked.unlisted or any(spec.deferred for spec in checked.valid.values())
         warm.keep_for_sweep(specs, job.cuda_devices(), undecided)
     elif len(specs) == 1:
         warm.keep_if_useful(specs[0], job.cuda_devices())

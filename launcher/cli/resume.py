@@ -292,8 +292,10 @@ def main(argv: list[str]) -> int:
     RESUMING.append(True)
     from launcher.cli import sweep
     from launcher.cli.main import main as run
+    from launcher.launch import warm
     from launcher.runtime import outputs
 
+    warm.start_for_resume(args)  # its workers fork from a warm server as the run's own command's did
     code = run(args)
     dry = any(key_of(a) == "launch.dry_run" and a.partition("=")[2].strip().lower() == "true" for a in args)
     if code != 2 and not dry and not (run_dir / SWEEP_FILE).exists() and sweep.update_row(run_dir):  # one job of a sweep

@@ -305,10 +305,11 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
     variables = worker_environment(single_node, nccl_trace_prefix, interface=route.interface if route else None)
     with worker_env_set({**variables, **(extra_env or {})}), agent.graceful_agent(config):
         # dlaunch's server is kept only for local CPU workers (warm.eligible); an agent forked from it forks its own
-        if forked is None and module == WORKER_MODULE and (warm.serves() or agent_server.start()):
+        environments = warm.environments() if forked is None and module == WORKER_MODULE and warm.serves() else ()
+        if forked is None and module == WORKER_MODULE and (environments or agent_server.start()):
             from launcher.runtime.worker import run_job as forked  # imported by the forkserver already
         if forked is not None:
             config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)
-            elastic_launch(config, forked)(str(job))
+            elastic_launch(config, forked)(str(job), *environments)  # an agent's own server: started just now
         else:
             elastic_launch(config, sys.executable)("-u", "-m", module, str(job))

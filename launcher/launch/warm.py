@@ -14,7 +14,8 @@ a plain ``dlaunch recipe=charlm`` trains in dlaunch, and the server would cost i
 core while the launcher imports, composes, validates, plans and starts
 torch.distributed.elastic. Once the job is validated, a job that is not local CPU
 processes (one process, CUDA, a node of several machines) stops it. A sweep's jobs, run one
-after the other in dlaunch, share it: each job asks as it starts (``fits``). The elastic agent
+after the other in dlaunch, share it: each job asks as it starts (``fits``). ``dlaunch resume DIR``
+starts it once it has read the run's own command line (``start_for_resume``). The elastic agent
 then starts each worker as a function (``start_method="forkserver"``): a fork of
 an interpreter whose imports are done. Monitoring, restarts, output tagging and
 failure files stay the agent's. Emulated nodes and parameter-server tasks fork
@@ -54,8 +55,10 @@ PRELOAD = ["launcher.launch.forkserver_guard", "launcher.runtime.worker", "torch
            "launcher.launch.tasks", "launcher.launch.emulate"]
 _prewarmed: dict[str, str] | None = None  # the environment torch loaded with in this process, where prewarm imported it
 _started = False
+_resume_may_warm = False  # the console script runs `dlaunch resume`, which warms up once it knows the run's command
 _kept = False  # the job that runs now forks its workers, or its agents, from it (fits)
 _server_torch: dict[str, str] = {}  # the TORCH* variables torch loaded with in the server
+_server_environ: dict[str, str] = {}  # the server's whole environment, which its forks inherit
 
 
 def eligible(spec: Any, cuda_devices: int) -> bool:
@@ -90,12 +93,28 @@ def start_early(argv: list[str]) -> bool:
     line that cannot ask for more than one local process starts none: the server
     would cost a second or two of CPU for nothing.
     """
+    global _resume_may_warm
+    if argv[:1] == ["resume"]:  # its command line is the run's own, read from its directory: start_for_resume
+        _resume_may_warm = True
+        return False
     if sys.platform != "linux" or any(arg in _NOT_A_RUN or _jobs_elsewhere(arg) for arg in argv):
         return False
     if not may_ask_for_workers(argv):
         return False
     _launch(several_nodes(argv))
     return True
+
+
+def start_for_resume(argv: list[str]) -> bool:
+    """``dlaunch resume DIR``, once it has read the run's own command line ``argv``: warm up as that command did
+    (``start_early``), where the console script runs it."""
+    if not _resume_may_warm:
+        return False
+    if several_nodes(argv):  # as the console script does before torch loads
+        from launcher.cluster import env
+
+        env.quiet_cpp_warnings()
+    return start_early(argv)
 
 
 def _jobs_elsewhere(arg: str) -> bool:
@@ -240,14 +259,14 @@ def has_children(pid: int) -> bool | None:
 
 
 def _launch(quiet_cpp: bool = False) -> None:
-    global _started, _server_torch
+    global _started, _server_torch, _server_environ
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     env = worker_environment(single_node=True)
     if quiet_cpp:
         env.update(quiet_cpp_variables())
     with worker_env_set(env), sigint_blocked():
-        _server_torch = torch_settings(os.environ)
+        _server_torch, _server_environ = torch_settings(os.environ), dict(os.environ)
         # a process that has imported what the server would forks it (where torch loaded as the workers' would)
         if not (_prewarmed is not None and forked_server.possible()
                 and import_time_settings(_prewarmed) == import_time_settings(os.environ) and forked_server.fork(_prepare_forked)):
@@ -302,6 +321,12 @@ def sigint_blocked() -> Iterator[None]:
 def started() -> bool:
     """Whether this process has a warm forkserver for its workers."""
     return _started
+
+
+def environments() -> tuple[dict[str, str], dict[str, str]]:
+    """For the workers the job forks now: dlaunch's environment, which a fresh worker would copy (a sweep job's
+    ``hydra.job.env_set`` is set in it by now), and the server's, which a fork inherits (``worker.run_job``)."""
+    return dict(os.environ), _server_environ
 
 
 def serves() -> bool:

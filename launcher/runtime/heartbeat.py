@@ -149,14 +149,14 @@ class Heartbeat:
     # ----- the thread -----
     def _beat(self) -> None:
         store = self._connect()
-        saved: tuple[int, str, bool] | None = None
+        saved: tuple[int, str, str] | None = None
         while True:
             record = self.record()
             store = self._publish(store, record)
-            # per operation, and once more once the rank's own code is seen in it (a stop's save, held in a hook)
-            if (record.step, record.operation, bool(record.where)) != saved:
+            # per operation, and again as the rank's own code is seen in another function (a stop's save, held in a hook)
+            if (record.step, record.operation, record.where.partition(":")[0]) != saved:
                 self._save(record)
-                saved = (record.step, record.operation, bool(record.where))
+                saved = (record.step, record.operation, record.where.partition(":")[0])
             if self._stopping.wait(self.interval_s):
                 return
 

@@ -193,8 +193,12 @@ def main() -> None:
     os._exit(_run_flushed(Path(sys.argv[1])))
 
 
-def run_job(job_path: str) -> int:
+def run_job(job_path: str, environ: dict[str, str] | None = None, server_environ: dict[str, str] | None = None) -> int:
     """The worker as a function, forked from the warm server (``launcher/launch/warm.py``).
+
+    ``environ``: the environment a fresh worker would have copied from dlaunch as it started the workers, where the
+    server was started earlier (dlaunch's own, at the command's start: a sweep job's ``hydra.job.env_set`` came
+    since); what torch elastic set for this rank over ``server_environ`` stays.
 
     It leaves with ``os._exit`` as ``main`` does, success included: returned, torch's process context would hold it
     (and its sockets) until every rank had returned, so a rank that finished early kept a peer still in a collective
@@ -206,6 +210,10 @@ def run_job(job_path: str) -> int:
         guard.restore_stop_signals()
     release_forkserver()
     fresh_start_method()
+    if environ is not None:
+        rank_own = {k: v for k, v in os.environ.items() if (server_environ or {}).get(k) != v}
+        os.environ.clear()
+        os.environ.update({**environ, **rank_own})
     os._exit(_run_flushed(Path(job_path)))
 
 

@@ -285,6 +285,8 @@ def test_resume_runs_a_script_again_with_its_arguments_unless_given_new_ones(tmp
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"cd {tmp_path} && dlaunch script=argv.py" in again.stderr  # the command it runs, as typed
     assert "-- --epochs 5 --name 'a b' --fmt '${x}'" in again.stderr
+    warm = "forked from a process that imported torch"  # the workers start as the run's own command started them
+    assert warm in first.stdout + first.stderr and warm in again.stdout + again.stderr, again.stderr[-3000:]
     new = dlaunch("resume", str(run_dir), "--", "--epochs", "7", cwd=tmp_path, device=None)
     assert new.returncode == 0, new.stderr[-3000:]
     seen = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]

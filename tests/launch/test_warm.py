@@ -145,6 +145,20 @@ def test_a_sweep_keeps_the_server_for_the_jobs_that_can_fork_from_it(monkeypatch
         warm.stop()
 
 
+@linux_only
+def test_resume_warms_up_as_the_runs_own_command_did_where_the_console_script_runs_it(monkeypatch):
+    """``dlaunch resume DIR``: the command line the console script sees names no shape; the run's own, read from
+    its directory, does. ``main(["resume", ...])`` called in another program starts no server, as ``main()`` does not."""
+    monkeypatch.setattr(warm, "_resume_may_warm", False)
+    run = ["strategy=mirrored", "cluster=1x2", "trainer.steps=4"]
+    assert not warm.start_for_resume(run) and not warm.started()
+    assert not warm.start_early(["resume", "outputs/run"]) and not warm.started()  # what the console script sees
+    try:
+        assert warm.start_for_resume(run) and warm.started()
+    finally:
+        warm.stop()
+
+
 def test_eligibility_follows_the_validated_job():
     mirrored = composer.compose_and_validate(["strategy=mirrored", "cluster=1x2"], cuda_devices=0)
     assert warm.eligible(mirrored, 0) == (sys.platform == "linux")
@@ -182,18 +196,25 @@ def test_workers_fork_from_the_warm_server_and_train_as_fresh_interpreters_do(tm
 @pytest.mark.slow
 def test_a_sweeps_jobs_fork_their_workers_and_agents_from_one_server(tmp_path):
     """``dlaunch -m``: the jobs run one after the other in dlaunch, and each job of several processes forks them
-    (its workers, or its emulated nodes' agents) from the one warm server; they train as fresh ones do."""
+    (its workers, or its emulated nodes' agents) from the one warm server; they train as fresh ones do, in the
+    environment a fresh one would have (Hydra sets a job's ``hydra.job.env_set`` after the server started)."""
     sweeps = {}
     for warm_workers in ("true", "false"):
+        sweep_dir = tmp_path / warm_workers
         done = dlaunch("-m", "strategy=multi_worker_mirrored", "cluster=1x1,1x2,2x1", "trainer.steps=4",
-                       f"launch.warm_workers={warm_workers}", f"hydra.sweep.dir={tmp_path / warm_workers}", cwd=tmp_path)
+                       f"recipe.entry={PROBE}", "+recipe.record_env=true", "+hydra.job.env_set.DLAUNCH_TEST_PROBE=set",
+                       f"launch.warm_workers={warm_workers}", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
-        sweeps[warm_workers] = [summary(tmp_path / warm_workers / str(job)) for job in range(3)]
-        logs = [(tmp_path / warm_workers / str(job) / "dlaunch.log").read_text() for job in range(3)]
+        sweeps[warm_workers] = [summary(sweep_dir / str(job)) for job in range(3)]
+        logs = [(sweep_dir / str(job) / "dlaunch.log").read_text() for job in range(3)]
         forked = ["forked from a process that imported torch" in log for log in logs]
         assert forked == ([False, True, True] if warm_workers == "true" else [False] * 3), logs
-        servers = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout.splitlines()
-        assert [s for s in servers if "multiprocessing.forkserver" in s and str(tmp_path) in s] == [], "reaped at exit"
+        for job in (1, 2):
+            seen = [json.loads(f.read_text())["probe"] for f in sorted((sweep_dir / str(job)).glob("env-rank*.json"))]
+            assert seen == ["set", "set"], (job, seen)
+            for progress in (sweep_dir / str(job) / ".dlaunch").glob("rank-*.progress.json"):
+                with pytest.raises(ProcessLookupError):
+                    os.kill(json.loads(progress.read_text())["pid"], 0)  # the forked workers are gone with dlaunch
     assert [s["status"] for s in sweeps["true"]] == ["completed"] * 3
     assert [s["final_loss"] for s in sweeps["true"]] == [s["final_loss"] for s in sweeps["false"]]
 
