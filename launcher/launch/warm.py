@@ -193,7 +193,13 @@ def fits(spec: Any, cuda_devices: int) -> bool:
 
 
 def _usable(spec: Any, cuda_devices: int) -> bool:
-    return _started and eligible(spec, cuda_devices) and _server_torch == torch_settings(_job_environment(spec))
+    """Eligible, and every variable read as a process starts and imports torch (``TORCH*``, ``OMP_*``, ``PYTHON*``:
+    ``env.import_time_settings``) is as in the server: a sweep job's ``hydra.job.env_set`` may change them."""
+    if not (_started and eligible(spec, cuda_devices)):
+        return False
+    job = _job_environment(spec)
+    workers = {**job, **worker_environment(single_node=True, environ=job)}
+    return import_time_settings(workers) == import_time_settings(_server_environ)
 
 
 def quiets_cpp(spec: Any) -> bool:

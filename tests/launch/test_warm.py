@@ -135,6 +135,10 @@ def test_a_sweep_keeps_the_server_for_the_jobs_that_can_fork_from_it(monkeypatch
         assert not warm.fits(one, 0) and not warm.serves() and warm.started()  # kept for the jobs after it
         assert not warm.fits(two, 1) and not warm.serves()  # the same job on a GPU machine
         assert warm.fits(two, 0) and warm.serves()
+        threads = os.environ.get("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv("OMP_NUM_THREADS", str(int(threads) + 2))  # a job's hydra.job.env_set: read as torch loads
+        assert not warm.fits(two, 0) and not warm.serves()
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
         assert not warm.keep_for_sweep([one], 0, undecided=False) and not warm.started() and not warm.serves()
     finally:
         warm.stop()
