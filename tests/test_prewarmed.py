@@ -98,10 +98,13 @@ def test_a_commands_warm_server_is_a_fork_of_it_where_torch_loaded_as_the_worker
     proc = zygote.start(args, tmp_path, {**ENV, "OMP_NUM_THREADS": threads}, session=True)
     try:
         deadline = time.monotonic() + 240
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:  # training
+        progress = run_dir / ".dlaunch"
+        # training, and both ranks' heartbeats written (rank 1's may come after rank 0's first record)
+        while not ((run_dir / "metrics.jsonl").exists() and len(list(progress.glob("rank-*.progress.json"))) == 2) \
+                and time.monotonic() < deadline:
             assert proc.poll() is None
             time.sleep(0.1)
-        workers = [json.loads(p.read_text())["pid"] for p in (run_dir / ".dlaunch").glob("rank-*.progress.json")]
+        workers = [json.loads(p.read_text())["pid"] for p in progress.glob("rank-*.progress.json")]
         assert len(workers) == 2
         servers = {process_state(pid)[1] for pid in workers}
         assert len(servers) == 1 and process_state(server := servers.pop())[1] == proc.pid

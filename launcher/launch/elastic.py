@@ -310,6 +310,6 @@ def start_workers(config: LaunchConfig, module: str, job: Path, single_node: boo
             from launcher.runtime.worker import run_job as forked  # imported by the forkserver already
         if forked is not None:
             config.start_method = "forkserver"  # forked from the warm server (launcher/launch/warm.py)
-            elastic_launch(config, forked)(str(job), *environments)  # an agent's own server: started just now
+            elastic_launch(config, forked)(str(job), *environments)  # none: an agent's server, started in it now
         else:
             elastic_launch(config, sys.executable)("-u", "-m", module, str(job))

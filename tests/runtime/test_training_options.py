@@ -153,7 +153,9 @@ def test_a_collective_in_an_evaluation_rank_0_does_alone_ends_the_run_at_once(ru
                                 "launch.collective_timeout_s=600", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     text = " ".join(proc.stderr.replace("│", " ").split())
-    assert ("rank 0 is in torch.distributed's all_reduce (at evaluate (probe_recipe.py:231)) during its \"evaluation "
+    lines = (FIXTURES / "probe_recipe.py").read_text().splitlines()
+    line = next(i for i, source in enumerate(lines, 1) if "all_reduce(torch.zeros(1))" in source)  # evaluate's
+    assert (f"rank 0 is in torch.distributed's all_reduce (at evaluate (probe_recipe.py:{line})) during its \"evaluation "
             "at step 2\", which it does alone while the other ranks wait for it outside any collective") in text, text
     assert "must not call collectives (docs/RECIPES.md)" in text and "timed out" not in text
     assert summary(run_dir)["status"] == "failed"
