@@ -57,8 +57,7 @@ _prewarmed: dict[str, str] | None = None  # the environment torch loaded with in
 _started = False
 _resume_may_warm = False  # the console script runs `dlaunch resume`, which warms up once it knows the run's command
 _kept = False  # the job that runs now forks its workers, or its agents, from it (fits)
-_server_torch: dict[str, str] = {}  # the TORCH* variables torch loaded with in the server
-_server_environ: dict[str, str] = {}  # the server's whole environment, which its forks inherit
+_server_environ: dict[str, str] = {}  # the server's whole environment, which its forks inherit (torch loaded in it)
 
 
 def eligible(spec: Any, cuda_devices: int) -> bool:
@@ -219,7 +218,7 @@ def _job_environment(spec: Any) -> dict[str, str]:
 def forks_agents() -> bool:
     """Whether the validated job forks its agents (emulated nodes', tasks') from the server: it kept it, and torch
     loaded there with the ``TORCH*`` variables a fresh agent would load it with now (its C++ log level, say)."""
-    return _kept and _started and torch_settings(os.environ) == _server_torch
+    return _kept and _started and torch_settings(os.environ) == torch_settings(_server_environ)
 
 
 def stop() -> None:
@@ -265,14 +264,14 @@ def has_children(pid: int) -> bool | None:
 
 
 def _launch(quiet_cpp: bool = False) -> None:
-    global _started, _server_torch, _server_environ
+    global _started, _server_environ
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     env = worker_environment(single_node=True)
     if quiet_cpp:
         env.update(quiet_cpp_variables())
     with worker_env_set(env), sigint_blocked():
-        _server_torch, _server_environ = torch_settings(os.environ), dict(os.environ)
+        _server_environ = dict(os.environ)
         # a process that has imported what the server would forks it (where torch loaded as the workers' would)
         if not (_prewarmed is not None and forked_server.possible()
                 and import_time_settings(_prewarmed) == import_time_settings(os.environ) and forked_server.fork(_prepare_forked)):

@@ -135,13 +135,15 @@ def _parked(entered: dict, done: threading.Event) -> None:
     assert done.wait(20), "the records never came"
 
 
-def _at(run_dir, rank: int) -> tuple:
-    """(last completed step, operation) from a rank's progress file; the thread may not have written it yet."""
+def _at(run_dir, rank: int, *keys: str) -> tuple:
+    """``keys`` (last completed step and operation) from a rank's progress file; the thread may not have written it
+    yet (Nones)."""
+    keys = keys or ("step", "operation")
     try:
         progress = json.loads(outputs.progress_file(run_dir, rank).read_text())
     except (OSError, ValueError):
-        return None, None
-    return progress["step"], progress["operation"]
+        return (None,) * len(keys)
+    return tuple(progress[k] for k in keys)
 
 
 def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
@@ -177,12 +179,6 @@ def test_the_thread_publishes_records_and_keeps_the_progress_file(job):
     assert outputs.last_completed_step(run_dir, 0) == 1
 
 
-def _where_saved(run_dir) -> tuple:
-    try:
-        progress = json.loads(outputs.progress_file(run_dir, 0).read_text())
-    except (OSError, ValueError):
-        return None, None
-    return progress["operation"], progress["where"]
 
 
 def test_the_progress_file_gets_where_the_rank_is_once_its_own_code_is_seen(job):
@@ -196,10 +192,10 @@ def test_the_progress_file_gets_where_the_rank_is_once_its_own_code_is_seen(job)
     with ThreadPoolExecutor(1) as rank_thread:  # the Heartbeat watches the thread it was made in
         watch = rank_thread.submit(Heartbeat, env(0), run_dir, 20, interval_s=0.05).result()
         with watch.start(), watch.operation("checkpoint save on a stop signal after step 6"):
-            wait_for(lambda: _where_saved(run_dir) == ("checkpoint save on a stop signal after step 6", ""))
+            wait_for(lambda: _at(run_dir, 0, "operation", "where") == ("checkpoint save on a stop signal after step 6", ""))
             held = rank_thread.submit(_parked, entered, done)
             try:
-                wait_for(lambda: _where_saved(run_dir)[1].startswith("_parked (test_heartbeat.py:"))
+                wait_for(lambda: (_at(run_dir, 0, "where")[0] or "").startswith("_parked (test_heartbeat.py:"))
             finally:
                 done.set()
                 held.result()
