@@ -27,18 +27,20 @@ def deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: In
 class DistributedIterator:
     """What iterating a distributed dataset gives: each step's batch, a ``PerReplica`` structure (the plain batch
     under one replica). ``rows``: the rows of the global batch that the step last returned was cut from, where the
-    dataset knows them (None where not: ``distribute_datasets_from_function``'s batches are the user's)."""
+    dataset knows them (None where not: ``distribute_datasets_from_function``'s batches are the user's); ``pad``:
+    that step's row for a replica with none (``launcher.input.split.Step``)."""
 
     def __init__(self, steps: Iterable[list[Any]], num_replicas: int):
         self._steps, self._num_replicas = iter(steps), num_replicas
         self.rows: int | None = None
+        self.pad: Any = None
 
     def __iter__(self) -> "DistributedIterator":
         return self
 
     def __next__(self) -> Any:
         pieces = next(self._steps)
-        self.rows = getattr(pieces, "rows", None)
+        self.rows, self.pad = getattr(pieces, "rows", None), getattr(pieces, "pad", None)
         return pieces[0] if self._num_replicas == 1 else regroup(pieces)
 
 

@@ -21,7 +21,7 @@ from launcher.input.auto_shard import (AutoShardPolicy, ShardPlan, refuse_sharde
 from launcher.input.delivery import deliver, element_spec_of
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import EpochBatchSampler, Position
-from launcher.input.split import Step, batch_size_of, replica_sizes, rows_for_replica, slice_batch, split_batch
+from launcher.input.split import Step, batch_size_of, cut, replica_sizes, rows_for_replica, slice_batch, split_batch
 
 log = logging.getLogger("dlaunch")
 
@@ -30,30 +30,20 @@ if TYPE_CHECKING:
 
 
 class _Empty:
-    """What a process loads when a last partial batch leaves its replicas no rows."""
-
-
-class _CollateOrEmpty:
-    """A loader's ``collate_fn`` that gives ``_Empty`` for a batch with none of this process's rows. A class, not a
-    closure: loader workers started by ``spawn`` or ``forkserver`` (Python 3.14's default) receive it pickled."""
-
-    def __init__(self, collate: Callable[[list], Any]):
-        self.collate = collate
-
-    def __call__(self, samples: list) -> Any:
-        return _Empty if not samples else self.collate(samples)
+    """What a replica's own dataset gives once it has no more batches (``distribute_datasets_from_function``)."""
 
 
 class _LocalRowsSampler:
-    """Wraps a global-batch sampler and keeps only this process's replicas' rows."""
+    """Wraps a global-batch sampler and keeps only this process's replicas' rows; a batch with none of them (a last
+    partial one) loads its first row instead, the pad its replicas step on at weight 0."""
 
     def __init__(self, batch_sampler: Iterable[list[int]], first_replica: int, num_local: int, num_replicas: int, global_batch_size: int):
         self.batch_sampler = batch_sampler
         self.sizes = replica_sizes(global_batch_size, num_replicas)
         self.first, self.num_local = first_replica, num_local
-        # Each global batch's rows, in the order the loader asks for them (and, in order, delivers them): a step
-        # that loads only this process's rows still knows the global batch's.
-        self.global_rows: collections.deque[int] = collections.deque()
+        # Each global batch's rows and whether this process loads only its pad, in the order the loader asks for
+        # them (and, in order, delivers them): a step that loads only this process's rows still knows the batch's.
+        self.global_rows: collections.deque[tuple[int, bool]] = collections.deque()
 
     def __iter__(self) -> Iterator[list[int]]:
         b, first, last = self.sizes, self.first, self.first + self.num_local - 1
@@ -62,8 +52,9 @@ class _LocalRowsSampler:
             if not isinstance(indices, (list, tuple)):
                 indices = list(indices)
             n = len(indices)
-            self.global_rows.append(n)
-            yield indices[rows_for_replica(first, b, n)[0] : rows_for_replica(last, b, n)[1]]
+            mine = indices[rows_for_replica(first, b, n)[0] : rows_for_replica(last, b, n)[1]]
+            self.global_rows.append((n, not mine))
+            yield mine or indices[:1]
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -82,7 +73,7 @@ def _local_loader(loader: DataLoader, first: int, num_local: int, num_replicas: 
         loader.dataset,
         batch_sampler=sampler,
         num_workers=loader.num_workers,
-        collate_fn=_CollateOrEmpty(loader.collate_fn),
+        collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
@@ -201,25 +192,21 @@ class DistributedDataset:
         rows = (_file_rows(self._proc, batches, local, epoch) if shard.plan.policy is AutoShardPolicy.FILE
                 else [min(size, total - s * size) for s in range(steps)])
         for s in range(skip, len(rows)):
-            yield Step(split_batch(shard.collate(batches[s]), range(self._num_local), self._num_local, local), rows[s])
+            step = split_batch(shard.collate(batches[s]), range(self._num_local), self._num_local, local)
+            yield Step(step, rows[s], step.pad)
 
     def _iter_local_rows(self, rows_of_steps: Iterator[Any]) -> Iterator[Step]:
         sizes = replica_sizes(self._global_batch_size, self._num_replicas)[self._first : self._first + self._num_local]
         global_rows = self._local.batch_sampler.global_rows
-        template = None
         for rows in rows_of_steps:
-            if rows is _Empty:
-                if template is None:
-                    raise ValueError("the first global batch leaves this process's replicas no rows")
-                rows = template
-            elif template is None:
-                template = slice_batch(rows, 0, 0)  # the structure of an empty batch, kept for a last partial one
-            found = global_rows.popleft() if global_rows else None
-            if self._num_local == 1:
+            found, padded = global_rows.popleft() if global_rows else (None, False)
+            if padded:  # none of the batch's rows are this process's: what it loaded is its replicas' pad
+                yield Step([slice_batch(rows, 0, 0)] * self._num_local, found, rows)
+            elif self._num_local == 1:
                 yield Step([rows], found)  # the sampler loaded exactly this replica's rows: nothing to cut
-                continue
-            n = batch_size_of(rows)  # this process's rows: its replicas' shares of the global batch, in order
-            yield Step([slice_batch(rows, *rows_for_replica(k, sizes, n)) for k in range(self._num_local)], found)
+            else:  # this process's rows: its replicas' shares of the global batch, in order
+                n = batch_size_of(rows)
+                yield cut(rows, [rows_for_replica(k, sizes, n) for k in range(self._num_local)], found)
 
     def _iter_global_batches(self, batches: Iterator[Any]) -> Iterator[Step]:
         mine = range(self._first, self._first + self._num_local)

@@ -99,8 +99,9 @@ class DataStream:
         self._dataset = dataset
         self._position = self._cursor = Position()  # handed out; fetched (ahead of it by the batches in _ahead)
         self._read_ahead = read_ahead
-        self._ahead: collections.deque[tuple[Any, Position, int | None]] = collections.deque()
+        self._ahead: collections.deque[tuple[Any, Position, int | None, Any]] = collections.deque()
         self._rows: int | None = None
+        self._pad: Any = None
         self._epoch_iter: Iterator[Any] | None = None
         self._configured = global_batch_size
         self._multiple = batch_multiple  # what input.global_batch_size must be a multiple of: replicas x accumulation
@@ -151,6 +152,11 @@ class DataStream:
         """The rows of the global batch that the batch last handed out was cut from (None: the dataset does not say)."""
         return self._rows
 
+    @property
+    def pad(self) -> Any:
+        """The row a replica with none of that batch's rows steps on at weight 0 (None: every replica has rows)."""
+        return self._pad
+
     def seek(self, position: Position) -> None:
         self._position = self._cursor = position
         self._ahead.clear()
@@ -173,7 +179,7 @@ class DataStream:
         return self
 
     def __next__(self) -> Any:
-        batch, self._position, self._rows = self._ahead.popleft() if self._ahead else self._fetch()
+        batch, self._position, self._rows, self._pad = self._ahead.popleft() if self._ahead else self._fetch()
         return batch
 
     def read_ahead(self) -> None:
@@ -185,8 +191,8 @@ class DataStream:
         while len(self._ahead) < self._read_ahead:
             self._ahead.append(self._fetch())
 
-    def _fetch(self) -> tuple[Any, Position, int | None]:
-        """The next batch, the position after it and its global batch's rows."""
+    def _fetch(self) -> tuple[Any, Position, int | None, Any]:
+        """The next batch, the position after it, its global batch's rows and its pad."""
         if self._epoch_iter is None:
             self._epoch_iter = iter(self._dataset)
         for fresh_epoch in (False, True):
@@ -201,7 +207,7 @@ class DataStream:
             self._cursor = Position(self._cursor.epoch, self._cursor.offset + 1)
             if not self._checked:
                 self._check_rows(batch)
-            return batch, self._cursor, getattr(self._epoch_iter, "rows", None)
+            return batch, self._cursor, getattr(self._epoch_iter, "rows", None), getattr(self._epoch_iter, "pad", None)
         raise NoBatch(self._why_no_batch())
 
     def _why_no_batch(self) -> str:

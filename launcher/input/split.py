@@ -21,16 +21,19 @@ from launcher.distribute.values import map_structure
 
 
 class Step(list):
-    """One step's pieces (one per local replica) and ``rows``: the global batch's rows, None where unknown."""
+    """One step's pieces (one per local replica); ``rows``: the global batch's rows, None where unknown; ``pad``: where
+    a piece has no rows, one row of the batch (on the host) for dlaunch's step to run that replica on at weight 0,
+    so that it joins the step's collectives even as the first batch after a resume. The pieces stay as TF gives
+    them, empty: a custom loop sees no row twice."""
 
-    def __init__(self, pieces: Any = (), rows: int | None = None):
+    def __init__(self, pieces: Any = (), rows: int | None = None, pad: Any = None):
         super().__init__(pieces)
-        self.rows = rows
+        self.rows, self.pad = rows, pad
 
 
 def like(pieces: list[Any], step: Any) -> Any:
-    """``pieces`` (a step's pieces, moved or copied) as a ``Step`` with ``step``'s rows, where ``step`` is one."""
-    return Step(pieces, step.rows) if isinstance(step, Step) else pieces
+    """``pieces`` (a step's pieces, moved or copied) as a ``Step`` with ``step``'s rows and pad, where ``step`` is one."""
+    return Step(pieces, step.rows, step.pad) if isinstance(step, Step) else pieces
 
 
 def batch_size_of(batch: Any) -> int:
@@ -73,7 +76,13 @@ def split_batch(batch: Any, replica_ids: range, num_replicas: int, global_batch_
         return Step([batch], None)
     length = batch_size_of(batch)
     sizes = replica_sizes(global_batch_size or length, num_replicas)
-    return Step((slice_batch(batch, *rows_for_replica(r, sizes, length)) for r in replica_ids), length)
+    return cut(batch, [rows_for_replica(r, sizes, length) for r in replica_ids], length)
+
+
+def cut(batch: Any, spans: list[tuple[int, int]], rows: int | None) -> Step:
+    """The pieces ``[start, stop)`` of ``batch``, with its first row as the pad where a piece is empty."""
+    pad = slice_batch(batch, 0, 1) if any(start == stop for start, stop in spans) else None
+    return Step([slice_batch(batch, start, stop) for start, stop in spans], rows, pad)
 
 
 def _leading_sizes(batch: Any) -> set[int]:

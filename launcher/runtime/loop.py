@@ -44,8 +44,9 @@ from launcher.runtime.loggers import make_loggers
 from launcher.runtime.preemption import Preempted, StopRequests, StoppedEarly
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
-from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, current_lr, is_logged, loop_state,
-                                   loss_not_finite, make_schedule, restore_loop_state, warn_if_all_skipped)
+from launcher.runtime.schedule import current_lr, make_schedule
+from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, is_logged, loop_state, loss_not_finite,
+                                   restore_loop_state, warn_if_all_skipped)
 
 
 def seed_everything(seed: int) -> None:
@@ -291,7 +292,7 @@ class _Loop:
                             batch = next(self.stream)
                         with prof.region("dlaunch.step"):
                             self.step.begin()
-                            per_replica = self.strategy.run(self.step, args=(batch, logged, self.stream.rows))
+                            per_replica = self.strategy.run(self.step, args=(batch, logged, self.stream.rows, self.stream.pad))
                     lr = current_lr(self.optimizer) if logged else {}  # the lr this step used, before the schedule moves
                     if self.schedule is not None:
                         self.schedule.step()

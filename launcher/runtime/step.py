@@ -1,4 +1,4 @@
-"""One replica's training step: precision, gradient accumulation, clipping; and the learning-rate schedule.
+"""One replica's training step: precision, gradient accumulation, clipping (the schedule: ``schedule.py``).
 
 The loop calls ``strategy.run(step, args=(batch, measure))`` once per global batch.
 Each replica gets its share of the batch and, with ``trainer.grad_accum_steps=k``,
@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
-import warnings
 from typing import Any, Callable
 
 import torch
 
 from launcher.checkpoint.state import primary
-from launcher.config.trainer import ScheduleSpec, TrainerSpec
+from launcher.config.trainer import TrainerSpec
 from launcher.distribute.grad_norm import averaged_grad_norm
 from launcher.distribute.gradient_sync import no_sync
 from launcher.distribute.precision import autocast
+from launcher.distribute.values import map_structure
 from launcher.input.split import batch_size_of, slice_batch
 from launcher.runtime.compiled import compile_error
 from launcher.runtime.outputs import RESERVED_METRICS, is_reserved
@@ -104,22 +103,27 @@ class ReplicaStep:
         """Autocast is per thread: each replica enters its own."""
         return autocast(self.precision, self.device_type)
 
-    def __call__(self, batch: Any, measure: bool = False, rows: int | None = None) -> torch.Tensor:
-        """``rows``: the global batch's rows, which ``batch`` is this replica's share of (None: an even share)."""
+    def __call__(self, batch: Any, measure: bool = False, rows: int | None = None, pad: Any = None) -> torch.Tensor:
+        """``rows``: the global batch's rows, which ``batch`` is this replica's share of (None: an even share).
+        ``pad``: rows to step on at weight 0 where ``batch`` has none (the input's; None: this replica's last batch)."""
         if self.compile is None:
-            return self._step(batch, measure, rows)
+            return self._step(batch, measure, rows, pad)
         try:
-            return self._step(batch, measure, rows)
+            return self._step(batch, measure, rows, pad)
         except Exception as exc:
             raise compile_error(exc, self.model, self.compile.fullgraph) or exc
 
-    def _step(self, batch: Any, measure: bool, rows: int | None = None) -> torch.Tensor:
+    def _step(self, batch: Any, measure: bool, rows: int | None = None, pad: Any = None) -> torch.Tensor:
         if self.manual:
             with self.autocast():
                 loss, extra = self._checked(self.user_step(self.model, batch, self.optimizer), measure)
             return _metrics(loss.detach(), None, self.skipped, extra) if measure else loss.detach()
-        batch, weight = self._share(batch, rows)
-        micro, shares = micro_batches(batch, self.accum) if self.accum > 1 else ((batch,), None)
+        replica, replicas = _replica_and_averaged_over()
+        batch, weight = self._share(batch, rows, pad, replica, replicas)
+        # Replicas in sync run the same number of micro-batches, whatever their share of a last partial batch: each
+        # micro-batch's forward and backward may be collectives (FSDP2 gathers at every forward, replica threads
+        # average at every backward). A share of fewer rows than that repeats its last piece at weight 0.
+        micro, shares = micro_batches(batch, self.accum, exactly=replicas > 1) if self.accum > 1 else ((batch,), None)
         total = extras = None
         for i, piece in enumerate(micro):
             if i:  # each micro-batch's graphs replay the first one's; its loss is kept (a clone, under CUDA graphs)
@@ -143,27 +147,27 @@ class ReplicaStep:
             total, extras = total * weight, None if extras is None else extras * weight
         return self._update(total, measure, extras)
 
-    def _share(self, batch: Any, rows: int | None) -> tuple[Any, float]:
+    def _share(self, batch: Any, rows: int | None, pad: Any, replica: int, replicas: int) -> tuple[Any, float]:
         """The batch to step on and the weight of its mean loss. A global batch of ``rows`` that does not split
         evenly (51 rows over 2 replicas: 26 and 25; a last partial batch) gives replica shares of ``n`` rows: each
         mean is weighted by ``n * replicas / rows``, so that the strategy's average of the replicas' gradients is
         the gradient of the global batch's mean, as on one device (TF divides by the global batch). A replica with
-        no rows steps on its last batch at weight 0: it joins the gradient sync with zeros, and no model code sees
-        a batch of 0 rows."""
-        if rows is None:
-            return batch, 1.0
-        replica, replicas = _replica_and_averaged_over()
-        if replicas == 1:
+        no rows steps on its last batch (or, first after a start or a resume, on the input's ``pad``) at weight 0:
+        it joins the gradient sync with zeros, and no model code sees a batch of 0 rows."""
+        if rows is None or replicas == 1:
             return batch, 1.0
         try:
             n = batch_size_of(batch)
         except ValueError:  # no tensors to count rows of: as before, an even share
             return batch, 1.0
         if n == 0:
-            if replica not in self.stand_ins:
+            stand_in = self.stand_ins.get(replica)
+            if stand_in is None and pad is not None:
+                stand_in = _on_device_of(pad, batch)
+            if stand_in is None:
                 raise StepError(f"replica {replica}'s first batch has no rows: the global batch of {rows} row(s) "
                                 f"is smaller than the {replicas} replicas in sync")
-            return self.stand_ins[replica], 0.0
+            return stand_in, 0.0
         self.stand_ins[replica] = batch
         return batch, 1.0 if n * replicas == rows else n * replicas / rows
 
@@ -261,12 +265,17 @@ def split_batch(batch: Any, k: int) -> list[Any]:
     return micro_batches(batch, k)[0]
 
 
-def micro_batches(batch: Any, k: int) -> tuple[list[Any], list[float] | None]:
+def micro_batches(batch: Any, k: int, exactly: bool = False) -> tuple[list[Any], list[float] | None]:
     """``split_batch``'s micro-batches, and each one's share of the rows where they differ (None: equal, each
-    counts 1/k): the batch's mean loss is the shares' weighted sum of the micro-batches' mean losses."""
+    counts 1/k): the batch's mean loss is the shares' weighted sum of the micro-batches' mean losses. ``exactly``:
+    ``k`` of them even from a batch of fewer rows, whose last one repeats at share 0."""
     sizes = _sizes(batch, k)
     shares = None if len(set(sizes)) == 1 else [size / sum(sizes) for size in sizes]
-    return _split(batch, sizes), shares
+    pieces = _split(batch, sizes)
+    if exactly and len(pieces) < k:
+        shares = (shares or [1.0 / len(pieces)] * len(pieces)) + [0.0] * (k - len(pieces))
+        pieces += [pieces[-1]] * (k - len(pieces))
+    return pieces, shares
 
 
 def _sizes(batch: Any, k: int) -> list[int]:
@@ -284,6 +293,14 @@ def _split(batch: Any, sizes: list[int]) -> list[Any]:
     ends = list(itertools.accumulate(sizes))
     return [slice_batch(batch, end - size, end) for size, end in zip(sizes, ends)]
 
+
+
+def _on_device_of(pad: Any, batch: Any) -> Any:
+    """``pad``'s tensors on the device of ``batch``'s (the input moved the batch, not its pad)."""
+    devices = set()
+    map_structure(lambda t: devices.add(t.device) if isinstance(t, torch.Tensor) else None, batch)
+    device = devices.pop() if len(devices) == 1 else None
+    return pad if device is None else map_structure(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, pad)
 
 
 def _found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:
@@ -306,43 +323,6 @@ def _scalar(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# ---------- the learning-rate schedule ----------
-class ScheduleFactor:
-    """The factor of the optimizer's lr after ``step`` optimizer steps (picklable, for LambdaLR's state)."""
-
-    def __init__(self, spec: ScheduleSpec, total_steps: int):
-        self.decay, self.warmup, self.start = spec.decay, spec.warmup_steps, spec.warmup_start
-        self.decay_steps = spec.decay_length(total_steps)
-        self.floor = spec.min_lr_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:  # the warm-up's last step reaches the full lr; its first is not wasted at 0
-            return self.start + (1.0 - self.start) * (step + 1) / self.warmup
-        if self.decay == "constant":
-            return 1.0
-        t = min(step - self.warmup, self.decay_steps) / self.decay_steps
-        if self.decay == "cosine":
-            return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * t))
-        return 1.0 - (1.0 - self.floor) * t
-
-
-def make_schedule(trainer: TrainerSpec, optimizer: Any) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """torch's ``LambdaLR`` over the primary optimizer (mirrored copies take its lr at each step); None when constant."""
-    if trainer.lr_schedule.constant:
-        return None
-    if trainer.precision == "fp16-mixed":  # GradScaler skips early updates; the schedule counts steps all the same
-        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
-    return torch.optim.lr_scheduler.LambdaLR(primary(optimizer), ScheduleFactor(trainer.lr_schedule, trainer.steps))
-
-
-def current_lr(optimizer: Any) -> dict[str, float]:
-    """``{"lr": ...}``, the first parameter group's; where the groups train at rates of their own (a fine-tune's head),
-    each other group's too: ``lr_group1``, ... (an optimizer with none, a parameter server's chief: ``{}``)."""
-    groups = getattr(primary(optimizer), "param_groups", None) or []
-    own = len({float(g.get("initial_lr", g["lr"])) for g in groups}) > 1  # a schedule keeps each group's base rate
-    return {("lr" if i == 0 else f"lr_group{i}"): float(g["lr"]) for i, g in enumerate(groups) if i == 0 or own}
 
 
 # ---------- what a checkpoint holds of the loop ----------

@@ -129,6 +129,23 @@ def test_resume_at_another_world_size_continues_the_loss(run_dlaunch, tmp_path_f
     assert summary(resumed)["world_size"] == (workers if workers > 1 else 1)
 
 
+def test_a_resume_whose_first_batch_leaves_a_process_no_rows_trains_on(run_dlaunch):
+    """65 examples in batches of 64 over 2 processes: step 2's batch of one row is rank 0's alone. Resumed from step
+    1, rank 1 has no earlier batch to step on at weight 0 (to join the all-reduce): it steps on that batch's first
+    row, which its loader reads as its pad. It failed ("the first global batch leaves this process's replicas no
+    rows"), and so would every restart. The resumed run ends bitwise equal to one that never stopped."""
+    args = ("recipe=linear", "recipe.examples=65", "input.drop_remainder=false", "trainer.log_every=1",
+            "strategy=mirrored", "cluster=1x2", "trainer.checkpoint.every_steps=1")
+    straight, straight_dir = run_dlaunch(*args, "trainer.steps=4", name="straight")
+    first, run_dir = run_dlaunch(*args, "trainer.steps=1", name="resumed")
+    again, _ = run_dlaunch(*args, "trainer.steps=4", name="resumed")
+    assert straight.returncode == first.returncode == again.returncode == 0, again.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 1
+    assert losses(run_dir) == losses(straight_dir)
+    for a, b in zip(final_state(run_dir), final_state(straight_dir)):
+        assert_bitwise_equal(a, b)
+
+
 def test_a_checkpoint_of_another_recipe_is_refused_before_anything_starts(run_dlaunch, tmp_path):
     _, run_dir = run_ok(run_dlaunch, "run", "trainer.steps=5")
     manifest = json.loads((layout.latest(run_dir / "checkpoints") / "manifest.json").read_text())

@@ -189,19 +189,6 @@ def test_selected_fields_come_out_as_a_tuple_of_per_replica_values(strategy, tmp
     assert [t.shape for t in x.values] == [(4, 3), (4, 3)] and [t.tolist() for t in ids.values] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_the_loaders_collate_pickles_for_spawned_loader_workers():
-    """Loader workers started by spawn or forkserver (Python 3.14's default start method) receive it pickled."""
-    import pickle
-
-    from torch.utils.data import default_collate
-
-    from launcher.input import distributed_dataset as dd
-
-    collate = pickle.loads(pickle.dumps(dd._CollateOrEmpty(default_collate)))
-    assert collate([]) is dd._Empty
-    assert collate([torch.tensor([1.0]), torch.tensor([2.0])]).tolist() == [[1.0], [2.0]]
-
-
 def test_element_spec_of_file_datasets_from_a_function_is_not_a_pass(tmp_path):
     """A FileDataset reshuffles at each pass; reading the spec must not count as one (tf.data reads no element)."""
     from launcher.input.files import FileDataset, write_shards

@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from launcher.config.compose import compose_and_validate
-from launcher.input.distributed_dataset import _Empty, _local_loader
+from launcher.input.distributed_dataset import _local_loader
 from launcher.input.position import EpochBatchSampler
 from launcher.input.tensor_rows import TensorRows, already_batched, batched_reads
 from launcher.runtime.loop import global_batches
@@ -18,8 +18,6 @@ def _data(n: int = 50) -> TensorDataset:
 
 
 def _same(a, b) -> bool:
-    if a is _Empty or b is _Empty:
-        return a is b
     return type(a) is type(b) and len(a) == len(b) and all(
         x.dtype == y.dtype and x.shape == y.shape and x.is_contiguous() and torch.equal(x, y) for x, y in zip(a, b))
 
@@ -45,18 +43,21 @@ def test_loader_workers_load_the_same_batches():
     assert all(_same(a, b) for a, b in zip(by_row, by_batch))
 
 
-def test_a_process_with_no_rows_of_the_last_batch_still_sees_an_empty_batch():
-    """12 rows in batches of 8 over 2 replicas: replica 1's share of the last batch (4 rows) is empty."""
+def test_a_process_with_no_rows_of_the_last_batch_loads_its_first_row_as_the_pad():
+    """12 rows in batches of 8 over 2 replicas: replica 1's share of the last batch (4 rows) is empty, so its process
+    loads that batch's first row, which its replica steps on at weight 0 (launcher.input.split.Step's pad)."""
     data = _data(12)
     rows, collate = batched_reads(data)
-    for replica, expected in ((0, [4, 4]), (1, [4, None])):
+    for replica, expected, padded in ((0, [4, 4], False), (1, [4, 1], True)):
         plain, _ = _local_loader(DataLoader(data, batch_sampler=EpochBatchSampler(12, 8, False, drop_last=False)), replica, 1, 2)
         fast, _ = _local_loader(DataLoader(rows, batch_sampler=EpochBatchSampler(12, 8, False, drop_last=False),
                                            collate_fn=collate), replica, 1, 2)
         got_plain, got_fast = list(plain), list(fast)
         assert len(got_plain) == len(got_fast) == 2
         assert all(_same(a, b) for a, b in zip(got_plain, got_fast))
-        assert [None if b is _Empty else len(b[0]) for b in got_fast] == expected
+        assert [len(b[0]) for b in got_fast] == expected
+        assert list(fast.batch_sampler.global_rows) == [(8, False), (4, padded)]  # each global batch's rows; a pad?
+    assert torch.equal(got_fast[1][2], torch.tensor([8.0], dtype=torch.float64))  # the last batch's first row
 
 
 def test_only_a_plain_tensor_dataset_is_read_by_batch():

@@ -95,6 +95,24 @@ def test_file_sharding_trains_on_every_file(run_dlaunch, tmp_path):
     assert s["final_loss"] < s["first_loss"] / 5 and s["steps"] == 40
 
 
+@pytest.mark.parametrize("two", ["fsdp_1x2", "central_storage_2_threads"])
+def test_accumulation_over_a_last_partial_batch_trains_as_on_one_device(run_dlaunch, two):
+    """65 examples in batches of 64, 2 micro-batches: the last batch of one row leaves replica 0 one row for two
+    micro-batches and replica 1 none. Every replica still runs two, the missing ones at weight 0: FSDP2 gathers the
+    weights at each forward (a replica running one hung in the other's gather), central storage's threads average
+    at each backward (one crashed)."""
+    args = {"fsdp_1x2": ("strategy=fsdp", "cluster=1x2"), **{k: v[0] for k, v in TWO_REPLICAS.items()}}[two]
+    partial = ("input.drop_remainder=false", "recipe.examples=65", "trainer.steps=4", "trainer.grad_accum_steps=2",
+               "launch.collective_timeout_s=60")
+    runs = {}
+    for name, strategy in (("one", ("strategy=one_device",)), ("two", args)):
+        proc, run_dir = run_dlaunch(*COMMON, *strategy, *partial, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = summary(run_dir)
+    for key in ("final_loss", "param_norm"):  # FSDP's parameters are shards: their norm, not a dump
+        assert runs["two"][key] == pytest.approx(runs["one"][key], rel=1e-5), key
+
+
 OWN_BATCHES = FIXTURES / "own_batches_recipe.py"
 
 

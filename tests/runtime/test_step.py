@@ -1,4 +1,4 @@
-"""The replica step (launcher/runtime/step.py) in one process: accumulation, clipping, fp16 skips, the schedule."""
+"""The replica step (launcher/runtime/step.py) in one process: accumulation, clipping, fp16 skips, uneven shares."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import re
 import pytest
 import torch
 
-from launcher.config.trainer import ScheduleSpec, TrainerSpec
-from launcher.runtime.step import (ReplicaStep, ScheduleFactor, StepError, loop_state, make_schedule, restore_loop_state,
-                                   split_batch)
+from launcher.config.trainer import TrainerSpec
+from launcher.runtime.step import ReplicaStep, StepError, split_batch
 
 
 def mse_step(model, batch):
@@ -190,25 +189,6 @@ def test_a_batch_that_does_not_divide_into_micro_batches_gives_the_whole_batch_u
     torch.testing.assert_close(full_metrics[-1][0], acc_metrics[-1][0], rtol=1e-6, atol=0)  # the batch's mean loss
 
 
-def test_the_schedule_warms_up_then_decays_to_its_floor():
-    cosine = ScheduleFactor(ScheduleSpec(decay="cosine", warmup_steps=4, min_lr_ratio=0.1), total_steps=14)
-    assert [cosine(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert cosine(4) == 1.0 and cosine(9) == pytest.approx(0.55) and cosine(14) == pytest.approx(0.1)
-    assert cosine(40) == pytest.approx(0.1)  # after the decay: the floor
-    linear = ScheduleFactor(ScheduleSpec(decay="linear", decay_steps=10), total_steps=100)
-    assert [linear(s) for s in (0, 5, 10, 50)] == [1.0, 0.5, 0.0, 0.0]
-
-
-def test_a_constant_schedule_makes_no_scheduler_and_others_use_torchs():
-    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.5)
-    assert make_schedule(TrainerSpec(), optimizer) is None
-    schedule = make_schedule(TrainerSpec(steps=10, lr_schedule=ScheduleSpec(decay="linear")), optimizer)
-    assert isinstance(schedule, torch.optim.lr_scheduler.LambdaLR)
-    optimizer.step()
-    schedule.step()
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.9)
-
-
 def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
     """A NaN loss makes GradScaler skip every update: the run completes with the model unchanged, and says so."""
     from launcher.runtime.step import warn_if_all_skipped
@@ -219,56 +199,6 @@ def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
         warn_if_all_skipped(200, 200)
     (said,) = [r.getMessage() for r in caplog.records]
     assert said.startswith("fp16-mixed skipped all 200 steps of the run (inf/NaN gradients): the model did not train")
-
-
-@pytest.mark.parametrize("steps", [4, 8])
-def test_a_resume_takes_the_lr_of_its_own_schedule_at_the_saved_position(steps):
-    """Saved after 4 of 4 cosine steps (lr 0 next); resumed with trainer.steps=8, step 5 uses the 8-step schedule's
-    lr (half of it), not the saved 0; resumed with the same schedule, the saved lr bit for bit."""
-    import types
-
-    spec = lambda n: TrainerSpec(steps=n, lr_schedule=ScheduleSpec(decay="cosine"))  # noqa: E731
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    schedule = make_schedule(spec(4), optimizer)
-    for _ in range(4):
-        optimizer.step()
-        schedule.step()
-    saved, saved_optimizer = loop_state(schedule, types.SimpleNamespace(scaler=None)), optimizer.state_dict()
-    resumed = torch.optim.SGD(model.parameters(), lr=0.05)
-    later = make_schedule(spec(steps), resumed)
-    resumed.load_state_dict(saved_optimizer)
-    restore_loop_state(saved, later, types.SimpleNamespace(scaler=None, optimizer=resumed, recipe_groups=[]), 4)
-    expected = optimizer.param_groups[0]["lr"] if steps == 4 else 0.05 * ScheduleFactor(spec(8).lr_schedule, 8)(4)
-    assert resumed.param_groups[0]["lr"] == expected and later.get_last_lr() == [expected]
-    assert steps == 4 or expected == pytest.approx(0.025)
-    constant = torch.optim.SGD(model.parameters(), lr=0.05)  # resumed with no schedule: the lr, not the decayed 0
-    constant.load_state_dict(saved_optimizer)
-    assert constant.param_groups[0]["lr"] == 0.0
-    restore_loop_state(saved, None, types.SimpleNamespace(scaler=None, optimizer=constant, recipe_groups=[{"lr": 0.05}]), 4)
-    assert constant.param_groups[0]["lr"] == 0.05
-
-
-def test_fp16_skipping_its_first_updates_does_not_make_torch_warn_about_the_schedule():
-    """GradScaler skips the first updates (scale too high), so torch sees lr_scheduler.step() before any
-    optimizer.step() and warns on every rank; under fp16-mixed that is how training starts, not a mistake."""
-    import warnings
-
-    def exploding(model, batch):
-        return mse_step(model, batch) * 1e6
-
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        trainer = TrainerSpec(precision="fp16-mixed", steps=4, lr_schedule=ScheduleSpec(decay="linear"))
-        model, batch = model_and_batch()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        schedule = make_schedule(trainer, optimizer)
-        step = ReplicaStep(exploding, model, optimizer, trainer, "cpu", manual=False)
-        for _ in range(2):
-            step(batch, measure=True)
-            schedule.step()
-    assert float(step.skipped) == 2.0
-    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]
 
 
 def test_a_loss_read_every_n_steps_says_since_when_it_may_have_been_bad():
@@ -338,53 +268,61 @@ def reshaping_step(model, batch):
     return torch.nn.functional.mse_loss(model(x.reshape(x.shape[0], -1)), y)
 
 
-def train_on(strategy, batches):
-    """The loop's way: the distributed stream's batches and their global rows through ReplicaStep; the parameters
-    and the logged losses."""
+def train_on(strategy, batches, trainer=None, pad=True, resumed=False):
+    """The loop's way: the distributed stream's batches, their global rows and pads through ReplicaStep; the
+    parameters and the logged losses. ``resumed``: each step as if it were the first after a resume."""
     from launcher.input.position import DataStream
 
     model, _ = model_and_batch()
     with strategy.scope():
         model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    step = ReplicaStep(reshaping_step, model, optimizer, TrainerSpec(), "cpu", manual=False)
+    step = ReplicaStep(reshaping_step, model, optimizer, trainer or TrainerSpec(), "cpu", manual=False)
     stream, losses = DataStream(strategy.experimental_distribute_dataset(batches)), []
     for _ in batches:
         batch = next(stream)
-        losses.append(strategy.reduce("MEAN", strategy.run(step, args=(batch, True, stream.rows)), axis=None)[0].item())
+        if resumed:
+            step.stand_ins.clear()
+        args = (batch, True, stream.rows, stream.pad) if pad else (batch, True, stream.rows)
+        losses.append(strategy.reduce("MEAN", strategy.run(step, args=args), axis=None)[0].item())
     return [p.detach().clone() for p in model.parameters()], losses
 
 
-def test_batches_that_split_unevenly_or_leave_a_replica_no_rows_train_as_on_one_device(strategy):
+def assert_trains_as_on_one_device(strategy, batches, trainer=None, resumed=False):
     from launcher import distribute as dl
 
-    g = torch.Generator().manual_seed(3)
-    batches = [(torch.randn(n, 6, generator=g), torch.randn(n, 1, generator=g)) for n in (51, 51, 1, 51)]
-    one, one_losses = train_on(dl.OneDeviceStrategy("cpu"), batches)
-    two, two_losses = train_on(strategy, batches)  # 26 + 25 rows; the 1-row batch leaves replica 1 none
+    one, one_losses = train_on(dl.OneDeviceStrategy("cpu"), batches, trainer)
+    two, two_losses = train_on(strategy, batches, trainer, resumed=resumed)
     torch.testing.assert_close(two_losses, one_losses, rtol=1e-5, atol=1e-6)
     for a, b in zip(one, two):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_replica_whose_first_batch_has_no_rows_is_told_why(strategy):
-    batches = [(torch.randn(1, 6), torch.randn(1, 1))]
+def batches_of(*rows):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(n, 6, generator=g), torch.randn(n, 1, generator=g)) for n in rows]
+
+
+def test_batches_that_split_unevenly_or_leave_a_replica_no_rows_train_as_on_one_device(strategy):
+    assert_trains_as_on_one_device(strategy, batches_of(51, 51, 1, 51))  # 26 + 25 rows; the 1-row batch leaves replica 1 none
+
+
+@pytest.mark.parametrize("rows", [(51, 3, 51), (51, 1, 51), (51, 35, 51)])
+def test_accumulation_over_a_share_of_fewer_rows_than_micro_batches_trains_as_on_one_device(strategy, rows):
+    """A partial batch of 3 rows over 2 replicas (2 and 1) or of 1 (1 and none), 4 micro-batches: every replica runs
+    4 (each backward averages across the replica threads; FSDP2 gathers at each forward), the missing ones
+    repeated at weight 0; 35 rows (26 and 9) cut unevenly."""
+    assert_trains_as_on_one_device(strategy, batches_of(*rows), TrainerSpec(grad_accum_steps=4))
+
+
+@pytest.mark.parametrize("accum", [1, 4])
+def test_a_replica_whose_first_batch_has_no_rows_steps_on_the_pad(strategy, accum):
+    """The first batch after a resume leaves replica 1 no rows and it has no earlier batch to stand in: it steps on
+    the batch's pad (its first row) at weight 0, as on one device."""
+    assert_trains_as_on_one_device(strategy, batches_of(51, 1, 51), TrainerSpec(grad_accum_steps=accum), resumed=True)
+
+
+def test_a_replica_with_no_rows_no_earlier_batch_and_no_pad_is_told_why(strategy):
+    """A step given no pad (distribute_datasets_from_function's batches are the user's)."""
     with pytest.raises(StepError, match=r"replica 1's first batch has no rows: the global batch of 1 row\(s\) is smaller "
                                         r"than the 2 replicas in sync"):
-        train_on(strategy, batches)
-
-
-def test_each_parameter_group_training_at_its_own_rate_has_its_lr_logged():
-    """A fine-tune's head at 10x the body's rate: only the first group's lr was logged, so a sweep over the head's lr
-    charted one curve per job, all alike."""
-    from launcher.runtime.step import current_lr
-
-    body, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD([{"params": body.parameters()}, {"params": head.parameters(), "lr": 0.1}], lr=0.01)
-    assert current_lr(optimizer) == {"lr": 0.01, "lr_group1": 0.1}
-    schedule = make_schedule(TrainerSpec(steps=4, lr_schedule=ScheduleSpec(decay="linear")), optimizer)
-    for _ in range(4):
-        optimizer.step()
-        schedule.step()
-    assert current_lr(optimizer) == {"lr": 0.0, "lr_group1": 0.0}  # at the end both reach 0: still two keys
-    same = torch.optim.SGD([{"params": body.parameters()}, {"params": head.parameters(), "weight_decay": 0.0}], lr=0.01)
-    assert current_lr(same) == {"lr": 0.01}  # groups apart for their weight decay only: one rate
+        train_on(strategy, batches_of(1), pad=False)

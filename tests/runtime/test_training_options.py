@@ -296,7 +296,7 @@ def test_a_resume_trains_with_this_commands_lr_and_can_add_a_schedule(run_dlaunc
     """The plan said `changed recipe.optimizer.lr: 0.05 -> 0.01`, but the saved lr (0.05) was trained with; and a
     schedule added on resume failed to load (its optimizer's initial_lr is not in a checkpoint saved without one)."""
     from launcher.config.trainer import ScheduleSpec
-    from launcher.runtime.step import ScheduleFactor
+    from launcher.runtime.schedule import ScheduleFactor
 
     common = ("recipe=linear", "trainer.log_every=5", "trainer.checkpoint.every_steps=10")
     run_ok(run_dlaunch, "run", *common, "trainer.steps=10")
