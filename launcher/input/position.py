@@ -3,7 +3,8 @@
 A checkpoint records the position; a resumed run seeks to it and sees exactly
 the batches the interrupted run would have seen next. Seeking is cheap where
 the order is a function of (seed, epoch): ``EpochBatchSampler`` (what dlaunch
-builds for a map-style dataset) and file-backed datasets skip index lists, not
+builds for a map-style dataset, and reads a recipe's plain shuffling ``DataLoader``
+through: ``seekable_loader``) and file-backed datasets skip index lists, not
 data. Any other iterable is replayed batch by batch from its start.
 
 Example::
@@ -73,6 +74,34 @@ class EpochBatchSampler:
 
     def __len__(self) -> int:
         return -(-self._usable() // self.batch_size)
+
+
+def seekable_loader(loader: Any, seed: int) -> Any:
+    """A recipe's plain ``DataLoader(dataset, batch_size=B, shuffle=...)`` read through an ``EpochBatchSampler`` (epoch
+    ``e`` shuffled with ``seed + e``), with the loader's own settings. Its ``RandomSampler`` without a generator draws
+    each epoch's order from the global RNG as the epoch starts, so a resumed run, which cannot draw those numbers
+    again, replayed every batch before its position and then trained on other batches. Now a resume seeks, as with
+    a dataset returned as it is, and finds the same order. Any other loader (a sampler of its own, a seeded
+    generator, with replacement) keeps its order, and a resume replays it."""
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+    if type(loader) is not DataLoader or type(loader.batch_sampler) is not BatchSampler:
+        return loader
+    sampler = loader.batch_sampler.sampler
+    if type(sampler) is RandomSampler:
+        if sampler.generator is not None or sampler.replacement or sampler.num_samples != len(loader.dataset):
+            return loader
+    elif type(sampler) is not SequentialSampler:
+        return loader
+    batches = EpochBatchSampler(len(loader.dataset), loader.batch_size, type(sampler) is RandomSampler, seed, loader.drop_last)
+    extra = {"prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers} if loader.num_workers else {}
+    return DataLoader(
+        loader.dataset, batch_sampler=batches, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        # the workers' base seed, drawn at each iter(): from a generator of the loader's, not the global RNG
+        generator=loader.generator if loader.generator is not None else torch.Generator().manual_seed(seed), **extra,
+    )
 
 
 class NoBatch(ValueError):

@@ -35,7 +35,7 @@ from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.input.collate import CheckedCollate
 from launcher.input.files import FileDataset
-from launcher.input.position import DataStream, EpochBatchSampler
+from launcher.input.position import DataStream, EpochBatchSampler, seekable_loader
 from launcher.input.tensor_rows import batched_reads
 from launcher.runtime import heartbeat, outputs, recipe as recipe_lib
 from launcher.runtime.compiled import compile_model
@@ -67,7 +67,8 @@ def param_norm(model: torch.nn.Module) -> float:
 
 
 def global_batches(data: Any, spec: RunSpec) -> Any:
-    """A map-style dataset becomes a loader of global batches; epoch ``e`` is shuffled with ``input.seed + e``.
+    """A map-style dataset becomes a loader of global batches; epoch ``e`` is shuffled with ``input.seed + e``; a
+    recipe's plain ``DataLoader`` is read in that order too (``seekable_loader``).
 
     The order is a function of (seed, epoch), so a resumed run can seek to any
     batch without reading the ones before it.
@@ -80,7 +81,7 @@ def global_batches(data: Any, spec: RunSpec) -> Any:
         data, collate = batched_reads(data)
         return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator,
                           collate_fn=CheckedCollate(collate, data))
-    return data
+    return seekable_loader(data, spec.input_seed)
 
 
 def file_dataset(spec: RunSpec) -> FileDataset | None:

@@ -146,6 +146,27 @@ def test_a_resume_whose_first_batch_leaves_a_process_no_rows_trains_on(run_dlaun
         assert_bitwise_equal(a, b)
 
 
+@pytest.mark.parametrize("shape", ["one_device", "mirrored"])
+def test_a_recipes_plain_shuffling_loader_resumes_exactly_without_reading_the_batches_before(run_dlaunch, shape):
+    """A recipe's DataLoader(dataset, batch_size=B, shuffle=True), as users write one: its order came from the global
+    RNG at each epoch's start, so a resume replayed every earlier batch and then trained on other batches. dlaunch
+    reads it in input.seed's order: the resumed run seeks (reads only the rows it trains on, and one batch ahead)
+    and ends bitwise equal to one that never stopped."""
+    fixture = Path(__file__).parent.parent / "fixtures" / "plain_loader_recipe.py"
+    args = ("recipe=linear", f"recipe.entry={fixture}", "recipe.examples=320", "trainer.log_every=1",
+            "trainer.checkpoint.every_steps=12", *STRATEGIES[shape])  # 5 batches an epoch: resumed mid-epoch 3
+    straight, straight_dir = run_dlaunch(*args, "trainer.steps=20", name="straight")
+    first, run_dir = run_dlaunch(*args, "trainer.steps=12", name="resumed")
+    again, _ = run_dlaunch(*args, "trainer.steps=20", name="resumed")
+    assert straight.returncode == first.returncode == again.returncode == 0, again.stderr[-3000:]
+    assert "cannot seek" not in again.stderr and summary(run_dir)["resumed_from_step"] == 12
+    assert losses(run_dir) == losses(straight_dir)
+    for a, b in zip(final_state(run_dir), final_state(straight_dir)):
+        assert_bitwise_equal(a, b)
+    per_rank = 64 // (2 if shape == "mirrored" else 1)  # a rank reads its own rows
+    assert int((run_dir / "rows-read-rank0.txt").read_text()) <= (8 + 1) * per_rank  # steps 13-20 and one ahead
+
+
 def test_a_checkpoint_of_another_recipe_is_refused_before_anything_starts(run_dlaunch, tmp_path):
     _, run_dir = run_ok(run_dlaunch, "run", "trainer.steps=5")
     manifest = json.loads((layout.latest(run_dir / "checkpoints") / "manifest.json").read_text())

@@ -169,3 +169,27 @@ def test_a_loader_whose_batches_hold_other_than_batch_size_rows_is_not_cut():
     unwrapped = DataLoader(items, batch_size=1, collate_fn=lambda batch: batch[0])
     got = take(DataStream(dl.OneDeviceStrategy("cpu:0").experimental_distribute_dataset(unwrapped)), 2)
     assert [tuple(b.shape) for b in got] == [(8, 1), (8, 1)]
+
+
+def test_a_recipes_plain_loader_is_read_in_a_seekable_order_with_its_own_settings():
+    """DataLoader(shuffle=True) draws each epoch's order from the global RNG as the epoch starts: a resumed run cannot
+    draw it again, so dlaunch reads such a loader through an EpochBatchSampler (input.seed + epoch)."""
+    from torch.utils.data import RandomSampler
+
+    from launcher.input.position import seekable_loader
+
+    data = TensorDataset(torch.arange(10.0))
+    collate = lambda rows: torch.stack([r[0] for r in rows])  # noqa: E731
+    for shuffle in (True, False):
+        plain = DataLoader(data, batch_size=4, shuffle=shuffle, drop_last=False, collate_fn=collate)
+        loader = seekable_loader(plain, seed=3)
+        sampler = loader.batch_sampler
+        assert isinstance(sampler, EpochBatchSampler) and (sampler.shuffle, sampler.seed, sampler.batch_size) == (shuffle, 3, 4)
+        assert loader.collate_fn is collate and [len(b) for b in loader] == [4, 4, 2]  # drop_last=False kept
+        sampler.set_position(Position(2, 1))  # seeks without reading epochs 0 and 1
+        order = [float(i) for i in EpochBatchSampler(10, 4, shuffle, 3, False).order(2)]
+        assert [b.tolist() for b in loader] == [order[4:8], order[8:]]
+    kept = [DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1)),  # its own order
+            DataLoader(data, batch_size=4, sampler=RandomSampler(data, replacement=True)),
+            DataLoader(data, batch_sampler=[[0, 1], [2, 3]]), [torch.zeros(2)]]
+    assert all(seekable_loader(other, seed=3) is other for other in kept)
