@@ -252,7 +252,8 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
 
 
 def _say_of_the_devices(spec: Any, plan: Any, cuda: int) -> None:
-    """GPUs that the run will not use, and why: a CPU build of torch, an old driver, a cluster smaller than the machine."""
+    """GPUs that the run will not use, and why: a CPU build of torch, an old driver, a cluster smaller than the machine;
+    a data-parallel strategy over one CPU replica."""
     from launcher.cluster import gpus
 
     if spec.cluster.device == "auto" and plan.device_type == "cpu":
@@ -261,7 +262,7 @@ def _say_of_the_devices(spec: Any, plan: Any, cuda: int) -> None:
                         "trains on the CPU: install a CUDA build of torch (2.11 to 2.14), or say cluster.device=cpu")
         elif why := gpus.driver_too_old():
             log.warning(f"cluster.device=auto trains on the CPU: {why}; or say cluster.device=cpu")
-    if idle := gpus.unused_gpus(spec.strategy.name, spec.cluster.nodes, spec.cluster.devices_per_node,
+    if idle := gpus.unused_devices(spec.strategy.name, spec.cluster.nodes, spec.cluster.devices_per_node,
                                 plan.device_type, cuda):
         log.info("%s", idle)
 

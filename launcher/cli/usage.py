@@ -167,7 +167,9 @@ def flag_message(argv: list[str]) -> str | None:
     typed = [*options, *(a for i, a in enumerate(before) if i not in taken and "=" in a and not a.startswith("-"))]
     if at is not None:
         rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
-        same = _same_run(dict(flags), argv[at], argv[at + 1:], typed)
+        # dlaunch's settings typed after the script (`train.py --epochs 1 cluster.device=cpu`) are dlaunch's still
+        settings = [a for a in argv[at + 1:] if _is_setting(a)]
+        same = _same_run(dict(flags), argv[at], [a for a in argv[at + 1:] if a not in settings], typed + settings)
     else:  # a recipe's run: the overrides typed beside the flags, and what the flags say; script=PATH's own flags
         own = [t for name, _, given in spans if script and name not in _SAME_AS for t in given]
         same = _same_run(dict(flags), None, own, typed)
@@ -177,6 +179,13 @@ def flag_message(argv: list[str]) -> str | None:
     title = "not launcher flags" if flags else "and a script as script=PATH, its own arguments after --"
     return "\n".join([f"dlaunch takes KEY=VALUE overrides, {title}:",
                       *(f"  {given:<{width}} {use}" for given, use in rows), *after])
+
+
+def _is_setting(arg: str) -> bool:
+    """``cluster.device=cpu``, ``strategy=mirrored``, ``+trainer.x=1``, ``hydra.run.dir=D``: a dlaunch override, not a
+    script's own argument (which would not name one of dlaunch's sections)."""
+    key = arg.partition("=")[0].lstrip("+~")
+    return "=" in arg and not arg.startswith("-") and key.split(".")[0] in {*help_data.GROUPS, *help_data.SECTIONS, "hydra"}
 
 
 def _hydra_options(head: list[str]) -> tuple[list[str], set[int]]:

@@ -174,10 +174,16 @@ def _torch_count() -> int:
 _DATA_PARALLEL = ("mirrored", "multi_worker_mirrored", "fsdp", "mesh")
 
 
-def unused_gpus(strategy: str, nodes: int, per_node: int, device_type: str, here: int) -> str | None:
+def unused_devices(strategy: str, nodes: int, per_node: int, device_type: str, here: int) -> str | None:
     """A note where a data-parallel strategy on this one machine leaves GPUs idle: tf.distribute's
-    ``MirroredStrategy()`` takes every GPU it sees, and dlaunch the cluster it is given (``cluster=1x1`` by default)."""
-    if device_type != "cuda" or nodes != 1 or strategy not in _DATA_PARALLEL or per_node >= here:
+    ``MirroredStrategy()`` takes every GPU it sees, and dlaunch the cluster it is given (``cluster=1x1`` by default);
+    on the CPU, where that default is one replica in one process."""
+    if nodes != 1 or strategy not in _DATA_PARALLEL:
+        return None
+    if device_type == "cpu" and per_node == 1 and strategy in ("mirrored", "multi_worker_mirrored"):  # fsdp warns itself
+        return (f"strategy={strategy} over cluster=1x1 trains one replica, in this one process; cluster=1xN trains N, "
+                "a process each")
+    if device_type != "cuda" or per_node >= here:
         return None
     return (f"strategy={strategy} trains on {per_node} of this machine's {here} GPUs (cluster=1x{per_node}); "
             f"cluster=1x{here} uses them all")

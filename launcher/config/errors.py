@@ -68,28 +68,39 @@ MAX_LINES = 25  # one screen, whatever the problems say
 
 
 def render(error: ConfigError, console: Console | None = None) -> None:
-    """Print the problems to stderr: at most ``MAX_LINES`` lines, never a traceback."""
+    """Print the problems to stderr: at most ``MAX_LINES`` lines, never a traceback. Each problem in full (its key and
+    value, what is wrong, what was meant, what is allowed) where all fit; else each on one line, with the same."""
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     n = len(error.problems)
     console.print(f"[bold red]dlaunch: {error.title}[/] ({n} problem{'s' if n != 1 else ''})")
-    used, shown, listed = 3, 0, set()  # the title and the closing hint; the allowed lists printed so far
-    for p in error.problems:
-        lines = _lines(p, p.allowed not in listed)
-        if used + len(lines) + (2 if shown + 1 < n else 0) > MAX_LINES:
-            break
-        console.print("\n".join(lines))
-        used, shown = used + len(lines), shown + 1
-        listed.add(p.allowed)
-    if n > shown:  # every key is still named, on one line
-        rest = ", ".join(_clean(p.key) + (f" (did you mean {_clean(p.suggestion)}?)" if p.suggestion else "")
-                         for p in error.problems[shown:])
-        console.print(f"\n  ... and {n - shown} more: {escape(_clean(rest, 600))}")
+    full = _each(error.problems, _lines)
+    if sum(map(len, full)) + 3 <= MAX_LINES:  # the title and the closing hint
+        console.print("\n".join(line for lines in full for line in lines))
+    else:
+        console.print("")
+        compact = [line for lines in _each(error.problems, _line) for line in lines]
+        room = MAX_LINES - 5  # the title, a blank line each side, the hint; and the line naming the rest
+        shown = compact if len(compact) <= room + 1 else compact[:room]
+        console.print("\n".join(shown))
+        if len(shown) < n:  # every key is still named, on one line
+            rest = ", ".join(_clean(p.key) + (f" (did you mean {_clean(p.suggestion)}?)" if p.suggestion else "")
+                             for p in error.problems[len(shown):])
+            console.print(f"  ... and {n - len(shown)} more: {escape(_clean(rest, 600))}")
     console.print(f"\n{error.hint}")
 
 
+def _each(problems: list[Problem], shape: Any) -> list[list[str]]:
+    """Each problem's printed lines; a list of allowed values only where no problem above has listed the same."""
+    listed: set = set()
+    out = []
+    for p in problems:
+        out.append(shape(p, p.allowed not in listed))
+        listed.add(p.allowed)
+    return out
+
+
 def _lines(p: Problem, with_allowed: bool = True) -> list[str]:
-    """One problem as printed lines (rich markup; every user-given text escaped and made one line); the allowed values
-    only where a problem above has not listed the same ones."""
+    """One problem as printed lines (rich markup; every user-given text escaped and made one line)."""
     shown = f" = {escape(_short(p.value))}" if p.has_value else ""
     lines = ["", f"  [bold]{escape(_clean(p.key))}[/]{shown}", f"    {escape(_clean(p.message, 400))}"]
     if p.suggestion:
@@ -97,6 +108,17 @@ def _lines(p: Problem, with_allowed: bool = True) -> list[str]:
     if p.allowed and with_allowed:
         lines.append(f"    allowed: {escape(_clean(', '.join(p.allowed)))}")
     return lines
+
+
+def _line(p: Problem, with_allowed: bool = True) -> list[str]:
+    """One problem on one line: ``key = value: message; did you mean X?; allowed: ...``."""
+    shown = f" = {escape(_short(p.value))}" if p.has_value else ""
+    text = f"  [bold]{escape(_clean(p.key))}[/]{shown}: {escape(_clean(p.message, 300))}"
+    if p.suggestion:
+        text += f"; did you mean [green]{escape(_clean(p.suggestion))}[/]?"
+    if p.allowed and with_allowed:
+        text += f"; allowed: {escape(_clean(', '.join(p.allowed), 300))}"
+    return [text]
 
 
 def spelled(value: Any) -> str:

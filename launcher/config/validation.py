@@ -59,6 +59,7 @@ def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: l
     """A key at fault (unknown, of the wrong type, out of range) that a user recipe's YAML sets and the command line
     did not type: say which file."""
     entry = recipe.get("entry") if isinstance(recipe, dict) else None
+    problems = _kept_by_entry(problems, recipe, entry, overrides)
     yaml_path = user_recipes.YAMLS.get(entry) if isinstance(entry, str) else None
     if yaml_path is None:
         return problems
@@ -75,6 +76,19 @@ def _named_with_their_yaml(problems: list[Problem], recipe: object, overrides: l
 
     return [dataclasses.replace(p, message=f"{p.message}, set in {yaml_path}") if p.key not in typed and in_file(p)
             else p for p in problems]
+
+
+def _kept_by_entry(problems: list[Problem], recipe: object, entry: object, overrides: list[str] | None) -> list[Problem]:
+    """``recipe.entry=my.py`` typed without ``recipe=``: the selected recipe's YAML (the default, linear) still sets its
+    keys, which the new code's Config does not know. Each such unknown key says where it came from, and the fix."""
+    typed = {key_of(o) for o in overrides or ()}
+    if "recipe.entry" not in typed or "recipe" in typed or not isinstance(recipe, dict):
+        return problems
+    how = f"recipe={entry}" if str(entry).endswith(".py") else "recipe=NAME"
+    said = f", the {recipe.get('name') or 'selected'} recipe's (recipe.entry keeps its settings; `{how}` brings the file's own)"
+    return [dataclasses.replace(p, message=p.message + said)
+            if p.key.startswith("recipe.") and p.key not in typed and p.message.startswith("unknown key") else p
+            for p in problems]
 
 
 def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:

@@ -107,6 +107,9 @@ def test_a_script_with_its_own_flags_as_python_takes_them_gets_the_same_run_not_
 
     assert flag_message(["train.py"]) is None  # no flag: the config error says `did you mean script=train.py?`
     assert flag_message(["train.py", "lr=3"]) is None
+    # dlaunch's settings typed after the script stay dlaunch's: after --, the script would get them (and refuse them)
+    mixed = flag_message(["train.py", "--epochs", "1", "cluster.device=cpu", "+trainer.x=1", "lr=3"])
+    assert "the same run: dlaunch script=train.py cluster.device=cpu +trainer.x=1 -- --epochs 1 lr=3" in mixed, mixed
 
 
 def test_accelerates_mixed_precision_with_a_script_points_at_trainer_precision_and_strategy_autocast():

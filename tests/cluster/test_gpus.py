@@ -108,12 +108,14 @@ def test_auto_on_the_cpu_of_a_gpu_machine_is_warned_with_the_cause(cause, monkey
     assert said[cause] in err, err
 
 
-def test_a_data_parallel_run_on_part_of_this_machines_gpus_gets_a_note_naming_the_shape_that_uses_them_all():
-    from launcher.cluster.gpus import unused_gpus
+def test_a_data_parallel_run_on_part_of_this_machines_gpus_or_one_cpu_replica_gets_a_note_naming_the_shape():
+    from launcher.cluster.gpus import unused_devices
 
-    assert unused_gpus("mirrored", 1, 1, "cuda", 8) == ("strategy=mirrored trains on 1 of this machine's 8 GPUs "
+    assert unused_devices("mirrored", 1, 1, "cuda", 8) == ("strategy=mirrored trains on 1 of this machine's 8 GPUs "
                                                         "(cluster=1x1); cluster=1x8 uses them all")
-    assert unused_gpus("fsdp", 1, 8, "cuda", 8) is None  # every one
-    assert unused_gpus("one_device", 1, 1, "cuda", 8) is None  # one device is what it asks for
-    assert unused_gpus("mirrored", 2, 4, "cuda", 8) is None  # several machines: this one's count says nothing of theirs
-    assert unused_gpus("mirrored", 1, 1, "cpu", 8) is None
+    assert unused_devices("fsdp", 1, 8, "cuda", 8) is None  # every one
+    assert unused_devices("one_device", 1, 1, "cuda", 8) is None  # one device is what it asks for
+    assert unused_devices("mirrored", 2, 4, "cuda", 8) is None  # several machines: this one's count says nothing of theirs
+    assert unused_devices("mirrored", 2, 1, "cpu", 8) is None and unused_devices("mirrored", 1, 2, "cpu", 8) is None
+    assert unused_devices("mirrored", 1, 1, "cpu", 8) == ("strategy=mirrored over cluster=1x1 trains one replica, in "
+                                                          "this one process; cluster=1xN trains N, a process each")

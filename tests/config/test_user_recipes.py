@@ -163,6 +163,23 @@ def test_an_unknown_key_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, caps
     assert "recipe.featurs = 3: unknown key\n" in text + "\n", text
 
 
+def test_a_new_entry_under_the_default_recipe_names_where_its_unknown_keys_came_from(tmp_path, monkeypatch, capsys):
+    """`recipe.entry=mine.py` alone keeps the default recipe's settings (linear's features, noise, ...), which the new
+    code's Config lacks: each unknown key says so and gives the selection that brings the file's own settings."""
+    (tmp_path / "mine.py").write_text("from launcher.runtime.recipe import RecipeConfig\n\n\nclass Config(RecipeConfig):\n"
+                                      "    rows: int = 3\n\n\ndef build(cfg, ctx):\n    ...\n\n\n"
+                                      "def train_step(model, batch):\n    ...\n")
+    monkeypatch.chdir(tmp_path)
+    from launcher.cli import main as cli
+
+    assert cli.main(["recipe.entry=mine.py", "recipe.rows=5", "cluster.device=cpu"]) == 2
+    text = capsys.readouterr().err
+    said = "unknown key, the linear recipe's (recipe.entry keeps its settings; `recipe=mine.py` brings the file's own)"
+    for key in ("recipe.features = 32", "recipe.noise = 0.1", "recipe.eval_examples = 1024"):
+        assert f"{key}: {said}" in text, text  # eight problems: each on one line
+    assert "recipe.rows" not in text and len(text.splitlines()) <= 25  # typed, and the file's Config has it
+
+
 def test_a_bad_value_a_recipe_yaml_sets_is_named_with_its_file(tmp_path, capsys, monkeypatch):
     """A wrong type or an out-of-range value in the YAML was reported as if typed: the screen says which file too."""
     assert recipes.main(["cp", "linear", str(tmp_path / "mine") + "/"]) == 0
