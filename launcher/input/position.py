@@ -93,7 +93,8 @@ def seekable_loader(loader: Any, seed: int) -> Any:
             return loader
     elif type(sampler) is not SequentialSampler:
         return loader
-    batches = EpochBatchSampler(len(loader.dataset), loader.batch_size, type(sampler) is RandomSampler, seed, loader.drop_last)
+    given = loader.batch_sampler  # batch_size=B makes it; batch_sampler=BatchSampler(...) leaves loader.batch_size None
+    batches = EpochBatchSampler(len(loader.dataset), given.batch_size, type(sampler) is RandomSampler, seed, given.drop_last)
     extra = {"prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers} if loader.num_workers else {}
     return DataLoader(
         loader.dataset, batch_sampler=batches, num_workers=loader.num_workers, collate_fn=loader.collate_fn,

@@ -189,6 +189,10 @@ def test_a_recipes_plain_loader_is_read_in_a_seekable_order_with_its_own_setting
         sampler.set_position(Position(2, 1))  # seeks without reading epochs 0 and 1
         order = [float(i) for i in EpochBatchSampler(10, 4, shuffle, 3, False).order(2)]
         assert [b.tolist() for b in loader] == [order[4:8], order[8:]]
+    from torch.utils.data import BatchSampler
+
+    given = seekable_loader(DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 3, drop_last=True)), seed=3)
+    assert (given.batch_sampler.batch_size, given.batch_sampler.drop_last, len(given)) == (3, True, 3)
     kept = [DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1)),  # its own order
             DataLoader(data, batch_size=4, sampler=RandomSampler(data, replacement=True)),
             DataLoader(data, batch_sampler=[[0, 1], [2, 3]]), [torch.zeros(2)]]
