@@ -41,7 +41,7 @@ COMMANDS = (
 OPTIONS = (
     ("--help, -h", "this text"),
     ("--version", "dlaunch's version"),
-    ("--cfg job", "print the composed config and start nothing"),
+    ("--cfg job", "print the composed config (a recipe's Config defaults join it as a run starts) and start nothing"),
     ("launch.dry_run=true", "print the plan and start nothing"),
     ("--config-dir DIR", "your own config groups (DIR/recipe/NAME.yaml, ...), searched first"),
     ("-m, --multirun", "sweep over comma-separated values"),
