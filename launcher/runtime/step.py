@@ -118,7 +118,8 @@ class ReplicaStep:
             with self.autocast():
                 loss, extra = self._checked(self.user_step(self.model, batch, self.optimizer), measure)
             return _metrics(loss.detach(), None, self.skipped, extra) if measure else loss.detach()
-        replica, replicas = _replica_and_averaged_over()
+        # who else steps in sync, only where it matters: an uneven share, or micro-batches (not on the common step)
+        replica, replicas = _replica_and_averaged_over() if rows is not None or self.accum > 1 else (0, 1)
         batch, weight = self._share(batch, rows, pad, replica, replicas)
         # Replicas in sync run the same number of micro-batches, whatever their share of a last partial batch: each
         # micro-batch's forward and backward may be collectives (FSDP2 gathers at every forward, replica threads
