@@ -49,8 +49,10 @@ def _left_early(cause: failures.RootCause, run_dir: Path) -> failures.RootCause:
 def with_last_step(cause: failures.RootCause, run_dir: Path, floor: int | None = None) -> failures.RootCause:
     """A rank that died without saying its last completed step (SIGKILL, a segfault): its heartbeat's. ``floor``: a
     step every rank is known to have completed (the last one logged), which a heartbeat written about once a second
-    can lag behind."""
-    step = cause.last_step if cause.last_step is not None else outputs.last_completed_step(run_dir, cause.rank)
+    can lag behind. A rank's own word stands: a step that ended in a non-finite loss is logged, not completed."""
+    if cause.last_step is not None:
+        return cause
+    step = outputs.last_completed_step(run_dir, cause.rank)
     if floor is not None:
         step = floor if step is None else max(step, floor)
     return dataclasses.replace(cause, last_step=step)

@@ -130,7 +130,7 @@ class Heartbeat:
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         self.stop()
         if exc is not None:
-            _tag(exc, self.last_completed, "")
+            tag(exc, self.last_completed, "")
         return False
 
     def step(self, n: int) -> "_Operation":
@@ -274,10 +274,10 @@ class _Operation:
                 if self.completes is not None:
                     self.watch.last_completed = self.completes
                 return False
-            _tag(exc, self.watch.last_completed, self.label)
+            tag(exc, self.watch.last_completed, self.label)
             if self.watch.enabled and is_collective_timeout(exc):
                 explained = self.watch.timed_out(exc)
-                _tag(explained, self.watch.last_completed, self.label)
+                tag(explained, self.watch.last_completed, self.label)
                 raise explained from exc
             return False
         finally:
@@ -314,12 +314,14 @@ def progress_of(exc: BaseException) -> dict[str, Any]:
     return dict(getattr(exc, "_dlaunch_progress", {}))
 
 
-def _tag(exc: BaseException, last_step: int, operation: str) -> None:
-    if not hasattr(exc, "_dlaunch_progress"):  # the innermost operation knows best
+def tag(exc: BaseException, last_step: int, operation: str) -> BaseException:
+    """Records where ``exc`` left the loop, unless a caller nearer its cause did (the innermost knows best)."""
+    if not hasattr(exc, "_dlaunch_progress"):
         try:
             exc._dlaunch_progress = {"last_step": last_step, "operation": operation}  # type: ignore[attr-defined]
         except (AttributeError, TypeError):  # an exception type without a __dict__
             pass
+    return exc
 
 
 def read_records(store: dist.Store, world_size: int) -> dict[int, Record]:

@@ -45,8 +45,8 @@ from launcher.runtime.preemption import Preempted, StopRequests, StoppedEarly
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.schedule import current_lr, make_schedule
-from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, is_logged, loop_state, loss_not_finite,
-                                   restore_loop_state, warn_if_all_skipped)
+from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, is_logged, last_read_before, loop_state,
+                                   loss_not_finite, restore_loop_state, warn_if_all_skipped)
 
 
 def seed_everything(seed: int) -> None:
@@ -363,7 +363,8 @@ class _Loop:
                   **({} if norm == NOT_MEASURED else {"grad_norm": norm}), **own}  # inf/NaN: null in metrics.jsonl
         if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             self._write(record, metrics_log)  # the diverged step's record too: its lr and grad_norm tell why
-            raise loss_not_finite(loss, step, self.spec.trainer.log_every)
+            every = self.spec.trainer.log_every  # its last completed step: the last one known to be finite
+            raise heartbeat.tag(loss_not_finite(loss, step, every), last_read_before(step, every), f"train step {step}")
         progress.logged(step, loss, rate, eta, own)
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
@@ -385,8 +386,9 @@ class _Loop:
         if unread is not None and self.step.scaler is None:
             loss = float(self.strategy.reduce(ReduceOp.MEAN, unread, axis=None))
             if not math.isfinite(loss):
-                raise LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); lower "
-                                    "recipe.optimizer.lr or check the data")
+                raise heartbeat.tag(LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); "
+                                                  "lower recipe.optimizer.lr or check the data"),
+                                    last_read_before(step, self.spec.trainer.log_every), f"checkpoint save at step {step}")
         saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step),
                                stopping)
         watch.chief_alone(f"checkpoint commit at step {step}", self.chief)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from launcher.config.compose import compose_and_validate
@@ -117,7 +118,9 @@ def test_a_killed_ranks_last_completed_step_is_at_least_the_last_logged_one(tmp_
     outputs.progress_file(tmp_path, 1).write_text(json.dumps({"step": 18}))
     assert report.with_last_step(killed, tmp_path).last_step == 18
     assert report.with_last_step(killed, tmp_path, floor=30).last_step == 30
-    assert report.with_last_step(cause(0), tmp_path, floor=10).last_step == 12  # what the rank said itself, if later
+    assert report.with_last_step(cause(0), tmp_path, floor=10).last_step == 12  # what the rank said itself stands
+    said = dataclasses.replace(cause(0), last_step=2)  # its step 3 diverged: logged (loss null), not completed
+    assert report.with_last_step(said, tmp_path, floor=3).last_step == 2
     assert report.with_last_step(RootCause(2, "host", 102, "signal SIGKILL", "", "", 1.0), tmp_path, floor=30).last_step == 30
 
 

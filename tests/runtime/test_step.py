@@ -210,6 +210,13 @@ def test_a_loss_read_every_n_steps_says_since_when_it_may_have_been_bad():
     assert "after step 1;" in str(loss_not_finite(float("nan"), 10, 10))
 
 
+def test_the_last_step_known_finite_is_the_last_one_a_log_line_read():
+    from launcher.runtime.step import last_read_before
+
+    assert [last_read_before(s, 1) for s in (1, 2, 3)] == [0, 1, 2]
+    assert [last_read_before(s, 10) for s in (1, 5, 10, 11, 20, 25)] == [0, 1, 1, 10, 10, 20]
+
+
 def step_with_metrics(model, batch):
     x, y = batch
     out = model(x)

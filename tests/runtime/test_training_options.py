@@ -323,3 +323,5 @@ def test_a_diverged_steps_record_is_in_metrics_jsonl_with_its_lr_and_grad_norm(r
     step = int(proc.stderr.split("LossNotFinite: loss is ")[1].split(" at step ")[1].split()[0].rstrip(";"))
     assert records[-1]["step"] == step and records[-1]["loss"] is None and records[-1]["lr"] == 1e6, records[-1]
     assert summary(run_dir)["last_logged_step"] == step and summary(run_dir)["last_logged_loss_step"] < step
+    # the diverged step is logged, not completed: the last completed step is the last one known to be finite
+    assert summary(run_dir)["last_completed_step"] == step - 1 and f"last completed step {step - 1}" in proc.stderr
