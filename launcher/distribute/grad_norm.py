@@ -4,7 +4,7 @@
 tensors, or DTensors on one mesh. A tensor-parallel model whose other layers are
 not split has both, and FSDP x TP has DTensors on two meshes; torch's
 ``_foreach_norm`` and ``stack`` refuse the mix. Here the gradients are grouped by
-layout, each group's norm is made whole (a DTensor's ``full_tensor``), the norms
+layout, each group's norm is made whole (a DTensor's ``full_tensor``, ``dtensors.whole``), the norms
 are combined, and each group is scaled by the one clip factor with
 ``torch.nn.utils.clip_grads_with_norm_``, as torchtitan does for its meshes.
 """
@@ -16,15 +16,13 @@ from typing import Any, Hashable, Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
+from launcher.distribute.dtensors import own_reads, whole
+
 
 def _layout(t: torch.Tensor) -> Hashable:
     if isinstance(t, DTensor):
         return ("dtensor", t.device_mesh, t.placements)
     return ("plain", t.device)
-
-
-def _whole(norm: torch.Tensor) -> torch.Tensor:
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def clip_grad_norm(params: Iterable[Any], max_norm: float | None) -> torch.Tensor | None:
@@ -37,7 +35,8 @@ def clip_grad_norm(params: Iterable[Any], max_norm: float | None) -> torch.Tenso
             groups.setdefault(_layout(p.grad), []).append(p)
     if not groups:
         return None
-    norms = [_whole(torch.nn.utils.get_total_norm([p.grad for p in group])) for group in groups.values()]
+    with own_reads():  # a norm of grads split over two mesh dims reduces over each
+        norms = [whole(torch.nn.utils.get_total_norm([p.grad for p in group])) for group in groups.values()]
     norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
     if max_norm is not None:
         for group in groups.values():

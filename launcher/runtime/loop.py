@@ -59,11 +59,10 @@ def seed_everything(seed: int) -> None:
 def param_norm(model: torch.nn.Module) -> float:
     if hasattr(model, "param_norm"):  # variables held elsewhere (parameter servers) say their own
         return float(model.param_norm())
-    from torch.distributed.tensor import DTensor
+    from launcher.distribute.dtensors import whole
 
-    with torch.no_grad():
-        whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in unwrap(model).parameters()]  # split layers: gathered
-        return math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in whole))
+    with torch.no_grad():  # split layers are gathered
+        return math.sqrt(sum(float(whole(p).detach().float().pow(2).sum()) for p in unwrap(model).parameters()))
 
 
 def global_batches(data: Any, spec: RunSpec) -> Any:

@@ -32,6 +32,7 @@ import torch
 from launcher.distribute.activation_checkpointing import instances
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
+from launcher.distribute.dtensors import whole
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.meta_scope import MetaScope
 from launcher.distribute.replicated import check_own_parameters
@@ -150,8 +151,8 @@ def _sharded_like(value: Any, param: Any) -> Any:
 
     if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or value.shape != param.shape:
         return value
-    whole = value.full_tensor() if isinstance(value, DTensor) else value  # split by tensor parallelism before FSDP
-    return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements)
+    full = whole(value)  # split by tensor parallelism before FSDP
+    return distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
 
 
 class _FSDPExtended(StrategyExtended):

@@ -43,6 +43,7 @@ from launcher.cluster.resolvers import of_launched_job
 from launcher.distribute import devices as devlib
 from launcher.distribute.collectives import ProcessCollectives
 from launcher.distribute.device_assignment import DeviceAssignment, Topology
+from launcher.distribute.dtensors import whole
 from launcher.distribute.extended import StrategyExtended
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
@@ -80,7 +81,7 @@ class _MeshExtended(StrategyExtended):
         self._annotation_mesh: DeviceMesh | None = None
 
     def _reduce(self, reduce_op: ReduceOp, value: Any, axis: int | None) -> Any:
-        return super()._reduce(reduce_op, map_structure(_full, value), axis)
+        return super()._reduce(reduce_op, map_structure(whole, value), axis)
 
     def _prepare(self, module: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         _say_if_nothing_is_split(module, self.assignment.num_cores_per_replica)
@@ -189,10 +190,6 @@ def _broadcast_steps(steps: Iterator[list[Any]] | None, group: Any, src: int) ->
         yield box[0]
 
 
-def _full(value: Any) -> Any:
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
 class MeshStrategy(Strategy):
     """Synchronous replicas of several logical devices each (TPUStrategy's device assignment) on DeviceMesh/DTensor.
 
@@ -281,7 +278,7 @@ class MeshStrategy(Strategy):
         group = self.mesh.get_group("logical")
         replica = self._extended.assignment.position(dist.get_rank())[0]
         src = self._extended.assignment.rank(replica, logical_device_id)
-        value = _AssignedTo.apply(_full(tensor), src, group, dist.get_rank() == src)
+        value = _AssignedTo.apply(whole(tensor), src, group, dist.get_rank() == src)
         return self._replicated(value)
 
     def experimental_split_to_logical_devices(self, tensor: torch.Tensor, partition_dimensions: Sequence[int]) -> torch.Tensor:
@@ -299,7 +296,7 @@ class MeshStrategy(Strategy):
             return tensor
         mesh = self._extended.annotation_mesh()
         placements = _split_placements(dims, self._extended.annotation_sizes)
-        local = _full(tensor)
+        local = whole(tensor)
         for size, coordinate, placement in zip(mesh.shape, mesh.get_coordinate(), placements):
             if isinstance(placement, Shard):  # nested, in mesh-dim order, as DTensor lays out repeated shards
                 local = local.tensor_split(size, dim=placement.dim)[coordinate]
@@ -318,7 +315,7 @@ class MeshStrategy(Strategy):
         mesh = self._extended.annotation_mesh()
         if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
             return tensor.redistribute(mesh, [Replicate()] * mesh.ndim)
-        return self._replicated(_full(tensor))
+        return self._replicated(whole(tensor))
 
     def _replicated(self, value: torch.Tensor) -> DTensor:
         mesh = self._extended.annotation_mesh()
