@@ -32,7 +32,7 @@ import torch.distributed as dist
 from launcher.checkpoint import integrity, layout, manifest, state
 from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.objects import read as read_object
-from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, UnsafeCheckpoint, storage_refusal
+from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, StopNotSaved, UnsafeCheckpoint, storage_refusal
 from launcher.checkpoint.writer import planner, storage_writer
 from launcher.cluster.process_group import comm_device
 from launcher.config.schema import RunSpec
@@ -246,7 +246,7 @@ class Checkpointer:
         remedy = _REMEDY.get(cause.errno, "Mend the storage")
         if stopping:  # trainer.checkpoint.on_error=error asked for a refused save to end the run as failed, a stop's too
             again = f"continues from {previous.name}: the steps after it are trained again" if previous else "starts afresh"
-            raise CheckpointError(f"{message}. It was the checkpoint of a stop signal: the run stopped without it, and "
+            raise StopNotSaved(f"{message}. It was the checkpoint of a stop signal: the run stopped without it, and "
                                   "ends as failed since trainer.checkpoint.on_error=error makes a refused save an error. "
                                   f"{remedy} and run the same command again (trainer.resume=auto {again}); with "
                                   "trainer.checkpoint.on_error=warn such a stop ends as a stop, its summary naming the "

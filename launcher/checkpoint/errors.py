@@ -14,6 +14,13 @@ class CheckpointError(RuntimeError):
     explained = True  # the message is the whole story: no traceback in the root-cause panel
 
 
+class StopNotSaved(CheckpointError):
+    """The save of a stop signal was refused (``trainer.checkpoint.on_error=error``): the run ends as failed, and a
+    restart (``launch.max_restarts``) would train on against the stop that was asked for."""
+
+    ends_run = True  # read by the worker into its error file: the agent does not restart
+
+
 class UnsafeCheckpoint(CheckpointError):
     """The checkpoint holds something other than tensors and DCP metadata (e.g. a pickled callable)."""
 

@@ -65,8 +65,8 @@ class Agent(LocalElasticAgent):
                 set_aside_unreadable(error_file)
             self._last = super()._monitor_workers(worker_group)
         failed = getattr(self._last, "failures", None) or {}
-        if failed and all(failures.from_process_failure(rank, f).stopped_by for rank, f in failed.items()):
-            self._remaining_restarts = 0  # workers sent a stop signal alone stopped (and saved): no failure to restart
+        if failed and not failures.restarts_after([failures.from_process_failure(rank, f) for rank, f in failed.items()]):
+            self._remaining_restarts = 0  # workers sent a stop signal stopped (and saved, or failed to): not to restart
         elif failed:  # the report tells a rank that completed from one that left early (os._exit(0)) and broke the rest
             failed.update({w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0, exitcode=0, error_file="")
                            for w in worker_group.workers

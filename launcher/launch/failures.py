@@ -42,6 +42,7 @@ class RootCause:
     last_step: int | None = None  # the rank's last completed step, when it said or its heartbeat did
     task: str = ""  # a parameter-server job's task (chief:0, worker:1, ps:0); empty otherwise
     stopped_by: str = ""  # "SIGTERM": the rank stopped on that signal, after its save (dlaunch's Preempted)
+    ends_run: bool = False  # a failure no restart may follow (a stop signal whose save was refused)
     script_exit: int | None = None  # a script's own sys.exit code: dlaunch exits with it, as python would
 
     @property
@@ -140,6 +141,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
         time=float(extra.get("time", failure.timestamp)),
         last_step=extra.get("last_step"),
         stopped_by=str(extra.get("stopped_by", "")),
+        ends_run=bool(extra.get("ends_run", False)),
         script_exit=extra.get("script_exit"),
     )
 
@@ -204,6 +206,17 @@ def _crashed_thread(dump: str) -> list[tuple[str, str, str]]:
 # What a rank says when it failed only because a peer died first.
 _CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Socket closed", "NCCL communicator was aborted",
                  "ProcessGroupGloo", "Broken pipe", "ParameterServerUnavailable: ", "shared-memory all-reduce: rank ")
+
+
+def is_a_stop(causes: list[RootCause]) -> bool:
+    """Ranks that a signal sent to them (not to dlaunch) stopped after their save, beside ranks that failed only on
+    losing a stopped peer (one rank stopped at once in its first step, another had just passed it): a stop."""
+    return any(c.stopped_by for c in causes) and all(is_consequence(c) for c in causes)
+
+
+def restarts_after(causes: list[RootCause]) -> bool:
+    """Whether ``launch.max_restarts`` may restart workers that ended so: not after a stop, nor a stop's failed save."""
+    return bool(causes) and not is_a_stop(causes) and not any(c.ends_run for c in causes)
 
 
 def is_consequence(cause: RootCause) -> bool:

@@ -72,7 +72,7 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
             ranks = ", ".join(f"rank {c.rank} ({c.exit})" for c in sorted(finished, key=lambda c: c.rank))
             log.warning("%s ended abnormally during teardown after completing; the run completed", ranks)
         return 0
-    if any(c.stopped_by for c in real) and all(failures.is_consequence(c) for c in real):
+    if failures.is_a_stop(real):
         name = next(c.stopped_by for c in real if c.stopped_by)
         log.warning("%s reached the workers, not dlaunch (sent to them, or to a node's agent): they stopped as dlaunch "
                     "stops them, not by failing", name)
@@ -93,6 +93,9 @@ def report_failures(real: list[failures.RootCause], finished: list[failures.Root
     if spec.launch.max_restarts and lost_node is not None:
         log.error("node %d's agent is gone, and launch.max_restarts restarts workers under a live agent only: no node "
                   "restarted its workers (summary.json: restarts 0)", lost_node)
+    elif spec.launch.max_restarts and root.ends_run:
+        log.error("no restart (launch.max_restarts=%d): a stop signal ended the run, and a restart would train on "
+                  "against it", spec.launch.max_restarts)
     elif spec.launch.max_restarts:
         log.error("restarts exhausted: the workers were started %d times (launch.max_restarts=%d); "
                   "the panel above is the last attempt's failure", spec.launch.max_restarts + 1, spec.launch.max_restarts)

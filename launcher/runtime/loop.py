@@ -45,8 +45,9 @@ from launcher.runtime.preemption import Preempted, StopRequests, StoppedEarly
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.schedule import current_lr, make_schedule
-from launcher.runtime.step import (NOT_MEASURED, LossNotFinite, ReplicaStep, is_logged, last_read_before, loop_state,
-                                   loss_not_finite, restore_loop_state, warn_if_all_skipped)
+from launcher.runtime.divergence import (LossNotFinite, grad_norm_not_finite, last_read_before, loss_not_finite,
+                                         parameters_diverged, parameters_not_finite)
+from launcher.runtime.step import NOT_MEASURED, ReplicaStep, is_logged, loop_state, restore_loop_state, warn_if_all_skipped
 
 
 def seed_everything(seed: int) -> None:
@@ -360,10 +361,12 @@ class _Loop:
         own = dict(zip(self.step.metric_names or (), extras))  # the recipe's own, averaged over the replicas
         record = {"step": step, "loss": loss, "examples_per_sec": rate, "time": time.time(), "lr": None, **lr,
                   **({} if norm == NOT_MEASURED else {"grad_norm": norm}), **own}  # inf/NaN: null in metrics.jsonl
-        if not math.isfinite(loss) and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
+        diverged = not math.isfinite(loss) or (norm != NOT_MEASURED and not math.isfinite(norm))
+        if diverged and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             self._write(record, metrics_log)  # the diverged step's record too: its lr and grad_norm tell why
             every = self.spec.trainer.log_every  # its last completed step: the last one known to be finite
-            raise heartbeat.tag(loss_not_finite(loss, step, every), last_read_before(step, every), f"train step {step}")
+            said = loss_not_finite(loss, step, every) if not math.isfinite(loss) else grad_norm_not_finite(norm, loss, step)
+            raise heartbeat.tag(said, last_read_before(step, every), f"train step {step}")
         progress.logged(step, loss, rate, eta, own)
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
@@ -382,12 +385,15 @@ class _Loop:
     def _save(self, step: int, watch: heartbeat.Heartbeat, unread: Any = None, stopping: bool = False) -> Path | None:
         """A checkpoint never holds what a non-finite loss made: a loss no log line read is read first. Rank 0 alone
         verifies and commits it (it reads every rank's files back): the others wait for that outside any collective."""
+        known = last_read_before(step, self.spec.trainer.log_every)
         if unread is not None and self.step.scaler is None:
             loss = float(self.strategy.reduce(ReduceOp.MEAN, unread, axis=None))
             if not math.isfinite(loss):
                 raise heartbeat.tag(LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); "
                                                   "lower recipe.optimizer.lr or check the data"),
-                                    last_read_before(step, self.spec.trainer.log_every), f"checkpoint save at step {step}")
+                                    known, f"checkpoint save at step {step}")
+        if parameters_diverged(self.strategy, self.model):  # a finite loss whose gradients overflowed: retention would prune the good
+            raise heartbeat.tag(parameters_not_finite(step), known, f"checkpoint save at step {step}")
         saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step),
                                stopping)
         watch.chief_alone(f"checkpoint commit at step {step}", self.chief)

@@ -46,29 +46,9 @@ class StepError(TypeError):
     explained = True  # the message names the function and what it must return: dlaunch's frames add nothing
 
 
-class LossNotFinite(FloatingPointError):
-    """The loss became inf or NaN (without fp16's GradScaler, which skips such steps)."""
-
-    explained = True  # the step, the value and what to try: dlaunch's frames add nothing
-
-
 def is_logged(step: int, trainer: TrainerSpec) -> bool:
     """Whether the loop logs step ``step`` (reads its metrics): the first, every ``trainer.log_every``-th and the last."""
     return step == 1 or step % trainer.log_every == 0 or step == trainer.steps
-
-
-def last_read_before(step: int, every: int) -> int:
-    """The last step before ``step`` whose loss a log line read (0: none): the last one known to be finite."""
-    return 0 if step <= 1 else max(1, (step - 1) // every * every)
-
-
-def loss_not_finite(loss: float, step: int, every: int) -> LossNotFinite:
-    """The loss read at log step ``step`` is not finite; it may have become so at any step since the last log."""
-    since = ""
-    if every > 1 and step > 1:
-        last = last_read_before(step, every)
-        since = f" (read every {every} steps: it became {loss} after step {last}; trainer.log_every=1 finds the first such step)"
-    return LossNotFinite(f"loss is {loss} at step {step}{since}; lower recipe.optimizer.lr or check the data")
 
 
 class ReplicaStep:

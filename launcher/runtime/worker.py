@@ -127,7 +127,8 @@ def _leave_on(exc: BaseException, rank: int, leave: Callable[..., None]) -> int:
         # by launch.stop_grace_s), not as a finished rank does
         leave(in_step=exc.agreed, wait_s=None)
         return exc.exit_code
-    write_error_file(env_lib.error_file(), exc, rank, heartbeat.progress_of(exc))
+    ends = {"ends_run": True} if getattr(exc, "ends_run", False) else {}  # no restart after it (a stop's failed save)
+    write_error_file(env_lib.error_file(), exc, rank, {**heartbeat.progress_of(exc), **ends})
     return 130 if isinstance(exc, KeyboardInterrupt) else exit_status(exc)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.checkpoint import layout
-from tests.conftest import process_state
+from tests.conftest import process_state, summary
 from tests.launch.test_restarts import COMMON, STARTUP_S, finish, logged_steps, run_processes, start, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
@@ -97,6 +97,56 @@ def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path, re
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["stopped_by"]) == ("stopped", "SIGTERM")
     assert summary["checkpoint_step"] == layout.step_of(layout.latest(run_dir / "checkpoints")) >= 3
+
+
+def test_a_signal_to_one_worker_in_the_first_step_is_a_stop_with_restarts_left(tmp_path):
+    """Rank 0 stops at once inside the command's first step; rank 1 fails on losing it (a consequence). With
+    launch.max_restarts the agent took that for a failure and restarted: the run trained on against the stop."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "trainer.steps=6", "+recipe.step_sleep=2", "+recipe.record_attempts=true", "launch.max_restarts=2")
+    progress = run_dir / ".dlaunch" / "rank-0.progress.json"
+
+    def in_first_step() -> bool:
+        try:
+            return json.loads(progress.read_text()).get("operation", "").startswith("train step 1")
+        except (OSError, ValueError):
+            return False
+    try:
+        wait_for(in_first_step, STARTUP_S, "rank 0 in its first step")
+        os.kill(json.loads(progress.read_text())["pid"], signal.SIGTERM)
+        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 143, out[-3000:]
+    assert "restart 1 of 2" not in out and "root cause" not in out, out[-3000:]
+    assert len((run_dir / "attempts-rank0.txt").read_text().split()) == 1  # one start: no restart
+    assert summary(run_dir)["status"] == "stopped"
+
+
+def test_a_stop_whose_save_the_disk_refuses_fails_the_run_and_is_not_restarted(tmp_path, monkeypatch):
+    """trainer.checkpoint.on_error=error, launch.max_restarts=1, SIGTERM to the workers: the stop's save failed, the
+    message said the run "ends as failed", and the agent restarted it; it trained to the end and exited 0."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "hold-save").write_text("7")  # rank 0 holds step 7's save: the ranks agree to stop after step 8
+    monkeypatch.setenv("DLAUNCH_TEST_DISK_FULL_AT_STEP", "8")
+    proc = start(run_dir, *LONG[:1], "trainer.checkpoint.every_steps=7", "+recipe.hold_saves=true",
+                 "+recipe.record_attempts=true", "launch.max_restarts=1")
+    try:
+        wait_for(lambda: (run_dir / "saving").exists() and len(worker_pids(run_dir)) == 2, STARTUP_S, "the save of step 7")
+        for pid in worker_pids(run_dir).values():
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: "SIGTERM received" in (run_dir / "dlaunch.log").read_text(), 30, "the signal to reach rank 0")
+        (run_dir / "hold-save").unlink()
+        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    text = " ".join(out.split())
+    assert proc.returncode == 1, out[-3000:]
+    assert "StopNotSaved: the checkpoint of step 8 was not saved: No space left on device" in text, out[-3000:]
+    assert "no restart (launch.max_restarts=1): a stop signal ended the run" in text and "restart 1 of 1" not in text
+    assert len((run_dir / "attempts-rank0.txt").read_text().split()) == 1
+    assert summary(run_dir)["status"] == "failed" and layout.step_of(layout.latest(run_dir / "checkpoints")) == 7
 
 
 def test_a_worker_that_ignores_the_signal_is_killed_after_the_grace_period(tmp_path):

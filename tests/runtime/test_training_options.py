@@ -282,6 +282,29 @@ def test_a_nan_between_log_lines_is_caught_before_the_checkpoint_that_would_keep
     assert layout.latest(run_dir / "checkpoints") is None
 
 
+def test_parameters_an_overflow_made_inf_are_never_saved_and_retention_keeps_the_good_checkpoint(run_dlaunch):
+    """Step 5's loss was finite, its gradients inf: the update made the parameters NaN. Step 5's checkpoint held them,
+    retention (keep=1) pruned step 4's, and every resume failed at step 6 again."""
+    from launcher.checkpoint import layout
+
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.overflow_step=5", "trainer.steps=8",
+                                "trainer.log_every=10", "trainer.checkpoint.every_steps=1", "trainer.checkpoint.keep=1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    text = " ".join(proc.stderr.split())
+    assert "ParametersNotFinite: parameters are inf/NaN after step 5, before its checkpoint (not saved)" in text, text[-3000:]
+    assert layout.step_of(layout.latest(run_dir / "checkpoints")) == 4
+    assert summary(run_dir)["last_completed_step"] == 1  # the last step whose loss a log line read
+
+
+def test_a_logged_step_whose_gradients_overflowed_ends_the_run_there(run_dlaunch):
+    proc, run_dir = run_dlaunch(f"recipe={FIXTURES / 'probe_recipe.py'}", "+recipe.overflow_step=3", "trainer.steps=8",
+                                "trainer.log_every=1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    text = " ".join(proc.stderr.split())
+    assert "LossNotFinite: grad_norm is nan at step 3, whose loss (" in text, text[-3000:]
+    assert "last completed step 2" in text and records(run_dir)[-1]["step"] == 3
+
+
 def test_a_run_saved_under_a_schedule_and_resumed_without_one_trains_at_the_constant_lr(run_dlaunch):
     """The decayed lr (0 at the end of a linear decay) was kept: the resumed run trained at lr 0, silently."""
     common = ("recipe=linear", "trainer.log_every=10", "trainer.checkpoint.every_steps=20")
