@@ -203,16 +203,20 @@ class Checkpointer:
         of a stop signal, after which the run ends.
         """
         if self._saved and self._saved[0] == step:  # e.g. a stop signal right after a scheduled save
+            if stopping and self._saved[1] is None and self.rank == 0:  # whose commit failed (on_error=warn)
+                outputs.record_unsaved_stop(self.run_dir, step, self.unsaved)
             return self._saved[1]
         started = time.perf_counter()
         partial = layout.partial_dir(self.root, step)
         final = layout.step_dir(self.root, step)
+        written = False  # every rank's files are (DCP's save returned): what follows is rank 0's alone
         try:
             partial.mkdir(parents=True, exist_ok=True)
             progress = (step, position.epoch, position.offset)
             read_back = None
             if self.strategy is None or not self.strategy.save_checkpoint(model, partial, progress):
                 read_back = self._save_here(partial, step, position, model, optimizer, loop or {})
+            written = True
             if self.rank == 0:  # DCP returned: every rank's files are written
                 saved = {**manifest.build(self.spec, step, position), "files": read_back or {}}
                 layout.commit(partial, saved, self.spec.trainer.checkpoint.keep)
@@ -220,6 +224,8 @@ class Checkpointer:
             refused = storage_refusal(exc, self.root)
             if refused is None:  # only a storage failure is this method's to report
                 raise
+            if written:  # rank 0's commit alone failed: the others hold the step saved, and no rank saves it again
+                self._saved = (step, None)  # (a stop after it would run DCP's collective save on rank 0 alone)
             return self._not_saved(step, partial, refused, stopping)
         self.unsaved = ""
         if self.rank == 0:

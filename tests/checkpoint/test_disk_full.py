@@ -103,6 +103,32 @@ def test_with_on_error_error_a_failed_save_on_a_stop_fails_the_run_and_says_the_
     assert_untouched(tmp_path / "checkpoints", 5)
 
 
+def test_a_commit_that_fails_on_rank_0_alone_is_not_saved_again_by_rank_0_alone_at_a_stop(tmp_path, monkeypatch):
+    """Every rank's files were written, then rank 0's manifest write failed (on_error=warn): the other ranks held the
+    step saved, rank 0 did not, and a stop signal agreed after that step sent rank 0 alone into DCP's collective
+    save again, while the others went on to leave: a collective of one, which hangs."""
+    spec = compose_and_validate(["trainer.checkpoint.every_steps=5", "trainer.steps=20", "trainer.checkpoint.on_error=warn"],
+                                cuda_devices=0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = Checkpointer(spec, tmp_path, rank=0)
+    ckpt.save(5, Position(0, 5), model, optimizer)
+    writes = []
+    real_save_here = ckpt._save_here
+    monkeypatch.setattr(ckpt, "_save_here", lambda *a: writes.append(a[1]) or real_save_here(*a))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", "manifest.json")
+    monkeypatch.setattr(layout, "commit", full_disk)
+    assert ckpt.save(10, Position(0, 10), model, optimizer) is None
+    assert ckpt.save(10, Position(0, 10), model, optimizer, stopping=True) is None  # the stop after step 10
+    assert writes == [10], "rank 0 ran DCP's collective save again, alone"
+    assert "step 10 was not saved: No space left on device" in ckpt.unsaved
+    from launcher.runtime import outputs
+    assert outputs.unsaved_stop(tmp_path, 5)["step"] == 10  # the stop's summary names the lost save
+    assert layout.latest(tmp_path / "checkpoints") == layout.step_dir(tmp_path / "checkpoints", 5)
+
+
 def test_on_error_allows_only_error_or_warn(tmp_path):
     from launcher.config.errors import ConfigError
 
