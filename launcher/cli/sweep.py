@@ -136,6 +136,11 @@ def _how_to_go_on(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         return ""
     head = "the sweep was stopped" + (f", and failed jobs saved checkpoints ({kept})" if kept else "") + ";" if stopped \
         else f"failed jobs saved checkpoints ({kept}); once the cause is fixed,"
+    if not (sweep_dir / resume.SWEEP_FILE).is_file():  # an optimizing sweeper (Optuna): its study lives in its process
+        jobs = [sweep_dir / str(r["job"]) for r in rows if r["status"] in _CUT_SHORT or
+                (r["status"] != "completed" and r.get("_checkpoint_step") is not None)]
+        return (f"{head} go on with each job: {'; '.join(resume_lines.command(j) for j in jobs)} (the sweeper's "
+                "study is not replayed: `dlaunch -m` again starts a new one)")
     return (f"{head} go on with: {resume_lines.command(sweep_dir)} (completed jobs are kept, a stopped or failed job resumes "
             "from its newest checkpoint where it saved one, the others start)")
 
@@ -284,7 +289,7 @@ def update_row(job: Path) -> bool:
     sweep_dir = job.parent
     summary = _read_json(sweep_dir / outputs.SWEEP_SUMMARY)
     jobs, direction, objective = summary.get("jobs"), summary.get("direction"), summary.get("objective")
-    if not (sweep_dir / resume.SWEEP_FILE).is_file() or not isinstance(jobs, list):
+    if not isinstance(jobs, list):  # not a sweep's job (an optimizing sweeper's writes no multirun.yaml)
         return False
     rows = [r for r in jobs if isinstance(r, dict) and "job" in r]
     if not job.name.isdigit():  # Hydra names a sweep's job directories by their numbers

@@ -130,6 +130,32 @@ def test_a_job_that_failed_after_a_save_is_resumed_by_the_sweeps_one_command(tmp
     assert "failed jobs saved" not in again.stdout + again.stderr
 
 
+@pytest.mark.slow
+def test_an_optuna_sweeps_jobs_are_resumed_one_by_one_and_their_rows_updated(tmp_path):
+    """Optuna's sweeper writes no multirun.yaml: the sweep's line named `dlaunch resume SWEEP_DIR`, which then said it
+    was no run or sweep directory, and a job resumed alone left its row in sweep_summary.json as it was."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper is not installed")
+    from tests.conftest import PROBE
+
+    sweep = tmp_path / "study"
+    proc = dlaunch("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "recipe.fail_step=5,100",
+                   f"recipe.entry={PROBE}", "recipe.fail_replica=0", "trainer.steps=8", "trainer.checkpoint.every_steps=2",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    failed = next(j["job"] for j in jobs if j["status"] == "failed")
+    last = proc.stdout.rstrip().splitlines()[-1] if proc.stdout.strip() else ""
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert f"go on with each job: dlaunch resume {sweep / str(failed)} (the sweeper's study is not replayed" in said, last
+    whole = dlaunch("resume", str(sweep), cwd=tmp_path)
+    assert whole.returncode == 2 and "Traceback" not in whole.stderr, whole.stderr[-3000:]
+    assert "a sweep of an optimizing sweeper (Optuna)" in whole.stderr and f"dlaunch resume {sweep / '0'}" in whole.stderr
+    again = dlaunch("resume", str(sweep / str(failed)), "recipe.fail_replica=-1", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = {j["job"]: j for j in json.loads((sweep / "sweep_summary.json").read_text())["jobs"]}
+    assert (rows[failed]["status"], rows[failed]["resumed_from_step"]) == ("completed", 4)
+
+
 def test_a_failed_jobs_loss_is_the_last_it_logged_with_its_step_not_a_final_loss(tmp_path):
     """Job 0 fails at step 5, having logged its loss at step 1 only (every 10 steps): the table, the JSON and the
     report showed that step-1 loss as its final loss."""
