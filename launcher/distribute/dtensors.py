@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 from typing import Any, Iterator
 
+import torch
 from torch.distributed.tensor import DTensor
 
 _READING = contextvars.ContextVar("dlaunch_reading_whole", default=False)
@@ -45,3 +47,12 @@ def whole(value: Any) -> Any:
         return value
     with own_reads():
         return value.full_tensor()
+
+
+def param_norm(model: Any, module: Any) -> float:
+    """The norm of all of ``module``'s parameters, split layers gathered whole (a collective where any is split);
+    variables held elsewhere (``model`` a parameter-server task's) say their own."""
+    if hasattr(model, "param_norm"):
+        return float(model.param_norm())
+    with torch.no_grad():
+        return math.sqrt(sum(float(whole(p).detach().float().pow(2).sum()) for p in module.parameters()))

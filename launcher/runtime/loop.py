@@ -30,6 +30,7 @@ from launcher.cluster.env import PSTask, WorkerEnv
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute import activation_checkpointing
+from launcher.distribute.dtensors import param_norm
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
@@ -55,15 +56,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed)
-
-
-def param_norm(model: torch.nn.Module) -> float:
-    if hasattr(model, "param_norm"):  # variables held elsewhere (parameter servers) say their own
-        return float(model.param_norm())
-    from launcher.distribute.dtensors import whole
-
-    with torch.no_grad():  # split layers are gathered
-        return math.sqrt(sum(float(whole(p).detach().float().pow(2).sum()) for p in unwrap(model).parameters()))
 
 
 def global_batches(data: Any, spec: RunSpec) -> Any:
@@ -193,7 +185,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "wall_seconds": time.perf_counter() - started,
         "steady_ms_per_step": loop.steady_ms_per_step(),
         "first_step_seconds": loop.step_seconds[0] if loop.step_seconds else None,
-        "param_norm": param_norm(model),
+        "param_norm": param_norm(model, unwrap(model)),
         "metrics": metrics,
         "precision": spec.trainer.precision,
         "skipped_steps": loop.skipped_steps,
@@ -328,17 +320,20 @@ class _Loop:
         ``unread``: the step's loss where ``_log`` did not read it (checked before a save)."""
         steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
         began = time.perf_counter()
-        if eval_every and step % eval_every == 0 and step < steps:
-            found = self.evaluation(watch, f"evaluation at step {step}")
+        evaluates, saves = bool(eval_every and step % eval_every == 0 and step < steps), self.ckpt.due(step)
+        if evaluates:
+            with stop.during(f"the evaluation at step {step}"):
+                found = self.evaluation(watch, f"evaluation at step {step}")
             if found and self.chief:
                 log.info("eval at step %d: %s", step, said(found))
             self._write({"step": step, **found}, metrics_log)
-        if self.ckpt.due(step):
-            with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"):
+        if saves:
+            with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"), \
+                    stop.during(f"the checkpoint save at step {step}"):
                 self._save(step, watch, unread)
         self.aside_seconds += time.perf_counter() - began
         with watch.operation(f"stop-signal agreement after step {step}"):
-            signum = stop.agreed()
+            signum = stop.agreed(now=evaluates or saves)  # a signal during them: no step more
         if signum and step < steps:  # a signal during the last step: the run is complete
             with watch.operation(f"checkpoint save on a stop signal after step {step}"):
                 saved = self._save(step, watch, unread, stopping=True) if self.ckpt.enabled else None

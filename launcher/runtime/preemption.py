@@ -77,7 +77,7 @@ class StopRequests:
         ``saves``: a checkpoint is saved at the stop (checkpoints are on). ``torn_down``: the signal came from this
         rank's agent, stopping it for a failure that dlaunch reports (no stop to announce)."""
         self.signum, self._saves, self._torn_down = 0, saves, torn_down
-        self._at_once = False
+        self._at_once, self._during = False, ""
         self._force, self._elsewhere = force_on_repeat, elsewhere
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -120,7 +120,8 @@ class StopRequests:
             if self._torn_down():
                 log.debug("%s from this rank's agent: the job is torn down after a failure", name)
             else:
-                log.warning("%s received: the ranks stop together within a step, %s", name,
+                log.warning("%s received: %sthe ranks stop together within a step, %s", name,
+                            f"{self._during} finishes first, then " if self._during else "",
                             "then save" if self._saves else "and save nothing (checkpoints are off)")
 
     @contextlib.contextmanager
@@ -139,8 +140,10 @@ class StopRequests:
         if self._pending is not None:
             self._pending[0].wait()
 
-    def agreed(self) -> int:
-        """After a step: the signal every rank stops for (0: go on)."""
+    def agreed(self, now: bool = False) -> int:
+        """After a step: the signal every rank stops for (0: go on). ``now`` (every rank alike: after an evaluation
+        or a save, which a signal may have come during): the flags as they are now, not one step late, so that a
+        stop during a long evaluation does not train one more step and save again right after the step's save."""
         if self._group is None:
             self.signum = self.signum or self._elsewhere()
             return self.signum
@@ -148,7 +151,20 @@ class StopRequests:
         if self._pending is not None:
             work, flag = self._pending
             work.wait()
-            result = int(flag.item())
+            result, self._pending = int(flag.item()), None
         flag = torch.tensor([self.signum], dtype=torch.int32)
-        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        if now:
+            work.wait()
+            return result or int(flag.item())
+        self._pending = (work, flag)
         return result
+
+    @contextlib.contextmanager
+    def during(self, what: str) -> Iterator[None]:
+        """A first signal inside says that ``what`` (an evaluation, a save) finishes first: it may take a while."""
+        self._during = what
+        try:
+            yield
+        finally:
+            self._during = ""

@@ -123,6 +123,31 @@ def test_a_signal_to_one_worker_in_the_first_step_is_a_stop_with_restarts_left(t
     assert summary(run_dir)["status"] == "stopped"
 
 
+def test_a_signal_during_an_evaluation_stops_after_its_step_and_says_it_waits_for_it(tmp_path):
+    """Ctrl-C during a long evaluation: silence until it ended, then one more step trained and a second checkpoint
+    saved right after the step's own (step-4 and step-5): the agreement is read one step late."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "trainer.steps=1000", "trainer.eval_every=4", "trainer.checkpoint.every_steps=4",
+                 "+recipe.eval_sleep=4")
+    progress = run_dir / ".dlaunch" / "rank-0.progress.json"
+
+    def evaluating() -> bool:
+        try:
+            return json.loads(progress.read_text()).get("operation", "") == "evaluation at step 4"
+        except (OSError, ValueError):
+            return False
+    try:
+        wait_for(evaluating, STARTUP_S, "rank 0's evaluation at step 4")
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 130, out[-3000:]
+    assert "SIGINT received: the evaluation at step 4 finishes first, then the ranks stop together" in out, out[-3000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-00000004"], out[-3000:]
+    assert summary(run_dir)["checkpoint_step"] == 4
+
+
 def test_a_stop_whose_save_the_disk_refuses_fails_the_run_and_is_not_restarted(tmp_path, monkeypatch):
     """trainer.checkpoint.on_error=error, launch.max_restarts=1, SIGTERM to the workers: the stop's save failed, the
     message said the run "ends as failed", and the agent restarted it; it trained to the end and exited 0."""

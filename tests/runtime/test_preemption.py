@@ -63,6 +63,21 @@ def test_settle_waits_for_the_agreement_in_flight_and_the_next_step_still_reads_
         dist.destroy_process_group()
 
 
+def test_after_an_evaluation_or_a_save_the_flags_are_agreed_now_not_one_step_late(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        stop = StopRequests(distributed=True)
+        assert stop.agreed() == 0  # step 1's flags, read after step 2
+        with stop.during("the evaluation at step 2"):
+            stop._handler(signal.SIGTERM, None)
+        assert stop.agreed(now=True) == signal.SIGTERM and stop._pending is None  # after step 2 itself
+        stop.settle()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_process_forked_inside_ignores_the_stop_its_rank_handles():
     """A loader's workers are forked from the rank with its handler, and a Ctrl-C reaches the whole process group:
     each worker logged "SIGINT received ... then save" again (three lines per rank with input.num_workers=2) and
