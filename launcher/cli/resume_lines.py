@@ -55,8 +55,8 @@ def _script_after_signal(run_dir: Path, code: int, newest: Path | None, in_sweep
 
     again = "" if in_sweep else f"; {command(run_dir)} runs it again with the same arguments"
     if newest is None:
-        return (f"stopped (exit {code}); the script saved no checkpoint in {run_dir / 'checkpoints'} (ScriptCheckpoints'"
-                f" place; a script that saves elsewhere restores from there itself){again}")
+        return (f"stopped (exit {code}); {run_dir / 'checkpoints'} holds no ScriptCheckpoints save (a script that saves "
+                f"its own checkpoints elsewhere restores from them itself){again}")
     return (f"stopped (exit {code}); the script's newest save: {newest}{again}, and its ScriptCheckpoints.restore "
             f"goes on from step {layout.step_of(newest)}")
 

@@ -31,8 +31,8 @@ def test_a_stopped_script_is_told_its_newest_save_or_that_it_has_none_in_the_run
     spec = compose_and_validate(choose_user_recipes([f"script={tmp_path / 'train.py'}", "cluster.device=cpu"]), cuda_devices=0)
     run_dir = tmp_path / "run"
     told = after_signal(spec, run_dir, 130, None)
-    assert told == (f"stopped (exit 130); the script saved no checkpoint in {run_dir / 'checkpoints'} (ScriptCheckpoints' "
-                    f"place; a script that saves elsewhere restores from there itself); dlaunch resume {run_dir} runs it "
+    assert told == (f"stopped (exit 130); {run_dir / 'checkpoints'} holds no ScriptCheckpoints save (a script that "
+                    f"saves its own checkpoints elsewhere restores from them itself); dlaunch resume {run_dir} runs it "
                     "again with the same arguments")
     partial = layout.partial_dir(run_dir / "checkpoints", 40)
     partial.mkdir(parents=True)

@@ -32,7 +32,7 @@ class Job:
     @property
     def status(self) -> str:
         if self.summary is None:
-            return "no summary.json"
+            return "no summary.json: killed (SIGKILL, out of memory) or still running"
         return str(self.summary.get("status") or "unknown")
 
     @property

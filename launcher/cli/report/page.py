@@ -136,7 +136,7 @@ def status_html(job: Job) -> str:
         saved = f"checkpoint at step {s['checkpoint_step']}" if s.get("checkpoint_step") is not None else "no checkpoint"
         text = f"stopped by {s.get('stopped_by') or 'a signal'}; {saved}"
         return f"<span class='stopped'>{e(text)}</span>"
-    text = job.status if job.status == "failed" else f"failed ({job.status})"
+    text = job.status if job.status == "failed" or job.summary is None else f"failed ({job.status})"
     if job.exception:
         text += f": {job.exception}"
     return f"<span class='failed'>{e(text)}</span>"

@@ -74,7 +74,7 @@ def test_sweep_overlays_curves_and_charts_the_first_metric(sweep, capsys):
     assert "Charted metric: <b>eval_accuracy</b>" in page  # the first metric the recipe's evaluate returned
     failed = page.split("Failed jobs", 1)[1]
     assert "job 2" in failed and "failed" in failed
-    assert "job 3" in failed and "no summary.json" in failed
+    assert "job 3" in failed and "no summary.json: killed (SIGKILL, out of memory) or still running" in failed
     assert "job 0" not in failed and "job 1<" not in failed and "job 10" not in failed
 
 
