@@ -1,7 +1,7 @@
 """The storage writer a save goes through: DCP's ``FileSystemWriter``, or in a test one whose disk fills up; and
 the plan it writes by (``RankZeroCopies``).
 
-``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` (read by ``launcher.cluster.env``) makes the
+``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` (read by ``launcher.cluster.env``; ``N+``: every step from N on) makes the
 save of step N fail as a full disk makes it fail: each data file receives half
 of its first write, then ``OSError(ENOSPC)``. The rest is the real path: DCP
 reports the failure on every rank, the half-written ``.step-N.partial`` is
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from launcher.cluster.env import disk_full_at_step
+from launcher.cluster.env import disk_full_at
 
 
 def storage_writer(path: Path, step: int) -> Any:
@@ -26,7 +26,7 @@ def storage_writer(path: Path, step: int) -> Any:
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     writer = FileSystemWriter(path)
-    if disk_full_at_step() == step:
+    if disk_full_at(step):
         writer.fs = _full_disk(FileSystem)()
     return writer
 

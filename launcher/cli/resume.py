@@ -104,8 +104,8 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     if not run_dir.is_dir():
         raise ValueError(_no_such_dir(run_dir))
     if not (hydra_dir / "overrides.yaml").exists() and (run_dir / outputs.SWEEP_SUMMARY).is_file():
-        jobs = sorted((d for d in run_dir.iterdir() if d.name.isdigit() and (d / outputs.HYDRA_RECORD).is_dir()),
-                      key=lambda d: int(d.name))
+        jobs = sorted((d for d in run_dir.iterdir() if d.name.isdigit() and (d / outputs.HYDRA_RECORD).is_dir()
+                       and (outputs.read_summary(d) or {}).get("status") != "completed"), key=lambda d: int(d.name))
         raise ValueError(f"{run_dir} is a sweep of an optimizing sweeper (Optuna): its study lived in the sweep's "
                          "process and cannot be replayed; resume a stopped job alone (its row in the sweep's summary "
                          f"is updated): {' or '.join(command(j) for j in jobs[:3]) or 'dlaunch resume SWEEP_DIR/N'}, "

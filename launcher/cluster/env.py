@@ -260,10 +260,13 @@ def error_file() -> str | None:
     return os.environ.get("TORCHELASTIC_ERROR_FILE")
 
 
-def disk_full_at_step(environ: Mapping[str, str] | None = None) -> int | None:
-    """Tests only: ``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` makes the save of step N fail with ENOSPC (checkpoint/writer.py)."""
-    value = (os.environ if environ is None else environ).get("DLAUNCH_TEST_DISK_FULL_AT_STEP", "")
-    return int(value) if value.strip().isdigit() else None
+def disk_full_at(step: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Tests only: ``DLAUNCH_TEST_DISK_FULL_AT_STEP=N`` makes the save of step N fail with ENOSPC, ``N+`` the save of
+    every step from N on (checkpoint/writer.py)."""
+    value = (os.environ if environ is None else environ).get("DLAUNCH_TEST_DISK_FULL_AT_STEP", "").strip()
+    on = value.endswith("+")
+    value = value.removesuffix("+")
+    return value.isdigit() and (step >= int(value) if on else step == int(value))
 
 
 def full_errors() -> bool:

@@ -5,7 +5,8 @@ norm's ``_NormPartial`` on both) is made whole in one collective per dim, and to
 logs a warning that this is suboptimal on every rank. For dlaunch's reads (a scalar
 norm once a step, the parameters' norm once a run) the extra collective costs
 nothing worth a warning, and the user can do nothing about it, so ``whole`` drops
-that warning while it runs (``own_reads``: around a norm's whole computation). The same warning for the user's own code still prints.
+that warning while it runs (``own_reads``: around a norm's whole computation). Torch warns once per mesh, dims and
+reason: where dlaunch's read came first, the user's own redistribution over the same dims is not warned of again.
 """
 
 from __future__ import annotations

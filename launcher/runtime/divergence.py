@@ -15,8 +15,10 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from launcher.cluster.process_group import comm_device
 from launcher.distribute.reduce_op import ReduceOp
 
 _REMEDY = "lower recipe.optimizer.lr or check the data"
@@ -32,17 +34,13 @@ class ParametersNotFinite(LossNotFinite):
     """The parameters became inf or NaN while the loss read so far was finite: gradients overflowed."""
 
 
-def last_read_before(step: int, every: int) -> int:
-    """The last step before ``step`` whose loss a log line read (0: none): the last one known to be finite."""
-    return 0 if step <= 1 else max(1, (step - 1) // every * every)
-
-
-def loss_not_finite(loss: float, step: int, every: int) -> LossNotFinite:
-    """The loss read at log step ``step`` is not finite; it may have become so at any step since the last log."""
+def loss_not_finite(loss: float, step: int, known: int) -> LossNotFinite:
+    """The loss read at step ``step`` is not finite; it may have become so at any step after ``known``, the last one
+    known finite (its loss read by a log line or before a save, or the step a resume started from)."""
     since = ""
-    if every > 1 and step > 1:
-        last = last_read_before(step, every)
-        since = f" (read every {every} steps: it became {loss} after step {last}; trainer.log_every=1 finds the first such step)"
+    if step - known > 1:
+        since = (f" (last known finite at step {known}; trainer.log_every=1 finds the first step it is not)" if known else
+                 " (trainer.log_every=1 finds the first step it is not)")
     return LossNotFinite(f"loss is {loss} at step {step}{since}; {_REMEDY}")
 
 
@@ -60,19 +58,27 @@ def parameters_not_finite(step: int) -> ParametersNotFinite:
 
 
 def parameters_diverged(strategy: Any, model: Any) -> bool:
-    """Whether any replica's parameters (any shard of them) are inf or NaN: every rank gets the same answer."""
+    """Whether any replica's trainable parameters (any shard of them) are inf or NaN: every rank gets the same answer.
+
+    The strategy's reduce combines its replicas; the processes then agree over the whole job, since a replica may
+    span several (a mesh's logical devices each hold a shard, and its reduce runs over the replica dim alone)."""
     if hasattr(model, "param_norm"):  # the variables live elsewhere (parameter servers): their sum of squares
         return not math.isfinite(model.param_norm())
     flags = strategy.run(functools.partial(non_finite_parameters, model))
-    return float(strategy.reduce(ReduceOp.MEAN, flags, axis=None)) > 0
+    flag = torch.as_tensor(strategy.reduce(ReduceOp.MEAN, flags, axis=None), dtype=torch.float32).reshape(1)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        flag = flag.to(comm_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return float(flag) > 0
 
 
 def non_finite_parameters(model: Any) -> torch.Tensor:
-    """1.0 where a parameter this replica holds (its shard of a split one) is inf or NaN, else 0.0."""
+    """1.0 where a trainable parameter this replica holds (its shard of a split one) is inf or NaN, else 0.0 (a
+    frozen one may hold -inf on purpose: a mask)."""
     with torch.no_grad():
-        local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad]
         local = [p for p in local if p.device.type != "meta" and p.is_floating_point()]  # meta: held elsewhere
         if not local:
             return torch.zeros(())
-        finite = torch.stack([torch.isfinite(p).all().to(local[0].device) for p in local]).all()
-        return (~finite).float()
+        largest = torch.nn.utils.get_total_norm(local, norm_type=math.inf)  # inf or NaN where any element is
+        return (~torch.isfinite(largest)).float()

@@ -46,8 +46,8 @@ from launcher.runtime.preemption import Preempted, StopRequests, StoppedEarly
 from launcher.runtime.profiling import StepProfiler
 from launcher.runtime.progress import Meter, ProgressReporter, log
 from launcher.runtime.schedule import current_lr, make_schedule
-from launcher.runtime.divergence import (LossNotFinite, grad_norm_not_finite, last_read_before, loss_not_finite,
-                                         parameters_diverged, parameters_not_finite)
+from launcher.runtime.divergence import (LossNotFinite, grad_norm_not_finite, loss_not_finite, parameters_diverged,
+                                         parameters_not_finite)
 from launcher.runtime.step import NOT_MEASURED, ReplicaStep, is_logged, loop_state, restore_loop_state, warn_if_all_skipped
 
 
@@ -263,7 +263,7 @@ class _Loop:
         self.strategy.extended.open(step)
 
     def run(self, start: int, distributed: bool, watch: heartbeat.Heartbeat) -> list[float]:
-        watch.last_completed = start
+        watch.last_completed = self.finite = start  # finite: the last step known finite (loss read, or saved)
         if self.ckpt.enabled:
             with watch.operation("checkpoint clean-up barrier"):
                 self.ckpt.start(start)
@@ -359,9 +359,10 @@ class _Loop:
         diverged = not math.isfinite(loss) or (norm != NOT_MEASURED and not math.isfinite(norm))
         if diverged and not self.step.scaler:  # fp16-mixed skips such steps and lowers its scale
             self._write(record, metrics_log)  # the diverged step's record too: its lr and grad_norm tell why
-            every = self.spec.trainer.log_every  # its last completed step: the last one known to be finite
-            said = loss_not_finite(loss, step, every) if not math.isfinite(loss) else grad_norm_not_finite(norm, loss, step)
-            raise heartbeat.tag(said, last_read_before(step, every), f"train step {step}")
+            known = self.finite  # its last completed step: the last one known to be finite
+            said = loss_not_finite(loss, step, known) if not math.isfinite(loss) else grad_norm_not_finite(norm, loss, step)
+            raise heartbeat.tag(said, known, f"train step {step}")
+        self.finite = step if math.isfinite(loss) else self.finite
         progress.logged(step, loss, rate, eta, own)
         if self.step.scaler is not None:
             self.skipped_steps = int(skipped)
@@ -380,7 +381,7 @@ class _Loop:
     def _save(self, step: int, watch: heartbeat.Heartbeat, unread: Any = None, stopping: bool = False) -> Path | None:
         """A checkpoint never holds what a non-finite loss made: a loss no log line read is read first. Rank 0 alone
         verifies and commits it (it reads every rank's files back): the others wait for that outside any collective."""
-        known = last_read_before(step, self.spec.trainer.log_every)
+        known = self.finite
         if unread is not None and self.step.scaler is None:
             loss = float(self.strategy.reduce(ReduceOp.MEAN, unread, axis=None))
             if not math.isfinite(loss):
@@ -389,6 +390,7 @@ class _Loop:
                                     known, f"checkpoint save at step {step}")
         if parameters_diverged(self.strategy, self.model):  # a finite loss whose gradients overflowed: retention would prune the good
             raise heartbeat.tag(parameters_not_finite(step), known, f"checkpoint save at step {step}")
+        self.finite = step
         saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step),
                                stopping)
         watch.chief_alone(f"checkpoint commit at step {step}", self.chief)

@@ -4,7 +4,8 @@ A preempted job gets a signal, then a grace period before SIGKILL. Each rank's
 handler only sets a flag; after every step the ranks combine their flags with
 a MAX all-reduce on a small gloo group, started asynchronously and read one
 step later, so it overlaps with training and every rank reads the same value
-after the same step. Then each rank saves its part of a checkpoint (when
+after the same step; after a step that evaluated or saved (a signal may have come
+during them), it is read at once. Then each rank saves its part of a checkpoint (when
 checkpoints are on) and leaves with ``128 + signal``.
 """
 
@@ -64,7 +65,7 @@ class StoppedEarly(KeyboardInterrupt):
 
 
 class StopRequests:
-    """Signal flags, agreed across ranks one step late.
+    """Signal flags, agreed across ranks one step late (at once after an evaluation or a save).
 
     ``force_on_repeat``: a second signal raises ``KeyboardInterrupt`` at once (an
     impatient Ctrl-C in a single process). Workers keep it off: they receive

@@ -149,7 +149,7 @@ def test_an_optuna_sweeps_jobs_are_resumed_one_by_one_and_their_rows_updated(tmp
     assert f"go on with each job: dlaunch resume {sweep / str(failed)} (the sweeper's study is not replayed" in said, last
     whole = dlaunch("resume", str(sweep), cwd=tmp_path)
     assert whole.returncode == 2 and "Traceback" not in whole.stderr, whole.stderr[-3000:]
-    assert "a sweep of an optimizing sweeper (Optuna)" in whole.stderr and f"dlaunch resume {sweep / '0'}" in whole.stderr
+    assert "a sweep of an optimizing sweeper (Optuna)" in whole.stderr and f"dlaunch resume {sweep / str(failed)}" in whole.stderr
     again = dlaunch("resume", str(sweep / str(failed)), "recipe.fail_replica=-1", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     rows = {j["job"]: j for j in json.loads((sweep / "sweep_summary.json").read_text())["jobs"]}

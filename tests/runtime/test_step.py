@@ -201,22 +201,6 @@ def test_fp16_says_when_it_skipped_every_step_of_the_run(caplog):
     assert said.startswith("fp16-mixed skipped all 200 steps of the run (inf/NaN gradients): the model did not train")
 
 
-def test_a_loss_read_every_n_steps_says_since_when_it_may_have_been_bad():
-    from launcher.runtime.divergence import loss_not_finite
-
-    assert str(loss_not_finite(float("nan"), 1, 10)) == "loss is nan at step 1; lower recipe.optimizer.lr or check the data"
-    said = str(loss_not_finite(float("inf"), 30, 10))
-    assert said.startswith("loss is inf at step 30 (read every 10 steps: it became inf after step 20; trainer.log_every=1")
-    assert "after step 1;" in str(loss_not_finite(float("nan"), 10, 10))
-
-
-def test_the_last_step_known_finite_is_the_last_one_a_log_line_read():
-    from launcher.runtime.divergence import last_read_before
-
-    assert [last_read_before(s, 1) for s in (1, 2, 3)] == [0, 1, 2]
-    assert [last_read_before(s, 10) for s in (1, 5, 10, 11, 20, 25)] == [0, 1, 1, 10, 10, 20]
-
-
 def step_with_metrics(model, batch):
     x, y = batch
     out = model(x)
