@@ -23,6 +23,7 @@ worker's error file, and the thread keeps the last record in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -309,18 +310,15 @@ def look_every(waited_s: float, world: int = 1) -> float:
 
 
 # ----- what the launcher and the worker read -----
-def progress_of(exc: BaseException) -> dict[str, Any]:
-    """``{"last_step": 11, "operation": "train step 12"}`` for an exception that left the loop, else ``{}``."""
+def progress_of(exc: BaseException) -> dict[str, Any]:  # {"last_step": 11, "operation": "train step 12"}, or {}
     return dict(getattr(exc, "_dlaunch_progress", {}))
 
 
 def tag(exc: BaseException, last_step: int, operation: str) -> BaseException:
     """Records where ``exc`` left the loop, unless a caller nearer its cause did (the innermost knows best)."""
-    if not hasattr(exc, "_dlaunch_progress"):
-        try:
+    if not hasattr(exc, "_dlaunch_progress"):  # AttributeError, TypeError: an exception type without a __dict__
+        with contextlib.suppress(AttributeError, TypeError):
             exc._dlaunch_progress = {"last_step": last_step, "operation": operation}  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):  # an exception type without a __dict__
-            pass
     return exc
 
 
