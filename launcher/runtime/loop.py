@@ -388,7 +388,7 @@ class _Loop:
                 raise heartbeat.tag(LossNotFinite(f"loss is {loss} at step {step}, before its checkpoint (not saved); "
                                                   "lower recipe.optimizer.lr or check the data"),
                                     known, f"checkpoint save at step {step}")
-        if parameters_diverged(self.strategy, self.model):  # a finite loss whose gradients overflowed: retention would prune the good
+        if parameters_diverged(self.strategy, self.model):  # gradients that overflowed under a finite loss
             raise heartbeat.tag(parameters_not_finite(step), known, f"checkpoint save at step {step}")
         self.finite = step
         saved = self.ckpt.save(step, self.stream.position, self.model, self.optimizer, loop_state(self.schedule, self.step),
