@@ -77,7 +77,8 @@ def non_finite_parameters(model: Any) -> torch.Tensor:
     frozen one may hold -inf on purpose: a mask)."""
     with torch.no_grad():
         local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad]
-        local = [p for p in local if p.device.type != "meta" and p.is_floating_point()]  # meta: held elsewhere
+        # meta: held elsewhere; an empty shard (FSDP over more ranks than a tensor has rows) has no inf norm
+        local = [p for p in local if p.device.type != "meta" and p.is_floating_point() and p.numel()]
         if not local:
             return torch.zeros(())
         largest = torch.nn.utils.get_total_norm(local, norm_type=math.inf)  # inf or NaN where any element is

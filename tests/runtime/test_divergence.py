@@ -28,6 +28,8 @@ def test_only_trainable_parameters_count_a_frozen_mask_may_hold_minus_inf():
     assert float(non_finite_parameters(model)) == 1.0
     model.weight.requires_grad_(False)
     assert float(non_finite_parameters(model)) == 0.0
+    model.bias = torch.nn.Parameter(torch.empty(0))  # a rank's empty shard of a small tensor (fsdp on 1x4)
+    assert float(non_finite_parameters(model)) == 0.0
 
 
 def nan_in_one_logical_devices_shard() -> bool:
