@@ -77,20 +77,27 @@ def _alive_in_group(pgid: int) -> bool:
     return any(state is not None and state[2] == pgid and state[0] != "Z" for state in states)
 
 
+def sigterm_to_the_workers_at(run_dir, step, *args):
+    """A mirrored 1x2 run sent SIGTERM, its workers alone (not dlaunch), once step ``step`` is logged; (proc, output)."""
+    proc = start(run_dir, *args)
+    try:
+        wait_for(lambda: max(logged_steps(run_dir), default=0) >= step and len(worker_pids(run_dir)) == 2, STARTUP_S,
+                 f"step {step}")
+        for pid in worker_pids(run_dir).values():
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
+    finally:
+        out = finish(proc, timeout=30)
+    return proc, out
+
+
 @pytest.mark.parametrize("restarts", [0, 2])
 def test_a_signal_sent_to_the_workers_alone_is_a_stop_not_a_failure(tmp_path, restarts):
     """A scheduler or a user may signal the workers and not dlaunch: they save and stop together, and dlaunch
     says the run stopped (128 + N, summary status "stopped"), with no root-cause panel. With restarts left, too:
     a stop is no failure to restart (before, it cost a restart and the run trained on)."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, *LONG, f"launch.max_restarts={restarts}")
-    try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 3 and len(worker_pids(run_dir)) == 2, STARTUP_S, "training")
-        for pid in worker_pids(run_dir).values():
-            os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
-    finally:
-        out = finish(proc, timeout=30)
+    proc, out = sigterm_to_the_workers_at(run_dir, 3, *LONG, f"launch.max_restarts={restarts}")
     assert proc.returncode == 143, out[-3000:]
     assert "root cause" not in out and "SIGTERM reached the workers, not dlaunch" in out, out[-3000:]
     assert f"resume with: dlaunch resume {run_dir}" in out
@@ -153,15 +160,8 @@ def test_a_stop_whose_save_the_disk_refuses_fails_the_run_and_is_not_restarted(t
     message said the run "ends as failed", and the agent restarted it; it trained to the end and exited 0."""
     run_dir = tmp_path / "run"
     monkeypatch.setenv("DLAUNCH_TEST_DISK_FULL_AT_STEP", "8+")  # step 7's save lands, every later one is refused
-    proc = start(run_dir, *LONG[:1], "trainer.checkpoint.every_steps=7", "+recipe.step_sleep=0.5",
-                 "+recipe.record_attempts=true", "launch.max_restarts=1")
-    try:
-        wait_for(lambda: max(logged_steps(run_dir), default=0) >= 8 and len(worker_pids(run_dir)) == 2, STARTUP_S, "step 8")
-        for pid in worker_pids(run_dir).values():
-            os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: proc.poll() is not None, 60, "dlaunch to end")
-    finally:
-        out = finish(proc, timeout=30)
+    proc, out = sigterm_to_the_workers_at(run_dir, 8, *LONG[:1], "trainer.checkpoint.every_steps=7", "+recipe.step_sleep=0.5",
+                                          "+recipe.record_attempts=true", "launch.max_restarts=1")
     text = " ".join(out.split())
     assert proc.returncode == 1, out[-3000:]
     assert re.search(r"StopNotSaved: the checkpoint of step (8|9|1[0-3]) was not saved: No space left on device", text), \
