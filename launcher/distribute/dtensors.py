@@ -28,8 +28,7 @@ class _OwnReads(logging.Filter):
         return not (_READING.get() and str(record.msg).startswith("While redistributing from"))
 
 
-_FILTER = _OwnReads()
-logging.getLogger("torch.distributed.tensor._redistribute").addFilter(_FILTER)
+logging.getLogger("torch.distributed.tensor._redistribute").addFilter(_OwnReads())
 
 
 @contextlib.contextmanager
