@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # validation names devices without loading torch
@@ -21,6 +22,18 @@ def canonical_name(name: str | torch.device) -> str:
     kind = match.group(1).lower()
     kind = "cuda" if kind == "gpu" else kind  # meta: shapes only, to check what a build creates
     return f"{kind}:{int(match.group(2) or 0)}"
+
+
+def check_present(names: Sequence[str]) -> None:
+    """ValueError naming the first CUDA device this machine lacks (torch would fail only at its first use)."""
+    import torch
+
+    wanted = [n for n in names if n.startswith("cuda:")]
+    count = torch.cuda.device_count() if wanted else 0
+    for name in wanted:
+        if int(name.split(":")[1]) >= count:
+            raise ValueError(f"{name} was asked for, but this machine has {count} CUDA device(s)"
+                             + ("; use 'cpu:0' (or 'CPU:0')" if count == 0 else ""))
 
 
 def to_torch(name: str | torch.device) -> torch.device:

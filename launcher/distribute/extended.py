@@ -50,9 +50,8 @@ class StrategyExtended:
         if len(set(self._device_names)) != len(self._device_names):
             raise ValueError(f"devices must be distinct, got {list(devices)}")
         self._devices = [devlib.to_torch(d) for d in self._device_names]
-        self._parameter_device_names = tuple(
-            devlib.canonical_name(d) for d in (parameter_devices or self._device_names)
-        )
+        self._parameter_device_names = tuple(devlib.canonical_name(d) for d in (parameter_devices or self._device_names))
+        devlib.check_present([*self._device_names, *self._parameter_device_names])
         self._proc = collectives or SingleProcess()
         self._cross_device_ops = cdo.resolve(cross_device_ops)
         self._num_local = len(self._devices)
@@ -124,8 +123,8 @@ class StrategyExtended:
         return self._created.get(id(v)) is v
 
     def colocate_vars_with(self, colocate_with_variable: torch.Tensor) -> contextlib.AbstractContextManager:
-        """Scope whose new parameters and buffers move to the device of ``colocate_with_variable`` when it closes."""
-        return Placement(colocate_with_variable.device)
+        """Scope whose new parameters and buffers go where ``colocate_with_variable`` is (device; ps task)."""
+        return Placement(colocate_with_variable.device, colocate_with=colocate_with_variable)
 
     @property
     def num_replicas_in_sync(self) -> int:

@@ -1,23 +1,12 @@
-"""Variable partitioners and parameter-server placement.
+"""Variable partitioners, as ``tf.distribute.experimental.partitioners``.
 
-The partitioners mirror ``tf.distribute.experimental.partitioners``: given a
-variable's shape and dtype they say how many pieces it is cut into along each
-dimension. Only the first dimension is ever cut, so a result looks like
-``[n, 1, 1, ...]``.
-
-:func:`place` then lays the variables (and the shards of partitioned ones) out
-on parameter-server tasks the way ``ParameterServerStrategy`` does: in creation
-order, each new variable or shard on the next ps task, round-robin::
-
-    p = MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2)
-    placement = place_module(model, num_ps=2, partitioner=p)
-    for row in placement.rows():
-        print(*row)   # variable, shape, shard, ps, size
+Given a variable's shape and dtype a partitioner says how many pieces it is cut into along each
+dimension. Only the first dimension is ever cut, so a result looks like ``[n, 1, 1, ...]``.
+Where the pieces go is launcher/distribute/ps_placement.py's to decide.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 from collections.abc import Sequence
@@ -29,12 +18,8 @@ __all__ = [
     "MaxSizePartitioner",
     "MinSizePartitioner",
     "Partitioner",
-    "Placement",
-    "Shard",
     "from_config",
     "num_shards",
-    "place",
-    "place_module",
     "shard_rows",
 ]
 
@@ -250,140 +235,3 @@ def from_config(
             raise ValueError("partitioner 'max_size' needs max_shard_bytes")
         return MaxSizePartitioner(max_shard_bytes, max_shards)
     raise ValueError(f"unknown partitioner kind {kind!r}; use none, fixed, min_size or max_size")
-
-
-# --------------------------------------------------------------------------- placement
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """One piece of a variable (the whole variable when it is not partitioned) on one ps task."""
-
-    name: str
-    index: int
-    num_shards: int
-    offset: int
-    shape: tuple[int, ...]
-    full_shape: tuple[int, ...]
-    dtype: torch.dtype
-    ps: int
-    trainable: bool = True
-
-    @property
-    def key(self) -> str:
-        """``name/part_i`` for a shard of a partitioned variable, else ``name``."""
-        return f"{self.name}/part_{self.index}" if self.num_shards > 1 else self.name
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this shard holds."""
-        return math.prod(self.shape) * _element_size(self.dtype)
-
-    def describe(self) -> str:
-        """``"i/n rows a-b"`` (1-based shard number, inclusive rows); ``"1/1"`` with no rows."""
-        label = f"{self.index + 1}/{self.num_shards}"
-        if not self.shape or self.shape[0] == 0:
-            return label
-        return f"{label} rows {self.offset}-{self.offset + self.shape[0] - 1}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where every variable shard lives; shards are kept in placement order."""
-
-    shards: tuple[Shard, ...]
-    num_ps: int
-
-    def of(self, name: str) -> list[Shard]:
-        """The shards of variable ``name``, in order; KeyError if it is unknown."""
-        found = [s for s in self.shards if s.name == name]
-        if not found:
-            known = self.names()
-            hint = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
-            raise KeyError(f"no variable named {name!r} in this placement (known: {hint or 'none'})")
-        return found
-
-    def on(self, ps: int) -> list[Shard]:
-        """The shards ps task ``ps`` holds, in placement order."""
-        if not 0 <= ps < self.num_ps:
-            raise IndexError(f"ps index {ps} out of range for {self.num_ps} ps task(s)")
-        return [s for s in self.shards if s.ps == ps]
-
-    def bytes_per_ps(self) -> list[int]:
-        """Total bytes held by each ps task, indexed by task."""
-        totals = [0] * self.num_ps
-        for shard in self.shards:
-            totals[shard.ps] += shard.nbytes
-        return totals
-
-    def rows(self) -> list[tuple[str, str, str, str, str]]:
-        """Printable table rows: (variable, the variable's whole shape, which rows the shard holds, ``ps:K``, the
-        shard's size)."""
-        return [
-            (s.name, str(list(s.full_shape)), s.describe(), f"ps:{s.ps}", _format_bytes(s.nbytes))
-            for s in self.shards
-        ]
-
-    def names(self) -> list[str]:
-        """Variable names in placement order, each once."""
-        return list(dict.fromkeys(s.name for s in self.shards))
-
-
-def _split(
-    name: str, shape: tuple[int, ...], dtype: torch.dtype, trainable: bool, pieces: int, first_ps: int, num_ps: int
-) -> list[Shard]:
-    """Cut one variable into ``pieces`` shards on consecutive ps tasks from ``first_ps``."""
-    if pieces == 1:
-        return [Shard(name, 0, 1, 0, shape, shape, dtype, first_ps % num_ps, trainable)]
-    return [
-        Shard(name, i, pieces, offset, (length, *shape[1:]), shape, dtype, (first_ps + i) % num_ps, trainable)
-        for i, (offset, length) in enumerate(shard_rows(shape[0], pieces))
-    ]
-
-
-def place(
-    variables: Sequence[tuple[str, Sequence[int], torch.dtype, bool]],
-    num_ps: int,
-    partitioner: Partitioner | None = None,
-) -> Placement:
-    """Lay variables out on ps tasks, round-robin over shards.
-
-    ``variables`` are ``(name, shape, dtype, trainable)`` in creation order.
-    Each variable, or each shard of a partitioned one, takes the next ps task
-    (0, 1, ..., num_ps - 1, 0, ...), as TF's ParameterServerStrategy does. Only
-    trainable variables are partitioned; non-trainable ones (buffers) stay whole.
-    """
-    num_ps = _positive_int("num_ps", num_ps)
-    shards: list[Shard] = []
-    seen: set[str] = set()
-    for name, shape, dtype, trainable in variables:
-        if name in seen:
-            raise ValueError(f"variable {name!r} is listed twice")
-        seen.add(name)
-        dims = tuple(int(d) for d in shape)
-        if any(d < 0 for d in dims):
-            raise ValueError(f"variable {name!r} has a negative dimension: {list(dims)}")
-        pieces = num_shards(partitioner if trainable else None, dims, dtype)
-        shards += _split(name, dims, dtype, bool(trainable), pieces, len(shards), num_ps)
-    return Placement(tuple(shards), num_ps)
-
-
-def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
-    """Fully qualified names of the buffers left out of ``module``'s state_dict."""
-    names = set()
-    for prefix, sub in module.named_modules():
-        for local in getattr(sub, "_non_persistent_buffers_set", ()):
-            names.add(f"{prefix}.{local}" if prefix else local)
-    return names
-
-
-def place_module(module: torch.nn.Module, num_ps: int, partitioner: Partitioner | None = None) -> Placement:
-    """Place a module's parameters, then its persistent buffers, on ps tasks.
-
-    Parameters are trainable when they require grad; buffers never are.
-    Only shapes and dtypes are read, so a module on the meta device works.
-    """
-    skip = _non_persistent_buffers(module)
-    variables = [(n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in module.named_parameters()]
-    variables += [(n, tuple(b.shape), b.dtype, False) for n, b in module.named_buffers() if n not in skip]
-    return place(variables, num_ps, partitioner)

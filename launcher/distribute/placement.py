@@ -47,8 +47,9 @@ class Placement:
         model.weight.device                  # cuda:0
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, colocate_with: torch.Tensor | None = None):
         self.device = device
+        self.colocate_with = colocate_with  # ``colocate_vars_with``: marked so that a ps placement follows it too
         self._owners: dict[int, weakref.ref] = {}  # modules whose own tensors move
         self._trees: dict[int, weakref.ref] = {}  # submodules registered here: their whole tree moves
 
@@ -65,6 +66,10 @@ class Placement:
         self._owners.clear()
         self._trees.clear()
         for module in owners.values():
+            if self.colocate_with is not None:
+                for t in [*module._parameters.values(), *module._buffers.values()]:
+                    if t is not None and t is not self.colocate_with:
+                        t._dlaunch_colocate_with = weakref.ref(self.colocate_with)
             move(module, self.device)
 
     def note(self, module: torch.nn.Module) -> None:
@@ -81,6 +86,12 @@ def settle(module: torch.nn.Module) -> None:
     if stack:
         for sub in module.modules():
             move(sub, stack[-1].device)
+
+
+def colocated_with(t: torch.Tensor) -> torch.Tensor | None:
+    """The variable ``t`` was created to live beside (``colocate_vars_with``), if it is still alive."""
+    ref = getattr(t, "_dlaunch_colocate_with", None)
+    return ref() if ref is not None else None
 
 
 def target() -> torch.device | None:

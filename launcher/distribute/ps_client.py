@@ -18,7 +18,7 @@ import torch.distributed.rpc as trpc
 
 from launcher.cluster import rpc
 from launcher.distribute import server as ps_server
-from launcher.distribute.partitioners import Placement
+from launcher.distribute.ps_placement import Placement
 
 
 class ParameterServerUnavailable(RuntimeError):

@@ -34,11 +34,19 @@ class DistributedIterator:
         self._steps, self._num_replicas = iter(steps), num_replicas
         self.rows: int | None = None
         self.pad: Any = None
+        self._back: tuple[Any, int | None, Any] | None = None
 
     def __iter__(self) -> "DistributedIterator":
         return self
 
+    def put_back(self, element: Any) -> None:
+        """The step just returned comes again next (``element_spec`` over a one-shot source reads it)."""
+        self._back = (element, self.rows, self.pad)
+
     def __next__(self) -> Any:
+        if self._back is not None:
+            (element, self.rows, self.pad), self._back = self._back, None
+            return element
         pieces = next(self._steps)
         self.rows, self.pad = getattr(pieces, "rows", None), getattr(pieces, "pad", None)
         return pieces[0] if self._num_replicas == 1 else regroup(pieces)

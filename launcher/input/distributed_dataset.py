@@ -10,6 +10,7 @@ dataset yields global batches, and each worker keeps its replicas' rows.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -105,6 +106,7 @@ class DistributedDataset:
         self._shard: FileShard | None = None
         self._epoch = 0
         self._skip = 0  # batches of the next epoch already delivered before a resume
+        self._peeked: Any = None  # the iterator element_spec began over a one-shot source
         if isinstance(dataset, FileDataset):
             self._shard = _shard_files(dataset, options.auto_shard_policy, ext._proc.world_size, ext._proc.rank)
             return
@@ -147,6 +149,9 @@ class DistributedDataset:
         return getattr(self._dataset, "batch_sampler", None)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._peeked is not None:  # element_spec read a one-shot source's first step
+            peeked, self._peeked = self._peeked, None
+            return peeked
         if self._shard is not None:
             steps = self._iter_file_shard()
         else:  # the source's iter() now, not at the first batch: a DataLoader draws its seed here (see DataStream.seek);
@@ -165,8 +170,11 @@ class DistributedDataset:
         """The structure of a step, with a ``TensorSpec`` (shape, dtype) per tensor and the batch dimension None.
 
         Per-replica parts are a ``PerReplica`` of specs, as TF's ``PerReplicaSpec``.
-        Found by reading the first step of a fresh pass (a one-shot iterable loses it).
+        Found by reading the first step of a fresh pass; over a one-shot source (an iterator, such as a
+        generator) that step is kept, and the next ``iter()`` goes on from it.
         """
+        if isinstance(self._dataset, collections.abc.Iterator):
+            return _peek_spec(self)
         epoch, skip = self._epoch, self._skip
         sampler = self._sampler()
         position = getattr(sampler, "position", None)  # a seekable sampler's next epoch: reading moves it on
@@ -306,14 +314,21 @@ class DistributedDatasetsFromFunction:
         # A process that does not read (a replica's other logical devices) never calls dataset_fn:
         # one replica reads one input, however many processes it spans.
         self._datasets = [dataset_fn(ctx) for ctx in self.input_contexts] if ext._reads_input else []
+        self._peeked: Any = None
 
     def __iter__(self) -> Iterator[Any]:
+        if self._peeked is not None:  # element_spec read one-shot sources' first step
+            peeked, self._peeked = self._peeked, None
+            return peeked
         return deliver(self._ext._share_input(self._steps()), self._devices, self._options, self._num_replicas)
 
     @property
     def element_spec(self) -> Any:
         """As ``DistributedDataset.element_spec``: read from the first step of fresh iterators over the datasets
-        (a ``FileDataset`` counts its passes to reshuffle each one: reading the spec is not one)."""
+        (a ``FileDataset`` counts its passes to reshuffle each one: reading the spec is not one; a one-shot
+        source's step is kept for the next ``iter()``)."""
+        if any(isinstance(d, collections.abc.Iterator) for d in self._datasets):
+            return _peek_spec(self)
         passes = [(d, d._passes) for d in self._datasets if isinstance(d, FileDataset)]
         try:
             return element_spec_of(next(iter(self)))
@@ -331,3 +346,13 @@ class DistributedDatasetsFromFunction:
                 return
             # A last partial step: replicas whose data ran out get an empty batch, as in TF.
             yield [slice_batch(found[0], 0, 0) if p is _Empty else p for p in pieces]
+
+
+def _peek_spec(dataset: Any) -> Any:
+    """The spec of the first step of a one-shot source, which the next ``iter(dataset)`` returns first: the
+    source cannot be read again (a generator), so reading its spec must not lose steps."""
+    steps = iter(dataset)
+    first = next(steps)
+    steps.put_back(first)
+    dataset._peeked = steps
+    return element_spec_of(first)

@@ -22,7 +22,7 @@ from launcher.cluster.env import PSTask
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute import server as ps_server
-from launcher.distribute.partitioners import place_module
+from launcher.distribute.ps_placement import place_module
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.runtime import outputs
 from launcher.runtime import recipe as recipe_lib

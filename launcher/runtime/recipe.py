@@ -184,6 +184,15 @@ class BuildContext:
     is_chief: bool
     input_files: Any = None
 
+    def colocate_vars_with(self, variable: Any) -> Any:
+        """``strategy.extended.colocate_vars_with(variable)``, also where ``strategy`` is None: a parameter-server
+        job's plan and ps tasks build the model to place its variables, and must place them as the chief does."""
+        if self.strategy is not None:
+            return self.strategy.extended.colocate_vars_with(variable)
+        from launcher.distribute.placement import Placement
+
+        return Placement(variable.device, colocate_with=variable)
+
 
 def warn_if_files_unused(parts: "Parts", ctx: BuildContext, recipe: str) -> None:
     """``input.files`` set, but ``build`` returned other ``train_data``: the run would train on the recipe's own data

@@ -141,7 +141,7 @@ class ParameterServerSpec(StrategyUnit):
         """Which ps task holds which variable (or shard of one), from the recipe's model built on the meta device."""
         from rich.table import Table
 
-        from launcher.distribute.partitioners import place_module
+        from launcher.distribute.ps_placement import place_module
         from launcher.runtime.ps_task import build_variables
         from launcher.config.errors import ConfigError, Problem, UserCodeError
         from launcher.runtime.recipe_import import RecipeError

@@ -7,7 +7,8 @@ import torch
 
 from launcher.checkpoint import _load, read_tensors, shards, state
 from launcher.checkpoint.safe import SafeReader
-from launcher.distribute.partitioners import FixedShardsPartitioner, place_module
+from launcher.distribute.partitioners import FixedShardsPartitioner
+from launcher.distribute.ps_placement import place_module
 from launcher.distribute.server import VariableStore
 from launcher.strategies.parameter_server import contents_for
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from launcher import distribute as dl
 from launcher.distribute import devices as devlib
 
 
@@ -44,3 +45,17 @@ def test_every_cpu_replica_computes_on_the_one_torch_cpu():
 
 def test_gpu_name_maps_to_indexed_cuda_device():
     assert devlib.to_torch("/GPU:1") == torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda gpu: dl.OneDeviceStrategy(gpu),
+    lambda gpu: dl.MirroredStrategy(devices=["cpu:0", gpu]),
+    lambda gpu: dl.experimental.CentralStorageStrategy(compute_devices=["CPU:0", gpu], parameter_device="CPU:0"),
+    lambda gpu: dl.experimental.CentralStorageStrategy(compute_devices=["CPU:0"], parameter_device=gpu),
+])
+def test_a_gpu_the_machine_lacks_is_refused_when_the_strategy_is_made(make):
+    """The central-storage seed names ['CPU:0', 'GPU:0']: on a machine without that GPU the constructor took it and
+    the first run() failed with torch's "Cannot access accelerator device when none is available"."""
+    count = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"^cuda:{count} was asked for, but this machine has {count} CUDA device\(s\)"):
+        make(f"GPU:{count}")

@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from launcher.distribute.partitioners import FixedShardsPartitioner, place_module
+from launcher.distribute.partitioners import FixedShardsPartitioner
+from launcher.distribute.ps_placement import place_module
 from launcher.distribute.server import Server, VariableStore
 from launcher.strategies.parameter_server import contents_for
 

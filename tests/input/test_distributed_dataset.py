@@ -217,3 +217,23 @@ def test_an_uneven_split_is_said_once_in_script_mode_and_never_for_a_recipe(stra
     assert caplog.text.count("a batch of 4 row(s) (global batch 32) splits over the 2 replicas as [4, 0]") == 1
     assert "compute_average_loss(per_example_loss, global_batch_size=32)" in caplog.text and "drop_last=True" in caplog.text
     assert "a loop that gathers its rows (an evaluation's strategy.gather) needs neither" in caplog.text  # no loss there
+
+
+def _numbered(n):
+    for i in range(n):
+        yield torch.full((8,), float(i))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_reading_element_spec_loses_no_step_of_a_one_shot_source(replicas):
+    """The TPU seed reads ``dist_dataset.element_spec`` (a tf.function's input_signature) before its loop. Over a
+    generator that read took the first step and the one read ahead: the loop saw [2, 3, 4, 5] of [0..5]."""
+    strategy = dl.MirroredStrategy(devices=[f"cpu:{i}" for i in range(replicas)])
+    first = lambda x: int(strategy.experimental_local_results(x)[0][0])  # noqa: E731
+    ds = strategy.experimental_distribute_dataset(_numbered(6))
+    spec = ds.element_spec
+    assert str(spec) == str(ds.element_spec)  # read twice: still nothing lost
+    assert [first(x) for x in ds] == [0, 1, 2, 3, 4, 5]
+    per_replica = strategy.distribute_datasets_from_function(lambda ctx: _numbered(6))
+    assert str(per_replica.element_spec) == str(spec)
+    assert [first(x) for x in per_replica] == ([0, 1, 2, 3, 4, 5] if replicas == 1 else [0, 2, 4])

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 from launcher.cluster.resolvers import ClusterSpec, SimpleClusterResolver
 from launcher.distribute.meta_scope import variables_scope
-from launcher.distribute.partitioners import place_module
+from launcher.distribute.ps_placement import place_module
 from launcher.strategies.parameter_server import ParameterServerStrategy, PSModule
 from tests.strategies.ps_cluster import cluster_spec, end_training_task, enter_or_serve, run_cluster
 
@@ -61,6 +61,51 @@ def test_servers_by_hand_and_sync_training_equal_one_device():
         optimizer.zero_grad()
     for name, value in model.state_dict().items():
         torch.testing.assert_close(torch.tensor(values[name], dtype=value.dtype), value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def colocating_task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:
+    """The chief colocates a layer's variables with another's weight, then trains two steps."""
+    if enter_or_serve(kind, index, cluster):
+        return
+    from launcher import distribute as dl
+    strategy = dl.ParameterServerStrategy()
+    model = colocated_model(strategy)
+    model, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for x, y in data()[:2]:
+        torch.nn.functional.mse_loss(model(x.float()), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    held = {k: [s.key for s in strategy.extended.client.placement.on(k)] for k in range(2)}
+    results.put((f"{kind}:{index}", (held, {k: v.tolist() for k, v in model.state_dict_from_ps().items()})))
+    end_training_task(strategy, kind)
+
+
+def colocated_model(strategy) -> torch.nn.Module:
+    torch.manual_seed(0)
+    first = torch.nn.Linear(2, 2)
+    with strategy.extended.colocate_vars_with(first.weight):
+        second = torch.nn.Linear(2, 2)
+    return torch.nn.Sequential(first, second, torch.nn.Linear(2, 1))
+
+
+@pytest.mark.slow
+def test_colocated_variables_live_on_their_anchors_ps_task_and_train():
+    """The seed: "For colocating variables, use strategy.extended.colocate_vars_with". Placement was round-robin
+    whatever the scope said (1.bias on ps 1)."""
+    got, exits = run_cluster(colocating_task, cluster_spec(workers=0, ps=2))
+    assert exits == [0, 0, 0]
+    held, values = got["chief:0"]
+    assert held == {0: ["0.weight", "2.weight", "1.weight", "1.bias"], 1: ["0.bias", "2.bias"]}
+    from launcher import distribute as dl
+
+    model = colocated_model(dl.get_strategy())  # the default strategy: one process, the same values
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data()[:2]:
+        torch.nn.functional.mse_loss(model(x.float()), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(torch.tensor(values[name]), value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def unprepared_task(kind: str, index: int, cluster: dict, results: mp.Queue) -> None:

@@ -50,7 +50,8 @@ from launcher.distribute.extended import StrategyExtended, _check_same_shapes
 from launcher.distribute.input_context import InputContext
 from launcher.distribute.input_iterator import InputIterator
 from launcher.distribute.meta_scope import MetaScope
-from launcher.distribute.partitioners import Partitioner, place_module
+from launcher.distribute.partitioners import Partitioner
+from launcher.distribute.ps_placement import place_module
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
 from launcher.distribute.values import PerReplica, map_structure

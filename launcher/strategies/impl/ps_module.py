@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher.distribute import server as ps_server
-from launcher.distribute.partitioners import Placement
+from launcher.distribute.ps_placement import Placement
 from launcher.distribute.ps_client import Client
 
 
