@@ -298,6 +298,7 @@ def shard_table(spec: RunSpec, count: bool = True) -> Group | None:
         table.add_row(*row[:len(columns)])
     if counts is not None:
         _check_a_batch(spec, sum(counts))
+        _check_each_worker_a_batch(spec, policy, counts)
     note = _uneven_note(spec, policy, counts) if counts else None
     return Group(Text(title), table, *([Text(note)] if note else []))  # lines as wide as the terminal, not the table
 
@@ -321,19 +322,36 @@ def _check_a_batch(spec: RunSpec, rows: int) -> None:
         raise ConfigError([Problem(key="input.global_batch_size", value=inp.global_batch_size, message=why)])
 
 
+def _check_each_worker_a_batch(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> None:
+    """FILE: every epoch ends with the shortest worker's shard; one that fills no batch of its share leaves none."""
+    steps, sizes, local = _file_steps(spec, policy, counts)
+    if steps == 0 and policy is AutoShardPolicy.FILE and spec.num_processes > 1:
+        short = sizes.index(min(sizes))
+        raise ConfigError([Problem(key="input.auto_shard_policy", value=policy.value, message=(
+            f"FILE gives each of the {spec.num_processes} workers its own files, and every epoch ends with the shortest "
+            f"worker's: rank {short} reads {sizes[short]} element(s), fewer than its {local} of each global batch "
+            f"(input.global_batch_size={spec.input.global_batch_size}), so no step would have a batch; use more, "
+            "equal-sized files, a smaller input.global_batch_size, or input.auto_shard_policy=DATA"))])
+
+
+def _file_steps(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> tuple[int, list[int], int]:
+    """The steps of an epoch, each worker's elements and its rows of a global batch."""
+    workers = spec.num_processes
+    local, drop = spec.input.global_batch_size // workers, spec.input.drop_remainder
+    sizes = [ShardPlan(policy, workers, w).element_count(counts) for w in range(workers)]
+    return min(size // local if drop else -(-size // local) for size in sizes), sizes, local
+
+
 def _uneven_note(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> str | None:
     """FILE shards of different sizes: every epoch ends at the shortest worker's last batch."""
     workers = spec.num_processes
     if policy is not AutoShardPolicy.FILE or workers == 1:
         return None
-    local, drop = spec.input.global_batch_size // workers, spec.input.drop_remainder
-    sizes = [ShardPlan(policy, workers, w).element_count(counts) for w in range(workers)]
-    batches = [size // local if drop else -(-size // local) for size in sizes]
-    steps = min(batches)
-    if all(b == steps for b in batches):
+    steps, sizes, local = _file_steps(spec, policy, counts)
+    if all((size // local if spec.input.drop_remainder else -(-size // local)) == steps for size in sizes):
         return None
     left_out = sum(size - min(size, steps * local) for size in sizes)
-    kept = "" if drop else ("; input.drop_remainder=false keeps the shortest worker's partial last batch, not a longer "
+    kept = "" if spec.input.drop_remainder else ("; input.drop_remainder=false keeps the shortest worker's partial last batch, not a longer "
                             "worker's: its rows past that step are dropped, its partial last batch with them")
     return (
         f"uneven shards: each epoch ends with the shortest worker, after {steps} step{'' if steps == 1 else 's'}; "

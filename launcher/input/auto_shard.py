@@ -244,3 +244,14 @@ def shard_rows(policy: AutoShardPolicy, names: Sequence[str], counts: Sequence[i
     if len(rows) > MAX_ROWS:
         rows = [*rows[: MAX_ROWS - 4], ("...", "", f"{len(rows) - MAX_ROWS + 1} more workers", ""), *rows[-3:]]
     return rows
+
+
+def warn_num_workers_unused(data: object, num_workers: int) -> None:
+    """``input.num_workers`` sets the workers of the loader dlaunch makes for a map-style dataset; a recipe's own
+    iterable or DataLoader loads as its build made it. Said by rank 0."""
+    import torch.distributed as dist
+
+    if num_workers and (not dist.is_initialized() or dist.get_rank() == 0):
+        log.warning("input.num_workers=%d is for a map-style dataset, which dlaunch batches and loads; the recipe's %s "
+                    "loads as its build made it (for an IterableDataset: a DataLoader(..., batch_size=None, "
+                    "num_workers=N) of its own, each worker yielding its part of the stream)", num_workers, type(data).__name__)

@@ -22,7 +22,7 @@ from launcher.input.auto_shard import (AutoShardPolicy, ShardPlan, refuse_sharde
 from launcher.input.delivery import deliver, element_spec_of
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import EpochBatchSampler, Position
-from launcher.input.split import Step, batch_size_of, cut, replica_sizes, rows_for_replica, slice_batch, split_batch
+from launcher.input.split import Step, batch_size_of, cut, rows_for_replica, batch_shares, slice_batch, split_batch
 
 log = logging.getLogger("dlaunch")
 
@@ -40,19 +40,20 @@ class _LocalRowsSampler:
 
     def __init__(self, batch_sampler: Iterable[list[int]], first_replica: int, num_local: int, num_replicas: int, global_batch_size: int):
         self.batch_sampler = batch_sampler
-        self.sizes = replica_sizes(global_batch_size, num_replicas)
+        self.global_batch_size, self.num_replicas = global_batch_size, num_replicas
         self.first, self.num_local = first_replica, num_local
         # Each global batch's rows and whether this process loads only its pad, in the order the loader asks for
         # them (and, in order, delivers them): a step that loads only this process's rows still knows the batch's.
         self.global_rows: collections.deque[tuple[int, bool]] = collections.deque()
 
     def __iter__(self) -> Iterator[list[int]]:
-        b, first, last = self.sizes, self.first, self.first + self.num_local - 1
+        first, last = self.first, self.first + self.num_local - 1
         self.global_rows.clear()  # a new pass: whatever an abandoned one asked for is not coming
         for indices in self.batch_sampler:
             if not isinstance(indices, (list, tuple)):
                 indices = list(indices)
             n = len(indices)
+            b = batch_shares(self.global_batch_size, n, self.num_replicas)
             mine = indices[rows_for_replica(first, b, n)[0] : rows_for_replica(last, b, n)[1]]
             self.global_rows.append((n, not mine))
             yield mine or indices[:1]
@@ -132,6 +133,22 @@ class DistributedDataset:
         return getattr(self._sampler(), "num_examples", None)
 
     @property
+    def one_shot(self) -> bool:
+        """Whether the source is an iterator (a generator): one pass, never another."""
+        return isinstance(self._dataset, collections.abc.Iterator)
+
+    def why_no_batch(self) -> str | None:
+        """Why a pass gives no step where the data's size is not the reason (FILE's shortest worker), else None."""
+        shard = self._shard
+        if shard is None or shard.plan.policy is not AutoShardPolicy.FILE or self._proc.world_size == 1:
+            return None
+        return (f"input.auto_shard_policy=FILE gives each of the {self._proc.world_size} workers its own files, and "
+                "every epoch ends with the shortest worker's: one worker's files fill no batch of its "
+                f"{shard.local_batch_size()} row(s) of each global batch (this one's hold {shard.num_rows}); use more, "
+                "equal-sized files, a smaller input.global_batch_size, or input.auto_shard_policy=DATA "
+                "(launch.dry_run=true counts each worker's elements)")
+
+    @property
     def seekable(self) -> bool:
         """Whether ``set_position`` can skip to a position without reading the batches before it."""
         return self._shard is not None or hasattr(self._sampler(), "set_position")
@@ -173,7 +190,7 @@ class DistributedDataset:
         Found by reading the first step of a fresh pass; over a one-shot source (an iterator, such as a
         generator) that step is kept, and the next ``iter()`` goes on from it.
         """
-        if isinstance(self._dataset, collections.abc.Iterator):
+        if self.one_shot:
             return _peek_spec(self)
         epoch, skip = self._epoch, self._skip
         sampler = self._sampler()
@@ -201,13 +218,16 @@ class DistributedDataset:
                 else [min(size, total - s * size) for s in range(steps)])
         for s in range(skip, len(rows)):
             step = split_batch(shard.collate(batches[s]), range(self._num_local), self._num_local, local)
-            yield Step(step, rows[s], step.pad)
+            pad = step.pad
+            if len(batches[s]) == 0 and shard.num_rows:  # no rows of this worker's in the step: its replicas step at
+                pad = shard.collate(batches[s].new_zeros(1))  # weight 0 on a row it holds (its first), not on none
+            yield Step(step, rows[s], pad)
 
     def _iter_local_rows(self, rows_of_steps: Iterator[Any]) -> Iterator[Step]:
-        sizes = replica_sizes(self._global_batch_size, self._num_replicas)[self._first : self._first + self._num_local]
         global_rows = self._local.batch_sampler.global_rows
         for rows in rows_of_steps:
             found, padded = global_rows.popleft() if global_rows else (None, False)
+            sizes = batch_shares(self._global_batch_size, found or 0, self._num_replicas)[self._first : self._first + self._num_local]
             if padded:  # none of the batch's rows are this process's: what it loaded is its replicas' pad
                 yield Step([slice_batch(rows, 0, 0)] * self._num_local, found, rows)
             elif self._num_local == 1:
@@ -231,7 +251,7 @@ def _say_uneven_shares(steps: Iterator[Step], global_batch_size: Callable[[], in
     for step in steps:
         size = global_batch_size()
         if step.rows is not None and size and not _SAID_SHARES:
-            sizes = replica_sizes(size, replicas)
+            sizes = batch_shares(size, step.rows, replicas)
             shares = [stop - start for start, stop in (rows_for_replica(k, sizes, step.rows) for k in range(replicas))]
             if min(shares) < max(shares):
                 _SAID_SHARES.append(True)

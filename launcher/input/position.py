@@ -136,6 +136,7 @@ class DataStream:
         self._configured = global_batch_size
         self._multiple = batch_multiple  # what input.global_batch_size must be a multiple of: replicas x accumulation
         self._checked = False
+        self._ended: Position | None = None  # the last pass that ended (NoBatch says so if the next gives none)
 
     @property
     def rows_per_batch(self) -> int | None:
@@ -231,6 +232,7 @@ class DataStream:
             except StopIteration:
                 if fresh_epoch and self._cursor.offset == 0:
                     break
+                self._ended = self._cursor  # the pass that ended, for NoBatch: the next may yield nothing
                 self._cursor = Position(self._cursor.epoch + 1, 0)
                 self._epoch_iter = iter(self._dataset)
                 continue
@@ -244,6 +246,16 @@ class DataStream:
         """With the numbers where the data says its rows (a map-style dataset's, input.files' under DATA or OFF)."""
         from launcher.config.run_rules import no_batch
 
+        ended = self._ended
+        if ended is not None and ended.offset:  # a pass gave batches; the one after gives none
+            one_shot = getattr(self._dataset, "one_shot", False)
+            return (f"the training data ran out: its pass {ended.epoch + 1} gave {ended.offset} batch(es), and the next "
+                    f"gives none ({'an iterator, such as a generator, cannot start over' if one_shot else 'its __iter__ does not start over'}); "
+                    f"make train_data re-iterable (an object whose __iter__ starts a new pass), or set trainer.steps "
+                    "to the batches it has")
+        why = getattr(self._dataset, "why_no_batch", None)
+        if why is not None and why():
+            return why()
         rows, size = getattr(self._dataset, "num_rows", None), self._configured
         if rows is not None and size and rows < size:
             return no_batch(rows, size, self._multiple, "the training data")

@@ -59,6 +59,12 @@ def replica_sizes(global_batch_size: int, num_replicas: int) -> list[int]:
     return [base + (i < extra) for i in range(num_replicas)]
 
 
+def batch_shares(global_batch_size: int | None, rows: int, num_replicas: int) -> list[int]:
+    """``replica_sizes`` of a batch of ``rows``: a full or partial global batch fills the replicas' shares in
+    order; a larger one (an iterable's batches are what they are) is split evenly, no row left out."""
+    return replica_sizes(max(global_batch_size or 0, rows), num_replicas)
+
+
 def rows_for_replica(replica_id: int, sizes: list[int], batch_len: int) -> tuple[int, int]:
     """Replica ``replica_id``'s rows ``[start, stop)`` of a batch of ``batch_len`` rows (a partial one fills in order)."""
     start = min(sum(sizes[:replica_id]), batch_len)
@@ -75,7 +81,7 @@ def split_batch(batch: Any, replica_ids: range, num_replicas: int, global_batch_
     if num_replicas == 1 and not _leading_sizes(batch):
         return Step([batch], None)
     length = batch_size_of(batch)
-    sizes = replica_sizes(global_batch_size or length, num_replicas)
+    sizes = batch_shares(global_batch_size, length, num_replicas)
     return cut(batch, [rows_for_replica(r, sizes, length) for r in replica_ids], length)
 
 

@@ -34,6 +34,7 @@ from launcher.distribute.dtensors import param_norm
 from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
+from launcher.input.auto_shard import warn_num_workers_unused
 from launcher.input.collate import CheckedCollate
 from launcher.input.files import FileDataset
 from launcher.input.position import DataStream, EpochBatchSampler, seekable_loader
@@ -73,6 +74,7 @@ def global_batches(data: Any, spec: RunSpec) -> Any:
         data, collate = batched_reads(data)
         return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator,
                           collate_fn=CheckedCollate(collate, data))
+    warn_num_workers_unused(data, spec.input.num_workers)
     return seekable_loader(data, spec.input_seed)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from launcher.cli import plan
 from launcher.config.compose import compose_and_validate
 
@@ -142,3 +144,25 @@ def test_more_cpu_processes_than_cores_say_what_each_gets(monkeypatch):
         rows[shape, device] = dict(plan.plan_rows(spec, Plan.resolve(spec, 8), Path("run")))["processes"]
     assert rows["1x8", "cpu"].endswith("; [yellow]8 processes on this machine's 2 CPU core(s): each gets about 1/4 of a core[/]")
     assert "core" not in rows["1x2", "cpu"] and "core" not in rows["1x8", "cuda"]
+
+
+def test_file_shards_of_which_one_fills_no_batch_are_a_config_error(tmp_path):
+    """9 elements in 3 files, a global batch of 8 over 2 workers: rank 1's 3 elements fill none of its 4-row batches,
+    so no epoch has a step. The dry run counted "after 0 steps" and exited 0; the run failed with NoBatch's "smaller
+    than one global batch", 9 >= 8 notwithstanding."""
+    import torch
+
+    from launcher.config.errors import ConfigError
+    from launcher.input.files import write_file
+
+    for i in range(3):
+        write_file(tmp_path / f"part-{i}.jsonl", {"x": torch.arange(3.0).unsqueeze(1), "y": torch.zeros(3, 1)})
+    spec = compose_and_validate(["cluster.device=cpu", "strategy=mirrored", "cluster=1x2", "input.auto_shard_policy=file",
+                                 f"input.files={tmp_path}/part-*.jsonl", "input.global_batch_size=8"], 0)
+    with pytest.raises(ConfigError) as caught:
+        plan.shard_table(spec)
+    (problem,) = caught.value.problems
+    assert problem.key == "input.auto_shard_policy" and problem.message == (
+        "FILE gives each of the 2 workers its own files, and every epoch ends with the shortest worker's: rank 1 reads "
+        "3 element(s), fewer than its 4 of each global batch (input.global_batch_size=8), so no step would have a batch; "
+        "use more, equal-sized files, a smaller input.global_batch_size, or input.auto_shard_policy=DATA")

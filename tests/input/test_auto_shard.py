@@ -158,3 +158,18 @@ def test_shard_table_collapses_long_file_lists_and_many_workers():
 def test_shard_table_under_data_is_one_row():
     (row,) = shard_rows(DATA, ["a", "b", "c"], [5, 5, 5], nodes=2, devices_per_node=8)
     assert row == ("0-15", "all", "all 3 files; rank r keeps elements k%16==r", "0-1 each")
+
+
+def test_num_workers_for_a_recipes_own_iterable_is_said_to_do_nothing(caplog):
+    """input.num_workers=2 with an IterableDataset: loading stayed in the process (get_worker_info() None), silently."""
+    from launcher.input.auto_shard import warn_num_workers_unused
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield torch.ones(2)
+
+    with caplog.at_level(logging.WARNING, logger="dlaunch"):
+        warn_num_workers_unused(Stream(), 0)
+        assert caplog.text == ""
+        warn_num_workers_unused(Stream(), 2)
+    assert "input.num_workers=2 is for a map-style dataset, which dlaunch batches and loads; the recipe's Stream loads" in caplog.text

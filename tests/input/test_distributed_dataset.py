@@ -237,3 +237,38 @@ def test_reading_element_spec_loses_no_step_of_a_one_shot_source(replicas):
     per_replica = strategy.distribute_datasets_from_function(lambda ctx: _numbered(6))
     assert str(per_replica.element_spec) == str(spec)
     assert [first(x) for x in per_replica] == ([0, 1, 2, 3, 4, 5] if replicas == 1 else [0, 2, 4])
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_batch_larger_than_the_first_is_split_whole(replicas):
+    """An iterable's batches are what they are: the global batch size was learned from the first (2 rows) and every
+    later batch was cut to it, rows 4, 5, 8, 9 never trained, on one device as on two."""
+    strategy = dl.MirroredStrategy(devices=[f"cpu:{i}" for i in range(replicas)])
+    rows = iter(range(100))
+    batches = [torch.tensor([next(rows) for _ in range(n)]) for n in (2, 4, 4, 4)]
+    seen, counted = [], []
+    steps = iter(strategy.experimental_distribute_dataset(batches))
+    for x in steps:
+        seen += [int(v) for part in strategy.experimental_local_results(x) for v in part]
+        counted.append(steps.rows)
+    assert seen == list(range(14)) and counted == [2, 4, 4, 4]
+
+
+class _GrowingBatches(torch.utils.data.Sampler):
+    """A batch sampler whose ``batch_size`` says 2 but whose later batches hold 4 indices."""
+
+    batch_size = 2
+
+    def __iter__(self):
+        yield from ([0, 1], [2, 3, 4, 5], [6, 7, 8, 9])
+
+    def __len__(self):
+        return 3
+
+
+def test_a_loaders_batch_larger_than_its_batch_size_is_split_whole():
+    strategy = dl.MirroredStrategy(devices=["cpu:0", "cpu:1"])
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_sampler=_GrowingBatches())
+    steps = iter(strategy.experimental_distribute_dataset(loader))
+    got = [[[int(v) for v in part[0]] for part in strategy.experimental_local_results(x)] for x in steps]
+    assert got == [[[0], [1]], [[2, 3], [4, 5]], [[6, 7], [8, 9]]]

@@ -197,3 +197,38 @@ def test_a_recipes_plain_loader_is_read_in_a_seekable_order_with_its_own_setting
             DataLoader(data, batch_size=4, sampler=RandomSampler(data, replacement=True)),
             DataLoader(data, batch_sampler=[[0, 1], [2, 3]]), [torch.zeros(2)]]
     assert all(seekable_loader(other, seed=3) is other for other in kept)
+
+
+def test_a_one_shot_source_that_runs_out_says_so_not_that_it_is_small():
+    """A generator of 3 batches under trainer.steps=5 said "it is smaller than one global batch ... set
+    input.drop_remainder=false", which was neither the cause nor a fix."""
+    import pytest
+
+    from launcher.input.position import NoBatch
+
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    stream = DataStream(strategy.experimental_distribute_dataset(torch.full((4,), float(i)) for i in range(3)), 4)
+    assert [float(b[0]) for b in take(stream, 3)] == [0.0, 1.0, 2.0]
+    with pytest.raises(NoBatch, match=r"^the training data ran out: its pass 1 gave 3 batch\(es\), and the next gives "
+                                      r"none \(an iterator, such as a generator, cannot start over\); make train_data "
+                                      r"re-iterable .*or set trainer.steps to the batches it has$"):
+        next(stream)
+
+
+def test_an_iterable_whose_second_pass_is_empty_says_its_iter_does_not_start_over():
+    import pytest
+
+    from launcher.input.position import NoBatch
+
+    class Once:
+        def __init__(self):
+            self.batches = [torch.ones(2), torch.ones(2)]
+
+        def __iter__(self):
+            batches, self.batches = self.batches, []
+            return iter(batches)
+
+    stream = DataStream(dl.OneDeviceStrategy("cpu:0").experimental_distribute_dataset(Once()))
+    take(stream, 2)
+    with pytest.raises(NoBatch, match=r"pass 1 gave 2 batch\(es\), and the next gives none \(its __iter__ does not start over\)"):
+        next(stream)

@@ -194,3 +194,54 @@ def test_a_dataset_every_worker_iterates_whole_is_said_once_as_tf_warns():
     assert said.startswith("auto_shard_policy AUTO: the dataset (list) is not read from files, so each of the 2 "
                            "workers iterates all of it and keeps its share of every global batch")
     assert "strategy.distribute_datasets_from_function" in said
+
+
+def read_from(files, policy, global_batch, offset):
+    """The steps of a run resumed at ``offset`` of epoch 0: each one's rows on this rank, and its pad's."""
+    from launcher import distribute as dl
+    from launcher.input.position import Position
+
+    strategy = dl.MirroredStrategy()
+    ds = FileDataset(tuple(files)).batch(global_batch, drop_remainder=False)
+    dist = strategy.experimental_distribute_dataset(ds, dl.InputOptions(auto_shard_policy=policy))
+    dist.set_position(Position(0, offset))
+    out, iterator = [], iter(dist)
+    for batch in iterator:
+        strategy.reduce("SUM", strategy.run(lambda b: b["x"].sum(), args=(batch,)), axis=None)
+        (mine,) = strategy.experimental_local_results(batch)
+        out.append((mine["id"].tolist(), None if iterator.pad is None else iterator.pad["id"].tolist()))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["DATA", "OFF"])
+def test_a_resume_onto_a_step_where_a_worker_has_no_rows_gives_it_a_row_to_pad_with(tmp_path, policy):
+    """9 rows, global batch 4, 2 workers: the last step's one row is rank 0's. A resumed run's first step there had
+    no earlier batch to step on at weight 0, and the pad was cut from rank 1's empty batch: a NaN loss."""
+    files = write_ids(tmp_path, [5, 4])
+    results = run_function(read_from, device="cpu", nproc=2, args=(files, policy, 4, 2), timeout_s=90)
+    assert results[0] == [([8], None)]
+    assert results[1] == [([], [0])]
+
+
+def first_step_error(files, global_batch):
+    from launcher import distribute as dl
+    from launcher.input.position import DataStream, NoBatch
+
+    strategy = dl.MirroredStrategy()
+    ds = FileDataset(tuple(files)).batch(global_batch)
+    stream = DataStream(strategy.experimental_distribute_dataset(ds, dl.InputOptions(auto_shard_policy="FILE")), global_batch)
+    try:
+        next(stream)
+    except NoBatch as exc:
+        return str(exc)
+    return None
+
+
+def test_file_shards_that_give_no_step_say_the_shortest_worker_is_why(tmp_path):
+    """9 rows in 3 files, global batch 8: NoBatch said "smaller than one global batch (8 rows)", though 9 >= 8."""
+    files = write_ids(tmp_path, [3, 3, 3])  # rank 0 reads 6 rows, rank 1 reads 3: fewer than its 4 of a batch
+    results = run_function(first_step_error, device="cpu", nproc=2, args=(files, 8), timeout_s=90)
+    for rank, held in ((0, 6), (1, 3)):
+        assert results[rank].startswith("input.auto_shard_policy=FILE gives each of the 2 workers its own files, and every "
+                                        "epoch ends with the shortest worker's: one worker's files fill no batch of its 4 "
+                                        f"row(s) of each global batch (this one's hold {held})"), results[rank]
