@@ -1,10 +1,8 @@
 """``StrategyExtended``: the machinery behind every strategy's public methods.
 
-A strategy is a list of local replica devices plus the process level (one
-process, or a torch.distributed group). Everything in this file is written
-once against those two levels; strategies differ in how they place devices and
-how they ``prepare`` a model (DDP, replica copies, a plain move). Values are
-combined by the strategy's cross-device ops (``cross_device_ops.py``).
+A strategy is a list of local replica devices plus the process level (one process, or a torch.distributed
+group). Everything here is written once against those two levels; strategies differ in how they place devices
+and ``prepare`` a model (DDP, replica copies, a plain move). Values are combined by ``cross_device_ops.py``.
 """
 
 from __future__ import annotations
@@ -96,10 +94,9 @@ class StrategyExtended:
 
     @property
     def should_save_summary(self) -> bool:
-        """Whether this process writes the files every process would write the same (metrics, samples, a log): true
-        in exactly one process of a run, rank 0 (Accelerate's ``is_main_process``, Fabric's ``is_global_zero``).
-        Not for ``ScriptCheckpoints``, whose save every rank calls. The job's rank, not the replica's: under ``mesh``
-        the processes of one replica (a model split over them) share a replica rank."""
+        """Whether this process writes the files every process would write the same (metrics, samples, a log): rank 0
+        alone (Accelerate's ``is_main_process``, Fabric's ``is_global_zero``); not for ``ScriptCheckpoints``, whose
+        save every rank calls. The job's rank: under ``mesh`` the processes of one replica share a replica rank."""
         return not dist.is_initialized() or dist.get_rank() == 0
 
     @property
@@ -379,6 +376,10 @@ class StrategyExtended:
     def _share_input(self, steps: Iterator[list[Any]]) -> Iterator[list[Any]]:
         """The input steps of this process's replicas, from whichever process reads them."""
         return steps
+
+    def _input_left_anywhere(self, mine: bool) -> bool:
+        """Whether any process's own datasets gave this step an element (one MIN all-reduce; alone: ``mine``)."""
+        return mine if self._proc.world_size == 1 else self._proc.all_reduce_min(0 if mine else 1) == 0
 
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:

@@ -359,13 +359,19 @@ class DistributedDatasetsFromFunction:
     def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]
         sources = iterators if len(iterators) == self._num_local else iterators * self._num_local
+        last = None
         while True:
             pieces = [next(source, _Empty) for source in sources]
             found = [p for p in pieces if p is not _Empty]
-            if not found:
+            if not self._ext._input_left_anywhere(bool(found)):
                 return
-            # A last partial step: replicas whose data ran out get an empty batch, as in TF.
-            yield [slice_batch(found[0], 0, 0) if p is _Empty else p for p in pieces]
+            last = found[0] if found else last
+            if last is None:
+                raise ValueError(f"dataset_fn gave rank {self._ext._proc.rank} no element while other workers' datasets "
+                                 "have some: its replicas would need an empty batch of a structure never seen here")
+            # A last partial step: replicas whose data ran out get an empty batch, as in TF; a worker whose data ran
+            # out steps with empty batches until every worker's has (TF's multi-worker iterator agrees each step).
+            yield [slice_batch(last, 0, 0) if p is _Empty else p for p in pieces]
 
 
 def _peek_spec(dataset: Any) -> Any:

@@ -245,3 +245,28 @@ def test_file_shards_that_give_no_step_say_the_shortest_worker_is_why(tmp_path):
         assert results[rank].startswith("input.auto_shard_policy=FILE gives each of the 2 workers its own files, and every "
                                         "epoch ends with the shortest worker's: one worker's files fill no batch of its 4 "
                                         f"row(s) of each global batch (this one's hold {held})"), results[rank]
+
+
+def uneven_from_function():
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+
+    def dataset_fn(ctx):
+        n = 3 if ctx.input_pipeline_id == 0 else 2  # rank 0's dataset holds one more batch
+        return [torch.ones(2, 1) * (10 * ctx.input_pipeline_id + i) for i in range(n)]
+
+    out = []
+    for batch in strategy.distribute_datasets_from_function(dataset_fn):
+        total = strategy.reduce("SUM", strategy.run(lambda b: b.sum(), args=(batch,)), axis=None)
+        (mine,) = strategy.experimental_local_results(batch)
+        out.append((mine.flatten().tolist(), float(total)))
+    return out
+
+
+def test_workers_datasets_of_different_lengths_from_a_function_end_together():
+    """Rank 1 left its loop after 2 steps while rank 0 waited in step 3's all-reduce: a hang. As TF's multi-worker
+    iterator, the workers agree each step whether any has data; one that ran out steps on an empty batch."""
+    results = run_function(uneven_from_function, device="cpu", nproc=2, timeout_s=90)
+    assert results[0] == [([0.0, 0.0], 20.0), ([1.0, 1.0], 24.0), ([2.0, 2.0], 4.0)]
+    assert results[1] == [([10.0, 10.0], 20.0), ([11.0, 11.0], 24.0), ([], 4.0)]
