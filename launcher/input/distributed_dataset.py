@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from launcher.distribute.input_context import InputContext, InputOptions, InputReplicationMode
 from launcher.input.auto_shard import (AutoShardPolicy, ShardPlan, refuse_sharded_loader, resolve_policy, warn_data_once,
                                        warn_whole_once)
+from launcher.input import worker_seeds
 from launcher.input.delivery import deliver, element_spec_of
 from launcher.input.files import FileDataset, FileShard
 from launcher.input.position import EpochBatchSampler, Position
@@ -78,7 +79,7 @@ def _local_loader(loader: DataLoader, first: int, num_local: int, num_replicas: 
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
+        worker_init_fn=worker_seeds.per_rank(loader.worker_init_fn) if loader.num_workers else loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context,
         generator=loader.generator,  # the loader draws its base seed from it: keep the same stream
         **extra,

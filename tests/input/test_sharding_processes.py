@@ -270,3 +270,38 @@ def test_workers_datasets_of_different_lengths_from_a_function_end_together():
     results = run_function(uneven_from_function, device="cpu", nproc=2, timeout_s=90)
     assert results[0] == [([0.0, 0.0], 20.0), ([1.0, 1.0], 24.0), ([2.0, 2.0], 4.0)]
     assert results[1] == [([10.0, 10.0], 20.0), ([11.0, 11.0], 24.0), ([], 4.0)]
+
+
+class _Noisy(torch.utils.data.Dataset):
+    """Row i: (i, a random draw made in the loader worker, as an augmentation makes it)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), float(torch.rand(()))])
+
+
+def noisy_rows():
+    from torch.utils.data import DataLoader
+
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+    loader = DataLoader(_Noisy(), batch_size=4, num_workers=1, generator=torch.Generator().manual_seed(0))
+    return [strategy.experimental_local_results(b)[0].tolist() for b in strategy.experimental_distribute_dataset(loader)]
+
+
+def test_loader_workers_draw_their_own_augmentations_on_each_rank():
+    """Every rank's loader has the same generator (the order must agree), so its workers had the same seeds: rank 1's
+    k-th row drew what rank 0's k-th row drew. Rank 0 keeps DataLoader's own seeding; the runs repeat exactly."""
+    first = run_function(noisy_rows, device="cpu", nproc=2, timeout_s=90)
+    again = run_function(noisy_rows, device="cpu", nproc=2, timeout_s=90)
+    assert first == again
+    ids = [[[row[0] for row in step] for step in first[rank]] for rank in (0, 1)]
+    assert ids == [[[0.0, 1.0], [4.0, 5.0]], [[2.0, 3.0], [6.0, 7.0]]]
+    draws = [[row[1] for step in first[rank] for row in step] for rank in (0, 1)]
+    assert draws[0] != draws[1]
+    with_one_process = [[row.tolist() for row in b] for b in torch.utils.data.DataLoader(
+        _Noisy(), batch_size=4, num_workers=1, generator=torch.Generator().manual_seed(0))]
+    assert draws[0][:2] == [row[1] for row in with_one_process[0][:2]]  # the worker's first draws, as one process's
