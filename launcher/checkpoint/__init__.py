@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.checkpoint import integrity, layout, manifest, state
+from launcher.checkpoint import errors, integrity, layout, manifest, state
 from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.objects import read as read_object
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, StopNotSaved, UnsafeCheckpoint, storage_refusal
@@ -368,28 +368,15 @@ def _load(tensors: dict[str, Any], path: Path) -> None:
     except (CheckpointException, Exception) as exc:  # DCP's own errors (per rank), reworded with the path
         from launcher.runtime.preemption import Preempted
 
-        cause = _cause(exc)
+        cause = errors.cause_of(exc)
         if isinstance(cause, (KeyboardInterrupt, Preempted)):  # a stop signal during the load: not the checkpoint's fault
             raise cause from None
-        raise _explain(exc, path) from None
+        raise errors.explain_load(exc, path, set(tensors.get("model", {})), _model_keys(path)) from None
 
 
-def _cause(exc: BaseException) -> BaseException:
-    """DCP wraps each rank's failure: the first one."""
-    failures = getattr(exc, "failures", None)
-    return next(iter(failures.values()))[0] if failures else exc
-
-
-def _explain(exc: BaseException, path: Path) -> CheckpointError:
-    """A failed load in words."""
-    cause = _cause(exc)
-    if isinstance(cause, CheckpointError):
-        return cause
-    text = " ".join(str(cause).split()) or type(cause).__name__
-    if "Weights only load failed" in text or "UnpicklingError" in type(cause).__name__:
-        return UnsafeCheckpoint(f"{path} holds data that is not plain tensors; it was not loaded ({text[:200]})")
-    if "Size mismatch" in text or "size mismatch" in text or "Missing key" in text:
-        return CheckpointError(f"{path} does not fit this run's model or optimizer ({text[:300]}); did a recipe setting "
-                               "that shapes them change? (the plan lists what changed since the checkpoint) To train the "
-                               "new shape from step 0 instead, add trainer.resume=never or use another hydra.run.dir")
-    return CheckpointError(f"cannot load {path}: {type(cause).__name__}: {text[:300]}")
+def _model_keys(path: Path) -> set[str]:
+    """The checkpoint's model state names (none where its metadata cannot be read)."""
+    try:
+        return _saved_keys(path, "model.")
+    except Exception:  # noqa: BLE001 - the load's own error is what to say
+        return set()

@@ -70,3 +70,34 @@ def _free_bytes(root: Path) -> int:
         except OSError:
             continue
     return NEARLY_FULL_BYTES
+
+
+def cause_of(exc: BaseException) -> BaseException:
+    """DCP wraps each rank's failure: the first one."""
+    failures = getattr(exc, "failures", None)
+    return next(iter(failures.values()))[0] if failures else exc
+
+
+def explain_load(exc: BaseException, path: Path, wanted: set[str], saved: set[str]) -> CheckpointError:
+    """A failed load in words. ``wanted``: the model's state names; ``saved``: the checkpoint's model names."""
+    cause = cause_of(exc)
+    if isinstance(cause, CheckpointError):
+        return cause
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    if "Weights only load failed" in text or "UnpicklingError" in type(cause).__name__:
+        return UnsafeCheckpoint(f"{path} holds data that is not plain tensors; it was not loaded ({text[:200]})")
+    if "Size mismatch" in text or "size mismatch" in text or "Missing key" in text:
+        missing, extra = sorted(wanted - saved), sorted(saved - wanted)
+        names = "" if not missing else (
+            f"; the model has {_some(missing)} that the checkpoint lacks" + (
+                f", and the checkpoint holds {_some(extra)} that the model lacks (a module renamed?)" if extra else ""))
+        return CheckpointError(f"{path} does not fit this run's model or optimizer ({text[:300]}){names}; did a recipe "
+                               "setting that shapes them change? (the plan lists what changed since the checkpoint) To "
+                               "train the new shape from step 0 instead, add trainer.resume=never or use another hydra.run.dir")
+    return CheckpointError(f"cannot load {path}: {type(cause).__name__}: {text[:300]}")
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """``a, b, c and 5 more``."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -89,3 +89,19 @@ def test_a_checkpoint_dir_that_cannot_be_made_is_a_config_error(tmp_path, capsys
                  f"hydra.run.dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code == 2 and "trainer.checkpoint.dir" in err and "Traceback" not in err
+
+
+def test_a_renamed_module_is_named_both_ways_when_a_load_fails(tmp_path):
+    """A module renamed in the recipe (blocks -> layers): the error named the first missing key alone, which read as
+    a setting that changed; both sides' names show the rename."""
+    def model(name):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.ModuleDict({name: torch.nn.Linear(4, 4)}), torch.nn.ModuleDict({"head": torch.nn.Linear(4, 1)}))
+
+    saved = model("blocks")
+    path = Checkpointer(spec_for(), tmp_path, rank=0).save(5, Position(0, 5), saved, torch.optim.SGD(saved.parameters(), lr=0.1))
+    renamed = model("layers")
+    with pytest.raises(CheckpointError) as caught:
+        Checkpointer(spec_for(), tmp_path, rank=0).load(path, renamed, torch.optim.SGD(renamed.parameters(), lr=0.1))
+    assert ("; the model has 0.layers.bias, 0.layers.weight that the checkpoint lacks, and the checkpoint holds "
+            "0.blocks.bias, 0.blocks.weight that the model lacks (a module renamed?); did a recipe setting") in str(caught.value)
