@@ -178,6 +178,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "world_size": plan.world_size,
         "global_batch_size": spec.input.global_batch_size,
         "per_replica_batch_size": spec.per_replica_batch_size,
+        "rows_per_step": loop.stream.rows_per_batch,  # as trained: a recipe's iterable makes its own batches
         "steps": spec.trainer.steps,
         "resumed_from_step": resumed_at or None,
         "restarts": env.restart_count if env else 0,

@@ -129,6 +129,7 @@ def test_batches_of_51_rows_and_a_last_of_1_train_as_on_one_device(run_dlaunch, 
     (one, s1), (two_params, s2) = runs["one"], runs["two"]
     assert_same_model(one, two_params)
     assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-5)
+    assert s1["rows_per_step"] == s2["rows_per_step"] == 51  # as trained; summary.json had only the configured 64
 
 
 def test_a_recipes_iterable_of_unbatched_elements_is_refused_not_trained_one_example_a_step(run_dlaunch):
