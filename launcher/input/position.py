@@ -82,7 +82,7 @@ def seekable_loader(loader: Any, seed: int) -> Any:
     each epoch's order from the global RNG as the epoch starts, so a resumed run, which cannot draw those numbers
     again, replayed every batch before its position and then trained on other batches. Now a resume seeks, as with
     a dataset returned as it is, and finds the same order. Any other loader (a sampler of its own, a seeded
-    generator, with replacement) keeps its order, and a resume replays it."""
+    generator, with replacement) keeps its order, and a resume replays it (``_own_generator``)."""
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
     if type(loader) is not DataLoader or type(loader.batch_sampler) is not BatchSampler:
@@ -90,9 +90,9 @@ def seekable_loader(loader: Any, seed: int) -> Any:
     sampler = loader.batch_sampler.sampler
     if type(sampler) is RandomSampler:
         if sampler.generator is not None or sampler.replacement or sampler.num_samples != len(loader.dataset):
-            return loader
+            return _own_generator(loader, seed)
     elif type(sampler) is not SequentialSampler:
-        return loader
+        return _own_generator(loader, seed)
     given = loader.batch_sampler  # batch_size=B makes it; batch_sampler=BatchSampler(...) leaves loader.batch_size None
     batches = EpochBatchSampler(len(loader.dataset), given.batch_size, type(sampler) is RandomSampler, seed, given.drop_last)
     extra = {"prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers} if loader.num_workers else {}
@@ -103,6 +103,18 @@ def seekable_loader(loader: Any, seed: int) -> Any:
         # the workers' base seed, drawn at each iter(): from a generator of the loader's, not the global RNG
         generator=loader.generator if loader.generator is not None else torch.Generator().manual_seed(seed), **extra,
     )
+
+
+def _own_generator(loader: Any, seed: int) -> Any:
+    """torch's random samplers that draw from the global RNG (no generator given) get one seeded with ``seed``: every
+    rank must draw the same order, and a rank-0-only evaluation that draws from the global RNG (dropout left on)
+    moved rank 0's alone, after which the ranks' shares overlapped and rows went unseen."""
+    from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
+
+    sampler = loader.batch_sampler.sampler
+    if type(sampler) in (RandomSampler, SubsetRandomSampler, WeightedRandomSampler) and sampler.generator is None:
+        sampler.generator = torch.Generator().manual_seed(seed)
+    return loader
 
 
 class NoBatch(ValueError):

@@ -232,3 +232,21 @@ def test_an_iterable_whose_second_pass_is_empty_says_its_iter_does_not_start_ove
     take(stream, 2)
     with pytest.raises(NoBatch, match=r"pass 1 gave 2 batch\(es\), and the next gives none \(its __iter__ does not start over\)"):
         next(stream)
+
+
+def test_a_random_sampler_of_the_recipes_own_draws_the_same_order_on_every_rank_whatever_the_global_rng():
+    """SubsetRandomSampler drew each epoch from the global RNG: a rank-0-only evaluation that drew from it (dropout
+    left on) moved rank 0's alone, and the ranks' shares of each global batch overlapped (rows 5 and 6 twice, 0 and
+    3 never). Each rank's loader now has a generator seeded with input.seed."""
+    from torch.utils.data import SubsetRandomSampler, WeightedRandomSampler
+
+    from launcher.input.position import seekable_loader
+
+    def order(make_sampler, rng_seed):
+        torch.manual_seed(rng_seed)  # a rank whose global RNG went elsewhere
+        loader = seekable_loader(DataLoader(TensorDataset(torch.arange(8)), batch_size=4, sampler=make_sampler()), seed=3)
+        return [[int(v) for v in b[0]] for _ in range(2) for b in loader]
+
+    for make in (lambda: SubsetRandomSampler(range(8)), lambda: WeightedRandomSampler([1.0] * 8, 8)):
+        assert order(make, 0) == order(make, 1)
+    assert sorted(sum(order(lambda: SubsetRandomSampler(range(8)), 0)[:2], [])) == list(range(8))
