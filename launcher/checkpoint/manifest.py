@@ -80,7 +80,7 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
         out.append(f"global batch {manifest['global_batch_size']} -> {spec.input.global_batch_size}: the data position "
                    f"(epoch {manifest['data_position']['epoch']}, batch {manifest['data_position']['offset']}) now counts other batches")
     out += _data_changes(manifest["input"], _input_layout(spec))
-    out += [f"recipe.{key}: {old} -> {new}" for key, old, new in _recipe_diff(manifest.get("recipe", {}), spec)]
+    out += [f"recipe.{key}: {old} -> {new}" for key, old, new in recipe_diff(manifest.get("recipe", {}), spec)]
     if "trainer" in manifest:  # checkpoints before this record none
         out += [f"trainer.{key}: {spelled(old)} -> {spelled(new)}" for key, old, new in _diff(manifest["trainer"], _how_steps_train(spec))]
     old_decay, new_decay = manifest.get("lr_decay"), _lr_decay(spec)  # checkpoints before this record none
@@ -93,7 +93,7 @@ def changes(manifest: dict[str, Any], spec: RunSpec) -> list[str]:
     return out
 
 
-def _recipe_diff(saved: dict[str, Any], spec: RunSpec) -> list[tuple[str, Any, Any]]:
+def recipe_diff(saved: dict[str, Any], spec: RunSpec) -> list[tuple[str, Any, Any]]:
     """Both recipe sections as the recipe's ``Config`` reads them: a key one YAML leaves at its default and the other
     sets to that same value is no change."""
     from launcher.runtime.recipe import as_read

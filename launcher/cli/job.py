@@ -369,10 +369,13 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
     if spec.script is not None:  # a script restores its own (launcher/checkpoint/scripts.py): nothing to choose here
         return None
     from launcher import checkpoint
+    from launcher.checkpoint import fit
     from launcher.checkpoint.errors import START_AFRESH
 
     try:
         choice = checkpoint.select(spec, run_dir)
+        if choice.path is not None:
+            fit.check_shapes(choice.path, spec, run_dir)
     except checkpoint.NoIntactCheckpoint as exc:
         where = root if spec.trainer.resume == "auto" else spec.trainer.resume
         raise ConfigError([

@@ -195,20 +195,37 @@ def test_a_sweep_resumed_for_other_steps_without_checkpoints_keeps_its_completed
     assert "sweep summary: 2 jobs" in again.stdout, again.stdout[-3000:]
 
 
+WRAPPED = """
+import torch
+from launcher.recipes import linear
+Config, train_step = linear.Config, linear.train_step
+
+def build(cfg, ctx):
+    parts = linear.build(cfg, ctx)
+    parts.model = {wrap}
+    return parts
+"""
+
+
 def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):
-    """A resume whose model no longer fits the checkpoint fails in its workers; it had recorded its overrides, so
-    every later plain `dlaunch resume` failed the same way."""
-    run_dir = tmp_path / "run"
-    assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={run_dir}",
-                   cwd=tmp_path).returncode == 0
+    """A resume whose model no longer fits the checkpoint fails in its workers (here the recipe's code wraps the
+    model: its names changed, which no setting shows); it had recorded its overrides, so every later plain
+    `dlaunch resume` failed the same way."""
+    run_dir, recipe = tmp_path / "run", tmp_path / "wrapped.py"
+    recipe.write_text(WRAPPED.format(wrap="parts.model"))
+    assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"recipe.entry={recipe}",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
     before = records(run_dir)
-    failed = dlaunch("resume", str(run_dir), "recipe.features=8", "trainer.steps=6", cwd=tmp_path)
+    recipe.write_text(WRAPPED.format(wrap="torch.nn.Sequential(parts.model)"))
+    failed = dlaunch("resume", str(run_dir), "recipe.examples=512", "trainer.steps=6", cwd=tmp_path)
     text = " ".join(failed.stdout.split() + failed.stderr.replace("│", " ").split())
     assert failed.returncode == 1 and "does not fit this run's model or optimizer" in text, failed.stderr[-3000:]
+    assert "the model has 0.bias, 0.weight that the checkpoint lacks, and the checkpoint holds bias, weight" in text
     assert "nothing was trained past the checkpoint it resumed from, so the run's command" in text
     command = lambda files: {name: data for name, data in files.items() if name != "summary.json"}  # noqa: E731
     assert command(records(run_dir)) == command(before)
     assert summary(run_dir)["status"] == "failed"  # what this command did, and why (error.txt)
+    recipe.write_text(WRAPPED.format(wrap="parts.model"))
     again = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 4
