@@ -167,3 +167,29 @@ def test_a_processs_plain_tensor_is_reduced_over_the_processes_as_tfs_multi_work
 
     for rank, found in run_function(reduce_plain_tensors, device="cpu", nproc=2).items():
         assert found == {"mean": [0.5], "sum": [1.0], "nest": [0.5], "again": 28, "gather": [0.0, 1.0], "refused": REFUSED}, (rank, found)
+
+
+def seed_example_over_a_dataloader():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+    loader = DataLoader(TensorDataset(torch.arange(14)), batch_size=8, shuffle=False, drop_last=False)
+    steps = []
+    for x in strategy.experimental_distribute_dataset(loader):
+        v = strategy.run(lambda batch: batch[0], args=(x,))
+        steps.append((strategy.experimental_local_results(v)[0].tolist(), int(strategy.reduce(ReduceOp.SUM, v, axis=0)),
+                      float(strategy.reduce(ReduceOp.MEAN, v, axis=0))))
+    return steps
+
+
+@pytest.mark.slow
+def test_seed_example_over_a_dataloader_in_processes():
+    """The seed's global batches of 8 then 6 rows (range(14)), each process loading its own rows: [0..3] | [4..7],
+    then [8..11] | [12, 13]; SUM 28 and 63; MEAN over the 6 rows of the partial batch, 10.5, not a mean of means."""
+    from launcher.launch.function import run_function
+
+    results = run_function(seed_example_over_a_dataloader, device="cpu", nproc=2)
+    assert results[0] == [([0, 1, 2, 3], 28, 3.5), ([8, 9, 10, 11], 63, 10.5)]
+    assert results[1] == [([4, 5, 6, 7], 28, 3.5), ([12, 13], 63, 10.5)]

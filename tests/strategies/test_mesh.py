@@ -127,6 +127,21 @@ def test_each_seed_value_error_says_what_is_wrong():
         assert "dimension 0 of the tensor (size 3) is not divisible by its partition 2" in found["divisible"]
 
 
+def test_the_seed_value_errors_in_one_process_too():
+    """The same errors where TPUStrategy() is one process of one logical device (no process group)."""
+    from launcher import distribute as dl
+
+    s = dl.TPUStrategy()
+    with pytest.raises(ValueError, match=r"^The logical device id presented is not consistent with total number of "
+                                         r"partitions specified by the device assignment\. \(logical device id 1 is out "
+                                         r"of range: the device assignment gives each replica 1 logical device\(s\), ids 0\.\.0\)"):
+        s.experimental_assign_to_logical_device(torch.ones(2), 1)
+    with pytest.raises(ValueError, match=r"has 1 entries, but the tensor has rank 2"):
+        s.experimental_split_to_logical_devices(torch.ones(4, 4), [2])
+    with pytest.raises(ValueError, match=r"product of partition_dimensions \[2, 1\] is 2, but each replica has 1"):
+        s.experimental_split_to_logical_devices(torch.ones(4, 4), [2, 1])
+
+
 def tp_mlp_equivalence(logical: int, replicas: int) -> dict:
     """tp_mlp split over the logical devices vs the unsplit model on the same global batch: outputs, gradients, a step."""
     from launcher.recipes import tp_mlp
