@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from typing import Any, Iterator
 
 import torch
@@ -117,6 +118,26 @@ def _own_generator(loader: Any, seed: int) -> Any:
     return loader
 
 
+class _Replay:
+    """Progress of a resume's replay, said every ``every_s`` seconds (a stream read from its start takes a while)."""
+
+    def __init__(self, target: Position, every_s: float = 30.0):
+        self.target, self.every_s, self.read = target, every_s, 0
+        self.started = self.last = time.monotonic()
+
+    def tick(self, epoch: int) -> None:
+        self.read += 1
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            log.info("replaying the training data: %d batch(es) read, now in epoch %d (to reach epoch %d, batch %d)",
+                     self.read, epoch, self.target.epoch, self.target.offset)
+
+    def done(self) -> None:
+        if self.last != self.started:  # said at least once: say the end too
+            log.info("replayed %d batch(es) in %.0f s", self.read, time.monotonic() - self.started)
+
+
 class NoBatch(ValueError):
     """The training data is smaller than one global batch."""
 
@@ -209,14 +230,17 @@ class DataStream:
             return
         log.warning("the training data cannot seek; reading and dropping the batches before epoch %d, batch %d",
                     position.epoch, position.offset)
-        for _ in range(position.epoch):
+        said = _Replay(position)
+        for epoch in range(position.epoch):
             for _ in self._dataset:
-                pass
+                said.tick(epoch)
         self._epoch_iter = iter(self._dataset)
         for taken in range(position.offset):
             if next(self._epoch_iter, None) is None:
                 raise ValueError(f"the training data has only {taken} batch(es) in an epoch now; the checkpoint was "
                                  f"saved after batch {position.offset} of epoch {position.epoch}: did the data change?")
+            said.tick(position.epoch)
+        said.done()
 
     def __iter__(self) -> "DataStream":
         return self

@@ -250,3 +250,19 @@ def test_a_random_sampler_of_the_recipes_own_draws_the_same_order_on_every_rank_
     for make in (lambda: SubsetRandomSampler(range(8)), lambda: WeightedRandomSampler([1.0] * 8, 8)):
         assert order(make, 0) == order(make, 1)
     assert sorted(sum(order(lambda: SubsetRandomSampler(range(8)), 0)[:2], [])) == list(range(8))
+
+
+def test_a_long_replay_says_how_far_it_is(caplog, monkeypatch):
+    """A stream that cannot seek is read from its start on a resume: minutes of silence on a large one."""
+    import logging
+
+    from launcher.input import position
+
+    stream = DataStream([torch.full((2,), float(i)) for i in range(5)])
+    real = position._Replay.__init__
+    monkeypatch.setattr(position._Replay, "__init__", lambda self, target: real(self, target, every_s=0.0))  # each batch
+    with caplog.at_level(logging.INFO, logger="dlaunch"):
+        stream.seek(Position(1, 2))
+    assert "replaying the training data: 7 batch(es) read, now in epoch 1 (to reach epoch 1, batch 2)" in caplog.text
+    assert "replayed 7 batch(es) in" in caplog.text
+    assert [float(b[0]) for b in take(stream, 1)] == [2.0]
