@@ -17,6 +17,11 @@ import torch.distributed as dist
 from launcher.cluster.process_group import comm_device
 
 
+def takes_cpu_tensors(group: Any) -> bool:
+    """Whether ``group``'s backend communicates CPU tensors (gloo; not nccl alone)."""
+    return comm_device(group).type == "cpu"
+
+
 class SingleProcess:
     """The process level when there is one process: every op is the identity."""
 
@@ -31,6 +36,9 @@ class SingleProcess:
 
     def all_reduce_min(self, value: int) -> int:
         return value
+
+    def any_true(self, mine: bool) -> bool:
+        return mine
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         return tensor
@@ -47,6 +55,7 @@ class ProcessCollectives:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self._cpu_group: Any = None
 
     def comm_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of ``tensor`` on the device this group's backend communicates from."""
@@ -82,6 +91,15 @@ class ProcessCollectives:
         t = torch.tensor([value], dtype=torch.int64, device=comm_device(self.group))
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
+
+    def any_true(self, mine: bool) -> bool:
+        """Whether any process says True: one MAX all-reduce of a CPU flag, on a gloo group of its own where the job's
+        backend is nccl (made at the first call, which every process makes): a per-step flag never syncs the GPU."""
+        if self._cpu_group is None:
+            self._cpu_group = self.group if takes_cpu_tensors(self.group) else dist.new_group(backend="gloo")
+        flag = torch.tensor([int(mine)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._cpu_group)
+        return bool(flag.item())
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         """Concatenate every process's ``tensor`` along ``axis``; sizes along it may differ."""

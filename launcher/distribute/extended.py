@@ -378,8 +378,8 @@ class StrategyExtended:
         return steps
 
     def _input_left_anywhere(self, mine: bool) -> bool:
-        """Whether any process's own datasets gave this step an element (one MIN all-reduce; alone: ``mine``)."""
-        return mine if self._proc.world_size == 1 else self._proc.all_reduce_min(0 if mine else 1) == 0
+        """Whether any process's own datasets gave this step an element (alone: ``mine``)."""
+        return self._proc.any_true(mine)
 
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:

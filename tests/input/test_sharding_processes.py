@@ -305,3 +305,24 @@ def test_loader_workers_draw_their_own_augmentations_on_each_rank():
     with_one_process = [[row.tolist() for row in b] for b in torch.utils.data.DataLoader(
         _Noisy(), batch_size=4, num_workers=1, generator=torch.Generator().manual_seed(0))]
     assert draws[0][:2] == [row[1] for row in with_one_process[0][:2]]  # the worker's first draws, as one process's
+
+
+def uneven_from_function_as_under_nccl():
+    """As under nccl, whose group takes no CPU tensor: the flag goes over a gloo group of its own, made at the
+    first step (every process's), so that the per-step flag never waits for the GPU."""
+    import torch.distributed as dist
+
+    from launcher.distribute import collectives
+
+    collectives.takes_cpu_tensors = lambda group: False  # the default group's backend, as nccl's
+    made = []
+    real = dist.new_group
+    dist.new_group = lambda *a, **kw: made.append(kw.get("backend")) or real(*a, **kw)
+    return uneven_from_function(), made
+
+
+def test_the_per_step_flag_goes_over_a_gloo_group_of_its_own_where_the_job_is_nccl():
+    results = run_function(uneven_from_function_as_under_nccl, device="cpu", nproc=2, timeout_s=90)
+    for rank in (0, 1):
+        steps, made = results[rank]
+        assert made == ["gloo"] and len(steps) == 3
