@@ -325,7 +325,7 @@ def _check_a_batch(spec: RunSpec, rows: int) -> None:
 def _check_each_worker_a_batch(spec: RunSpec, policy: AutoShardPolicy, counts: list[int]) -> None:
     """FILE: every epoch ends with the shortest worker's shard; one that fills no batch of its share leaves none."""
     steps, sizes, local = _file_steps(spec, policy, counts)
-    if steps == 0 and policy is AutoShardPolicy.FILE and spec.num_processes > 1:
+    if steps == 0 and policy is AutoShardPolicy.FILE and spec.num_processes > 1 and spec.num_processes == spec.num_replicas:
         short = sizes.index(min(sizes))
         raise ConfigError([Problem(key="input.auto_shard_policy", value=policy.value, message=(
             f"FILE gives each of the {spec.num_processes} workers its own files, and every epoch ends with the shortest "

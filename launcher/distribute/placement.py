@@ -32,6 +32,9 @@ import torch
 from torch.nn.modules import module as module_lib
 
 _local = threading.local()
+# id of a variable made in ``colocate_vars_with(v)`` -> (a reference to it, one to ``v``). Beside the tensors, not
+# on them: a weak reference in a tensor's __dict__ would stop it from being pickled (torch.save(model)).
+_colocated: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 _hooks: list[Any] = []
 _hooks_lock = threading.Lock()
 
@@ -52,6 +55,7 @@ class Placement:
         self.colocate_with = colocate_with  # ``colocate_vars_with``: marked so that a ps placement follows it too
         self._owners: dict[int, weakref.ref] = {}  # modules whose own tensors move
         self._trees: dict[int, weakref.ref] = {}  # submodules registered here: their whole tree moves
+        self._made: list[torch.Tensor] = []  # under colocate_with: the parameters and buffers registered here
 
     def __enter__(self) -> "Placement":
         _install_hooks()
@@ -61,19 +65,26 @@ class Placement:
     def __exit__(self, *exc: Any) -> None:
         _stack().remove(self)
         owners = {id(m): m for m in (ref() for ref in self._owners.values()) if m is not None}
+        trees = {}
         for tree in (ref() for ref in self._trees.values()):
-            owners.update((id(m), m) for m in (tree.modules() if tree is not None else ()))
+            trees.update((id(m), m) for m in (tree.modules() if tree is not None else ()))
         self._owners.clear()
         self._trees.clear()
-        for module in owners.values():
-            if self.colocate_with is not None:
-                for t in [*module._parameters.values(), *module._buffers.values()]:
-                    if t is not None and t is not self.colocate_with:
-                        t._dlaunch_colocate_with = weakref.ref(self.colocate_with)
+        if self.colocate_with is not None:  # the tensors registered here, and those of the submodules registered here
+            made = [*self._made, *(t for m in trees.values() for t in [*m._parameters.values(), *m._buffers.values()])]
+            for t in made:
+                if t is not None and t is not self.colocate_with:
+                    key = id(t)
+                    _colocated[key] = (weakref.ref(t, lambda _, key=key: _colocated.pop(key, None)),
+                                       weakref.ref(self.colocate_with))
+        self._made.clear()
+        for module in {**owners, **trees}.values():
             move(module, self.device)
 
-    def note(self, module: torch.nn.Module) -> None:
+    def note(self, module: torch.nn.Module, value: torch.Tensor | None = None) -> None:
         self._owners.setdefault(id(module), weakref.ref(module))
+        if self.colocate_with is not None and value is not None:
+            self._made.append(value)
 
     def note_tree(self, module: torch.nn.Module) -> None:
         self._trees.setdefault(id(module), weakref.ref(module))
@@ -90,8 +101,8 @@ def settle(module: torch.nn.Module) -> None:
 
 def colocated_with(t: torch.Tensor) -> torch.Tensor | None:
     """The variable ``t`` was created to live beside (``colocate_vars_with``), if it is still alive."""
-    ref = getattr(t, "_dlaunch_colocate_with", None)
-    return ref() if ref is not None else None
+    mine, anchor = _colocated.get(id(t), (None, None))
+    return anchor() if mine is not None and mine() is t else None
 
 
 def target() -> torch.device | None:
@@ -127,7 +138,7 @@ def _stack() -> list[Placement]:
 def _noted(module: torch.nn.Module, name: str, value: Any) -> None:
     stack = getattr(_local, "stack", None)
     if stack and value is not None:
-        stack[-1].note(module)
+        stack[-1].note(module, value)
 
 
 def _noted_tree(module: torch.nn.Module, name: str, submodule: Any) -> None:

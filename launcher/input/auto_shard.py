@@ -134,8 +134,9 @@ def warn_whole_once(dataset: object, policy: AutoShardPolicy, num_workers: int, 
     log.warning(
         "auto_shard_policy AUTO: the dataset (%s) is not read from files, so each of the %d workers iterates all of "
         "it and keeps its share of every global batch, the whole input pipeline run on every worker. A map-style "
-        "dataset (or a DataLoader over one) or input.files loads only each worker's rows; in a script, "
-        "strategy.distribute_datasets_from_function builds each worker's own pipeline (docs/INPUT.md)",
+        "dataset (or a DataLoader over one) or input.files loads only each worker's rows; train_data as a function "
+        "of an InputContext (in a script, strategy.distribute_datasets_from_function) builds each worker's own "
+        "pipeline (docs/INPUT.md)",
         type(dataset).__name__, num_workers)
 
 
@@ -252,6 +253,9 @@ def warn_num_workers_unused(data: object, num_workers: int) -> None:
     import torch.distributed as dist
 
     if num_workers and (not dist.is_initialized() or dist.get_rank() == 0):
-        log.warning("input.num_workers=%d is for a map-style dataset, which dlaunch batches and loads; the recipe's %s "
-                    "loads as its build made it (for an IterableDataset: a DataLoader(..., batch_size=None, "
-                    "num_workers=N) of its own, each worker yielding its part of the stream)", num_workers, type(data).__name__)
+        from torch.utils.data import IterableDataset
+
+        advice = (" (for an IterableDataset: a DataLoader(..., batch_size=None, num_workers=N) of its own, each worker "
+                  "yielding its part of the stream)" if isinstance(data, IterableDataset) else "")
+        log.warning("input.num_workers=%d is for a map-style dataset, which dlaunch batches and loads; the training "
+                    "data (%s) loads without it%s", num_workers, type(data).__name__, advice)

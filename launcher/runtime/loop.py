@@ -21,7 +21,6 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from rich.console import Console
-from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from launcher import checkpoint, strategies
 from launcher.checkpoint import Checkpointer
@@ -31,15 +30,11 @@ from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute import activation_checkpointing
 from launcher.distribute.dtensors import param_norm
-from launcher.distribute.input_context import InputOptions
 from launcher.distribute.reduce_op import ReduceOp
 from launcher.distribute.strategy import Strategy
-from launcher.input.auto_shard import warn_num_workers_unused
-from launcher.input.collate import CheckedCollate
-from launcher.input.files import FileDataset
-from launcher.input.position import DataStream, EpochBatchSampler, seekable_loader
-from launcher.input.tensor_rows import batched_reads
-from launcher.runtime import heartbeat, outputs, recipe as recipe_lib
+from launcher.input.position import DataStream
+from launcher.runtime import heartbeat, outputs, recipe as recipe_lib, train_input
+from launcher.runtime.train_input import file_dataset
 from launcher.runtime.compiled import compile_model
 from launcher.runtime.evaluation import Evaluator, said
 from launcher.runtime.loggers import make_loggers
@@ -57,40 +52,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed)
-
-
-def global_batches(data: Any, spec: RunSpec) -> Any:
-    """A map-style dataset becomes a loader of global batches; epoch ``e`` is shuffled with ``input.seed + e``; a
-    recipe's plain ``DataLoader`` is read in that order too (``seekable_loader``).
-
-    The order is a function of (seed, epoch), so a resumed run can seek to any
-    batch without reading the ones before it.
-    """
-    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-        inp = spec.input
-        sampler = EpochBatchSampler(len(data), inp.global_batch_size, inp.shuffle, spec.input_seed, inp.drop_remainder)
-        # Its own generator: each iter() draws the loader workers' base seed, which must not move the global RNG.
-        generator = torch.Generator().manual_seed(spec.input_seed)
-        data, collate = batched_reads(data)
-        return DataLoader(data, batch_sampler=sampler, num_workers=inp.num_workers, generator=generator,
-                          collate_fn=CheckedCollate(collate, data))
-    warn_num_workers_unused(data, spec.input.num_workers)
-    return seekable_loader(data, spec.input_seed)
-
-
-def file_dataset(spec: RunSpec) -> FileDataset | None:
-    """The dataset ``input.files`` describes, batched and shuffled as the input section says."""
-    inp = spec.input
-    if not inp.files:
-        return None
-    dataset = FileDataset(tuple(inp.files), inp.file_format).batch(inp.global_batch_size, inp.drop_remainder)
-    return dataset.shuffle(spec.input_seed) if inp.shuffle else dataset
-
-
-def input_options(spec: RunSpec) -> InputOptions:
-    """The loop's stream reads ahead itself (``DataStream.read_ahead``, after each step): no buffer in the dataset."""
-    return InputOptions(auto_shard_policy=spec.input.policy, experimental_per_replica_buffer_size=0,
-                        copy_stream=spec.input.copy_stream)
 
 
 def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console: Console | None = None,
@@ -125,8 +86,8 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     log.info("%s: %d replica(s) in sync on %s", type(strategy).__name__, strategy.num_replicas_in_sync, ", ".join(strategy.extended.worker_devices))
     compile_model(model, spec.trainer.compile)
     step = ReplicaStep(loaded.module.train_step, model, optimizer, spec.trainer, strategy.extended.device_type, loaded.manual)
-    stream = DataStream(strategy.experimental_distribute_dataset(global_batches(parts.train_data, spec), input_options(spec)),
-                        spec.input.global_batch_size, spec.input.prefetch, spec.num_replicas * spec.trainer.grad_accum_steps)
+    stream = DataStream(train_input.distributed(strategy, parts.train_data, spec), spec.input.global_batch_size,
+                        spec.input.prefetch, spec.num_replicas * spec.trainer.grad_accum_steps)
     own = strategy.extended.own_loop()
     if own is not None:
         return own(spec, strategy, step, stream, run_dir)

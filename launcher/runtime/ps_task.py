@@ -37,7 +37,8 @@ from launcher.strategies.parameter_server import cluster_def
 
 def build_variables(spec: RunSpec, run_dir: Path) -> tuple[object, object]:
     """The recipe's model and optimizer, built as a one-device run builds them (same seed, same values)."""
-    from launcher.runtime.loop import file_dataset, seed_everything
+    from launcher.runtime.loop import seed_everything
+    from launcher.runtime.train_input import file_dataset
 
     seed_everything(spec.trainer.seed)
     loaded = recipe_lib.load(spec.recipe.model_dump())

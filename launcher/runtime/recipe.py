@@ -93,7 +93,8 @@ class Parts:
 
     ``train_data`` is a map-style ``torch.utils.data.Dataset`` (dlaunch batches,
     shuffles and splits it), the ``FileDataset`` of ``ctx.input_files`` (dlaunch
-    shards it across workers), or an iterable of global batches. ``objects``: the recipe's own state that a resume
+    shards it across workers), an iterable of global batches, or a function of an ``InputContext`` returning this
+    worker's iterable of per-replica batches (``launcher/runtime/train_input.py``). ``objects``: the recipe's own state that a resume
     must find as it was (an EMA copy, a scheduler its ``train_step`` steps; not the data's position, which dlaunch keeps): anything with
     ``state_dict()`` and ``load_state_dict()`` whose state is tensors and plain data, by name; every checkpoint
     saves each rank's, and a resume restores it (``launcher/checkpoint/objects.py``).

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from launcher.checkpoint import layout
-from tests.conftest import PROBE, dlaunch, summary
+from tests.conftest import FIXTURES, PROBE, dlaunch, summary
 from tests.launch.test_restarts import logged_steps
 from tests.launch.test_signals import stop_with
 
@@ -129,6 +129,9 @@ def test_a_job_not_started_after_a_stop_keeps_its_earlier_completed_results(tmp_
     assert summary(tmp_path) == {"status": "completed", "final_loss": 0.5}
 
 
+WRAPPED = FIXTURES / "wrapped_recipe.py"
+
+
 def records(run_dir) -> dict:
     """What a refused command must leave as it was: Hydra's record of the run, its summary and config."""
     files = [*sorted((run_dir / ".hydra").iterdir()), run_dir / "summary.json", run_dir / "config.yaml"]
@@ -195,29 +198,15 @@ def test_a_sweep_resumed_for_other_steps_without_checkpoints_keeps_its_completed
     assert "sweep summary: 2 jobs" in again.stdout, again.stdout[-3000:]
 
 
-WRAPPED = """
-import torch
-from launcher.recipes import linear
-Config, train_step = linear.Config, linear.train_step
-
-def build(cfg, ctx):
-    parts = linear.build(cfg, ctx)
-    parts.model = {wrap}
-    return parts
-"""
-
-
 def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(tmp_path):
-    """A resume whose model no longer fits the checkpoint fails in its workers (here the recipe's code wraps the
-    model: its names changed, which no setting shows); it had recorded its overrides, so every later plain
-    `dlaunch resume` failed the same way."""
-    run_dir, recipe = tmp_path / "run", tmp_path / "wrapped.py"
-    recipe.write_text(WRAPPED.format(wrap="parts.model"))
-    assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"recipe.entry={recipe}",
+    """A resume whose model no longer fits the checkpoint fails in its workers (the model's names changed: the
+    launcher compares shapes by name); it had recorded its overrides, so every later plain `dlaunch resume` failed
+    the same way."""
+    run_dir = tmp_path / "run"
+    assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"recipe.entry={WRAPPED}",
                    f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
     before = records(run_dir)
-    recipe.write_text(WRAPPED.format(wrap="torch.nn.Sequential(parts.model)"))
-    failed = dlaunch("resume", str(run_dir), "recipe.examples=512", "trainer.steps=6", cwd=tmp_path)
+    failed = dlaunch("resume", str(run_dir), "+recipe.wrap=true", "trainer.steps=6", cwd=tmp_path)
     text = " ".join(failed.stdout.split() + failed.stderr.replace("│", " ").split())
     assert failed.returncode == 1 and "does not fit this run's model or optimizer" in text, failed.stderr[-3000:]
     assert "the model has 0.bias, 0.weight that the checkpoint lacks, and the checkpoint holds bias, weight" in text
@@ -225,7 +214,6 @@ def test_a_resume_that_trains_nothing_leaves_the_run_it_would_replace_as_it_was(
     command = lambda files: {name: data for name, data in files.items() if name != "summary.json"}  # noqa: E731
     assert command(records(run_dir)) == command(before)
     assert summary(run_dir)["status"] == "failed"  # what this command did, and why (error.txt)
-    recipe.write_text(WRAPPED.format(wrap="parts.model"))
     again = dlaunch("resume", str(run_dir), "trainer.steps=6", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 4

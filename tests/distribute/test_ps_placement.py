@@ -256,3 +256,20 @@ def test_a_recipes_build_colocates_alike_with_and_without_a_strategy(tmp_path):
     rows = [[(s.name, s.ps) for s in pt.place_module(m, num_ps=3).shards] for m in (chiefs, planned)]
     assert rows[0] == rows[1]
     assert ("1.weight", 1) in rows[0] and ("1.bias", 1) in rows[0]
+
+
+def test_only_the_variables_made_in_the_scope_follow_the_anchor_and_they_still_pickle():
+    """A parameter added in the scope to a module built before it: the module's older weight and bias were
+    colocated too, and every later variable's turn moved; and the mark, a weak reference in the tensor's __dict__,
+    made torch.save(model) fail (cannot pickle 'weakref.ReferenceType')."""
+    import io
+
+    from launcher import distribute as dl
+
+    model = nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.Linear(2, 2), "c": nn.Linear(2, 2)})
+    with dl.OneDeviceStrategy("cpu:0").extended.colocate_vars_with(model["b"].weight):
+        model["a"].extra = nn.Parameter(torch.zeros(2))
+    placement = pt.place_module(model, num_ps=3)
+    assert [(s.name, s.ps) for s in placement.shards] == [
+        ("a.weight", 0), ("a.bias", 1), ("b.weight", 2), ("b.bias", 0), ("c.weight", 1), ("c.bias", 2), ("a.extra", 2)]
+    torch.save(model, io.BytesIO())

@@ -172,4 +172,5 @@ def test_num_workers_for_a_recipes_own_iterable_is_said_to_do_nothing(caplog):
         warn_num_workers_unused(Stream(), 0)
         assert caplog.text == ""
         warn_num_workers_unused(Stream(), 2)
-    assert "input.num_workers=2 is for a map-style dataset, which dlaunch batches and loads; the recipe's Stream loads" in caplog.text
+    assert ("input.num_workers=2 is for a map-style dataset, which dlaunch batches and loads; the training data (Stream) "
+            "loads without it (for an IterableDataset: a DataLoader(..., batch_size=None, num_workers=N)") in caplog.text

@@ -51,7 +51,7 @@ def test_an_empty_source_a_negative_depth_and_an_unknown_stream():
 def test_the_loops_input_options_carry_input_copy_stream(copy_stream):
     from launcher.config.schema import InputSpec
     from launcher.distribute.input_context import InputOptions
-    from launcher.runtime.loop import input_options
+    from launcher.runtime.train_input import input_options
 
     spec = type("Spec", (), {"input": InputSpec(copy_stream=copy_stream)})()
     assert input_options(spec).copy_stream == copy_stream

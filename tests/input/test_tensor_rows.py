@@ -7,7 +7,7 @@ from launcher.config.compose import compose_and_validate
 from launcher.input.distributed_dataset import _local_loader
 from launcher.input.position import EpochBatchSampler
 from launcher.input.tensor_rows import TensorRows, already_batched, batched_reads
-from launcher.runtime.loop import global_batches
+from launcher.runtime.train_input import global_batches
 
 
 def _data(n: int = 50) -> TensorDataset:

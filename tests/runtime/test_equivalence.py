@@ -153,3 +153,26 @@ def test_a_last_partial_batch_trains_as_on_one_device(run_dlaunch, two):
     other, s2 = final_params(run_dlaunch, "two", *args, *partial)
     assert_same_model(one, other)
     assert s2["final_loss"] == pytest.approx(s1["final_loss"], rel=1e-5)
+
+
+PER_WORKER = FIXTURES / "per_worker_recipe.py"
+
+
+@pytest.mark.parametrize("two", list(TWO_REPLICAS))
+def test_a_recipes_per_worker_stream_trains_as_the_global_batches_on_one_device(run_dlaunch, two):
+    """train_data as a function of an InputContext (a stream each worker reads its own part of, the recipe's
+    distribute_datasets_from_function): each worker read every global batch whole and kept its share."""
+    args, processes = TWO_REPLICAS[two]
+    runs = {}
+    for name, entry, strategy in (("one", None, ("strategy=one_device",)), ("two", PER_WORKER, args)):
+        proc, run_dir = run_dlaunch(*COMMON, "input.shuffle=false", *((f"recipe.entry={entry}",) if entry else ()),
+                                    *strategy, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = summary(run_dir)
+    read = [[int(v) for v in (run_dir / f"rows-rank{r}.txt").read_text().split()] for r in range(processes)]
+    if processes == 2:  # rank 0 reads rows 0-31 of each global batch of 64, rank 1 rows 32-63
+        assert read[0][:2] == [0, 64] and read[1][:2] == [32, 96]
+    else:  # one process, one pipeline: its two replicas take a 32-row batch each per step
+        assert read[0][:4] == [0, 32, 64, 96]
+    for key in ("final_loss", "param_norm"):
+        assert runs["two"][key] == pytest.approx(runs["one"][key], rel=1e-5), key
