@@ -377,9 +377,9 @@ class StrategyExtended:
         """The input steps of this process's replicas, from whichever process reads them."""
         return steps
 
-    def _input_left_anywhere(self, mine: bool) -> bool:
-        """Whether any process's own datasets gave this step an element (alone: ``mine``)."""
-        return self._proc.any_true(mine)
+    def _input_agreement(self) -> Callable[[bool], bool] | None:
+        """How processes reading datasets of their own agree each step whether any has data (None: alone)."""
+        return self._proc.any_true if self._proc.world_size > 1 else None
 
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:

@@ -4,7 +4,7 @@ gives, a ``PerReplica`` structure per step; ``element_spec``'s ``TensorSpec``.""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -14,14 +14,16 @@ from launcher.input.prefetch import Prefetcher
 from launcher.input.split import like
 
 
-def deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int) -> "DistributedIterator":
-    """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure."""
+def deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int,
+            agree: Callable[[bool], bool] | None = None) -> "DistributedIterator":
+    """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure. ``agree``: whether any
+    process has data for the step, given this one's say (its ``steps`` then go on with empty pieces once done)."""
     if options.experimental_fetch_to_device:
         # On CPU nothing moves: the buffer reads steps ahead, on this thread, in order.
         steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size, options.copy_stream)
     elif options.experimental_place_dataset_on_device:  # each replica's own, as it is read
         steps = (like([_on_device(p, d) for p, d in zip(pieces, devices)], pieces) for pieces in steps)
-    return DistributedIterator(steps, num_replicas)
+    return DistributedIterator(steps, num_replicas, agree)
 
 
 class DistributedIterator:
@@ -30,26 +32,50 @@ class DistributedIterator:
     dataset knows them (None where not: ``distribute_datasets_from_function``'s batches are the user's); ``pad``:
     that step's row for a replica with none (``launcher.input.split.Step``)."""
 
-    def __init__(self, steps: Iterable[list[Any]], num_replicas: int):
-        self._steps, self._num_replicas = iter(steps), num_replicas
+    def __init__(self, steps: Iterable[list[Any]], num_replicas: int, agree: Callable[[bool], bool] | None = None):
+        self._steps, self._num_replicas, self._agree = iter(steps), num_replicas, agree
         self.rows: int | None = None
         self.pad: Any = None
-        self._back: tuple[Any, int | None, Any] | None = None
+        self._back: Any = None  # the pieces ``peek`` read, not yet handed out
 
     def __iter__(self) -> "DistributedIterator":
         return self
 
-    def put_back(self, element: Any) -> None:
-        """The step just returned comes again next (``element_spec`` over a one-shot source reads it)."""
-        self._back = (element, self.rows, self.pad)
+    def peek(self) -> Any:
+        """The next step, left to come next: no agreement between the processes (``element_spec`` reads it, on
+        one rank or on all)."""
+        if self._back is None:
+            self._back = next(self._steps)
+        if not self._back:
+            raise StopIteration
+        return self._element(self._back)
 
     def __next__(self) -> Any:
-        if self._back is not None:
-            (element, self.rows, self.pad), self._back = self._back, None
-            return element
-        pieces = next(self._steps)
+        pieces, self._back = (self._back, None) if self._back is not None else (next(self._steps), None)
+        if self._agree is not None:
+            if not self._agree(_has_rows(pieces)):
+                raise StopIteration
+            if not pieces:  # this process's data never gave an element, while another's has one
+                raise ValueError("this process's dataset gave no element while other workers' datasets have some: its "
+                                 "replicas would need an empty batch of a structure never seen here")
         self.rows, self.pad = getattr(pieces, "rows", None), getattr(pieces, "pad", None)
+        return self._element(pieces)
+
+    def _element(self, pieces: list[Any]) -> Any:
         return pieces[0] if self._num_replicas == 1 else regroup(pieces)
+
+
+def _has_rows(pieces: list[Any]) -> bool:
+    """Whether a step's pieces hold any row (a process whose data ran out gives empty ones)."""
+    from launcher.input.split import batch_size_of
+
+    def rows(piece: Any) -> int:
+        try:
+            return batch_size_of(piece)
+        except ValueError:  # no batch dimension: an element as it is
+            return 1
+
+    return any(rows(p) > 0 for p in pieces)
 
 
 def _on_device(piece: Any, device: torch.device) -> Any:

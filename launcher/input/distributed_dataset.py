@@ -341,7 +341,8 @@ class DistributedDatasetsFromFunction:
         if self._peeked is not None:  # element_spec read one-shot sources' first step
             peeked, self._peeked = self._peeked, None
             return peeked
-        return deliver(self._ext._share_input(self._steps()), self._devices, self._options, self._num_replicas)
+        return deliver(self._ext._share_input(self._steps()), self._devices, self._options, self._num_replicas,
+                       self._ext._input_agreement())
 
     @property
     def element_spec(self) -> Any:
@@ -352,7 +353,7 @@ class DistributedDatasetsFromFunction:
             return _peek_spec(self)
         passes = [(d, d._passes) for d in self._datasets if isinstance(d, FileDataset)]
         try:
-            return element_spec_of(next(iter(self)))
+            return element_spec_of(iter(self).peek())  # no agreement between the processes: any rank may read it
         finally:
             for dataset, count in passes:
                 object.__setattr__(dataset, "_passes", count)
@@ -360,26 +361,23 @@ class DistributedDatasetsFromFunction:
     def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]
         sources = iterators if len(iterators) == self._num_local else iterators * self._num_local
-        last = None
+        last, agreed = None, self._ext._input_agreement() is not None
         while True:
             pieces = [next(source, _Empty) for source in sources]
             found = [p for p in pieces if p is not _Empty]
-            if not self._ext._input_left_anywhere(bool(found)):
+            if not found and not agreed:
                 return
             last = found[0] if found else last
-            if last is None:
-                raise ValueError(f"dataset_fn gave rank {self._ext._proc.rank} no element while other workers' datasets "
-                                 "have some: its replicas would need an empty batch of a structure never seen here")
-            # A last partial step: replicas whose data ran out get an empty batch, as in TF; a worker whose data ran
-            # out steps with empty batches until every worker's has (TF's multi-worker iterator agrees each step).
-            yield [slice_batch(last, 0, 0) if p is _Empty else p for p in pieces]
+            # A last partial step: replicas whose data ran out get an empty batch, as in TF; where the processes
+            # agree each step (launcher/input/delivery.py), one whose data ran out goes on with empty batches until
+            # every one's has (TF's multi-worker iterator), and one with none ever gives no pieces.
+            yield [] if last is None else [slice_batch(last, 0, 0) if p is _Empty else p for p in pieces]
 
 
 def _peek_spec(dataset: Any) -> Any:
     """The spec of the first step of a one-shot source, which the next ``iter(dataset)`` returns first: the
     source cannot be read again (a generator), so reading its spec must not lose steps."""
     steps = iter(dataset)
-    first = next(steps)
-    steps.put_back(first)
+    first = steps.peek()
     dataset._peeked = steps
     return element_spec_of(first)

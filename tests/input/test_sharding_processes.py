@@ -326,3 +326,22 @@ def test_the_per_step_flag_goes_over_a_gloo_group_of_its_own_where_the_job_is_nc
     for rank in (0, 1):
         steps, made = results[rank]
         assert made == ["gloo"] and len(steps) == 3
+
+
+def spec_on_rank_0_then_uneven():
+    import torch.distributed as dist
+
+    from launcher import distribute as dl
+
+    strategy = dl.MirroredStrategy()
+    ds = strategy.distribute_datasets_from_function(
+        lambda ctx: [torch.ones(2, 1) * i for i in range(3 if ctx.input_pipeline_id == 0 else 2)])
+    spec = str(ds.element_spec) if dist.get_rank() == 0 else None  # one rank alone reads it
+    return spec, [strategy.experimental_local_results(b)[0].flatten().tolist() for b in ds]
+
+
+def test_element_spec_read_on_one_rank_alone_runs_no_collective():
+    """The per-step agreement ran while element_spec read a step, on rank 0 alone: a hang."""
+    results = run_function(spec_on_rank_0_then_uneven, device="cpu", nproc=2, timeout_s=90)
+    assert "TensorSpec(shape=(None, 1), dtype=torch.float32)" in results[0][0]
+    assert results[0][1] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]] and results[1][1] == [[0.0, 0.0], [1.0, 1.0], []]

@@ -97,11 +97,11 @@ class _MeshExtended(StrategyExtended):
         # Logical device 0 of each replica reads the replica's input; the others receive it.
         return self.mesh is None or self.assignment.num_cores_per_replica == 1 or self._logical_id() == 0
 
-    def _input_left_anywhere(self, mine: bool) -> bool:
+    def _input_agreement(self) -> Any:
         # Only a replica's logical device 0 reads (the others wait in _share_input): each replica ends on its own.
         if self.mesh is not None and self.assignment.num_cores_per_replica > 1:
-            return mine
-        return super()._input_left_anywhere(mine)
+            return None
+        return super()._input_agreement()
 
     def _share_input(self, steps: Iterator[list[Any]]) -> Iterator[list[Any]]:
         if self.mesh is None or self.assignment.num_cores_per_replica == 1:
