@@ -37,7 +37,7 @@ class SingleProcess:
     def all_reduce_min(self, value: int) -> int:
         return value
 
-    def any_true(self, mine: bool) -> bool:
+    def sum_rows(self, mine: int) -> int:
         return mine
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
@@ -92,14 +92,14 @@ class ProcessCollectives:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
-    def any_true(self, mine: bool) -> bool:
-        """Whether any process says True: one MAX all-reduce of a CPU flag, on a gloo group of its own where the job's
-        backend is nccl (made at the first call, which every process makes): a per-step flag never syncs the GPU."""
+    def sum_rows(self, mine: int) -> int:
+        """Every process's ``mine`` added up: one SUM all-reduce of a CPU int, on a gloo group of its own where the
+        job's backend is nccl (made at the first call, which every process makes): a per-step count never syncs the GPU."""
         if self._cpu_group is None:
             self._cpu_group = self.group if takes_cpu_tensors(self.group) else dist.new_group(backend="gloo")
-        flag = torch.tensor([int(mine)], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._cpu_group)
-        return bool(flag.item())
+        count = torch.tensor([int(mine)], dtype=torch.int64)
+        dist.all_reduce(count, op=dist.ReduceOp.SUM, group=self._cpu_group)
+        return int(count.item())
 
     def all_gather_cat(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         """Concatenate every process's ``tensor`` along ``axis``; sizes along it may differ."""

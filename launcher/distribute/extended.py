@@ -377,9 +377,9 @@ class StrategyExtended:
         """The input steps of this process's replicas, from whichever process reads them."""
         return steps
 
-    def _input_agreement(self) -> Callable[[bool], bool] | None:
-        """How processes reading datasets of their own agree each step whether any has data (None: alone)."""
-        return self._proc.any_true if self._proc.world_size > 1 else None
+    def _input_agreement(self) -> Callable[[int], int] | None:
+        """How processes reading datasets of their own add up each step's rows (none left anywhere: the end)."""
+        return self._proc.sum_rows
 
 
 def _check_same_shapes(parts: list[torch.Tensor]) -> None:

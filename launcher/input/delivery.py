@@ -15,9 +15,9 @@ from launcher.input.split import like
 
 
 def deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: InputOptions, num_replicas: int,
-            agree: Callable[[bool], bool] | None = None) -> "DistributedIterator":
-    """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure. ``agree``: whether any
-    process has data for the step, given this one's say (its ``steps`` then go on with empty pieces once done)."""
+            agree: Callable[[int], int] | None = None) -> "DistributedIterator":
+    """Each step's pieces on their devices (prefetched), as a ``PerReplica`` structure. ``agree``: the step's rows
+    over every process, given this one's (0: the end; ``steps`` go on with empty pieces once this one's are done)."""
     if options.experimental_fetch_to_device:
         # On CPU nothing moves: the buffer reads steps ahead, on this thread, in order.
         steps = Prefetcher(steps, devices, options.experimental_per_replica_buffer_size, options.copy_stream)
@@ -28,11 +28,12 @@ def deliver(steps: Iterable[list[Any]], devices: list[torch.device], options: In
 
 class DistributedIterator:
     """What iterating a distributed dataset gives: each step's batch, a ``PerReplica`` structure (the plain batch
-    under one replica). ``rows``: the rows of the global batch that the step last returned was cut from, where the
-    dataset knows them (None where not: ``distribute_datasets_from_function``'s batches are the user's); ``pad``:
+    under one replica). ``rows``: the rows of the global batch that the step last returned was cut from (under
+    ``distribute_datasets_from_function``, every process's batches' rows, added up each step; None under a mesh of
+    several logical devices per replica, whose replicas read on their own); ``pad``:
     that step's row for a replica with none (``launcher.input.split.Step``)."""
 
-    def __init__(self, steps: Iterable[list[Any]], num_replicas: int, agree: Callable[[bool], bool] | None = None):
+    def __init__(self, steps: Iterable[list[Any]], num_replicas: int, agree: Callable[[int], int] | None = None):
         self._steps, self._num_replicas, self._agree = iter(steps), num_replicas, agree
         self.rows: int | None = None
         self.pad: Any = None
@@ -52,30 +53,32 @@ class DistributedIterator:
 
     def __next__(self) -> Any:
         pieces, self._back = (self._back, None) if self._back is not None else (next(self._steps), None)
-        if self._agree is not None:
-            if not self._agree(_has_rows(pieces)):
+        self.rows, self.pad = getattr(pieces, "rows", None), getattr(pieces, "pad", None)
+        if self._agree is not None:  # datasets of the user's (distribute_datasets_from_function): count the rows
+            self.rows = self._agree(_rows_of(pieces))
+            if not self.rows:
                 raise StopIteration
             if not pieces:  # this process's data never gave an element, while another's has one
                 raise ValueError("this process's dataset gave no element while other workers' datasets have some: its "
                                  "replicas would need an empty batch of a structure never seen here")
-        self.rows, self.pad = getattr(pieces, "rows", None), getattr(pieces, "pad", None)
         return self._element(pieces)
 
     def _element(self, pieces: list[Any]) -> Any:
         return pieces[0] if self._num_replicas == 1 else regroup(pieces)
 
 
-def _has_rows(pieces: list[Any]) -> bool:
-    """Whether a step's pieces hold any row (a process whose data ran out gives empty ones)."""
+def _rows_of(pieces: list[Any]) -> int:
+    """The rows a step's pieces hold (a process whose data ran out gives empty ones; an element with no batch
+    dimension counts one)."""
     from launcher.input.split import batch_size_of
 
     def rows(piece: Any) -> int:
         try:
             return batch_size_of(piece)
-        except ValueError:  # no batch dimension: an element as it is
+        except ValueError:
             return 1
 
-    return any(rows(p) > 0 for p in pieces)
+    return sum(rows(p) for p in pieces)
 
 
 def _on_device(piece: Any, device: torch.device) -> Any:

@@ -361,7 +361,7 @@ class DistributedDatasetsFromFunction:
     def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]
         sources = iterators if len(iterators) == self._num_local else iterators * self._num_local
-        last, agreed = None, self._ext._input_agreement() is not None
+        last, agreed = None, self._ext._input_agreement() is not None and self._ext._proc.world_size > 1
         while True:
             pieces = [next(source, _Empty) for source in sources]
             found = [p for p in pieces if p is not _Empty]

@@ -256,11 +256,11 @@ def uneven_from_function():
         n = 3 if ctx.input_pipeline_id == 0 else 2  # rank 0's dataset holds one more batch
         return [torch.ones(2, 1) * (10 * ctx.input_pipeline_id + i) for i in range(n)]
 
-    out = []
-    for batch in strategy.distribute_datasets_from_function(dataset_fn):
+    out, steps = [], iter(strategy.distribute_datasets_from_function(dataset_fn))
+    for batch in steps:
         total = strategy.reduce("SUM", strategy.run(lambda b: b.sum(), args=(batch,)), axis=None)
         (mine,) = strategy.experimental_local_results(batch)
-        out.append((mine.flatten().tolist(), float(total)))
+        out.append((mine.flatten().tolist(), float(total), steps.rows))
     return out
 
 
@@ -268,8 +268,8 @@ def test_workers_datasets_of_different_lengths_from_a_function_end_together():
     """Rank 1 left its loop after 2 steps while rank 0 waited in step 3's all-reduce: a hang. As TF's multi-worker
     iterator, the workers agree each step whether any has data; one that ran out steps on an empty batch."""
     results = run_function(uneven_from_function, device="cpu", nproc=2, timeout_s=90)
-    assert results[0] == [([0.0, 0.0], 20.0), ([1.0, 1.0], 24.0), ([2.0, 2.0], 4.0)]
-    assert results[1] == [([10.0, 10.0], 20.0), ([11.0, 11.0], 24.0), ([], 4.0)]
+    assert results[0] == [([0.0, 0.0], 20.0, 4), ([1.0, 1.0], 24.0, 4), ([2.0, 2.0], 4.0, 2)]
+    assert results[1] == [([10.0, 10.0], 20.0, 4), ([11.0, 11.0], 24.0, 4), ([], 4.0, 2)]  # rows: every worker's
 
 
 class _Noisy(torch.utils.data.Dataset):

@@ -176,3 +176,14 @@ def test_a_recipes_per_worker_stream_trains_as_the_global_batches_on_one_device(
         assert read[0][:4] == [0, 32, 64, 96]
     for key in ("final_loss", "param_norm"):
         assert runs["two"][key] == pytest.approx(runs["one"][key], rel=1e-5), key
+
+
+def test_a_per_worker_stream_that_ends_early_on_one_worker_steps_it_at_weight_0(run_dlaunch):
+    """Rank 1's part ends one global batch before rank 0's each pass: its replica stepped on an empty batch (a NaN
+    mean: the run ended as diverged). The step's rows are every worker's, added up; rank 1 steps at weight 0."""
+    proc, run_dir = run_dlaunch(*COMMON, "input.shuffle=false", f"recipe.entry={PER_WORKER}", "+recipe.short_pipeline=1",
+                                "recipe.examples=256", "strategy=mirrored", "cluster=1x2", name="short")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    read = [[int(v) for v in (run_dir / f"rows-rank{r}.txt").read_text().split()] for r in (0, 1)]
+    assert read[0][:5] == [0, 64, 128, 192, 0] and read[1][:4] == [32, 96, 160, 32]  # 4 steps a pass, rank 1 reads 3
+    assert summary(run_dir)["final_loss"] < summary(run_dir)["first_loss"]
