@@ -336,6 +336,7 @@ class DistributedDatasetsFromFunction:
         # one replica reads one input, however many processes it spans.
         self._datasets = [dataset_fn(ctx) for ctx in self.input_contexts] if ext._reads_input else []
         self._peeked: Any = None
+        self._last: Any = None  # the last element read: empty batches and pads are cut from it
 
     def __iter__(self) -> Iterator[Any]:
         if self._peeked is not None:  # element_spec read one-shot sources' first step
@@ -361,17 +362,22 @@ class DistributedDatasetsFromFunction:
     def _steps(self) -> Iterator[list[Any]]:
         iterators = [iter(d) for d in self._datasets]
         sources = iterators if len(iterators) == self._num_local else iterators * self._num_local
-        last, agreed = None, self._ext._input_agreement() is not None and self._ext._proc.world_size > 1
+        agreed = self._ext._input_agreement() is not None and self._ext._proc.world_size > 1
         while True:
             pieces = [next(source, _Empty) for source in sources]
             found = [p for p in pieces if p is not _Empty]
             if not found and not agreed:
                 return
-            last = found[0] if found else last
+            self._last = last = found[0] if found else self._last  # kept from pass to pass
             # A last partial step: replicas whose data ran out get an empty batch, as in TF; where the processes
             # agree each step (launcher/input/delivery.py), one whose data ran out goes on with empty batches until
             # every one's has (TF's multi-worker iterator), and one with none ever gives no pieces.
-            yield [] if last is None else [slice_batch(last, 0, 0) if p is _Empty else p for p in pieces]
+            if last is None:
+                yield []
+            elif len(found) < len(pieces):  # a replica's empty batch, and a row to step on at weight 0 (its pad)
+                yield Step([slice_batch(last, 0, 0) if p is _Empty else p for p in pieces], None, slice_batch(last, 0, 1))
+            else:
+                yield pieces
 
 
 def _peek_spec(dataset: Any) -> Any:

@@ -299,10 +299,18 @@ class DataStream:
         return (f"the training data yields no batch: it is smaller than one global batch{of}: lower "
                 "input.global_batch_size, or set input.drop_remainder=false")
 
-    def position_at(self, step: int) -> Position:
-        """Where the data stands after ``step`` global batches (epochs of the dataset's length)."""
+    def seek_step(self, step: int) -> None:
+        """Go to where the data stands after ``step`` batches: a seek, in epochs of the dataset's length; a data set of
+        no known length (a stream, each worker's own part of one) is read ``step`` batches on, pass after pass."""
         try:
             per_epoch = len(self._dataset)
         except TypeError:
-            return Position(0, step)
-        return Position(step // per_epoch, step % per_epoch) if per_epoch else Position()
+            log.warning("the training data has no length to seek by; reading and dropping its first %d batch(es)", step)
+            said = _Replay(Position(0, step))
+            for _ in range(step):
+                self._fetch()
+                said.tick(self._cursor.epoch)
+            self._position = self._cursor
+            said.done()
+            return
+        self.seek(Position(step // per_epoch, step % per_epoch) if per_epoch else Position())

@@ -112,7 +112,7 @@ def train_worker(spec: RunSpec, strategy: Any, replica_step: Any, stream: Any, r
     """A parameter-server worker: steps on its share of the data until the chief's global step is done."""
     start = strategy.global_step
     if start:
-        stream.seek(stream.position_at(start))
+        stream.seek_step(start)
     local = 0
     profiler = StepProfiler(spec.trainer.profile, run_dir, name.replace(":", ""), replica_step.device_type)  # worker0.*
     with StopRequests(distributed=False, torn_down=outputs.teardown_marker(run_dir).exists) as stop, profiler as prof:

@@ -266,3 +266,18 @@ def test_a_long_replay_says_how_far_it_is(caplog, monkeypatch):
     assert "replaying the training data: 7 batch(es) read, now in epoch 1 (to reach epoch 1, batch 2)" in caplog.text
     assert "replayed 7 batch(es) in" in caplog.text
     assert [float(b[0]) for b in take(stream, 1)] == [2.0]
+
+
+def test_a_stream_of_no_length_is_read_on_to_a_step_across_passes():
+    """A parameter-server worker resumes at the chief's global step; with a stream of no length (each worker's own
+    part of one) that was Position(0, step), past the end of the first pass: the worker failed."""
+    class Passes:  # re-iterable, no __len__
+        def __iter__(self):
+            return iter([torch.full((2,), float(i)) for i in range(3)])
+
+    stream = DataStream(Passes())
+    stream.seek_step(5)
+    assert [float(b[0]) for b in take(stream, 2)] == [2.0, 0.0] and stream.position.epoch == 2
+    sized = DataStream([torch.full((2,), float(i)) for i in range(3)])
+    sized.seek_step(5)
+    assert [float(b[0]) for b in take(sized, 1)] == [2.0]
