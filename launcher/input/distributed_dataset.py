@@ -338,6 +338,11 @@ class DistributedDatasetsFromFunction:
         self._peeked: Any = None
         self._last: Any = None  # the last element read: empty batches and pads are cut from it
 
+    @property
+    def one_shot(self) -> bool:
+        """Whether a dataset ``dataset_fn`` returned is an iterator (a generator): one pass, never another."""
+        return any(isinstance(d, collections.abc.Iterator) for d in self._datasets)
+
     def __iter__(self) -> Iterator[Any]:
         if self._peeked is not None:  # element_spec read one-shot sources' first step
             peeked, self._peeked = self._peeked, None
@@ -350,7 +355,7 @@ class DistributedDatasetsFromFunction:
         """As ``DistributedDataset.element_spec``: read from the first step of fresh iterators over the datasets
         (a ``FileDataset`` counts its passes to reshuffle each one: reading the spec is not one; a one-shot
         source's step is kept for the next ``iter()``)."""
-        if any(isinstance(d, collections.abc.Iterator) for d in self._datasets):
+        if self.one_shot:
             return _peek_spec(self)
         passes = [(d, d._passes) for d in self._datasets if isinstance(d, FileDataset)]
         try:

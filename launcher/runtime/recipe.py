@@ -200,7 +200,10 @@ def warn_if_files_unused(parts: "Parts", ctx: BuildContext, recipe: str) -> None
     while the plan lists the files (rank 0 says so once)."""
     from launcher.input.files import FileDataset
 
-    if ctx.input_files is not None and ctx.is_chief and not isinstance(parts.train_data, FileDataset):
+    from launcher.runtime.train_input import is_per_worker
+
+    own = not isinstance(parts.train_data, FileDataset) and not is_per_worker(parts.train_data)  # a function may read them
+    if ctx.input_files is not None and ctx.is_chief and own:
         logging.getLogger("dlaunch").warning(
             "input.files is set, but recipe %s's build() returned train_data of its own (%s), not ctx.input_files: "
             "dlaunch neither reads nor shards the files, and the recipe trains on that data", recipe,

@@ -281,3 +281,15 @@ def test_a_stream_of_no_length_is_read_on_to_a_step_across_passes():
     sized = DataStream([torch.full((2,), float(i)) for i in range(3)])
     sized.seek_step(5)
     assert [float(b[0]) for b in take(sized, 1)] == [2.0]
+
+
+def test_a_dataset_fn_that_returns_a_generator_is_said_to_be_one_shot():
+    import pytest
+
+    from launcher.input.position import NoBatch
+
+    strategy = dl.OneDeviceStrategy("cpu:0")
+    stream = DataStream(strategy.distribute_datasets_from_function(lambda ctx: (torch.ones(2) for _ in range(2))))
+    take(stream, 2)
+    with pytest.raises(NoBatch, match=r"gave 2 batch\(es\), and the next gives none \(an iterator, such as a generator"):
+        next(stream)
