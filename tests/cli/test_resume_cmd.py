@@ -224,11 +224,11 @@ def test_a_fine_tune_from_another_runs_checkpoint_that_fails_keeps_its_own_recor
     first, second = tmp_path / "first", tmp_path / "second"
     assert dlaunch("cluster.device=cpu", "trainer.steps=4", "trainer.checkpoint.every_steps=2", f"hydra.run.dir={first}",
                    cwd=tmp_path).returncode == 0
-    proc = dlaunch("cluster.device=cpu", "trainer.steps=6", "recipe.features=8", f"hydra.run.dir={second}",
-                   f"trainer.resume={first}/checkpoints/step-00000004", cwd=tmp_path)
-    assert proc.returncode == 1 and "kept as it was" not in proc.stdout + proc.stderr
+    proc = dlaunch("cluster.device=cpu", "trainer.steps=6", f"recipe.entry={WRAPPED}", "+recipe.wrap=true",
+                   f"hydra.run.dir={second}", f"trainer.resume={first}/checkpoints/step-00000004", cwd=tmp_path)
+    assert proc.returncode == 1 and "kept as it was" not in proc.stdout + proc.stderr  # names differ: the load fails
     assert summary(second)["status"] == "failed" and (second / "error.txt").is_file()
-    assert "recipe.features=8" in (second / ".hydra" / "overrides.yaml").read_text()
+    assert "+recipe.wrap=true" in (second / ".hydra" / "overrides.yaml").read_text()
 
 
 def test_resuming_a_fine_tune_that_saved_nothing_yet_starts_from_its_path_again(tmp_path):
