@@ -347,10 +347,9 @@ def _read_back(partial: Path, rank: int) -> dict[str, Any] | None:
 
 def _saved_keys(path: Path, prefix: str) -> set[str]:
     """The names (after ``prefix``) of the tensors the checkpoint holds under ``prefix``."""
-    from launcher.checkpoint.safe import SafeReader
+    from launcher.checkpoint.safe import saved_entries
 
-    metadata = SafeReader(str(path)).read_metadata()
-    return {key[len(prefix):] for key in metadata.state_dict_metadata if key.startswith(prefix)}
+    return set(saved_entries(path, prefix))
 
 
 def _load(tensors: dict[str, Any], path: Path) -> None:

@@ -54,7 +54,6 @@ def _model_shapes(spec: Any, run_dir: Path) -> dict[str, tuple[int, ...]]:
 
 
 def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    from launcher.checkpoint.safe import SafeReader
+    from launcher.checkpoint.safe import saved_entries
 
-    metadata = SafeReader(str(path)).read_metadata().state_dict_metadata
-    return {key[len("model."):]: tuple(m.size) for key, m in metadata.items() if key.startswith("model.") and hasattr(m, "size")}
+    return {name: tuple(m.size) for name, m in saved_entries(path, "model.").items() if hasattr(m, "size")}

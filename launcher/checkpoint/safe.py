@@ -77,6 +77,12 @@ class SafeReader(FileSystemReader):
         return metadata
 
 
+def saved_entries(path: Any, prefix: str) -> dict[str, Any]:
+    """The checkpoint's entries under ``prefix`` (names after it), each with its DCP metadata (a tensor's ``size``)."""
+    metadata = SafeReader(str(path)).read_metadata().state_dict_metadata
+    return {key[len(prefix):]: entry for key, entry in metadata.items() if key.startswith(prefix)}
+
+
 def _files_stay_inside(metadata: Metadata, path: Any) -> None:
     """The data files the metadata names are plain names in the checkpoint directory (no paths elsewhere)."""
     for info in (metadata.storage_data or {}).values():
