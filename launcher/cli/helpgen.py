@@ -52,6 +52,8 @@ def _clusters() -> list[tuple[str, str]]:
 
     rows = [("NxM", _first_line(ClusterSpec.__doc__).split(": ", 1)[-1] + " (e.g. 1x2, 2x8; any shape)")]
     for name in file_options("cluster"):
+        if not (CONF_DIR / "cluster" / f"{name}.yaml").is_file():  # a --config-dir's own
+            continue
         comment = next((line.lstrip("# ").strip() for line in (CONF_DIR / "cluster" / f"{name}.yaml").read_text().splitlines()
                         if line.startswith("#")), "")
         rows.append((name, comment))

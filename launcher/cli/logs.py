@@ -10,4 +10,4 @@ from launcher.runtime.progress import console_handler
 
 
 def stderr_handler() -> logging.Handler:
-    return console_handler(Console(stderr=True))
+    return console_handler(Console(emoji=False, stderr=True))

@@ -32,6 +32,7 @@ from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config import user_recipes
 from launcher.config.errors import ConfigError, Problem, render
+from launcher.config.task_overrides import TASK_ROLES
 
 MAX_PRECHECKED_JOBS = 64
 NO_HYDRA_RECORD = "hydra.output_subdir=null"  # Hydra writes .hydra/ before the job can refuse: the job writes it
@@ -178,7 +179,7 @@ def _say_tf_config_not_read(overrides: list[str]) -> None:
     if not config or any(composer.key_of(o) == "cluster" and "tasks" in o.partition("=")[2]
                          or composer.key_of(o).startswith("cluster.tasks") for o in overrides):
         return  # a task list given to dlaunch
-    roles = {role: list(config.get("cluster", {}).get(role, [])) for role in composer.TASK_ROLES}
+    roles = {role: list(config.get("cluster", {}).get(role, [])) for role in TASK_ROLES}
     given = ", ".join(f"{role}: {json.dumps(hosts)}" for role, hosts in roles.items() if hosts)
     task = config.get("task") or {}
     which = f" 'cluster.task={{type: {task['type']}, index: {task.get('index', 0)}}}'" if task.get("type") else ""
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             _warm_workers(args.overrides, args.multirun, checked)
             dry = any(spec.launch.dry_run for spec in checked.valid.values())
             if args.multirun and not args.cfg and not dry:  # a sweep's jobs will run
-                sweep_jobs.announce_invalid(checked, Console(stderr=True))
+                sweep_jobs.announce_invalid(checked, Console(emoji=False, stderr=True))
             argv.append(NO_HYDRA_RECORD)  # the job writes Hydra's record itself, once it goes ahead (cli/job.py)
     except ConfigError as exc:
         if full_errors():

@@ -40,8 +40,8 @@ def console(stderr: bool = False) -> Console:
     """A rich console on stdout (results) or stderr (messages): rich on a terminal, plain lines elsewhere."""
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
-        return Console(file=stream, highlight=False)
-    return Console(file=_Unpadded(stream), highlight=False, width=WIDTH_OFF_TERMINAL, no_color=True, soft_wrap=False)
+        return Console(emoji=False, file=stream, highlight=False)
+    return Console(emoji=False, file=_Unpadded(stream), highlight=False, width=WIDTH_OFF_TERMINAL, no_color=True, soft_wrap=False)
 
 
 def results() -> Console:

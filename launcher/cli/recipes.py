@@ -151,11 +151,11 @@ def main(argv: list[str]) -> int:
             COMMAND_PARSERS["validate"].error("the following argument is required: PATH")
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return exc.code if isinstance(exc.code, int) else 2
-    out = Console(highlight=False)
+    out = Console(emoji=False, highlight=False)
     try:
         return command(args.command)(args, out)
     except Refused as exc:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]dlaunch recipes {args.command}:[/] {escape(str(exc))}")
+        Console(emoji=False, stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]dlaunch recipes {args.command}:[/] {escape(str(exc))}")
         return 2
     except ConfigError as exc:
         render(exc)

@@ -286,7 +286,9 @@ def _go_to_first_cwd(run_dir: Path) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip().split("\n\n")[0] + "\n\nusage: dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...] [-- SCRIPT_ARGS]")
+        text = __doc__.strip().split("\n\n")[0].replace("``", "`")
+        print(text + "\n\nusage: dlaunch resume RUN_OR_SWEEP_DIR [KEY=VALUE ...] [-- SCRIPT_ARGS]",
+              file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     run_dir = Path(argv[0]).expanduser().resolve()
     try:

@@ -122,7 +122,8 @@ def _dry_run_said(config: Any, sweep_dir: Path) -> bool:
     with contextlib.suppress(OSError):
         (sweep_dir / outputs.STATE_DIR).rmdir()  # where it holds nothing else
     _outcome["failed"] = len(refusals)
-    told = f"; {len(refusals)} of its jobs are refused (their reasons above)" if refusals else ""
+    n = len(refusals)
+    told = f"; {n} of its jobs {'is' if n == 1 else 'are'} refused (the reasons above)" if refusals else ""
     output.messages().print(f"dry run: the sweep's plans are above{told}; nothing is started")
     return True
 

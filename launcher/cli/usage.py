@@ -11,11 +11,13 @@ from the pydantic schema (``tests/cli/test_usage.py`` checks it is current).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
 
 from launcher.cli import help_data
+from launcher.config.errors import did_you_mean
 
 # Flags Hydra's own parser accepts (hydra/_internal/utils.py get_args_parser), with or without a value.
 INFO = ("--info", "-i")  # Hydra's one flag whose value is optional (const "all")
@@ -243,7 +245,7 @@ def _same_run(flags: dict[str, str | None], script: str | None, args: list[str],
 
 def early_exit(argv: list[str]) -> int | None:
     """The exit code when ``argv`` is answered here (help, version, launcher flags); None: go on to the run."""
-    if argv and argv[0] in ("recipes", "report", "resume"):
+    if argv and argv[0] in SUBCOMMANDS:
         return None
     head = argv[: argv.index("--")] if "--" in argv else argv
     if "--help" in head or "-h" in head:
@@ -252,8 +254,24 @@ def early_exit(argv: list[str]) -> int | None:
     if "--version" in head:
         sys.stdout.write(f"dlaunch {version()}\n")
         return 0
-    message = flag_message(argv)
+    message = flag_message(argv) or command_message(argv)
     if message:
         sys.stderr.write(message + "\n")
         return 2
     return None
+
+
+SUBCOMMANDS = ("recipes", "report", "resume")  # cli/main.py runs each
+
+
+def command_message(argv: list[str]) -> str | None:
+    """A first word that is no override, flag, file or command (``dlaunch reprot DIR``, ``dlaunch train``): the
+    commands there are, and the one meant."""
+    first = argv[0] if argv else ""
+    if not re.fullmatch(r"[A-Za-z][\w-]*", first) or os.path.exists(first):
+        return None
+    meant = did_you_mean(first, list(SUBCOMMANDS))
+    rest = " ".join(argv[1:])
+    said = f"; did you mean `dlaunch {meant}{' ' + rest if rest else ''}`?" if meant else "."
+    return (f"dlaunch: unknown command {first!r}{said} The commands are {', '.join(SUBCOMMANDS)}; a run is "
+            "`dlaunch KEY=VALUE ...` (e.g. dlaunch recipe=linear)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from typing import Any
 
 ALLOWED = "an IPv4 or IPv6 address (10.0.0.1, ::1) or a host name (node-0.cluster)"
@@ -63,6 +64,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def not_here(host: str) -> str | None:
+    """Why ``host`` is no address of this machine (it does not resolve, or nothing here can listen on it); None
+    when a socket binds to it (on a free port, closed at once)."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.bind(where)
+    except OSError as exc:
+        return f"is not an address of this machine ({where[0]}: {exc.strerror or exc})"
+    return None
 
 
 def split_address(text: str) -> tuple[str, int]:

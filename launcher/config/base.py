@@ -51,3 +51,12 @@ def check_rules(rules: Any, *args: Any) -> None:
         raise errors[0]
     if errors:
         raise PlanErrors(errors)
+
+
+def passes(rules: Any, *args: Any) -> bool:
+    """Whether every rule holds (their problems are ``check_rules``' to report)."""
+    try:
+        check_rules(rules, *args)
+    except (PlanError, PlanErrors):
+        return False
+    return True

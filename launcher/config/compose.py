@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -22,7 +24,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config import shapes, user_recipes
+from launcher.config import shapes, task_overrides, user_recipes
 from launcher.config.errors import ConfigError, Problem, did_you_mean
 from launcher.config.overrides import key_of
 from launcher.config.schema import ClusterSpec, RunSpec
@@ -39,7 +41,10 @@ DEFAULT_RECIPE = "linear"
 
 
 def file_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """A group's YAML files: dlaunch's own and those of each ``--config-dir`` (``DIR/strategy/NAME.yaml``), as Hydra
+    finds them for the run."""
+    dirs = [CONF_DIR, *(Path(d) for d in CONFIG_DIRS)]
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
 
 
 def recipe_files() -> dict[str, Path]:
@@ -99,7 +104,7 @@ def choose_user_recipes(overrides: list[str]) -> list[str]:
     the YAML's keys. The ``Config`` still judges the key when the spec is validated: an unknown one is
     named there, with the ``Config``'s fields as what is allowed.
     """
-    overrides = _whole_task_lists(user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE))
+    overrides = task_overrides.one_task(task_overrides.whole_task_lists(user_recipes.rewrite(overrides, CONFIG_DIRS, recipe_files(), DEFAULT_RECIPE)))
     # script.path=X, script.args=[...]: set or add, under the default `script: null` or a YAML's section alike
     overrides = [f"++{o}" if key_of(o).startswith("script.") and o[:1] not in "+~" else o for o in overrides]
     overrides = _script_without_recipe(overrides)
@@ -138,31 +143,6 @@ def chosen_recipe(choice: list[str]) -> DictConfig:
     if path is None:
         return compose(choice).recipe
     return _shipped_recipe(name, str(path), path.stat().st_mtime_ns).recipe
-
-
-TASK_ROLES = ("chief", "worker", "ps")
-
-
-def _whole_task_lists(overrides: list[str]) -> list[str]:
-    """``cluster.tasks={worker: [A, B]}`` is the whole task list, as a TF_CONFIG's cluster is: the roles it leaves out
-    are empty (``{chief: [], ps: [], worker: [A, B]}``), not the ``cluster=tasks`` option's own demo chief, which
-    Hydra's merge of a mapping would keep (a third node). One override in, one out."""
-    out = []
-    for o in overrides:
-        if key_of(o) == "cluster.tasks" and (o[:1] not in "+~" or o[:2] == "++") and o.partition("=")[2].lstrip().startswith("{"):
-            try:
-                (ov,) = parse_overrides([o])
-                value = ov.value()
-            except Exception:  # noqa: BLE001 - its own problem is named where it always was
-                value = None
-            if isinstance(value, dict) and not ov.is_sweep_override():
-                missing = [role for role in TASK_ROLES if role not in value]
-                key, _, text = o.partition("=")
-                at = text.index("{") + 1
-                empty = ", ".join(f"{role}: []" for role in missing) + (", " if value else "")
-                o = f"{key}={text[:at]}{empty}{text[at:]}" if missing else o
-        out.append(o)
-    return out
 
 
 def _script_without_recipe(overrides: list[str]) -> list[str]:
@@ -291,6 +271,8 @@ def compose(overrides: list[str]) -> DictConfig:
         raise ConfigError([Problem(key=_group_of(exc.missing_cfg_file), value=exc.missing_cfg_file.rsplit("/", 1)[-1], message="config not found", allowed=tuple(exc.options or ()))]) from None
     except (ConfigCompositionException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain_composition(parsed, exc)) from None
+    except yaml.YAMLError as exc:  # a user's own YAML (--config-dir) that does not parse
+        raise ConfigError([user_recipes.yaml_problem(exc)]) from None
 
 
 def _compose(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
@@ -328,11 +310,14 @@ def _explain_composition(parsed: list[Override], exc: Exception) -> list[Problem
     if not problems:
         lines = str(exc).strip().splitlines()
         message = lines[0] if lines else type(exc).__name__
-        cause = exc.__cause__
-        if cause is not None and str(cause).strip():
-            message += f" ({str(cause).strip().splitlines()[0]})"
-        culprit = next((ov.key_or_group for ov in parsed if ov.input_line and ov.input_line in str(exc)), "overrides")
-        problems.append(Problem(key=culprit, message=message, has_value=False))
+        cause = str(exc.__cause__ or "").strip()
+        culprit = next((ov for ov in parsed if ov.input_line and ov.input_line in str(exc)), None)
+        if culprit is None:
+            problems.append(Problem(key="overrides", message=message + (f" ({cause.splitlines()[0]})" if cause else ""),
+                                    has_value=False))
+        else:  # a value Hydra's own config refuses (hydra.job.chdir=maybe): its words alone
+            problems.append(Problem(key=culprit.key_or_group, value=_value_text(culprit),
+                                    message=cause.splitlines()[0] if cause else message))
     return problems
 
 
@@ -353,19 +338,21 @@ def compose_and_validate(overrides: list[str], cuda_devices: int) -> RunSpec:
 
 
 def with_the_rest(exc: ConfigError, overrides: list[str], cuda_devices: int) -> ConfigError:
-    """``exc`` (a composition that failed on unknown keys or unknown group options only) plus what the other
-    overrides get wrong. Without a group's option, the keys under that group mean nothing: they are left out."""
-    unknown = {p.key for p in exc.problems if p.message.startswith("unknown key")}
+    """``exc`` (a composition that failed on overrides it names: unknown keys, values Hydra's own config refuses,
+    group options unknown or refused) plus what the other overrides get wrong. Without a group's option, the keys
+    under that group mean nothing: they are left out."""
     groups = {p.key for p in exc.problems if p.key in GROUPS and not p.message.startswith("unknown key")}
+    named = {p.key for p in exc.problems if any(key_of(o) == p.key for o in overrides)} - groups
     unparsable = {p.key for p in exc.problems if p.message.startswith(UNPARSABLE)}  # keyed by the whole override
     rest = [o for o in overrides if o not in unparsable
-            and (k := key_of(o)) not in unknown and k.split(".")[0] not in groups]
+            and (k := key_of(o)) not in named and k.split(".")[0] not in groups]
+    unknown_option = any(p.key in groups and p.message.startswith("unknown") for p in exc.problems)
     try:
-        if unknown | groups | unparsable and len(unknown | groups | unparsable) == len({p.key for p in exc.problems}) and rest != overrides:
+        if named | groups | unparsable and len(named | groups | unparsable) == len({p.key for p in exc.problems}) and rest != overrides:
             _check_the_rest(rest, cuda_devices)
     except ConfigError as more:  # the recipe's own code failing at import (UserCodeError) too: one screen names all
         # checked against a default in place of an unknown option, the groups' own rules would blame the default
-        found = [p for p in more.problems if p not in exc.problems and not (groups and p.key.split(".")[0] in GROUPS)]
+        found = [p for p in more.problems if p not in exc.problems and not (unknown_option and p.key.split(".")[0] in GROUPS)]
         return ConfigError([*exc.problems, *found])
     return exc
 

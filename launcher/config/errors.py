@@ -70,7 +70,7 @@ MAX_LINES = 25  # one screen, whatever the problems say
 def render(error: ConfigError, console: Console | None = None) -> None:
     """Print the problems to stderr: at most ``MAX_LINES`` lines, never a traceback. Each problem in full (its key and
     value, what is wrong, what was meant, what is allowed) where all fit; else each on one line, with the same."""
-    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+    console = console or Console(emoji=False, stderr=True, highlight=False, soft_wrap=True)
     n = len(error.problems)
     console.print(f"[bold red]dlaunch: {error.title}[/] ({n} problem{'s' if n != 1 else ''})")
     full = _each(error.problems, _lines)

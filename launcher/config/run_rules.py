@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.cluster import address
 from launcher.config.base import PlanError
 from launcher.config.trainer import accumulation_divides, strategy_trains_so
 from launcher.input.auto_shard import too_few_files
@@ -24,6 +25,21 @@ def fixed_port(spec: RunSpec, cuda: int) -> None:
             f"cluster {c.shape} with cluster.node_rank={c.node_rank}: every node must meet at the same "
             f"address, so give a port (e.g. cluster.master_port=29500)",
         )
+
+
+def master_here(spec: RunSpec, cuda: int) -> None:
+    """Without ``cluster.node_rank`` (or a task list) every node runs on this machine, and the rendezvous listens at
+    ``cluster.master_addr``: it must be an address of this machine."""
+    c = spec.cluster
+    if c.node_rank is not None or c.tasks or c.loopback:
+        return
+    why = address.not_here(c.master_addr)
+    if why:
+        apart = ("give cluster=tasks with each machine's cluster.task" if c.ps
+                 else "start each with its cluster.node_rank")
+        raise PlanError("cluster.master_addr", c.master_addr,
+                        f"{why}; with cluster {c.shape} and no cluster.node_rank every process runs on this machine and "
+                        f"listens there: use 127.0.0.1, or on real machines {apart}")
 
 
 def recipe_supports(spec: RunSpec, cuda: int) -> None:
@@ -141,3 +157,5 @@ def backend_fits(spec: RunSpec, cuda: int) -> None:
 # refuses fp16-mixed where the strategy does.
 LOOP_RULES = (recipe_supports, batch_divides, whole_batches, files_cover_workers, accumulation_divides,
               strategy_trains_so)
+# the rules that count replicas or processes: not judged while the strategy's shape rules refuse the cluster's shape
+SHAPE_DEPENDENT = (batch_divides, whole_batches, files_cover_workers, accumulation_divides)

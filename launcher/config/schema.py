@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from launcher.cluster import address
 from launcher.config import run_rules
-from launcher.config.base import PlanError, Port, PositiveInt, Strict, check_rules
+from launcher.config.base import PlanError, PlanErrors, Port, PositiveInt, Strict, check_rules, passes
 from launcher.config.script import ScriptSpec, script_fits
 from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
 from launcher.config.user_recipes import absolute_file
@@ -135,6 +135,8 @@ class ClusterSpec(Strict):
         return [address.split_address(a)[0] for a in address.ordered_tasks(self.tasks)]
 
 
+SHOWN_FILES = 5  # files at fault named one by one; the rest counted
+
 class InputSpec(Strict):
     global_batch_size: PositiveInt = Field(32, description="examples per step over every replica (each gets an equal share)")
     shuffle: bool = Field(True, description="a new order of the training data each epoch (seed: input.seed, else trainer.seed)")
@@ -172,10 +174,15 @@ class InputSpec(Strict):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return value  # pydantic reports the type
-        try:
-            return files_lib.resolve_files(value, (info.context or {}).get("cwd"))
-        except FileNotFoundError as exc:
-            raise PlanError("input.files", value, str(exc)) from None
+        resolved, errors = [], []
+        for pattern in value:  # each pattern that matches no file is named
+            try:
+                resolved += files_lib.resolve_files(pattern, (info.context or {}).get("cwd"))
+            except FileNotFoundError as exc:
+                errors.append(PlanError("input.files", pattern if len(value) > 1 else value, str(exc)))
+        if errors:
+            raise errors[0] if len(errors) == 1 else PlanErrors(errors)
+        return list(dict.fromkeys(resolved))
 
     @model_validator(mode="after")
     def _format_known(self) -> "InputSpec":
@@ -191,11 +198,12 @@ class InputSpec(Strict):
         """The parent looks at each file's first bytes (``check_files`` in the context); workers read them whole."""
         if not self.files or not (info.context or {}).get("check_files"):
             return self
-        bad = checks.first_problem(self.files, self.file_format)
-        if bad is not None:
-            path, why, count = bad
-            more = f" ({count - 1} more of the {len(self.files)} files fail too)" if count > 1 else ""
-            raise PlanError("input.files", path, f"{path} {why}{more}")
+        bad = checks.file_problems(self.files, self.file_format)
+        more = f" (and {len(bad) - SHOWN_FILES} more of the {len(self.files)} files fail too)" if len(bad) > SHOWN_FILES else ""
+        shown = [PlanError("input.files", path, f"{path} {why}{more if i == SHOWN_FILES - 1 else ''}")
+                 for i, (path, why) in enumerate(bad[:SHOWN_FILES])]
+        if shown:
+            raise shown[0] if len(shown) == 1 else PlanErrors(shown)
         return self
 
     @property
@@ -297,8 +305,11 @@ class RunSpec(Strict):
         moot = self.script is not None and not self.strategy.runs_scripts
         shape, device = ((), ()) if moot else (self.strategy.shape_rules(), self.strategy.device_rules())
         r = run_rules
-        rules = (script_fits, *shape, r.fixed_port, r.recipe_supports, r.batch_divides, r.whole_batches,
+        rules = (script_fits, *shape, r.fixed_port, r.master_here, r.recipe_supports, r.batch_divides, r.whole_batches,
                  r.files_cover_workers, r.devices_exist, r.strategy_device_exists, r.backend_fits, *device,
                  accumulation_divides, strategy_trains_so, precision_runs_here)
-        check_rules(tuple(rule for rule in rules if self.script is None or rule not in r.LOOP_RULES), self, cuda)
+        # the replicas and processes of a shape the strategy refuses are no numbers to judge the batch or files by
+        skipped = r.SHAPE_DEPENDENT if not passes(shape, self, cuda) else ()
+        check_rules(tuple(rule for rule in rules if (self.script is None or rule not in r.LOOP_RULES)
+                          and rule not in skipped), self, cuda)
         return self

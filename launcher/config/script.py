@@ -62,7 +62,8 @@ def _compiles(path: Path) -> None:
     try:
         compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        raise ValueError(f"{exc.filename or path}:{exc.lineno}: {type(exc).__name__}: {exc.msg}") from None
+        at = f":{exc.lineno}" if exc.lineno else ""  # a binary file: no line
+        raise ValueError(f"{exc.filename or path}{at}: {type(exc).__name__}: {exc.msg} (is it a Python script?)") from None
     except ValueError as exc:  # null bytes in the source
         raise ValueError(f"{path}: {exc}") from None
 

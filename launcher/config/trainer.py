@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from launcher.config import disk
-from launcher.config.base import PlanError, PlanErrors, PositiveInt, Strict
+from launcher.config.base import PlanError, PlanErrors, PositiveInt, Strict, check_rules
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunSpec
@@ -120,30 +120,7 @@ class TrainerSpec(Strict):
 
     @model_validator(mode="after")
     def _fits_in_steps(self) -> "TrainerSpec":
-        s = self.lr_schedule
-        if s.warmup_steps > self.steps:
-            raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
-                            f"warm-up of {s.warmup_steps} steps is longer than trainer.steps={self.steps}")
-        if s.decay != "constant" and s.warmup_steps == self.steps:  # a setting that would change nothing
-            raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
-                            f"warm-up of {s.warmup_steps} steps = trainer.steps={self.steps} leaves no step for "
-                            f"decay={s.decay}; use at most {self.steps - 1} warm-up steps, or decay=constant")
-        if s.decay_steps is not None and s.warmup_steps + s.decay_steps > self.steps:
-            raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps,
-                            f"warmup_steps {s.warmup_steps} + decay_steps {s.decay_steps} = {s.warmup_steps + s.decay_steps} "
-                            f"is longer than trainer.steps={self.steps}; use at most {self.steps - s.warmup_steps} or null")
-        for key, value, unused in (("decay_steps", s.decay_steps, s.decay_steps is not None and s.decay == "constant"),
-                                   ("min_lr_ratio", s.min_lr_ratio, s.min_lr_ratio > 0 and s.decay == "constant"),
-                                   ("warmup_start", s.warmup_start, s.warmup_start > 0 and s.warmup_steps == 0)):
-            if unused:  # a setting that would change nothing: said, not ignored
-                needs = "warmup_steps > 0" if key == "warmup_start" else "decay=cosine or decay=linear"
-                raise PlanError(f"trainer.lr_schedule.{key}", value, f"{key} needs {needs}")
-        p = self.profile
-        if p.enabled and p.window > self.steps:
-            key, value = ("trainer.profile.wait", p.wait) if p.warmup + p.active <= self.steps else ("trainer.profile.active", p.active)
-            raise PlanError(key, value,
-                            f"the profile window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {p.window} steps) is "
-                            f"longer than trainer.steps={self.steps}; lower {key} or raise trainer.steps")
+        check_rules((_schedule_fits, _schedule_settings_used, _profile_fits), self)
         return self
 
     @field_validator("activation_checkpointing", mode="after")
@@ -185,7 +162,7 @@ def _absolute_path(value: str, info: ValidationInfo) -> str:
 
 def accumulation_divides(spec: "RunSpec", cuda: int) -> None:
     k, n, gbs = spec.trainer.grad_accum_steps, spec.num_replicas, spec.input.global_batch_size
-    if k > 1 and spec.per_replica_batch_size % k:
+    if k > 1 and gbs % n == 0 and spec.per_replica_batch_size % k:  # an uneven split is batch_divides' to name
         per = spec.per_replica_batch_size
         raise PlanError(
             "trainer.grad_accum_steps", k,
@@ -234,3 +211,41 @@ def precision_runs_here(spec: "RunSpec", cuda: int) -> None:
         raise PlanError("trainer.precision", "bf16-mixed",
                         f"{older[0].name} (compute capability {older[0].major}.{older[0].minor}) does not compute in "
                         "bf16 (it needs 8.0 or later: torch would only emulate it, slowly); use trainer.precision=fp16-mixed or fp32")
+
+
+def _schedule_fits(t: TrainerSpec) -> None:
+    s = t.lr_schedule
+    if s.warmup_steps > t.steps:
+        raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
+                        f"warm-up of {s.warmup_steps} steps is longer than trainer.steps={t.steps}")
+    if s.decay != "constant" and s.warmup_steps == t.steps:  # a setting that would change nothing
+        raise PlanError("trainer.lr_schedule.warmup_steps", s.warmup_steps,
+                        f"warm-up of {s.warmup_steps} steps = trainer.steps={t.steps} leaves no step for "
+                        f"decay={s.decay}; use at most {t.steps - 1} warm-up steps, or decay=constant")
+    if s.decay_steps is not None and s.warmup_steps + s.decay_steps > t.steps:
+        raise PlanError("trainer.lr_schedule.decay_steps", s.decay_steps,
+                        f"warmup_steps {s.warmup_steps} + decay_steps {s.decay_steps} = {s.warmup_steps + s.decay_steps} "
+                        f"is longer than trainer.steps={t.steps}; use at most {t.steps - s.warmup_steps} or null")
+
+
+def _schedule_settings_used(t: TrainerSpec) -> None:
+    """A schedule setting that would change nothing is said, not ignored: each one."""
+    s = t.lr_schedule
+    errors = []
+    for key, value, unused in (("decay_steps", s.decay_steps, s.decay_steps is not None and s.decay == "constant"),
+                               ("min_lr_ratio", s.min_lr_ratio, s.min_lr_ratio > 0 and s.decay == "constant"),
+                               ("warmup_start", s.warmup_start, s.warmup_start > 0 and s.warmup_steps == 0)):
+        if unused:
+            needs = "warmup_steps > 0" if key == "warmup_start" else "decay=cosine or decay=linear"
+            errors.append(PlanError(f"trainer.lr_schedule.{key}", value, f"{key} needs {needs}"))
+    if errors:
+        raise PlanErrors(errors)
+
+
+def _profile_fits(t: TrainerSpec) -> None:
+    p = t.profile
+    if p.enabled and p.window > t.steps:
+        key, value = ("trainer.profile.wait", p.wait) if p.warmup + p.active <= t.steps else ("trainer.profile.active", p.active)
+        raise PlanError(key, value,
+                        f"the profile window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {p.window} steps) is "
+                        f"longer than trainer.steps={t.steps}; lower {key} or raise trainer.steps")

@@ -104,14 +104,20 @@ class _NoDuplicates(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def yaml_problem(exc: OSError | yaml.YAMLError, path: Path | str | None = None) -> Problem:
+    """A YAML file that cannot be read or parsed, named with the line and column of the fault."""
+    mark = getattr(exc, "problem_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    name = path or getattr(mark, "name", None) or getattr(exc, "filename", None) or "a YAML file"
+    return Problem(key=str(name), message=f"cannot read this YAML: {why}{at}", has_value=False)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.load(path.read_text(), Loader=_NoDuplicates)  # noqa: S506 - a SafeLoader
     except (OSError, yaml.YAMLError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise ConfigError([Problem(key=str(path), message=f"cannot read this YAML: {why}{at}", has_value=False)]) from None
+        raise ConfigError([yaml_problem(exc, path)]) from None
     if not isinstance(data, dict) or not isinstance(data.get("recipe"), dict):
         raise ConfigError([Problem(key=str(path), has_value=False, message="not a recipe config: it needs a top-level "
                                    "recipe: mapping with recipe.entry (as dlaunch recipes cp linear DIR/ writes)")])

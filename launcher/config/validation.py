@@ -47,6 +47,8 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     is_recipe = data.get("script") is None and isinstance(recipe, dict) and isinstance(recipe.get("entry"), str)
     quick = (bool(problems) or found) and overrides is not None and not any(key_of(o).startswith("recipe") for o in overrides)
     loaded = _recipe_problems(recipe, problems) if is_recipe and not quick else None
+    if problems and loaded is not None:
+        problems += _recipe_rules_without(data, problems, context, loaded)
     if problems:
         raise ConfigError(_named_with_their_yaml(problems, recipe, overrides))
     if loaded is not None:
@@ -94,26 +96,55 @@ def _kept_by_entry(problems: list[Problem], recipe: object, entry: object, overr
 def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:
     """The cross-field rules' problems once the keys already at fault take their defaults (pydantic skips the rules then).
 
-    A rule about a key at fault would judge its default, not the user's value: such problems are left out.
+    A rule about a key at fault would judge its default, not the user's value: such problems are left out. Each
+    round drops the keys found at fault so far, so that the rules after them run too; a default that is itself
+    refused (a profile window of the default length against a short run) drops its section.
     """
-    bad = [p.key for p in problems]
+    dropped, found = [p.key for p in problems], []
+    for _ in range(8):
+        try:
+            RunSpec.model_validate(_without(data, dropped), context=context)
+            return found
+        except ValidationError as exc:
+            new = pydantic_errors.plan_problems(exc)
+        fresh = [p for p in new if not _related(p.key, dropped) and p not in found]
+        found += fresh
+        more = [p.key for p in fresh] + [p.key.rpartition(".")[0] for p in new if _related(p.key, dropped)]
+        more = [k for k in dict.fromkeys(more) if k and k not in dropped]
+        if not more:
+            return found
+        dropped += more
+    return found
+
+
+def _without(data: dict, keys: list[str]) -> dict:
     pruned = copy.deepcopy(data)
-    for key in bad:
+    for key in keys:
         *parents, last = key.split(".")
         node = pruned
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(last, None)
+    return pruned
+
+
+def _recipe_rules_without(data: dict, problems: list[Problem], context: dict, loaded: recipe_lib.LoadedRecipe) -> list[Problem]:
+    """The rules between the run and its recipe's code (recipe_rules), judged with the keys at fault at their defaults:
+    what they find about other keys belongs on the same screen."""
+    bad = [p.key for p in problems]
     try:
-        RunSpec.model_validate(pruned, context=context)
-    except ValidationError as exc:
-        return [p for p in pydantic_errors.plan_problems(exc) if not _related(p.key, bad)]
+        recipe_rules.check(RunSpec.model_validate(_without(data, bad), context=context), loaded)
+    except ValidationError:  # a default that is refused too: the problems already found stand alone
+        return []
+    except ConfigError as exc:
+        return [p for p in exc.problems if not _related(p.key, bad)]
     return []
 
 
 def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.LoadedRecipe | None:
-    """The loaded recipe (None if it is at fault: its problems are added to ``problems``).
+    """The loaded recipe (None if it is at fault: its problems are added to ``problems``). Where only its ``Config``
+    refuses some keys, the recipe loaded with those at their defaults, for the rules between it and the run.
 
     An exception raised by the recipe's own code at import is no config problem: ``UserCodeError``, exit 1, where
     it is the only problem; beside config problems it is one of them, so that one screen names every one.
@@ -127,12 +158,19 @@ def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.Loaded
         problems.append(problem)
     except ValidationError as exc:
         config_cls = recipe_lib.config_class(recipe_lib.import_entry(recipe["entry"]), recipe["entry"])
-        problems += [p for p in pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",)) if p not in problems]
+        refused = pydantic_errors.problems(exc, config_cls, recipe, prefix=("recipe",))
+        problems += [p for p in refused if p not in problems]
+        try:
+            return recipe_lib.load(_without(recipe, [p.key.removeprefix("recipe.") for p in refused]))
+        except (recipe_lib.RecipeError, ValidationError):
+            return None
     return None
 
 
 def _related(key: str, bad: list[str]) -> bool:
-    """``key`` is one of ``bad``, under one, or holds one."""
+    """``key`` is one of ``bad``, under one, or holds one. A task list (``cluster.tasks``) gives the cluster's whole
+    layout (its nodes, workers and ps tasks): at fault, the rules about those judge defaults."""
+    bad = [*bad, *(["cluster"] if any(b.startswith("cluster.task") for b in bad) else [])]
     return any(key == b or key.startswith(b + ".") or b.startswith(key + ".") for b in bad)
 
 

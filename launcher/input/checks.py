@@ -35,10 +35,9 @@ ZIP_END = b"PK\x05\x06"  # the end-of-central-directory record, in the last byte
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"  # pickle protocol 2 + torch's magic number
 
 
-def first_problem(files: Sequence[str], fmt: str) -> tuple[str, str, int] | None:
-    """The first file that cannot be ``fmt``: ``(path, why, how many files fail)``; None when all look right."""
-    found = [(f, why) for f in files if (why := file_problem(f, fmt))]
-    return (*found[0], len(found)) if found else None
+def file_problems(files: Sequence[str], fmt: str) -> list[tuple[str, str]]:
+    """Each file that cannot be ``fmt``, with why: ``[(path, why), ...]``; empty when all look right."""
+    return [(f, why) for f in files if (why := file_problem(f, fmt))]
 
 
 def file_problem(path: str | Path, fmt: str) -> str | None:

@@ -204,7 +204,7 @@ def node_main(argv: list[str]) -> int:
     die_with_launcher()
     job_path, node, run_id, port, lines, *fd = argv
     node_rank = int(node)
-    setup_logging(node_rank, Console(stderr=True), who="node")
+    setup_logging(node_rank, Console(emoji=False, stderr=True), who="node")
     job = json.loads(Path(job_path).read_text())
     log_to_file(job.get("log_file"), node_rank, who="node")  # its restarts and warnings, beside the workers' lines
     spec, plan = read_job(job)

@@ -289,7 +289,7 @@ def as_text(root: RootCause, others: list[RootCause], last_logged: int | None) -
     """What ``render`` shows, as plain text (no colour): the block a failed run's directory keeps, each line whole
     (a file is not wrapped at a terminal's width)."""
     buffer = io.StringIO()
-    render(root, others, last_logged, Console(file=buffer, color_system=None, highlight=False, soft_wrap=True))
+    render(root, others, last_logged, Console(emoji=False, file=buffer, color_system=None, highlight=False, soft_wrap=True))
     return buffer.getvalue()
 
 

@@ -182,7 +182,7 @@ def task_main(argv: list[str]) -> int:
     job = json.loads(Path(job_path).read_text())
     spec, _ = read_job(job)
     task = next(t for t in all_tasks(spec, int(attempt)) if (t.type, t.index) == (kind, int(index)))
-    setup_logging(task.rank, Console(stderr=True), who="node")
+    setup_logging(task.rank, Console(emoji=False, stderr=True), who="node")
     log_to_file(job.get("log_file"), task.rank, who="node")
     run_dir = Path(job["run_dir"])
     config = elastic.local_config(

@@ -232,7 +232,7 @@ class _Loop:
             with watch.operation("checkpoint clean-up barrier"):
                 self.ckpt.start(start)
         steps = self.spec.trainer.steps
-        progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(stderr=True), start=start)
+        progress = ProgressReporter(steps, enabled=self.chief, console=self.console or Console(emoji=False, stderr=True), start=start)
         metrics_log = outputs.MetricsLog(self.run_dir / outputs.METRICS, resumed_at=start) if self.chief else None
         self.loggers = make_loggers(self.spec.trainer.loggers, self.run_dir) if self.chief else []
         meter = Meter(self.stream, steps, start, self.step_seconds, aside=lambda: self.aside_seconds)

@@ -86,7 +86,7 @@ def run(job_path: Path) -> int:
     run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
     env = env_lib.WorkerEnv.from_environ() if task is None else None
     rank = task.rank if task is not None else (env.rank if env else 0)
-    console = Console(stderr=True)
+    console = Console(emoji=False, stderr=True)
     setup_logging(rank, console)
     if rank:  # the agent tags its lines (rank 0 keeps the terminal untagged, and torch's own tag)
         untag_torch_logs()

@@ -179,7 +179,7 @@ def test_a_dry_run_sweep_with_refused_jobs_counts_them_and_leaves_nothing(tmp_pa
     proc = dlaunch("-m", "recipe.optimizer.lr=0.1,0.01", "trainer.grad_accum_steps=1,3", "launch.dry_run=true",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.count("does not split into 3 equal micro-batches") == 2, proc.stderr[-3000:]
-    assert ("dry run: the sweep's plans are above; 2 of its jobs are refused (their reasons above); nothing is started"
+    assert ("dry run: the sweep's plans are above; 2 of its jobs are refused (the reasons above); nothing is started"
             in proc.stdout + proc.stderr), proc.stderr[-3000:]
     assert "sweep summary" not in proc.stdout + proc.stderr and "every job:" not in proc.stdout
     assert not (tmp_path / "sweep").exists()

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from launcher.input.checks import HEAD_BYTES, file_problem, first_problem
+from launcher.input.checks import HEAD_BYTES, file_problem, file_problems
 from launcher.input.files import FORMATS, write_file
 
 
@@ -46,10 +46,10 @@ def test_a_directory_or_missing_file(tmp_path):
     assert "cannot be read" in file_problem(tmp_path / "gone.jsonl", "jsonl")
 
 
-def test_the_first_bad_file_and_how_many(tmp_path):
+def test_every_bad_file_named(tmp_path):
     files = []
     for i, content in enumerate([b'{"x": 1}\n', b"", b"[1]\n"]):
         files.append(str(tmp_path / f"{i}.jsonl"))
         (tmp_path / f"{i}.jsonl").write_bytes(content)
-    assert first_problem(files, "jsonl") == (files[1], "is empty", 2)
-    assert first_problem(files[:1], "jsonl") is None
+    assert file_problems(files, "jsonl") == [(files[1], "is empty"), (files[2], file_problem(files[2], "jsonl"))]
+    assert file_problems(files[:1], "jsonl") == []
