@@ -17,10 +17,11 @@ import torch
 DTYPES = {"fp32": None, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
-def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:
-    """``torch.autocast`` in ``precision``'s dtype on ``device_type``; nothing for fp32."""
+def autocast(precision: str, device_type: str, cache: bool = True) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` in ``precision``'s dtype on ``device_type``; nothing for fp32. ``cache=False``: no cast
+    of a weight is kept for the region's length (torch keeps them, and would not see a weight changed in place)."""
     dtype = DTYPES[precision]
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype, cache_enabled=cache)
 
 
 def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler:

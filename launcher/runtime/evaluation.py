@@ -33,7 +33,9 @@ class Evaluator:
             was_training = module.training
             module.eval()
             try:
-                with torch.no_grad(), self.step.autocast():
+                # one region over the whole evaluation: torch's cache of each weight's cast would outlive a weight
+                # the recipe changes in place (an EMA swapped in), and evaluate the old one
+                with torch.no_grad(), self.step.autocast(cache=False):
                     found = self.evaluate(module, self.parts)
             finally:
                 module.train(was_training)

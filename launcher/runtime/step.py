@@ -84,9 +84,10 @@ class ReplicaStep:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast is per thread: each replica enters its own."""
-        return autocast(self.precision, self.device_type)
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager:
+        """Autocast is per thread: each replica enters its own. ``cache=False`` for a region whose weights may change
+        in place (an evaluation that swaps in an EMA's values)."""
+        return autocast(self.precision, self.device_type, cache)
 
     def __call__(self, batch: Any, measure: bool = False, rows: int | None = None, pad: Any = None) -> torch.Tensor:
         """``rows``: the global batch's rows, which ``batch`` is this replica's share of (None: an even share).
