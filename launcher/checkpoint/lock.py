@@ -70,6 +70,15 @@ def file_name(spec: Any) -> str:
     return f".dlaunch.node{c.node_rank}.lock" if c.node_rank else ".dlaunch.lock"
 
 
+def other_nodes_here(run_dir: Path) -> list[int]:
+    """The node ranks besides node 0 whose commands used ``run_dir`` too (their lock files are there), where node 0's
+    did: nodes that share one run directory; [] otherwise."""
+    if not (run_dir / ".dlaunch.lock").exists():
+        return []
+    return sorted(int(p.name[len(".dlaunch.node"):-len(".lock")]) for p in run_dir.glob(".dlaunch.node*.lock")
+                  if p.name[len(".dlaunch.node"):-len(".lock")].isdigit())
+
+
 def directories(spec: Any, run_dir: Path) -> list[tuple[Path, str]]:
     """What a run writes to, with the setting that chose each: the run directory, and the checkpoints if it saves any."""
     found = [(run_dir, "hydra.run.dir")]

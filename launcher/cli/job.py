@@ -12,7 +12,6 @@ nothing, refused or not: ``cli/dry_run.py`` then removes the directory Hydra mad
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 from pathlib import Path
@@ -20,12 +19,11 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.cli import dry_run, interrupts, output, resume, resume_lines, scheduled, sweep, sweep_jobs, sweep_stop
+from launcher.cli import dry_run, interrupts, output, resume, resume_lines, run_record, scheduled, sweep, sweep_jobs, sweep_stop
 from launcher.cluster import admission
 from launcher.cluster.env import scheduler_tasks
 from launcher.config import compose as composer
 from launcher.config import disk
-from launcher.config import script as script_config
 from launcher.config.errors import ConfigError, Problem, render
 from launcher.launch import warm
 from launcher.runtime import outputs, progress, recipe_import
@@ -151,8 +149,7 @@ def _not_run(run_dir: Path, cfg: Any, key: tuple[str, ...], console: Console) ->
         sweep_jobs.not_started(run_dir, Status.stopped, console)
         sweep.refused(run_dir, "not started", f"{Status.stopped}, which stopped the sweep")
     if fresh:
-        record_hydra(run_dir, cfg)
-    return None
+        run_record.record_hydra(run_dir, cfg)
 
 
 def _refused(run_dir: Path, cfg: Any, exc: ConfigError, console: Console, write: bool = True, row: bool = True) -> None:
@@ -164,29 +161,7 @@ def _refused(run_dir: Path, cfg: Any, exc: ConfigError, console: Console, write:
     if row:
         sweep.refused(run_dir, status, why)
     if write and sweep_jobs.record_not_run(run_dir, status, f"{type(exc).__name__}: {why}"):
-        record_hydra(run_dir, cfg)
-    return None
-
-
-def record_hydra(run_dir: Path, cfg: Any) -> None:
-    """Hydra's record of this job (``cfg``), as Hydra writes it (config, hydra and overrides YAML), with a user
-    recipe's option as the user typed it: ``dlaunch resume`` and the sweep table read it."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from launcher.config import user_recipes
-
-    hydra = HydraConfig.instance().cfg  # {"hydra": ...}
-    record = run_dir / outputs.HYDRA_RECORD
-    record.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, record / "config.yaml")
-    OmegaConf.save(hydra, record / "hydra.yaml")
-    OmegaConf.save(OmegaConf.create(user_recipes.as_typed([str(o) for o in hydra.hydra.overrides.task])),
-                   record / "overrides.yaml")
-    if script_config.ARGS:  # `-- ARGS`: no override, so Hydra's record has no place for them; JSON: `${x}` stays text
-        (record / outputs.SCRIPT_ARGS).write_text(json.dumps(list(script_config.ARGS)) + "\n")
-    else:
-        (record / outputs.SCRIPT_ARGS).unlink(missing_ok=True)
+        run_record.record_hydra(run_dir, cfg)
 
 
 def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console) -> Any:
@@ -200,7 +175,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
 
     resume_from = _checkpoints_usable(spec, run_dir)
     config = run_dir / outputs.CONFIG  # the same command again: its config as it ran, on one node (others would wait)
-    same = spec.cluster.nodes == 1 and config.is_file() and config.read_text() == as_run(spec)
+    same = spec.cluster.nodes == 1 and config.is_file() and config.read_text() == run_record.as_run(spec)
     done = resume.already_completed(spec, run_dir, resume_from, same)
     if done is not None:
         again = "" if resume.RESUMING else "; trainer.resume=never trains it again from step 0"
@@ -224,12 +199,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     try:
         with interrupts.job_launches(), interrupts.stops_raise():  # until the launcher's (or loop's) own handling
             with interrupts.held():  # a run's record is written whole, or a stop's summary would name a run not there
-                record_hydra(run_dir, cfg)  # every node's own command, as Hydra wrote it on each
-                if not spec.cluster.node_rank:  # node 0 owns the run's files; other nodes may share the directory
-                    outputs.start_run(run_dir, resuming=resume_from is not None,
-                                      script=spec.script is not None and outputs.same_script(run_dir, spec.script.path))
-                    (run_dir / outputs.CONFIG).write_text(as_run(spec))
-                    outputs.record_command(run_dir)
+                run_record.record_run(spec, cfg, run_dir, resume_from)
             interrupts.raise_noted()  # a sweep's job stopped while it got ready: now that its record is whole
             sweep_stop.raise_taken()  # the same, for joblib's jobs when it runs them here (n_jobs=1)
             code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
@@ -281,24 +251,6 @@ def _trained_nothing(run_dir: Path, resume_from: Path) -> bool:
     last = summary.get("last_completed_step")
     last = last if last is not None else summary.get("last_logged_step")  # it failed before its first step
     return (last is None or last <= layout.step_of(resume_from)) and layout.latest(resume_from.parent) == resume_from
-
-
-def as_run(spec: Any) -> str:
-    """``config.yaml``: the validated config, its recipe section as the recipe's ``Config`` read it (the defaults
-    its YAML leaves out too), so that the file says what ran even after the recipe's code changes."""
-    from omegaconf import OmegaConf
-
-    from launcher.runtime import recipe as recipe_lib
-
-    data = spec.model_dump(mode="json")
-    if spec.script is None:
-        data["recipe"] = recipe_lib.as_read(data["recipe"])  # the module the validation imported
-        return OmegaConf.to_yaml(data)
-    return SCRIPT_RUN + OmegaConf.to_yaml(data)
-
-
-SCRIPT_RUN = ("# A script's run: `script` ran in place of a recipe and its loop. `recipe` only names it; of `trainer`,\n"
-              "# a script takes seed and precision (docs/SCRIPTS.md), the other keys are dlaunch's loop's.\n")
 
 
 def _completed_before_the_stop(spec: Any, run_dir: Path, code: int) -> bool:

@@ -113,6 +113,13 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     if not (hydra_dir / "overrides.yaml").exists():
         raise ValueError(f"{run_dir} is not a dlaunch run or sweep directory: neither {hydra_dir / 'overrides.yaml'} "
                          f"nor {run_dir / SWEEP_FILE} exists")
+    from launcher.checkpoint import lock  # torch: not for the answers that need none
+
+    shared = lock.other_nodes_here(run_dir)
+    if shared and not any(key_of(o) == "cluster.node_rank" for o in extra):  # its record is node 0's command
+        raise ValueError(f"{run_dir} is shared by the nodes of a multi-node run (node 0 and node(s) "
+                         f"{', '.join(map(str, shared))}): say which this machine is, `{command(run_dir)} "
+                         "cluster.node_rank=N` (0 on node 0)")
     own = _pinned([str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")], run_dir / outputs.CONFIG)
     return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra, _resumes_from(run_dir, own)), f"hydra.run.dir={run_dir}",
             *_script_tail(args if given else _recorded([hydra_dir / outputs.SCRIPT_ARGS]))]

@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import Any
 
 
-def command(run_dir: Path) -> str:
-    """The command that resumes the run in ``run_dir``, as the user would type it."""
-    return f"dlaunch resume {shlex.quote(str(run_dir))}"
+def command(run_dir: Path, spec: Any = None) -> str:
+    """The command that resumes the run in ``run_dir``, as the user would type it; with this node's rank where nodes
+    share the directory (``spec``: this node's run)."""
+    from launcher.checkpoint import lock
+
+    node = spec.cluster.node_rank or 0 if spec is not None else 0
+    mine = f" cluster.node_rank={node}" if spec is not None and spec.cluster.nodes > 1 and lock.other_nodes_here(run_dir) else ""
+    return f"dlaunch resume {shlex.quote(str(run_dir))}{mine}"
 
 
 def saved(spec: Any, run_dir: Path) -> Path | None:
@@ -40,12 +45,12 @@ def after_signal(spec: Any, run_dir: Path, code: int, checkpoint: Path | None, i
         why = lost["why"] if lost else _why_none(spec, run_dir)
         again = "at step 0" if spec.trainer.resume in ("auto", "never") else f"from {spec.trainer.resume}"
         return f"stopped (exit {code}); no checkpoint to resume from: {why}" + (
-            "" if in_sweep else f"; {command(run_dir)} starts again {again}")
+            "" if in_sweep else f"; {command(run_dir, spec)} starts again {again}")
     if lost:  # the storage refused the stop's own save (trainer.checkpoint.on_error=warn)
         trained_again = f"from step {layout.step_of(checkpoint)}: the steps after it up to {lost['step']} are trained again"
         return f"stopped (exit {code}); {lost['why']}\n" + (
-            f"a resume goes on {trained_again}" if in_sweep else f"resume with: {command(run_dir)} ({trained_again})")
-    return f"stopped (exit {code}); checkpoint {checkpoint}" + ("" if in_sweep else f"\nresume with: {command(run_dir)}")
+            f"a resume goes on {trained_again}" if in_sweep else f"resume with: {command(run_dir, spec)} ({trained_again})")
+    return f"stopped (exit {code}); checkpoint {checkpoint}" + ("" if in_sweep else f"\nresume with: {command(run_dir, spec)}")
 
 
 def _script_after_signal(run_dir: Path, code: int, newest: Path | None, in_sweep: bool) -> str:

@@ -17,7 +17,6 @@ import shlex
 import sys
 
 from launcher.cli import help_data
-from launcher.config.errors import did_you_mean
 
 # Flags Hydra's own parser accepts (hydra/_internal/utils.py get_args_parser), with or without a value.
 INFO = ("--info", "-i")  # Hydra's one flag whose value is optional (const "all")
@@ -270,6 +269,8 @@ def command_message(argv: list[str]) -> str | None:
     first = argv[0] if argv else ""
     if not re.fullmatch(r"[A-Za-z][\w-]*", first) or os.path.exists(first):
         return None
+    from launcher.config.errors import did_you_mean  # rich: not for --help
+
     meant = did_you_mean(first, list(SUBCOMMANDS))
     rest = " ".join(argv[1:])
     said = f"; did you mean `dlaunch {meant}{' ' + rest if rest else ''}`?" if meant else "."

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 
+ATTEMPT_VARIABLE = "DLAUNCH_ATTEMPT"  # the rendezvous round the agent started these workers in (launch/agent.py)
 DEVICE_VARIABLE = "DLAUNCH_DEVICE"  # the device type for workers' own strategies: the plan's, run_function(device=...)'s
 
 
@@ -28,10 +29,11 @@ class WorkerEnv:
     group_rank: int  # the node's rank
     master_addr: str
     master_port: int
-    restart_count: int = 0
+    restart_count: int = 0  # this node's restarts of its workers (a node started again counts from 0)
     run_id: str = ""
     agent_store: bool = False  # MASTER_ADDR:MASTER_PORT is the elastic agent's store, shared by every attempt
     device_type: str | None = None  # cpu | cuda as the launcher chose (dlaunch's plan, run_function(device=...)); None: auto
+    attempt: int = 0  # the same on every node for one start of the job's workers: the key space of its stores' keys
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerEnv | None":
@@ -53,6 +55,7 @@ class WorkerEnv:
             run_id=env.get("TORCHELASTIC_RUN_ID", ""),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             device_type=env.get(DEVICE_VARIABLE) or None,
+            attempt=int(env.get(ATTEMPT_VARIABLE) or env.get("TORCHELASTIC_RESTART_COUNT", 0)),
         )
 
 

@@ -27,8 +27,10 @@ from launcher.cluster.address import is_loopback
 from launcher.cluster.env import WorkerEnv, collective_interface
 from launcher.cluster.process_group import ensure_process_group, job_store, process_device
 
-# differ between nodes by design; a token that differs is the admission's to name, never shown
-PER_NODE_KEYS = (("cluster", "node_rank"), ("cluster", "task"), ("cluster", "token"))
+# differ between nodes by design; a token that differs is the admission's to name, never shown. trainer.resume: each
+# node's dlaunch names the checkpoint it verified (a node started again names one, while the workers a node restarts
+# find the newest themselves, under `auto`); the ranks compare the step they resume from (checkpoint.agree).
+PER_NODE_KEYS = (("cluster", "node_rank"), ("cluster", "task"), ("cluster", "token"), ("trainer", "resume"))
 
 
 class PreflightError(RuntimeError):
@@ -39,7 +41,7 @@ class PreflightError(RuntimeError):
 
 def check(env: WorkerEnv, spec: dict[str, Any], timeout_s: float, backend: str, device_type: str, collective_timeout_s: float = 300) -> None:
     """Run every check on this rank; raise ``PreflightError`` naming what is wrong."""
-    store = job_store(env, f"dlaunch/preflight/{env.run_id}/{env.restart_count}", timeout_s)
+    store = job_store(env, f"dlaunch/preflight/{env.run_id}/{env.attempt}", timeout_s)
     shared = _shared_part(spec, backend, device_type)
     _announce(store, env, shared, backend)
     _wait_for_all(store, env, timeout_s)

@@ -74,7 +74,7 @@ def attempt_store(env: WorkerEnv, timeout: datetime.timedelta) -> dist.Store | N
     """
     if not env.agent_store:
         return None
-    return job_store(env, f"dlaunch/{env.run_id}/attempt{env.restart_count}", timeout.total_seconds())
+    return job_store(env, f"dlaunch/{env.run_id}/attempt{env.attempt}", timeout.total_seconds())
 
 
 LEAVE_WAIT_S = 10.0  # how long a rank that finished waits for its peers at the end, on gloo

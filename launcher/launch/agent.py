@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils.store import _barrier_nonblocking
 from torch.distributed.launcher import api as launcher_api
 
+from launcher.cluster.env import ATTEMPT_VARIABLE
 from launcher.launch import failures, rendezvous, report
 from launcher.runtime import outputs
 
@@ -161,6 +162,10 @@ class Agent(LocalElasticAgent):
         notes = [outputs.teardown_note(self.run_dir, w.global_rank) for w in worker_group.workers] if self.run_dir else []
         for note in notes:  # an earlier attempt's: this one's workers stop for a user's signal until told otherwise
             note.unlink(missing_ok=True)
+        # the round is the same on every node (a node started again counts its restarts from 0, the others do not):
+        # the workers' store keys (process group, preflight, heartbeats) are this round's, not a dead attempt's
+        os.environ[ATTEMPT_VARIABLE] = str(rendezvous.round_of(worker_group.spec.rdzv_handler,
+                                                                 worker_group.spec.max_restarts - self._remaining_restarts))
         started = super()._start_workers(worker_group)
         Agent.started.append(worker_group.group_rank)
         failures.STDERR_LOGS.update({w.global_rank: self._pcontext.stderrs.get(w.local_rank, "") for w in worker_group.workers})

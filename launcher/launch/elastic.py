@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed import DistError, DistStoreError
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.checkpoint import layout
@@ -210,8 +211,11 @@ def run_node(
     except KeyboardInterrupt:
         log.warning("interrupted; all workers were shut down")
         return 130
-    except RendezvousError as exc:
-        said = store_lost(spec, exc) if agent.Agent.started else rendezvous_problem(spec, exc)
+    except (RendezvousError, DistError) as exc:  # DistError: torch's store said it in the rendezvous' own steps
+        # a timeout is the store answering: the nodes did not meet again for a restart; anything else, once the
+        # workers ran, is the store gone
+        lost = agent.Agent.started and not isinstance(exc, (RendezvousTimeoutError, DistStoreError))
+        said = store_lost(spec, exc) if lost else rendezvous_problem(spec, exc, again=bool(agent.Agent.started))
         return _node_failed(spec, run_dir, node_rank, exc, said)
     except OSError as exc:  # e.g. cluster.master_port already in use, an address that does not resolve
         return _node_failed(spec, run_dir, node_rank, exc, f"cannot start the rendezvous on {spec.cluster.master_addr}:"
@@ -270,10 +274,13 @@ def store_lost(spec: RunSpec, exc: Exception) -> str:
             f"dlaunch ended or was killed, or the network to it dropped), so this node stopped its workers: {exc}")
 
 
-def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
-    """Why the nodes did not meet, naming the nodes (and their ranks) that never came."""
+def rendezvous_problem(spec: RunSpec, exc: Exception, again: bool = False) -> str:
+    """Why the nodes did not meet (``again``: for a restart of the workers), naming the nodes (and their ranks) that
+    never came."""
     c = spec.cluster
-    text = f"the nodes could not meet at {c.master_addr}:{c.master_port}: {str(exc) or 'the rendezvous timed out'}"
+    why = str(exc).splitlines()[0] if str(exc).strip() else "the rendezvous timed out"
+    meet = "meet again to restart the workers (launch.max_restarts)" if again else "meet"
+    text = f"the nodes could not {meet} at {c.master_addr}:{c.master_port}: {why}"
     joined = rendezvous.last_joined()
     if c.nodes == 1 or joined is None:
         return text
@@ -282,10 +289,12 @@ def rendezvous_problem(spec: RunSpec, exc: Exception) -> str:
         return text
     came = "; ".join(f"node {r}: {who}" for r, who in sorted(joined.items())) or "none"
     absent = ", ".join(f"node {r} ({c.ranks_of(r)})" for r in missing)
+    counted = "".join(f"\n  node {r} came with a cluster of {n} nodes (this one: {c.nodes}), and left: every node "
+                      "runs the same command, but for cluster.node_rank" for r, n in rendezvous.other_counts().items())
     return (
         f"{text}\n  joined within {spec.launch.rdzv_timeout_s} s: {came}\n  missing: {absent}; start "
         f"`dlaunch ... cluster.node_rank=N` there, with the same cluster.master_addr={c.master_addr} "
-        f"and cluster.master_port={c.master_port}"
+        f"and cluster.master_port={c.master_port}{counted}"
     )
 
 

@@ -25,7 +25,8 @@ from typing import Any
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousInfo, RendezvousStateError
+from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError, RendezvousInfo, RendezvousStateError,
+                                                      RendezvousStoreInfo)
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -139,7 +140,27 @@ class _BoundRendezvousHandler(DynamicRendezvousHandler):
         info = super().next_rendezvous()
         if self.node_rank is not None and info.world_size != self._settings.max_nodes:
             raise RendezvousStateError(f"{info.world_size} nodes met, but the cluster has {self._settings.max_nodes}")
+        self._publish_bootstrap(info)
         return info
+
+    def _publish_bootstrap(self, info: RendezvousInfo) -> None:
+        """Node 0 writes where its workers' store listens under every round's keys, not the first round's alone.
+
+        torch's handler writes it once, in round 0, and every later round reuses what each process found then; a
+        node that was killed and started again (a new process, in round 1 or later) waits for that key in its own
+        round and never gets it, and node 0 waits for that node: both hung until the rendezvous timed out.
+        """
+        found = getattr(self, "_bootstrap_store_info", None)
+        if info.rank != 0 or found is None or not getattr(self, "use_agent_store", False):
+            return
+        info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, found.master_addr.encode())
+        info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(found.master_port).encode())
+
+
+def round_of(handler: Any, fallback: int) -> int:
+    """The rendezvous round ``handler`` last joined (the same on every node); ``fallback`` for a handler of no rounds."""
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    return int(getattr(state, "round", fallback))
 
 
 def announce(nodes: PrefixStore, node_rank: int, who: str) -> None:
@@ -154,6 +175,20 @@ def announce(nodes: PrefixStore, node_rank: int, who: str) -> None:
         raise RendezvousStateError(
             f"cluster.node_rank={node_rank} is already taken by {holder}; give each node its own node_rank"
         )
+
+
+def same_node_count(nodes: PrefixStore, node_rank: int, count: int, who: str) -> None:
+    """Every node must be started for the same cluster: a node that counts other nodes than the rest waits for
+    nodes that never come, or meets too few, until the rendezvous times out. Said at once by the node that comes
+    second, against each node here now that counts otherwise (a node gone may have said something else)."""
+    nodes.set(f"count{node_rank}", str(count))
+    joined = joined_nodes(nodes, count)
+    for rank, holder in sorted(joined.items()):
+        theirs = nodes.get(f"count{rank}").decode() if rank != node_rank and nodes.check([f"count{rank}"]) else None
+        if theirs is not None and theirs != str(count) and not _gone(holder, who):
+            raise RendezvousStateError(
+                f"node {rank} was started with a cluster of {theirs} nodes, this node (node {node_rank}) with {count}: "
+                "every node must run the same command, but for cluster.node_rank")
 
 
 def release_claims() -> None:
@@ -210,14 +245,30 @@ def joined_nodes(nodes: Store, count: int) -> dict[int, str]:
 
 
 def last_joined() -> dict[int, str] | None:
-    """The nodes seen by this process's last rendezvous (None if it never reached the store)."""
+    """The nodes seen by this process's last rendezvous (None if it never reached the store), but for those whose
+    process is known to be gone (killed on this host: their claim outlives them)."""
     for handler in reversed(_handlers):
         if handler.nodes is not None:
             try:
-                return joined_nodes(handler.nodes, handler._settings.max_nodes)
+                joined = joined_nodes(handler.nodes, handler._settings.max_nodes)
             except Exception:  # noqa: BLE001 - the store may be gone with node 0
                 return None
+            return {r: who for r, who in joined.items() if handler.claim is None or not _gone(who, handler.claim)}
     return None
+
+
+def other_counts() -> dict[int, int]:
+    """The nodes that came to this process's last rendezvous counting another number of nodes than it does."""
+    for handler in reversed(_handlers):
+        if handler.nodes is not None:
+            count = handler._settings.max_nodes
+            try:
+                said = {r: int(handler.nodes.get(f"count{r}").decode()) for r in range(count)
+                        if handler.nodes.check([f"count{r}"])}
+            except Exception:  # noqa: BLE001 - the store may be gone with node 0
+                return {}
+            return {r: n for r, n in said.items() if n != count}
+    return {}
 
 
 def _seconds(params: RendezvousParameters, key: str, default: int) -> timedelta:
@@ -253,6 +304,7 @@ def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
         handler.nodes = PrefixStore(f"dlaunch/{params.run_id}/nodes", store)
         handler.claim = claim_of_this_process(params.local_addr or socket.getfqdn())
         announce(handler.nodes, handler.node_rank, handler.claim)
+        same_node_count(handler.nodes, handler.node_rank, params.max_nodes, handler.claim)
     _handlers.append(handler)
     return handler
 

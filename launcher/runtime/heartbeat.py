@@ -111,7 +111,7 @@ class Heartbeat:
 
     @property
     def prefix(self) -> str:
-        return f"dlaunch/heartbeat/{self.env.run_id}/{self.env.restart_count}/" if self.env else ""
+        return f"dlaunch/heartbeat/{self.env.run_id}/{self.env.attempt}/" if self.env else ""
 
     def start(self) -> "Heartbeat":
         if self.enabled and self._thread is None:

@@ -132,18 +132,18 @@ def test_a_ctrl_c_inside_a_held_block_is_raised_once_the_block_is_done(noted):
 def test_a_ctrl_c_while_the_run_is_recorded_stops_it_with_a_whole_record_and_a_summary(noted, tmp_path, monkeypatch, capsys):
     """Between the plan and the launch: the run's record is written whole, and the stop has its summary and a resume
     hint that works (before, it exited 130 with a half-written .hydra/ and no summary.json)."""
-    from launcher.cli import job
+    from launcher.cli import run_record
     from launcher.cli.main import main
     from launcher.runtime import outputs
 
-    record = job.record_hydra
+    record = run_record.record_hydra
 
     def interrupted(run_dir, cfg):
         os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C in the middle of writing the record
         time.sleep(0.05)
         record(run_dir, cfg)
 
-    monkeypatch.setattr(job, "record_hydra", interrupted)
+    monkeypatch.setattr(run_record, "record_hydra", interrupted)
     run_dir = tmp_path / "run"
     assert main(["cluster.device=cpu", "trainer.steps=3", f"hydra.run.dir={run_dir}"]) == 130
     assert "stopped by Ctrl-C before the workers started" in capsys.readouterr().out + (run_dir / "dlaunch.log").read_text()

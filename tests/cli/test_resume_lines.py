@@ -43,3 +43,32 @@ def test_a_stopped_script_is_told_its_newest_save_or_that_it_has_none_in_the_run
     assert told == (f"stopped (exit 130); the script's newest save: {newest}; dlaunch resume {run_dir} runs it again with "
                     "the same arguments, and its ScriptCheckpoints.restore goes on from step 40")
     assert "dlaunch resume" not in after_signal(spec, run_dir, 130, None, in_sweep=True)
+
+
+def test_nodes_that_share_a_run_directory_each_resume_as_themselves(tmp_path):
+    """Two nodes with one hydra.run.dir: the directory's Hydra record was the last writer's (node 1's), so `dlaunch
+    resume DIR` on node 0 ran node 1's command and waited for a node 0 that never came. Now the record is node 0's,
+    a resume there names the node, and node 1's stop line says its own."""
+    from omegaconf import OmegaConf
+
+    from launcher.cli.resume import rerun_args
+    from launcher.cli.resume_lines import after_signal
+    from launcher.config.compose import compose_and_validate
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(["cluster=2x1", "cluster.node_rank=0"]), run / ".hydra" / "overrides.yaml")
+    assert rerun_args(run, [])[:2] == ["cluster=2x1", "cluster.node_rank=0"]  # a directory of node 0's alone
+    for name in (".dlaunch.lock", ".dlaunch.node1.lock"):
+        (run / name).write_text("")
+    try:
+        rerun_args(run, ["trainer.steps=20"])
+        raise AssertionError("a shared directory resumed without a node rank")
+    except ValueError as exc:
+        assert f"shared by the nodes of a multi-node run (node 0 and node(s) 1)" in str(exc)
+        assert f"dlaunch resume {run} cluster.node_rank=N" in str(exc)
+    assert "cluster.node_rank=1" in rerun_args(run, ["cluster.node_rank=1"])
+    spec = compose_and_validate(["strategy=mirrored", "cluster=2x1", "cluster.node_rank=1", "cluster.master_port=29500",
+                                 "trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
+    saved = run / "checkpoints" / "step-00000010"
+    assert after_signal(spec, run, 143, saved).endswith(f"resume with: dlaunch resume {run} cluster.node_rank=1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from launcher.cli import job
+from launcher.cli import job, run_record
 from launcher.cli.main import main
 from launcher.config import compose as composer
 from launcher.config.errors import ConfigError
@@ -128,9 +128,9 @@ def test_a_dry_run_of_files_too_small_for_one_global_batch_is_a_config_error_wit
 
 
 def test_the_saved_config_lists_the_resolved_files(tmp_path, monkeypatch):
-    """A run's config.yaml (``job.as_run``; a dry run, which wrote it before, now writes nothing) lists the files."""
+    """A run's config.yaml (``run_record.as_run``; a dry run, which wrote it before, now writes nothing) lists the files."""
     shards(tmp_path / "data", 2)
     monkeypatch.chdir(tmp_path)
     spec = composer.compose_and_validate(["input.files=data/train-*.jsonl"], cuda_devices=0)
-    saved = yaml.safe_load(job.as_run(spec))
+    saved = yaml.safe_load(run_record.as_run(spec))
     assert saved["input"]["files"] == [str(tmp_path / "data" / f"train-{i}.jsonl") for i in range(2)]

@@ -144,8 +144,9 @@ def _launch_logging(monkeypatch, tmp_path, caplog, overrides: list[str]) -> list
 
 
 def test_a_network_bind_is_logged_with_its_address_and_reason(monkeypatch, tmp_path, caplog):
+    # node 0 of its cluster (10.0.0.1 is no address of this machine: without a node rank, a config error)
     (line,) = _launch_logging(monkeypatch, tmp_path, caplog, ["strategy=mirrored", "cluster=1x2", "cluster.master_addr=10.0.0.1",
-                                                              "cluster.master_port=29500"])
+                                                              "cluster.master_port=29500", "cluster.node_rank=0"])
     assert line.startswith("the rendezvous listens on 10.0.0.1:29500 ")
     assert "because cluster.master_addr=10.0.0.1 names a network address" in line
 

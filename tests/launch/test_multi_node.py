@@ -197,3 +197,61 @@ def test_nodes_whose_checkpoint_directories_are_not_shared_stop_before_they_save
     said = " ".join(errs[1].split())
     assert "is not shared by the nodes: node 1 does not see what node 0 writes there" in said, said[-3000:]
     assert not list((tmp_path / "node0" / "checkpoints").glob("step-*"))
+
+
+def test_a_node_killed_and_started_again_rejoins_under_max_restarts(tmp_path):
+    """Node 1's dlaunch SIGKILLed mid-run, then its command started again (OPERATIONS.md): torch's rendezvous wrote
+    node 0's store address in its first round only, so the new node waited for it in round 1 while node 0 waited for
+    the new node, and both failed at the rendezvous timeout with a traceback; then the new node's workers, counting
+    their restarts from 0, read the dead first attempt's keys. Now the run resumes from the shared checkpoint."""
+    port, shared = free_port(), tmp_path / "ckpt"
+    extra = ("cluster=2x1", "trainer.steps=24", "trainer.log_every=1", "trainer.checkpoint.every_steps=4",
+             f"trainer.checkpoint.dir={shared}", "launch.max_restarts=1", "launch.rdzv_timeout_s=90",
+             "+recipe.step_sleep=0.2")
+
+    def node(rank: int, name: str) -> subprocess.Popen:
+        return subprocess.Popen(command(*COMMON, *extra, f"cluster.node_rank={rank}", f"cluster.master_port={port}",
+                                        f"hydra.run.dir={tmp_path / name}", warm=False),
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    nodes = [node(0, "node0"), node(1, "node1")]
+    try:
+        deadline = time.monotonic() + 180
+        while not (shared / "step-00000008").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        nodes[1].kill()  # dlaunch itself: its worker follows it
+        nodes[1].communicate(timeout=60)
+        nodes.append(node(1, "node1-again"))
+        outs = [p.communicate(timeout=240)[0] for p in (nodes[0], nodes[2])]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [nodes[0].returncode, nodes[2].returncode] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "Traceback" not in outs[0] + outs[1] and "Gloo connectFullMesh failed" not in outs[1], outs[1][-3000:]
+    s = summary(tmp_path / "node0")
+    assert (s["status"], s["restarts"]) == ("completed", 1) and s["resumed_from_step"] >= 8, s
+
+
+def test_nodes_started_for_different_node_counts_are_named_at_once(tmp_path):
+    """Node 0 at 2x1 and node 1 at 3x1: both waited out the rendezvous timeout (node 1 with a traceback, 'The
+    connection to the C10d store has failed') and neither named the difference."""
+    port = free_port()
+
+    def node(rank: int, shape: str) -> subprocess.Popen:
+        args = [*COMMON, f"cluster={shape}", "input.global_batch_size=30", f"cluster.node_rank={rank}",
+                f"cluster.master_port={port}", "launch.rdzv_timeout_s=20", f"hydra.run.dir={tmp_path / f'node{rank}'}"]
+        return subprocess.Popen(command(*args, warm=False), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    node0 = node(0, "2x1")
+    time.sleep(2)
+    started = time.monotonic()
+    node1 = node(1, "3x1")
+    _, err1 = node1.communicate(timeout=120)
+    assert node1.returncode == 1 and time.monotonic() - started < 20, err1[-3000:]  # before the timeout
+    assert "node 0 was started with a cluster of 2 nodes, this node (node 1) with 3" in err1, err1[-3000:]
+    _, err0 = node0.communicate(timeout=120)
+    assert node0.returncode == 1 and "node 1 came with a cluster of 3 nodes (this one: 2)" in err0, err0[-3000:]
+    assert "Traceback" not in err0 + err1
