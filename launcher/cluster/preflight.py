@@ -178,8 +178,8 @@ def _same_config(store: dist.Store, env: WorkerEnv, shared: dict[str, Any]) -> N
              "except cluster.node_rank):"]
     for node in odd_nodes:
         theirs = json.loads(store.get(f"config-node{node}"))
-        diffs = ", ".join(f"{k}: {_said(a)} on node 0, {_said(b)} on node {node}" for k, a, b in _differences(base, theirs))
-        lines.append(f"  node {node}: {diffs}")
+        diffs = [f"{k}: {_said(a)} on node 0, {_said(b)} on node {node}" for k, a, b in _chosen_first(_differences(base, theirs))]
+        lines.append(f"  node {node}: " + "\n    ".join(diffs))
     _until_all_have_read(store, env)
     raise PreflightError("\n".join(lines))
 
@@ -207,6 +207,14 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
             out += _differences(a.get(key, _UNSET), b.get(key, _UNSET), f"{prefix}{key}.")
         return out
     return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+def _chosen_first(found: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """A section's choice (``strategy.name``, ``recipe.name``) before its keys; where the choice differs, the keys
+    that differ under it follow from it and are left out (each strategy has its own, at their defaults)."""
+    chosen = {k.rpartition(".")[0] for k, _, _ in found if k.endswith(".name") and "." in k}
+    names = [d for d in found if d[0].endswith(".name") and d[0].rpartition(".")[0] in chosen]
+    return names + [d for d in found if d not in names and not any(d[0].startswith(c + ".") for c in chosen)]
 
 
 def _said(value: Any) -> str:

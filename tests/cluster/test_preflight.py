@@ -117,3 +117,14 @@ def test_nodes_whose_auto_device_resolved_differently_are_told_before_the_group_
     text = str(info.value)
     assert "device: 'cuda' on node 0, 'cpu' on node 1" in text and "backend: 'nccl' on node 0, 'gloo' on node 1" in text
     assert "cluster.device/backend=auto" in text
+
+
+def test_a_strategy_that_differs_is_named_first_without_the_keys_that_follow_from_it():
+    """mirrored on node 0, fsdp on node 1: the difference came sixth on one long line, after each strategy's keys at
+    their defaults (bucket_cap_mb on node 0, not set on node 1, ...)."""
+    from launcher.cluster import preflight
+
+    base = {"strategy": {"name": "mirrored", "bucket_cap_mb": 25}, "trainer": {"steps": 10}}
+    theirs = {"strategy": {"name": "fsdp", "wrap": []}, "trainer": {"steps": 12}}
+    found = [k for k, _, _ in preflight._chosen_first(preflight._differences(base, theirs))]
+    assert found == ["strategy.name", "trainer.steps"]

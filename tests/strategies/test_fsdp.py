@@ -58,6 +58,29 @@ def test_a_wrap_class_the_model_lacks_stops_before_the_first_step(run_dlaunch):
     assert "step 1" not in out and "Traceback" not in out
 
 
+def test_a_tied_weight_across_wrap_units_is_named_before_anything_is_sharded():
+    """A tied embedding and output head with `strategy.wrap=[Block,Embedding]`: torch failed at the first forward
+    ('shared with a parameter already managed by another FSDP group'); a new-user pass found it."""
+    import pytest
+    import torch
+
+    from launcher.strategies.impl.fsdp import WrapError, wrapped_units
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+    model = torch.nn.Module()
+    model.embed, model.blocks = torch.nn.Embedding(10, 4), torch.nn.ModuleList([Block(), Block()])
+    model.head = torch.nn.Linear(4, 10, bias=False)
+    model.head.weight = model.embed.weight
+    assert len(wrapped_units(model, ["Block"])) == 2  # the tied pair both in the root's unit: fine
+    with pytest.raises(WrapError, match=r"held by embed.weight \(unit embed\), head.weight \(the root\).*leave "
+                                        r"Embedding out of strategy.wrap"):
+        wrapped_units(model, ["Block", "Embedding"])
+
+
 def test_one_process_trains_as_one_device_with_a_warning(run_dlaunch):
     proc, run_dir = run_dlaunch("recipe=linear", "strategy=fsdp", "trainer.steps=10")
     assert proc.returncode == 0, proc.stderr[-3000:]

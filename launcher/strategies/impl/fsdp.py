@@ -118,7 +118,32 @@ class WrapError(ValueError):
 
 def wrapped_units(module: torch.nn.Module, wrap: Sequence[str]) -> list[torch.nn.Module]:
     """Every submodule of a class named in ``wrap``, children before parents (fully_shard's order)."""
-    return list(reversed(instances(module, wrap, "strategy.wrap", WrapError)))
+    units = list(reversed(instances(module, wrap, "strategy.wrap", WrapError)))
+    _no_weight_across_units(module, units)
+    return units
+
+
+def _no_weight_across_units(module: torch.nn.Module, units: list[torch.nn.Module]) -> None:
+    """A parameter held by modules of two units (a tied embedding and output head, with one of them wrapped) fails
+    in torch's first forward; named here, before anything is sharded, with the classes to leave out of the wrap."""
+    paths = {id(m): name for name, m in module.named_modules()}
+    unit_paths = sorted((paths[id(u)] for u in units), key=len, reverse=True)  # the innermost unit first
+
+    def unit_of(path: str) -> str:
+        return next((u for u in unit_paths if path == u or path.startswith(u + ".")), "")
+
+    holders: dict[int, list[str]] = {}
+    for name, m in module.named_modules(remove_duplicate=False):
+        for pname, p in m.named_parameters(recurse=False):
+            holders.setdefault(id(p), []).append(f"{name}.{pname}" if name else pname)
+    for held in holders.values():
+        groups = {unit_of(h.rpartition(".")[0]) for h in held}
+        if len(groups) > 1:
+            by = ", ".join(f"{h} ({'unit ' + unit_of(h.rpartition('.')[0]) if unit_of(h.rpartition('.')[0]) else 'the root'})"
+                           for h in held)
+            classes = sorted({type(module.get_submodule(g)).__name__ for g in groups if g})
+            raise WrapError(f"strategy.wrap: one parameter is held by {by}: a tied weight in two FSDP units, which torch "
+                            f"cannot shard; leave {' and '.join(classes)} out of strategy.wrap so that its holders share a unit")
 
 
 def _check_optimizer(optimizer: Any, module: torch.nn.Module) -> None:
