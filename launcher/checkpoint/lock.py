@@ -70,13 +70,12 @@ def file_name(spec: Any) -> str:
     return f".dlaunch.node{c.node_rank}.lock" if c.node_rank else ".dlaunch.lock"
 
 
-def other_nodes_here(run_dir: Path) -> list[int]:
-    """The node ranks besides node 0 whose commands used ``run_dir`` too (their lock files are there), where node 0's
-    did: nodes that share one run directory; [] otherwise."""
+def other_nodes_here(run_dir: Path) -> list[str]:
+    """The other nodes (``node1``, a task list's ``worker0``) whose commands used ``run_dir`` too (their lock files are
+    there), where node 0's did: nodes that share one run directory; [] otherwise."""
     if not (run_dir / ".dlaunch.lock").exists():
         return []
-    return sorted(int(p.name[len(".dlaunch.node"):-len(".lock")]) for p in run_dir.glob(".dlaunch.node*.lock")
-                  if p.name[len(".dlaunch.node"):-len(".lock")].isdigit())
+    return sorted(p.name[len(".dlaunch."):-len(".lock")] for p in run_dir.glob(".dlaunch.*.lock"))
 
 
 def directories(spec: Any, run_dir: Path) -> list[tuple[Path, str]]:

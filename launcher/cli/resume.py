@@ -75,6 +75,9 @@ def _no_such_dir(run_dir: Path) -> str:
     """``dlaunch resume multirun/nope``: what is missing, and the nearest name beside it (a typo)."""
     from launcher.config.errors import did_you_mean
 
+    if run_dir.exists():  # a file: its run is the directory it is in
+        return f"{run_dir}: a file, not a run directory" + (
+            f"; did you mean {run_dir.parent}?" if (run_dir.parent / ".hydra").is_dir() else "")
     near = [d.name for d in run_dir.parent.iterdir() if d.is_dir()] if run_dir.parent.is_dir() else []
     meant = did_you_mean(run_dir.name, near)
     return f"{run_dir}: no such directory" + (f"; did you mean {run_dir.parent / meant}?" if meant else "")
@@ -116,10 +119,15 @@ def rerun_args(run_dir: Path, extra: list[str]) -> list[str]:
     from launcher.checkpoint import lock  # torch: not for the answers that need none
 
     shared = lock.other_nodes_here(run_dir)
-    if shared and not any(key_of(o) == "cluster.node_rank" for o in extra):  # its record is node 0's command
-        raise ValueError(f"{run_dir} is shared by the nodes of a multi-node run (node 0 and node(s) "
-                         f"{', '.join(map(str, shared))}): say which this machine is, `{command(run_dir)} "
-                         "cluster.node_rank=N` (0 on node 0)")
+    which = [o for o in extra if key_of(o) == "cluster.node_rank" or key_of(o).startswith("cluster.task")]
+    if shared and not which:  # its record is node 0's command
+        raise ValueError(f"{run_dir} is shared by the nodes of a multi-node run (node 0 and {', '.join(shared)}): say "
+                         f"which this machine is, `{command(run_dir)} cluster.node_rank=N` (0 on node 0; "
+                         "cluster.task='{type: worker, index: I}' for a task list)")
+    token = run_dir / outputs.STATE_DIR / outputs.TOKEN  # node 0's: the other nodes give it to be admitted
+    if shared and token.is_file() and not any(key_of(o) == "cluster.token" for o in extra) and \
+            not any(o.partition("=")[2].strip() in ("0", "") for o in which if key_of(o) == "cluster.node_rank"):
+        extra = [*extra, f"cluster.token={token.read_text().strip()}"]
     own = _pinned([str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")], run_dir / outputs.CONFIG)
     return [*_config_args(hydra_dir / "hydra.yaml"), *_rerun(own, extra, _resumes_from(run_dir, own)), f"hydra.run.dir={run_dir}",
             *_script_tail(args if given else _recorded([hydra_dir / outputs.SCRIPT_ARGS]))]
@@ -304,7 +312,8 @@ def main(argv: list[str]) -> int:
         print(f"dlaunch resume: {exc}", file=sys.stderr)
         return 2
     where = _go_to_first_cwd(run_dir)
-    print(where + "dlaunch " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
+    shown = [f"{key_of(a)}=***" if key_of(a) == "cluster.token" else a for a in args]  # a secret: not on the terminal
+    print(where + "dlaunch " + " ".join(shlex.quote(a) for a in shown), file=sys.stderr)
     RESUMING.append(True)
     from launcher.cli import sweep
     from launcher.cli.main import main as run

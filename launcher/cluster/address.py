@@ -69,8 +69,9 @@ def is_loopback(host: str) -> bool:
 def not_here(host: str) -> str | None:
     """Why ``host`` is no address of this machine (it does not resolve, or nothing here can listen on it); None
     when a socket binds to it (on a free port, closed at once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as the rendezvous binds it (launch/rendezvous.py)
     try:
-        family, kind, proto, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        _, kind, proto, _, where = socket.getaddrinfo(host, 0, family=family, type=socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError) as exc:
         return f"does not resolve ({getattr(exc, 'strerror', None) or exc})"
     try:

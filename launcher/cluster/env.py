@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 
-ATTEMPT_VARIABLE = "DLAUNCH_ATTEMPT"  # the rendezvous round the agent started these workers in (launch/agent.py)
+ROUND_VARIABLE = "DLAUNCH_RDZV_ROUND"  # the rendezvous round the agent started these workers in (launch/agent.py)
 DEVICE_VARIABLE = "DLAUNCH_DEVICE"  # the device type for workers' own strategies: the plan's, run_function(device=...)'s
 
 
@@ -55,7 +55,7 @@ class WorkerEnv:
             run_id=env.get("TORCHELASTIC_RUN_ID", ""),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             device_type=env.get(DEVICE_VARIABLE) or None,
-            attempt=int(env.get(ATTEMPT_VARIABLE) or env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            attempt=int(env.get(ROUND_VARIABLE) or env.get("TORCHELASTIC_RESTART_COUNT", 0)),
         )
 
 

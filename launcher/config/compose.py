@@ -268,7 +268,7 @@ def compose(overrides: list[str]) -> DictConfig:
     try:
         return _compose(overrides)
     except MissingConfigException as exc:
-        raise ConfigError([Problem(key=_group_of(exc.missing_cfg_file), value=exc.missing_cfg_file.rsplit("/", 1)[-1], message="config not found", allowed=tuple(exc.options or ()))]) from None
+        raise ConfigError([_missing_config(exc)]) from None
     except (ConfigCompositionException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain_composition(parsed, exc)) from None
     except yaml.YAMLError as exc:  # a user's own YAML (--config-dir) that does not parse
@@ -285,8 +285,17 @@ def _compose(overrides: list[str], return_hydra_config: bool = False) -> DictCon
         return hydra_compose(CONFIG_NAME, overrides=overrides, return_hydra_config=return_hydra_config)
 
 
-def _group_of(missing: str) -> str:
-    return missing.rsplit("/", 1)[0] if "/" in missing else missing
+def _missing_config(exc: MissingConfigException) -> Problem:
+    """A config Hydra did not find: a group's option, or an entry of the primary config's defaults list (named with
+    that file and the configs there are)."""
+    missing = exc.missing_cfg_file or ""
+    if "/" in missing or not (CONFIG_DIRS or CONFIG_NAME != "config"):
+        return Problem(key=missing.rsplit("/", 1)[0] if "/" in missing else missing, value=missing.rsplit("/", 1)[-1],
+                       message="config not found", allowed=tuple(exc.options or ()))
+    there = sorted({p.stem for d in [*CONFIG_DIRS, str(CONF_DIR)] for p in Path(d).glob("*.yaml")})
+    return Problem(key=f"defaults of {CONFIG_NAME}.yaml", value=missing, allowed=tuple(there),
+                   suggestion=did_you_mean(missing, there),
+                   message=f"no {missing}.yaml in --config-dir or dlaunch's own configs (where Hydra looks)")
 
 
 def _is_group_override(ov: Override) -> bool:

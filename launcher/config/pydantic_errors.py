@@ -153,7 +153,17 @@ def _problem(err: dict, path: tuple[str, ...], parent: type[BaseModel] | None, p
         message += f"; e.g. {_list_example(key, field)}"
     if kind == "value_error" and isinstance(value, dict):  # a rule over a section's keys: its words name them
         return Problem(key=key, message=message, has_value=False)
+    if kind in ("int_type", "int_parsing", "int_from_float", "float_type", "float_parsing") and _bounds(field):
+        message += f" {_bounds(field)}"  # trainer.steps=null: what it takes, as a value out of range is told
     return Problem(key=key, value=value, message=message)
+
+
+def _bounds(field: Any) -> str:
+    """A number field's range as pydantic says it: ``greater than 0``, ``greater than or equal to 0 and less than 1``."""
+    said = {"gt": "greater than", "ge": "greater than or equal to", "lt": "less than", "le": "less than or equal to"}
+    parts = [f"{words} {getattr(m, name)}" for m in getattr(field, "metadata", ()) for name, words in said.items()
+             if getattr(m, name, None) is not None]
+    return " and ".join(parts)
 
 
 def _list_length(field: Any) -> tuple[int, int | None]:
@@ -166,7 +176,7 @@ def _list_length(field: Any) -> tuple[int, int | None]:
 def _list_example(key: str, field: Any) -> str:
     """``recipe.optimizer.betas=[0.9,0.999] (its default; 2 items)``: how a list of the right length is written."""
     low, high = _list_length(field)
-    count = f"{low} items" if low == high else f"{low} to {high} items" if high else f"at least {low} items"
+    count = f"{low} item{'s' * (low != 1)}" if low == high else f"{low} to {high} items" if high else f"at least {low} item{'s' * (low != 1)}"
     try:
         default = field.get_default(call_default_factory=True) if field is not None else None
     except Exception:  # noqa: BLE001 - a factory that needs the validated data: no example from it

@@ -309,7 +309,8 @@ class RunSpec(Strict):
                  r.files_cover_workers, r.devices_exist, r.strategy_device_exists, r.backend_fits, *device,
                  accumulation_divides, strategy_trains_so, precision_runs_here)
         # the replicas and processes of a shape the strategy refuses are no numbers to judge the batch or files by
-        skipped = r.SHAPE_DEPENDENT if not passes(shape, self, cuda) else ()
+        skipped = (*(r.SHAPE_DEPENDENT if not passes(shape, self, cuda) else ()),
+                   *(() if (info.context or {}).get("here") else (r.master_here,)))  # a worker trusts the parent's
         check_rules(tuple(rule for rule in rules if (self.script is None or rule not in r.LOOP_RULES)
                           and rule not in skipped), self, cuda)
         return self

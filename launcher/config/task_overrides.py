@@ -12,14 +12,21 @@ TASK_ROLES = ("chief", "worker", "ps")
 def one_task(overrides: list[str]) -> list[str]:
     """``cluster.task.type=worker cluster.task.index=1`` as ``cluster.task={type: worker, index: 1}``: the ``tasks``
     option's ``task`` is null until a machine says which task it is, so Hydra knows no key under it."""
-    parts = {key_of(o).rpartition(".")[2]: o for o in overrides
-             if key_of(o) in ("cluster.task.type", "cluster.task.index") and o[:1] not in "+~"}
-    if not parts:
+    given = [o for o in overrides if key_of(o) in ("cluster.task.type", "cluster.task.index") and o[:1] not in "+~"]
+    if not given or any(_swept(o) for o in given):  # a sweep over them: Hydra's own words
         return overrides
+    parts = {key_of(o).rpartition(".")[2]: o for o in given}  # the last of each, as Hydra takes it
     fields = ", ".join(f"{name}: {parts[name].partition('=')[2]}" for name in ("type", "index") if name in parts)
-    first = overrides.index(next(iter(parts.values())))
-    rest = [o for o in overrides if o not in parts.values()]
-    return [*rest[:first], f"cluster.task={{{fields}}}", *rest[first:]]
+    first = overrides.index(given[0])
+    return [*(o for o in overrides[:first]), f"cluster.task={{{fields}}}", *(o for o in overrides[first:] if o not in given)]
+
+
+def _swept(override: str) -> bool:
+    try:
+        (ov,) = OverridesParser.create().parse_overrides([override])
+    except Exception:  # noqa: BLE001 - its own problem is named where it always was
+        return True
+    return ov.is_sweep_override()
 
 
 def whole_task_lists(overrides: list[str]) -> list[str]:

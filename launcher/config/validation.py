@@ -33,7 +33,8 @@ def validate(cfg: DictConfig, cuda_devices: int, overrides: list[str] | None = N
     data, unresolved, deferred = _resolved(cfg)
     data.pop("hydra", None)
     script_config.apply(data)
-    context = {"cuda_devices": cuda_devices, "check_files": True}  # the parent looks at the input files once (workers need not)
+    # the parent looks at the input files once (workers need not), and at this machine's addresses
+    context = {"cuda_devices": cuda_devices, "check_files": True, "here": True}
     spec, problems = None, []
     try:
         spec = RunSpec.model_validate(data, context=context)
@@ -101,6 +102,7 @@ def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[P
     refused (a profile window of the default length against a short run) drops its section.
     """
     dropped, found = [p.key for p in problems], []
+    context = {**context, "check_files": False}  # the files were looked at once: their problems are found already
     for _ in range(8):
         try:
             RunSpec.model_validate(_without(data, dropped), context=context)
@@ -134,7 +136,7 @@ def _recipe_rules_without(data: dict, problems: list[Problem], context: dict, lo
     what they find about other keys belongs on the same screen."""
     bad = [p.key for p in problems]
     try:
-        recipe_rules.check(RunSpec.model_validate(_without(data, bad), context=context), loaded)
+        recipe_rules.check(RunSpec.model_validate(_without(data, bad), context={**context, "check_files": False}), loaded)
     except ValidationError:  # a default that is refused too: the problems already found stand alone
         return []
     except ConfigError as exc:
@@ -167,10 +169,16 @@ def _recipe_problems(recipe: dict, problems: list[Problem]) -> recipe_lib.Loaded
     return None
 
 
+# a key at fault, and the keys whose rules read it too: with its default in its place they would judge the default
+# (a task list gives the cluster's whole layout; a node rank decides where the rendezvous listens; a batch is what
+# accumulation splits)
+_READ_WITH = {"cluster.tasks": ("cluster",), "cluster.task": ("cluster",), "cluster.node_rank": ("cluster.master_addr",),
+              "input.global_batch_size": ("trainer.grad_accum_steps",)}
+
+
 def _related(key: str, bad: list[str]) -> bool:
-    """``key`` is one of ``bad``, under one, or holds one. A task list (``cluster.tasks``) gives the cluster's whole
-    layout (its nodes, workers and ps tasks): at fault, the rules about those judge defaults."""
-    bad = [*bad, *(["cluster"] if any(b.startswith("cluster.task") for b in bad) else [])]
+    """``key`` is one of ``bad``, under one, or holds one; or a rule about it reads one (``_READ_WITH``)."""
+    bad = [*bad, *(k for b in bad for prefix, keys in _READ_WITH.items() if b.startswith(prefix) for k in keys)]
     return any(key == b or key.startswith(b + ".") or b.startswith(key + ".") for b in bad)
 
 

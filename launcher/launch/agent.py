@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils.store import _barrier_nonblocking
 from torch.distributed.launcher import api as launcher_api
 
-from launcher.cluster.env import ATTEMPT_VARIABLE
+from launcher.cluster.env import ROUND_VARIABLE
 from launcher.launch import failures, rendezvous, report
 from launcher.runtime import outputs
 
@@ -158,14 +158,20 @@ class Agent(LocalElasticAgent):
                         f": {root.exception}" if root.exception else "", limit - self._remaining_restarts, limit)
         super()._restart_workers(worker_group)
 
+    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
+        """torch calls this with each worker's environment just before it starts them: each gets the rendezvous
+        round, the same on every node (a node started again counts its restarts from 0, the others do not), so that
+        the workers' store keys (process group, preflight, heartbeats) are this round's, not a dead attempt's."""
+        group = self._worker_group
+        round_ = rendezvous.round_of(group.spec.rdzv_handler, group.spec.max_restarts - self._remaining_restarts)
+        for env in envs.values():
+            env[ROUND_VARIABLE] = str(round_)
+        super()._setup_local_watchdog(envs)
+
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         notes = [outputs.teardown_note(self.run_dir, w.global_rank) for w in worker_group.workers] if self.run_dir else []
         for note in notes:  # an earlier attempt's: this one's workers stop for a user's signal until told otherwise
             note.unlink(missing_ok=True)
-        # the round is the same on every node (a node started again counts its restarts from 0, the others do not):
-        # the workers' store keys (process group, preflight, heartbeats) are this round's, not a dead attempt's
-        os.environ[ATTEMPT_VARIABLE] = str(rendezvous.round_of(worker_group.spec.rdzv_handler,
-                                                                 worker_group.spec.max_restarts - self._remaining_restarts))
         started = super()._start_workers(worker_group)
         Agent.started.append(worker_group.group_rank)
         failures.STDERR_LOGS.update({w.global_rank: self._pcontext.stderrs.get(w.local_rank, "") for w in worker_group.workers})

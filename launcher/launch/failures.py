@@ -324,7 +324,8 @@ def _is_dlaunch_frame(filename: str) -> bool:
 
 _MODULE_CALLS = {("nn/modules/module.py", "_wrapped_call_impl"), ("nn/modules/module.py", "_call_impl"),
                  ("nn/modules/module.py", "inner"),  # _call_impl's own, where a module has hooks
-                 ("nn/parallel/distributed.py", "forward"), ("nn/parallel/distributed.py", "_run_ddp_forward")}
+                 ("nn/parallel/distributed.py", "forward"), ("nn/parallel/distributed.py", "_run_ddp_forward"),
+                 ("_tensor.py", "backward"), ("autograd/__init__.py", "backward")}  # loss.backward() on to the engine
 
 
 def _module_call(frame: traceback.FrameSummary) -> bool:

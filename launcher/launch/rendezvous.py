@@ -300,12 +300,12 @@ def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     )
     handler.bind_host = host if params.get_as_bool("is_host", True) else (params.local_addr or host)
     handler.node_rank = params.get_as_int("node_rank")
+    _handlers.append(handler)  # first: a claim made below is given back (release_claims) however this ends
     if handler.node_rank is not None:
         handler.nodes = PrefixStore(f"dlaunch/{params.run_id}/nodes", store)
         handler.claim = claim_of_this_process(params.local_addr or socket.getfqdn())
         announce(handler.nodes, handler.node_rank, handler.claim)
         same_node_count(handler.nodes, handler.node_rank, params.max_nodes, handler.claim)
-    _handlers.append(handler)
     return handler
 
 

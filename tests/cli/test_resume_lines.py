@@ -65,9 +65,13 @@ def test_nodes_that_share_a_run_directory_each_resume_as_themselves(tmp_path):
         rerun_args(run, ["trainer.steps=20"])
         raise AssertionError("a shared directory resumed without a node rank")
     except ValueError as exc:
-        assert f"shared by the nodes of a multi-node run (node 0 and node(s) 1)" in str(exc)
+        assert "shared by the nodes of a multi-node run (node 0 and node1)" in str(exc)
         assert f"dlaunch resume {run} cluster.node_rank=N" in str(exc)
-    assert "cluster.node_rank=1" in rerun_args(run, ["cluster.node_rank=1"])
+    (run / ".dlaunch").mkdir()
+    (run / ".dlaunch" / "token").write_text("node-0s-token\n")  # node 0 made it; node 1 gave it on its command line
+    again = rerun_args(run, ["cluster.node_rank=1"])
+    assert "cluster.node_rank=1" in again and "cluster.token=node-0s-token" in again, again
+    assert not any(a.startswith("cluster.token") for a in rerun_args(run, ["cluster.node_rank=0"]))  # node 0 keeps it
     spec = compose_and_validate(["strategy=mirrored", "cluster=2x1", "cluster.node_rank=1", "cluster.master_port=29500",
                                  "trainer.checkpoint.every_steps=10", "cluster.device=cpu"], cuda_devices=0)
     saved = run / "checkpoints" / "step-00000010"

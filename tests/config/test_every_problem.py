@@ -11,11 +11,15 @@ import pytest
 
 from launcher.cli import job as cli_job
 from launcher.cli.main import main
+from launcher.config import compose as composer
 
 
 @pytest.fixture(autouse=True)
 def _no_gpu(monkeypatch):
     monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)  # the cases mean a machine without a GPU
+    dirs, name = list(composer.CONFIG_DIRS), composer.CONFIG_NAME
+    yield
+    composer.CONFIG_DIRS[:], composer.CONFIG_NAME = dirs, name  # main() sets them for --config-dir, --config-name
 
 
 def problems(capsys, *overrides: str) -> tuple[int, str]:
@@ -83,6 +87,10 @@ def test_no_follow_on_problem_from_a_value_at_fault(capsys):
     assert n == 1 and "strategy.device_assignment.num_replicas = 3" in err, err
     n, err = problems(capsys, "strategy=mirrored", "cluster=1x3", "input.global_batch_size=32", "trainer.grad_accum_steps=4")
     assert n == 1 and "not divisible by 3" in err, err
+    n, err = problems(capsys, "strategy=mirrored", "cluster=1x2", "input.global_batch_size=7", "trainer.grad_accum_steps=3")
+    assert n == 1 and "global batch 32" not in err, err  # accumulation judged against the default batch (a review)
+    n, err = problems(capsys, "strategy=mirrored", "cluster=2x1", "cluster.master_addr=192.0.2.123", "cluster.node_rank=7")
+    assert n == 1 and "not an address of this machine" not in err, err  # as if no node rank had been given
     n, err = problems(capsys, "recipe=wide_deep", "strategy=parameter_server", "cluster=tasks",
                       "cluster.tasks={chief: ['127.0.0.1:2000'], ps: ['bad host:1']}", "cluster.task={type: chief, index: 0}")
     assert n == 1 and "cluster.ps" not in err, err
@@ -140,3 +148,24 @@ def test_a_misspelled_command_is_named(argv, meant, capsys, tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert f"unknown command {argv[0]!r}" in err and "The commands are recipes, report, resume" in err, err
     assert (f"did you mean `{meant}`?" in err) if meant else "did you mean" not in err
+
+
+def test_a_number_of_the_wrong_type_says_what_it_takes(capsys):
+    n, err = problems(capsys, "trainer.steps=null")
+    assert "Input should be a valid integer greater than 0" in err, err
+
+
+def test_a_defaults_entry_not_found_names_the_file_and_the_configs_there(capsys, tmp_path):
+    """`- confg` in a primary config said only `confg = confg: config not found`."""
+    (tmp_path / "myrun.yaml").write_text("defaults:\n  - confg\n  - _self_\n")
+    assert main(["--config-dir", str(tmp_path), "--config-name", "myrun", "launch.dry_run=true"]) == 2
+    err = capsys.readouterr().err
+    assert "defaults of myrun.yaml = confg" in err and "did you mean config?" in err, err
+
+
+def test_resume_of_a_file_names_its_run_directory(capsys, tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / "summary.json").write_text("{}")
+    assert main(["resume", str(tmp_path / "summary.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"a file, not a run directory; did you mean {tmp_path}?" in err, err

@@ -367,3 +367,21 @@ def test_torchs_module_calls_between_the_users_frames_are_hidden_not_the_frame_t
     except RuntimeError as exc:
         text = failures._format(exc)
     assert "in train_step" in text and "linear.py" in text and " in inner\n" not in text, text
+
+
+def test_loss_backward_passes_on_to_the_engine_unseen():
+    """A rank whose peer died fails in backward: its root cause showed torch/_tensor.py and autograd/__init__.py
+    frames under the note that torch's calls are hidden (a multi-node review)."""
+    import torch
+
+    x = torch.ones(2, requires_grad=True)
+
+    def fails(grad):
+        raise RuntimeError("a peer is gone")
+
+    x.register_hook(fails)
+    try:
+        (x * 2).sum().backward()
+    except RuntimeError as exc:
+        text = failures._format(exc)
+    assert "test_failures.py" in text and "_tensor.py" not in text and "autograd/__init__.py" not in text, text

@@ -79,6 +79,9 @@ def test_a_tied_weight_across_wrap_units_is_named_before_anything_is_sharded():
     with pytest.raises(WrapError, match=r"held by embed.weight \(unit embed\), head.weight \(the root\).*leave "
                                         r"Embedding out of strategy.wrap"):
         wrapped_units(model, ["Block", "Embedding"])
+    reused, block = torch.nn.Module(), Block()
+    reused.blocks = torch.nn.ModuleList([block, block])  # one module at two places: one unit, no tie
+    assert wrapped_units(reused, ["Block"]) == [block]
 
 
 def test_one_process_trains_as_one_device_with_a_warning(run_dlaunch):

@@ -125,23 +125,26 @@ def wrapped_units(module: torch.nn.Module, wrap: Sequence[str]) -> list[torch.nn
 
 def _no_weight_across_units(module: torch.nn.Module, units: list[torch.nn.Module]) -> None:
     """A parameter held by modules of two units (a tied embedding and output head, with one of them wrapped) fails
-    in torch's first forward; named here, before anything is sharded, with the classes to leave out of the wrap."""
-    paths = {id(m): name for name, m in module.named_modules()}
-    unit_paths = sorted((paths[id(u)] for u in units), key=len, reverse=True)  # the innermost unit first
+    in torch's first forward; named here, before anything is sharded, with the classes to leave out of the wrap. A
+    module used at two places is one module, in one unit."""
+    unit_ids = {id(u) for u in units}
+    held: dict[int, dict[int, str]] = {}  # parameter -> {its holder's unit: the holder's path}
+    names: dict[int, str] = {}  # unit -> its first path
 
-    def unit_of(path: str) -> str:
-        return next((u for u in unit_paths if path == u or path.startswith(u + ".")), "")
-
-    holders: dict[int, list[str]] = {}
-    for name, m in module.named_modules(remove_duplicate=False):
+    def walk(m: torch.nn.Module, path: str, unit: int) -> None:
+        if id(m) in unit_ids:
+            unit = id(m)
+            names.setdefault(unit, path.rstrip("."))
         for pname, p in m.named_parameters(recurse=False):
-            holders.setdefault(id(p), []).append(f"{name}.{pname}" if name else pname)
-    for held in holders.values():
-        groups = {unit_of(h.rpartition(".")[0]) for h in held}
-        if len(groups) > 1:
-            by = ", ".join(f"{h} ({'unit ' + unit_of(h.rpartition('.')[0]) if unit_of(h.rpartition('.')[0]) else 'the root'})"
-                           for h in held)
-            classes = sorted({type(module.get_submodule(g)).__name__ for g in groups if g})
+            held.setdefault(id(p), {}).setdefault(unit, path + pname)
+        for cname, child in m.named_children():
+            walk(child, f"{path}{cname}.", unit)
+
+    walk(module, "", id(module))
+    for holders in held.values():
+        if len(holders) > 1:
+            by = ", ".join(f"{where} ({'unit ' + names[u] if u in names else 'the root'})" for u, where in holders.items())
+            classes = sorted({type(module.get_submodule(names[u])).__name__ for u in holders if u in names})
             raise WrapError(f"strategy.wrap: one parameter is held by {by}: a tied weight in two FSDP units, which torch "
                             f"cannot shard; leave {' and '.join(classes)} out of strategy.wrap so that its holders share a unit")
 
