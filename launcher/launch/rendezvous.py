@@ -244,31 +244,35 @@ def joined_nodes(nodes: Store, count: int) -> dict[int, str]:
     return {r: who for r, who in claims.items() if who}  # "": a node that left gave its claim back
 
 
+def _last_handler() -> "_BoundRendezvousHandler | None":
+    """This process's last rendezvous that reached the store with a node rank."""
+    return next((h for h in reversed(_handlers) if h.nodes is not None), None)
+
+
 def last_joined() -> dict[int, str] | None:
     """The nodes seen by this process's last rendezvous (None if it never reached the store), but for those whose
     process is known to be gone (killed on this host: their claim outlives them)."""
-    for handler in reversed(_handlers):
-        if handler.nodes is not None:
-            try:
-                joined = joined_nodes(handler.nodes, handler._settings.max_nodes)
-            except Exception:  # noqa: BLE001 - the store may be gone with node 0
-                return None
-            return {r: who for r, who in joined.items() if handler.claim is None or not _gone(who, handler.claim)}
-    return None
+    handler = _last_handler()
+    try:
+        joined = joined_nodes(handler.nodes, handler._settings.max_nodes) if handler else None
+    except Exception:  # noqa: BLE001 - the store may be gone with node 0
+        return None
+    if joined is None:
+        return None
+    return {r: who for r, who in joined.items() if handler.claim is None or not _gone(who, handler.claim)}
 
 
 def other_counts() -> dict[int, int]:
     """The nodes that came to this process's last rendezvous counting another number of nodes than it does."""
-    for handler in reversed(_handlers):
-        if handler.nodes is not None:
-            count = handler._settings.max_nodes
-            try:
-                said = {r: int(handler.nodes.get(f"count{r}").decode()) for r in range(count)
-                        if handler.nodes.check([f"count{r}"])}
-            except Exception:  # noqa: BLE001 - the store may be gone with node 0
-                return {}
-            return {r: n for r, n in said.items() if n != count}
-    return {}
+    handler = _last_handler()
+    if handler is None:
+        return {}
+    count = handler._settings.max_nodes
+    try:
+        said = {r: int(handler.nodes.get(f"count{r}").decode()) for r in range(count) if handler.nodes.check([f"count{r}"])}
+    except Exception:  # noqa: BLE001 - the store may be gone with node 0
+        return {}
+    return {r: n for r, n in said.items() if n != count}
 
 
 def _seconds(params: RendezvousParameters, key: str, default: int) -> timedelta:
