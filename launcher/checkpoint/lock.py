@@ -63,17 +63,25 @@ def describe(holder: dict[str, Any]) -> str:
     return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started {when}"
 
 
+NODE_0 = ".dlaunch.lock"  # node 0's (and a single node's) lock file; another node's is .dlaunch.nodeN.lock
+
+
 def file_name(spec: Any) -> str:
     c = spec.cluster
     if c.task is not None and c.task.type != "chief":
         return f".dlaunch.{c.task.type}{c.task.index}.lock"
-    return f".dlaunch.node{c.node_rank}.lock" if c.node_rank else ".dlaunch.lock"
+    return f".dlaunch.node{c.node_rank}.lock" if c.node_rank else NODE_0
+
+
+def node_0_was_here(run_dir: Path) -> bool:
+    """Node 0's command (or a single node's) used ``run_dir``: its lock file stays there."""
+    return (run_dir / NODE_0).exists()
 
 
 def other_nodes_here(run_dir: Path) -> list[str]:
     """The other nodes (``node1``, a task list's ``worker0``) whose commands used ``run_dir`` too (their lock files are
     there), where node 0's did: nodes that share one run directory; [] otherwise."""
-    if not (run_dir / ".dlaunch.lock").exists():
+    if not node_0_was_here(run_dir):
         return []
     return sorted(p.name[len(".dlaunch."):-len(".lock")] for p in run_dir.glob(".dlaunch.*.lock"))
 
@@ -120,7 +128,7 @@ def check_free(path: Path, key: str) -> None:
 
 
 @contextlib.contextmanager
-def holding(directory: Path, key: str, name: str = ".dlaunch.lock") -> Iterator[None]:
+def holding(directory: Path, key: str, name: str = NODE_0) -> Iterator[None]:
     """Hold one directory (made if missing); ``key``: the setting that chose it, for ``Busy``'s message."""
     path = directory / name
     try:

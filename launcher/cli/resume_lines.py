@@ -19,8 +19,8 @@ def command(run_dir: Path, spec: Any = None) -> str:
     share the directory (``spec``: this node's run)."""
     from launcher.checkpoint import lock
 
-    node = spec.cluster.node_rank or 0 if spec is not None else 0
-    mine = f" cluster.node_rank={node}" if spec is not None and spec.cluster.nodes > 1 and lock.other_nodes_here(run_dir) else ""
+    shared = spec is not None and spec.cluster.nodes > 1 and lock.other_nodes_here(run_dir)
+    mine = f" cluster.node_rank={spec.cluster.node_rank or 0}" if shared else ""
     return f"dlaunch resume {shlex.quote(str(run_dir))}{mine}"
 
 

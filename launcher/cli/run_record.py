@@ -13,7 +13,9 @@ from launcher.runtime import outputs
 
 def record_run(spec: Any, cfg: Any, run_dir: Path, resume_from: Path | None) -> None:
     """Node 0 owns the run's files; nodes that share the directory keep node 0's command in Hydra's record."""
-    if not spec.cluster.node_rank or not (run_dir / ".dlaunch.lock").exists():
+    from launcher.checkpoint import lock  # torch: not at the command's start
+
+    if not spec.cluster.node_rank or not lock.node_0_was_here(run_dir):
         record_hydra(run_dir, cfg)
     if not spec.cluster.node_rank:
         outputs.start_run(run_dir, resuming=resume_from is not None,

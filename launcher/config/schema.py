@@ -137,6 +137,7 @@ class ClusterSpec(Strict):
 
 SHOWN_FILES = 5  # files at fault named one by one; the rest counted
 
+
 class InputSpec(Strict):
     global_batch_size: PositiveInt = Field(32, description="examples per step over every replica (each gets an equal share)")
     shuffle: bool = Field(True, description="a new order of the training data each epoch (seed: input.seed, else trainer.seed)")
