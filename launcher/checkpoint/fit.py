@@ -25,7 +25,7 @@ def check_shapes(path: Path, spec: Any, run_dir: Path) -> None:
     changed = manifest.recipe_diff(layout.read_manifest(path).get("recipe", {}), spec)
     if not changed:
         return
-    built = _model_shapes(spec, run_dir)
+    built = model_shapes(spec, run_dir)
     held = _saved_shapes(path)
     differ = [(name, held[name], built[name]) for name in sorted(set(held) & set(built)) if held[name] != built[name]]
     if not differ:
@@ -38,7 +38,7 @@ def check_shapes(path: Path, spec: Any, run_dir: Path) -> None:
                           "another hydra.run.dir")
 
 
-def _model_shapes(spec: Any, run_dir: Path) -> dict[str, tuple[int, ...]]:
+def model_shapes(spec: Any, run_dir: Path) -> dict[str, tuple[int, ...]]:
     """The recipe's model state, built on the meta device as a parameter-server plan builds it; {} if it cannot be
     (the workers' load says what does not fit)."""
     from launcher.distribute.meta_scope import variables_scope

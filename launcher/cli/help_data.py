@@ -32,6 +32,14 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
              ('checkpoint.on_error',
               'error',
               'a save the storage refuses (disk full, I/O error): error ends the run; warn logs it and trains on'),
+             ('pretrained.path',
+              'null',
+              "a dlaunch checkpoint (step-N, a directory of them, a run directory), a DCP directory, a torch.save'd "
+              'state dict or a .safetensors file; the optimizer and the step start afresh'),
+             ('pretrained.strict',
+              'True',
+              "the names and shapes must match the model's; false: load those that do, the rest keep build()'s values "
+              '(a new head)'),
              ('resume', 'auto', 'auto: the newest complete checkpoint of the run, if any; never; or a checkpoint PATH'),
              ('loggers', '[]', 'also log to these (tensorboard: RUN_DIR/tensorboard)'),
              ('precision',

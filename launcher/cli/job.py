@@ -174,6 +174,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
     from launcher.launch import launchers
 
     resume_from = _checkpoints_usable(spec, run_dir)
+    weights_from = _weights_usable(spec, run_dir, resume_from)
     config = run_dir / outputs.CONFIG  # the same command again: its config as it ran, on one node (others would wait)
     same = spec.cluster.nodes == 1 and config.is_file() and config.read_text() == run_record.as_run(spec)
     done = resume.already_completed(spec, run_dir, resume_from, same)
@@ -202,7 +203,7 @@ def _locked_job(spec: Any, cfg: Any, run_dir: Path, cuda: int, console: Console)
                 run_record.record_run(spec, cfg, run_dir, resume_from)
             interrupts.raise_noted()  # a sweep's job stopped while it got ready: now that its record is whole
             sweep_stop.raise_taken()  # the same, for joblib's jobs when it runs them here (n_jobs=1)
-            code = launchers.choose(spec).launch(_resuming_from(spec, resume_from), plan, run_dir, console)
+            code = launchers.choose(spec).launch(_resuming_from(spec, resume_from, weights_from), plan, run_dir, console)
     except KeyboardInterrupt as exc:  # before the launcher's own signal handling: a stop all the same, with its summary
         if code is None:  # else it came as the launcher returned, its stop (or end) already said: its code stands
             how = exc if isinstance(exc, interrupts.Stopped) else "Ctrl-C"
@@ -342,8 +343,21 @@ def _checkpoints_usable(spec: Any, run_dir: Path) -> Path | None:
     return choice.path
 
 
-def _resuming_from(spec: Any, path: Path | None) -> Any:
-    """The spec the workers get: ``trainer.resume`` names the checkpoint verified here, so they choose nothing again."""
-    if path is None:
-        return spec
-    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"resume": str(path)})})
+def _weights_usable(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
+    """``trainer.pretrained``'s source, matched with the model (None: none, or the run resumes); else ConfigError."""
+    if spec.trainer.pretrained.path is None:
+        return None  # no torch.distributed.checkpoint in this process
+    from launcher.checkpoint import weights
+
+    return weights.verified(spec, run_dir, resume_from)
+
+
+def _resuming_from(spec: Any, path: Path | None, weights_from: Path | None = None) -> Any:
+    """The spec the workers get: ``trainer.resume`` names the checkpoint verified here, and ``trainer.pretrained``
+    the weights' source, so they choose nothing again."""
+    trainer = spec.trainer
+    if path is not None:
+        trainer = trainer.model_copy(update={"resume": str(path)})
+    if weights_from is not None:
+        trainer = trainer.model_copy(update={"pretrained": trainer.pretrained.model_copy(update={"path": str(weights_from)})})
+    return spec if trainer is spec.trainer else spec.model_copy(update={"trainer": trainer})

@@ -79,7 +79,7 @@ class Rows:
         return _checkpoints(self.spec, self.run_dir)
 
     def resume(self) -> list[tuple[str, str]]:
-        return _resume_rows(self.spec, self.run_dir, self.resume_from)
+        return [*_resume_rows(self.spec, self.run_dir, self.resume_from), *self.spec.trainer.pretrained.rows(self.resume_from)]
 
 
 # What a script keeps of the plan: its processes and devices; the batch, steps and checkpoints are its own business.

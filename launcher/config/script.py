@@ -121,6 +121,8 @@ INSTEAD = {
     "log_every": "dlaunch's loop writes metrics.jsonl; a script writes its own to $DLAUNCH_RUN_DIR (docs/SCRIPTS.md)",
     "checkpoint": "a script saves its own checkpoints (launcher.checkpoint.scripts.ScriptCheckpoints, or torch.save): "
                   "dlaunch's loop cannot know its state",
+    "pretrained": "load the weights in your script (torch.load(PATH, weights_only=True), or "
+                 "launcher.checkpoint.read_tensors for a dlaunch checkpoint)",
     "resume": "a script resumes from its own checkpoints: load one in the script (ScriptCheckpoints.restore)",
     "loggers": "log from the script (e.g. torch.utils.tensorboard's SummaryWriter on rank 0)",
     "compile": "torch.compile the model in your script",

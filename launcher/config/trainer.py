@@ -76,6 +76,36 @@ class CompileSpec(Strict):
     dynamic: bool | None = Field(None, description="null: torch decides; false: one graph per shape")
 
 
+class PretrainedSpec(Strict):
+    """``trainer.pretrained``: the model's weights before step 0, from a checkpoint or a file (a fine-tune's start)."""
+
+    path: str | None = Field(
+        None, min_length=1,
+        description="a dlaunch checkpoint (step-N, a directory of them, a run directory), a DCP directory, a "
+                    "torch.save'd state dict or a .safetensors file; the optimizer and the step start afresh")
+    strict: bool = Field(True, description="the names and shapes must match the model's; false: load those that do, "
+                                           "the rest keep build()'s values (a new head)")
+
+    @field_validator("path", mode="after")
+    @classmethod
+    def _exists(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = _absolute_path(value, info)
+        if (info.context or {}).get("check_files") and not os.path.exists(path):
+            raise PlanError("trainer.pretrained.path", value, f"no such file or directory: {path}")
+        return path
+
+    def rows(self, resume_from: Path | None) -> list[tuple[str, str]]:
+        """The plan's row: where the weights come from, or why they are not loaded."""
+        if self.path is None:
+            return []
+        if resume_from is not None:
+            return [("pretrained", f"not used: the run resumes from {resume_from.name}, its own weights")]
+        kept = "names and shapes must match" if self.strict else "tensors that match; the rest as build() made them"
+        return [("pretrained", f"{self.path}: its model weights before step 0 ({kept}); a fresh optimizer")]
+
+
 class ProfileSpec(Strict):
     """``trainer.profile``: ``torch.profiler`` over a few steps; a trace and an op table per rank in RUN_DIR/profile."""
 
@@ -99,6 +129,7 @@ class TrainerSpec(Strict):
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(0, description="seeds torch, numpy and random in every process, and the shuffle (numpy's range: 0 to 2**32 - 1)")
     log_every: PositiveInt = Field(10, description="write a metrics.jsonl record (loss, examples/s, lr) every N steps")
     checkpoint: CheckpointSpec = CheckpointSpec()
+    pretrained: PretrainedSpec = PretrainedSpec()
     resume: str = Field(
         "auto", min_length=1,
         description="auto: the newest complete checkpoint of the run, if any; never; or a checkpoint PATH",
@@ -120,7 +151,7 @@ class TrainerSpec(Strict):
 
     @model_validator(mode="after")
     def _fits_in_steps(self) -> "TrainerSpec":
-        check_rules((_schedule_fits, _schedule_settings_used, _profile_fits), self)
+        check_rules((_schedule_fits, _schedule_settings_used, _profile_fits, _pretrained_used), self)
         return self
 
     @field_validator("activation_checkpointing", mode="after")
@@ -185,6 +216,7 @@ def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:
                                      t.activation_checkpointing),
         "lr_schedule": (schedule_key, not t.lr_schedule.constant, schedule_value),
         "clip_grad_norm": ("trainer.clip_grad_norm", t.clip_grad_norm is not None, t.clip_grad_norm),
+        "pretrained": ("trainer.pretrained.path", t.pretrained.path is not None, t.pretrained.path),
     }
     errors = [PlanError(key, value, f"strategy {spec.strategy.name} cannot do this: {why}")
               for feature, (key, on, value) in used.items() if on and (why := spec.strategy.refusal(feature, spec))]
@@ -240,6 +272,14 @@ def _schedule_settings_used(t: TrainerSpec) -> None:
             errors.append(PlanError(f"trainer.lr_schedule.{key}", value, f"{key} needs {needs}"))
     if errors:
         raise PlanErrors(errors)
+
+
+def _pretrained_used(t: TrainerSpec) -> None:
+    """A resume from a named checkpoint brings its own weights: pretrained would change nothing."""
+    if t.pretrained.path is not None and t.resume not in ("auto", "never"):
+        raise PlanError("trainer.pretrained.path", t.pretrained.path,
+                        f"trainer.resume={t.resume} resumes with that checkpoint's weights, so these would never be "
+                        "loaded; keep one: trainer.resume=PATH goes on with a run, trainer.pretrained starts one from its weights")
 
 
 def _profile_fits(t: TrainerSpec) -> None:

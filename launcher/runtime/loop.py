@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 
 from launcher import checkpoint, strategies
-from launcher.checkpoint import Checkpointer
+from launcher.checkpoint import Checkpointer, weights
 from launcher.checkpoint.state import unwrap
 from launcher.cluster.env import PSTask, WorkerEnv
 from launcher.config.plan import Plan
@@ -211,6 +211,10 @@ class _Loop:
         """Load ``path`` (None: start at step 0); return the step it was saved after."""
         if path is None:
             checkpoint.agree(None, 0)
+            init = self.spec.trainer.pretrained
+            if init.path is not None:  # the path the parent verified (cli/job.py)
+                found = weights.load(Path(init.path), self.model, init.strict)  # the parent said what it loads
+                log.debug("pretrained: %s from %s", found.said(), init.path)
             self._open(0)
             return 0
         step, position = self.ckpt.load(path, self.model, self.optimizer, loop_state(self.schedule, self.step))

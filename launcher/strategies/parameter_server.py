@@ -82,6 +82,8 @@ class ParameterServerSpec(StrategyUnit):
         "lr_schedule": "the ps tasks own the optimizer and its learning rate; set recipe.optimizer.lr instead",
         "clip_grad_norm": "the ps tasks apply each task's gradient shard by shard, so no process sees the whole "
                           "gradient to clip",
+        "pretrained": "the ps tasks build and hold the variables; load the weights in the recipe's build() "
+                     "(launcher.checkpoint.read_tensors, or torch.load) instead",
         "partial-batches": "the tasks push their gradients unweighted by their rows; keep input.drop_remainder=true",
     }
 

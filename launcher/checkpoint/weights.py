@@ -1,0 +1,224 @@
+"""``trainer.pretrained``: a run's first weights from another run's checkpoint or a state-dict file (a fine-tune).
+
+Weights only: the optimizer, the schedule, the step and the data position start afresh, where ``trainer.resume``
+goes on with all of them. The source is a dlaunch checkpoint (``step-N``, or a directory of them, or a run
+directory: the newest intact one), any torch.distributed.checkpoint directory, a ``torch.save``'d state dict
+(read with ``weights_only=True``) or a ``.safetensors`` file. Before anything starts, the parent matches its
+tensors with the model (built on the meta device) by name and shape; each worker then loads its part (DCP
+reshards a checkpoint; ``set_model_state_dict`` splits a whole tensor across DTensor shards).
+
+    trainer.pretrained.path=outputs/pretrain/checkpoints trainer.pretrained.strict=false   # a new head stays as built
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from launcher.checkpoint import layout
+from launcher.checkpoint.errors import CheckpointError
+
+log = logging.getLogger("dlaunch")
+_WRAPPERS = ("state_dict", "model", "module")  # a file holding {"state_dict": {...}, "epoch": 3}: the dict inside
+Shapes = dict[str, tuple[int, ...]]
+
+
+@dataclasses.dataclass
+class Match:
+    """The source's tensors against the model's: what loads, and what differs."""
+
+    load: list[str]
+    missing: list[str]  # the model's, not in the source: they keep build()'s values
+    unexpected: list[str]  # the source's, not in the model
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # (name, in the source, here)
+
+    @property
+    def total(self) -> int:
+        return len(self.load) + len(self.missing) + len(self.mismatched)
+
+    def differences(self) -> str:
+        shapes = [f"{n} {list(there)} there, {list(here)} here" for n, there, here in self.mismatched]
+        parts = [_listed("not in it", self.missing), _listed("only in it", self.unexpected), _listed("of another shape", shapes)]
+        return "; ".join(filter(None, parts))
+
+    def problem(self, strict: bool, it: str = "it") -> str | None:
+        """Why the load cannot go ahead (None: it can). ``it``: the source, as the message names it."""
+        if not self.load:
+            return f"none of the model's {self.total} tensors is in {it} by name and shape ({self.differences()})"
+        if strict and (self.missing or self.unexpected or self.mismatched):
+            return (f"{len(self.load)} of the model's {self.total} tensors match {it.rstrip(',')} ({self.differences()}); "
+                    "trainer.pretrained.strict=false loads those and keeps build()'s values for the rest (a new head)")
+        return None
+
+    def said(self) -> str:
+        kept = [*self.missing, *(n for n, _, _ in self.mismatched)]
+        rest = f"; kept as built: {_names(kept, 4)}" if kept else ""
+        unused = f"; not used: {_names(self.unexpected, 4)}" if self.unexpected else ""
+        return f"{len(self.load)} of the model's {self.total} tensors{rest}{unused}"
+
+
+def match(here: Shapes, there: Shapes) -> Match:
+    both = [n for n in here if n in there]
+    return Match(load=[n for n in both if here[n] == there[n]], missing=[n for n in here if n not in there],
+                 unexpected=[n for n in there if n not in here],
+                 mismatched=[(n, there[n], here[n]) for n in both if here[n] != there[n]])
+
+
+def source(given: str) -> Path:
+    """The file or checkpoint directory ``given`` names; a directory of dlaunch checkpoints (or a run directory
+    with ``checkpoints/``) gives its newest intact one. CheckpointError where there is none."""
+    path = Path(given)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"{path} does not exist")
+    if (path / layout.MANIFEST).is_file() or (path / ".metadata").is_file():
+        why = layout.check(path) if (path / layout.MANIFEST).is_file() else None
+        if why:
+            raise CheckpointError(f"{path} cannot be loaded: {why}")
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = layout.complete_steps(root)
+    for step in reversed(steps):
+        if layout.check(step) is None:
+            return step
+    found = f"its {len(steps)} checkpoint(s) are damaged" if steps else "it holds no checkpoint"
+    raise CheckpointError(f"{path}: {found}; allowed: a checkpoint (step-N), a directory of them, a run directory, "
+                          "a torch.save'd state dict (.pt) or a .safetensors file")
+
+
+def saved_shapes(path: Path) -> Shapes:
+    """The model tensors' names and shapes in the source, without reading their values where the format allows."""
+    if path.is_dir():
+        from launcher.checkpoint.safe import saved_entries
+
+        prefix = _prefix(path)
+        return {n: tuple(e.size) for n, e in saved_entries(path, prefix).items() if hasattr(e, "size")}
+    return {name: tuple(t.shape) for name, t in _read_file(path).items()}
+
+
+def verified(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
+    """In the parent: the source the workers load (None: none, or the run resumes instead), matched with the model.
+    ConfigError naming ``trainer.pretrained.path`` where it cannot be loaded."""
+    given = spec.trainer.pretrained.path
+    if given is None or resume_from is not None or spec.script is not None:
+        return None
+    from launcher.checkpoint.fit import model_shapes
+    from launcher.config.errors import ConfigError, Problem
+
+    try:
+        path = source(given)
+        there = saved_shapes(path)
+        if not there:
+            raise CheckpointError(f"{path} holds no model tensors")
+        here = model_shapes(spec, run_dir)  # {}: the recipe would not build here; the workers' load says it then
+        it = "it" if path == Path(given) else f"{path.name}, its newest checkpoint,"
+        why = match(here, there).problem(spec.trainer.pretrained.strict, it) if here else None
+        if why:
+            raise CheckpointError(why)
+    except CheckpointError as exc:
+        raise ConfigError([Problem(key="trainer.pretrained.path", value=given, message=str(exc))]) from None
+    said = match(here, there).said() if here else "matched with the model as each worker loads it"
+    log.info("pretrained: %s from %s", said, path)
+    return path
+
+
+def load(path: Path, model: Any, strict: bool) -> Match:
+    """In each worker: the source's weights into ``model`` (collective under DTensor); the match loaded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    from launcher.checkpoint.state import unwrap
+
+    module = unwrap(model)
+    current = get_model_state_dict(module)
+    held = None if path.is_dir() else _read_file(path)  # a file is read once (memory-mapped where it can be)
+    there = saved_shapes(path) if held is None else {n: tuple(t.shape) for n, t in held.items()}
+    found = match({n: tuple(t.shape) for n, t in current.items()}, there)
+    why = found.problem(strict)
+    if why:
+        raise CheckpointError(f"trainer.pretrained: {path}: {why}")
+    if held is None:
+        from launcher.checkpoint import _load
+
+        prefix = _prefix(path)
+        tensors = {prefix + n: current[n] for n in found.load}  # DCP reads each rank's part into the model's own
+        _load(tensors, path)
+        values, whole = {n: tensors[prefix + n] for n in found.load}, False
+    else:  # whole tensors: set_model_state_dict gives each DTensor shard its part
+        values, whole = {n: held[n] for n in found.load}, any(isinstance(t, DTensor) for t in current.values())
+    set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=whole, strict=False))
+    if hasattr(model, "resync"):  # mirrored copies in one process follow their primary
+        model.resync()
+    return found
+
+
+def _prefix(path: Path) -> str:
+    """dlaunch keeps the model under ``model.``; another DCP checkpoint may hold the model's names alone."""
+    from launcher.checkpoint.safe import saved_entries
+
+    return "model." if saved_entries(path, "model.") else ""
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """A file's state dict (memory-mapped: a shape costs no read), with ``weights_only=True``."""
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
+    import torch
+
+    try:
+        try:
+            held = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:  # a file from before torch's zip format cannot be mapped
+            if "mmap" not in str(exc):
+                raise
+            held = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not zipfile.is_zipfile(path) and "Unsupported operand" in str(exc):  # not a pickle at all
+            raise CheckpointError(f"{path} is not a torch.save file") from None
+        raise CheckpointError(f"{path} holds objects other than tensors, which are not loaded (weights_only=True); "
+                              "save the state dict alone: torch.save(model.state_dict(), PATH)") from None
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise CheckpointError(f"{path} cannot be read as a torch.save file: {str(exc).splitlines()[0]}") from None
+    return _state_dict_in(held, path)
+
+
+def _state_dict_in(held: Any, path: Path) -> dict[str, Any]:
+    import torch
+
+    def tensors(d: Any) -> bool:
+        return isinstance(d, dict) and bool(d) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items())
+
+    if tensors(held):
+        return held
+    inside = [k for k in _WRAPPERS if isinstance(held, dict) and tensors(held.get(k))]
+    if inside:
+        return held[inside[0]]
+    what = f"a dict with keys {_names([str(k) for k in held], 4)}" if isinstance(held, dict) else f"a {type(held).__name__}"
+    raise CheckpointError(f"{path} holds {what}, not a state dict (names to tensors, or one under "
+                          f"{', '.join(_WRAPPERS)})")
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise CheckpointError(f"{path} is a .safetensors file, which needs the safetensors package: "
+                              "pip install safetensors") from None
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors' own errors, said with the path
+        raise CheckpointError(f"{path} cannot be read as a .safetensors file: {exc}") from None
+
+
+def _names(names: list[str], shown: int) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _listed(what: str, names: list[str]) -> str:
+    return f"{len(names)} {what}: {_names(names, 2)}" if names else ""
