@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import runpy
 import signal
 import sys
@@ -88,7 +89,8 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     first_step = _watch_the_first_step(strategy, spec.strategy.name, env) if rank == 0 else None
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
-                _as_torchrun(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
+                _as_torchrun(env, spec.launch.collective_timeout_s), _logging_as_python(), _hydra_set_aside(), \
+                env_lib.worker_env_set(env_lib.script_environment(run_dir)):
             runpy.run_path(spec.script.path, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
@@ -240,7 +242,53 @@ def _as_main(path: str, args: list[str], quiet_argparse: bool) -> Iterator[None]
 
 
 @contextlib.contextmanager
-def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
+def _logging_as_python() -> Iterator[None]:
+    """The root logger is the script's, as under ``python`` and ``torchrun``: its ``logging.basicConfig(...)`` takes
+    effect (its level and format, on every rank; the other ranks' lines reach their logs/ and the terminal tagged
+    by the agent). dlaunch's own lines keep dlaunch's handlers meanwhile, on its ``dlaunch`` logger; afterwards
+    the root logger is dlaunch's again."""
+    root, ours = logging.getLogger(), logging.getLogger("dlaunch")
+    handlers, level, own = list(root.handlers), root.level, (list(ours.handlers), ours.level, ours.propagate)
+    for handler in handlers:
+        root.removeHandler(handler)
+        ours.addHandler(handler)
+    ours.setLevel(ours.level or level)
+    ours.propagate = False
+    root.setLevel(logging.WARNING)  # Python's default: a script that configures nothing sees its warnings only
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):  # the script's, now that it has ended
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        ours.handlers[:], ours.propagate = own[0], own[2]
+        ours.setLevel(own[1])
+
+
+@contextlib.contextmanager
+def _hydra_set_aside() -> Iterator[None]:
+    """A script with its own ``@hydra.main`` runs in dlaunch's process (one process) as under ``python``: dlaunch's
+    Hydra state (its app, the job's config) is set aside for it, and back once it has ended."""
+    singleton = sys.modules.get("hydra.core.singleton")
+    if singleton is None:
+        yield
+        return
+    from hydra.core.global_hydra import GlobalHydra
+
+    saved = {instance: dict(vars(instance)) for instance in list(singleton.Singleton._instances.values())}
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        for instance, state in saved.items():
+            vars(instance).clear()
+            vars(instance).update(state)
+
+
+@contextlib.contextmanager
+def _as_torchrun(env: WorkerEnv | None, timeout_s: float) -> Iterator[None]:
     """A torchrun script runs unmodified: its own ``init_process_group(...)`` joins the group dlaunch has already
     set up (the call returns it, once said in the log), and its ``destroy_process_group()`` leaves that group to
     dlaunch, which ends it with the other ranks after the script (destroying it here, with dlaunch's own
@@ -248,6 +296,7 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
     variables torchrun would set (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) are
     there, and the group the script makes is its own to end."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
     from launcher.launch.rendezvous import free_port
 
@@ -266,17 +315,32 @@ def _as_torchrun(env: WorkerEnv | None) -> Iterator[None]:
             said.append(True)
             log.info("the script's init_process_group(): dlaunch has set up the process group already (%s, %d "
                      "processes); the script uses it", dist.get_backend(), dist.get_world_size())
+            _say_if_timeout_unused(kwargs.get("timeout", args[2] if len(args) > 2 else None), timeout_s)
         return None
 
     extra = {} if env is not None else env_lib.torchrun_single_process(free_port())
     with env_lib.worker_env_set(extra):
-        dist.init_process_group, dist.destroy_process_group = joined, left_to_dlaunch
+        # both names: `from torch.distributed.distributed_c10d import init_process_group` finds the second
+        for module in (dist, c10d):
+            module.init_process_group, module.destroy_process_group = joined, left_to_dlaunch
         try:
             yield
         finally:
-            dist.init_process_group, dist.destroy_process_group = original, destroy
+            for module in (dist, c10d):
+                module.init_process_group, module.destroy_process_group = original, destroy
             if not ours and dist.is_initialized():  # the script's own group of one, which it left open
                 destroy()
+
+
+def _say_if_timeout_unused(timeout: Any, timeout_s: float) -> None:
+    """The group dlaunch made waits ``launch.collective_timeout_s`` for a collective, not the script's own timeout."""
+    import torch.distributed as dist
+
+    seconds = getattr(timeout, "total_seconds", lambda: None)()
+    if seconds is not None and seconds != timeout_s and dist.get_rank() == 0:  # one line, not one per rank
+        log.warning("the script's init_process_group(timeout=%s) does not apply: the group dlaunch set up waits "
+                    "launch.collective_timeout_s=%g s for a collective; give launch.collective_timeout_s=%g for the "
+                    "script's", timeout, timeout_s, seconds)
 
 
 @contextlib.contextmanager
