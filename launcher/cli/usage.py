@@ -104,7 +104,15 @@ _SAME_AS = {
     "rdzv_id": "nothing: dlaunch names each run itself",
     "multi_gpu": "strategy=mirrored cluster=1xM",
     "cpu": "cluster.device=cpu",
+    "log_dir": "nothing: each rank but rank 0 keeps its output in RUN_DIR/logs/ (rank 0's is the terminal's)",
+    "redirects": "nothing: each rank but rank 0 keeps its output in RUN_DIR/logs/ (rank 0's is the terminal's)",
+    "tee": "nothing: each rank but rank 0 keeps its output in RUN_DIR/logs/ (rank 0's is the terminal's)",
+    "gradient_accumulation_steps": "trainer.grad_accum_steps={v} (a recipe's loop; a script accumulates under "
+                                   "strategy.no_sync(model), docs/SCRIPTS.md)",
 }
+# The flags whose value "the same run" gives as the override above
+_KEPT = ("node_rank", "machine_rank", "master_addr", "main_process_ip", "master_port", "main_process_port", "max_restarts",
+         "monitor_interval")
 _PRECISIONS = {"bf16": "bf16-mixed", "fp16": "fp16-mixed"}  # Accelerate's --mixed_precision, as trainer.precision
 # What a flag means for a script, where that differs: a script runs its own loop (docs/SCRIPTS.md).
 _FOR_A_SCRIPT = {
@@ -141,14 +149,28 @@ def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None, list[str]]]:
     return found
 
 
+def _module_as_script(argv: list[str]) -> tuple[list[str], str | None]:
+    """torchrun's ``-m NAME`` / ``--module NAME`` (python's ``-m``): ``argv`` with the module as the script file it
+    names (``NAME/WITH/SLASHES.py``), and the module; Hydra's ``-m`` (a sweep) is followed by overrides instead."""
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    for i, arg in enumerate(head):
+        name = arg.partition("=")[2] if arg.startswith("--module=") else (
+            head[i + 1] if arg in ("-m", "--module") and i + 1 < len(head) else "")
+        if name and "=" not in name and not name.startswith("-") and not name.endswith(".py"):
+            taken = 1 if "=" in arg else 2
+            return [*argv[:i], name.replace(".", "/") + ".py", *argv[i + taken:]], name
+    return argv, None
+
+
 def flag_message(argv: list[str]) -> str | None:
     """One screen mapping torchrun-style flags to dlaunch overrides; None when there are none."""
+    argv, module = _module_as_script(argv)
     spans = _unknown_flags(argv)
     flags = [(name, value) for name, value, _ in spans]
     head = argv[: argv.index("--")] if "--" in argv else argv  # after --: the script's own arguments
     at = _script_at(head)
     # `dlaunch train.py --epochs 1`, as python or accelerate launch takes it: Hydra's parser would refuse the flags
-    if not flags and (at is None or not any(a.startswith("-") for a in head[at + 1:])):
+    if not flags and module is None and (at is None or not any(a.startswith("-") for a in head[at + 1:])):
         return None
     rows = []  # (what was given, what to use): one column, as wide as the longest given
     script = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("script=")), None)
@@ -167,7 +189,8 @@ def flag_message(argv: list[str]) -> str | None:
     options, taken = _hydra_options(before)  # -m, --config-dir DIR: the same run keeps them, and the overrides typed
     typed = [*options, *(a for i, a in enumerate(before) if i not in taken and "=" in a and not a.startswith("-"))]
     if at is not None:
-        rows.append((argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
+        rows.append((f"-m {module}", f"a module runs by its file: script={argv[at]} (a package's: script=PKG/__main__.py)")
+                    if module else (argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
         # dlaunch's settings typed after the script (`train.py --epochs 1 cluster.device=cpu`) are dlaunch's still
         settings = [a for a in argv[at + 1:] if _is_setting(a)]
         same = _same_run(dict(flags), argv[at], [a for a in argv[at + 1:] if a not in settings], typed + settings)
@@ -184,9 +207,15 @@ def flag_message(argv: list[str]) -> str | None:
 
 def _is_setting(arg: str) -> bool:
     """``cluster.device=cpu``, ``strategy=mirrored``, ``+trainer.x=1``, ``hydra.run.dir=D``: a dlaunch override, not a
-    script's own argument (which would not name one of dlaunch's sections)."""
-    key = arg.partition("=")[0].lstrip("+~")
-    return "=" in arg and not arg.startswith("-") and key.split(".")[0] in {*help_data.GROUPS, *help_data.SECTIONS, "hydra"}
+    script's own argument. A script's Hydra may have sections of the same names (``trainer.max_epochs=3``,
+    ``input.path=D``): under dlaunch's sections only dlaunch's own keys are its, unless ``+``/``~`` asks for it."""
+    if "=" not in arg or arg.startswith("-"):
+        return False
+    key = arg.partition("=")[0]
+    head, _, rest = key.lstrip("+~").partition(".")
+    if head in help_data.SECTIONS and head not in help_data.GROUPS and rest and key[0] not in "+~":
+        return rest.split(".")[0] in {k.split(".")[0] for k, *_ in help_data.SECTIONS[head]}
+    return head in {*help_data.GROUPS, *help_data.SECTIONS, "hydra"}
 
 
 def _hydra_options(head: list[str]) -> tuple[list[str], set[int]]:
@@ -230,8 +259,9 @@ def _same_run(flags: dict[str, str | None], script: str | None, args: list[str],
     words = ["dlaunch", f"script={script}" if script else "", *typed]
     if f"{nodes}x{per_node}" != "1x1":
         words += ["strategy=" + ("mirrored" if nodes == "1" else "multi_worker_mirrored"), f"cluster={nodes}x{per_node}"]
-    words += [_SAME_AS[name].format(v=value) for name, value in flags.items()
-              if value and name in ("node_rank", "machine_rank", "master_addr", "main_process_ip", "master_port", "main_process_port")]
+    words += [_SAME_AS[name].format(v=value) for name, value in flags.items() if value and name in _KEPT]
+    host, _, port = (flags.get("rdzv_endpoint") or "").rpartition(":")
+    words += [f"cluster.master_addr={host}", f"cluster.master_port={port}"] if host and port.isdigit() else []
     precision = _PRECISIONS.get(flags.get("mixed_precision") or "")
     words += [f"trainer.precision={precision}"] if precision else []
     words += ["cluster.device=cpu"] if "cpu" in flags else []  # Accelerate's --cpu

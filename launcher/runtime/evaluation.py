@@ -35,11 +35,24 @@ class Evaluator:
             try:
                 # one region over the whole evaluation: torch's cache of each weight's cast would outlive a weight
                 # the recipe changes in place (an EMA swapped in), and evaluate the old one
-                with torch.no_grad(), self.step.autocast(cache=False):
+                with torch.no_grad(), self.step.autocast(cache=False), _training_rng_kept():
                     found = self.evaluate(module, self.parts)
             finally:
                 module.train(was_training)
         return recipe_lib.checked_metrics(found, self.evaluate)
+
+
+@contextlib.contextmanager
+def _training_rng_kept() -> Iterator[None]:
+    """The random generators (torch's, CUDA's, numpy's, Python's) as they were before the evaluation: what it draws
+    (a DataLoader's seed, a random subset) leaves training as it would be without it, whatever ``eval_every``."""
+    from launcher.checkpoint.state import rng_state, set_rng_state
+
+    before = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(before)
 
 
 @contextlib.contextmanager

@@ -49,6 +49,15 @@ class CentralStorageSpec(StrategyUnit):
         home = self.parameter_device or (self.compute_devices[0] if len(self.compute_devices) == 1 else "cpu:0")
         return f"central_storage (parameters once on {home}, compute on {', '.join(self.compute_devices)})"
 
+    def own_rows(self, spec: Any, run_dir: Any) -> list[tuple[str, str]]:
+        """Replica threads on the CPU draw from its one random generator, in the order the threads happen to run."""
+        on_cpu = [d for d in self.compute_devices or [] if d.startswith("cpu")]
+        if len(on_cpu) < 2:
+            return []
+        return [("random", f"its {len(on_cpu)} CPU replica threads share the CPU's random generator: a step that draws "
+                           "random numbers (dropout) differs from run to run, and a resume is not bitwise; on GPUs each "
+                           "replica draws from its own device's")]
+
     def shape_rules(self) -> tuple[Rule, ...]:
         return (no_tasks, one_process_shape)  # its one process covers one_replica_shape: one message, not two
 

@@ -188,3 +188,28 @@ def test_a_scripts_own_flags_typed_before_the_separator_get_the_same_run_with_th
     assert ("the same run: dlaunch script=train.py cluster.device=cpu strategy=mirrored cluster=1x2 -- --epochs 1 "
             "--learning-rate=0.1") in text, text
     assert "the same run" not in flag_message(["--epochs", "1", "recipe=linear"])  # no script: nothing to give them to
+
+
+def test_the_same_run_keeps_every_flag_it_maps_and_leaves_a_scripts_own_sections_to_it():
+    """A script-mode review: --max_restarts, --monitor_interval and --rdzv_endpoint were mapped in the rows but
+    dropped from the same run; a Hydra script's own trainer.max_epochs=3 was moved into dlaunch's settings; torchrun's
+    -m MODULE became a sweep of the default recipe."""
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--max_restarts=3", "--monitor_interval=1", "--nproc_per_node=2", "train.py", "--epochs", "2"])
+    assert ("the same run: dlaunch script=train.py strategy=mirrored cluster=1x2 launch.max_restarts=3 "
+            "launch.monitor_interval_s=1 -- --epochs 2") in text
+    two = flag_message(["--rdzv_endpoint=10.0.0.1:29400", "--nnodes=2", "--nproc_per_node=2", "train.py"])
+    assert "cluster=2x2 cluster.master_addr=10.0.0.1 cluster.master_port=29400" in two
+    own = flag_message(["--nproc_per_node=2", "app.py", "model.lr=0.1", "trainer.max_epochs=3", "input.path=/data",
+                        "trainer.steps=5", "cluster.device=cpu"])
+    assert ("the same run: dlaunch script=app.py trainer.steps=5 cluster.device=cpu strategy=mirrored cluster=1x2 -- "
+            "model.lr=0.1 trainer.max_epochs=3 input.path=/data") in own
+    for typed in (["-m", "pkg.train"], ["--module", "pkg.train"]):
+        module = flag_message(["--nproc_per_node=2", *typed, "--epochs", "1"])
+        assert "-m pkg.train a module runs by its file: script=pkg/train.py" in " ".join(module.split()), module
+        assert "the same run: dlaunch script=pkg/train.py strategy=mirrored cluster=1x2 -- --epochs 1" in module
+    assert flag_message(["-m", "strategy=mirrored,fsdp"]) is None  # Hydra's -m: a sweep
+    assert "each rank but rank 0 keeps its output in RUN_DIR/logs/" in flag_message(["--tee=3", "train.py"])
+    accumulate = flag_message(["--gradient_accumulation_steps=4", "--num_processes=2"])
+    assert "use trainer.grad_accum_steps=4" in accumulate

@@ -31,3 +31,26 @@ def test_a_weight_changed_in_place_during_an_evaluation_is_the_one_evaluated():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected = model(x).float().pow(2).mean().item()  # the EMA's weights, in a fresh region
     assert found["ema"] == expected and found["ema"] != found["before"], found
+
+
+def test_what_an_evaluation_draws_leaves_the_training_generators_as_they_were():
+    """A DataLoader's iter() draws its seed from torch's generator, a random subset draws more: without the fork,
+    training after an evaluation went on from other random numbers, so eval_every changed its dropout masks."""
+    import random
+
+    import numpy as np
+
+    def evaluate(module, parts):
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+        list(loader)
+        return {"drawn": torch.rand(()).item() + random.random() + float(np.random.rand())}
+
+    step = types.SimpleNamespace(precision="fp32", device_type="cpu")
+    step.autocast = lambda cache=True: ReplicaStep.autocast(step, cache)
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    evaluator = Evaluator(evaluate, torch.nn.Linear(2, 1), None, step, chief=True, everywhere=False)
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    evaluator()
+    after = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(after[0], expected[0]) and after[1:] == expected[1:]

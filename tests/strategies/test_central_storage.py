@@ -231,3 +231,16 @@ def test_two_gpus_with_parameters_on_cpu_or_one_gpu(parameter_device):
     reference = _train_one_device(torch.optim.Adam)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(model.module.get_parameter(name).cpu(), p, rtol=1e-4, atol=1e-5)
+
+
+def test_the_plan_says_cpu_replica_threads_share_one_random_generator(run_dlaunch):
+    """Their dropout masks come from the CPU's one generator in the order the threads run: a numerics audit found
+    identical commands diverging at step 2, which OPERATIONS.md's "exact" had promised; the plan says so now."""
+    two = ("strategy=central_storage", "strategy.compute_devices=[cpu:0,cpu:1]", "launch.dry_run=true")
+    proc, _ = run_dlaunch(*two)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "random its 2 CPU replica threads share the CPU's random generator: a step that draws random numbers " \
+           "(dropout) differs from run to run" in out
+    proc, _ = run_dlaunch("strategy=central_storage", "launch.dry_run=true", name="one")
+    assert proc.returncode == 0 and "random generator" not in proc.stdout
