@@ -32,7 +32,7 @@ from launcher.distribute.context import experimental_set_strategy
 from launcher.runtime import outputs, user_frames
 from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log
-from launcher.runtime.stop_signals import handling_stop_signals
+from launcher.runtime.stop_signals import STOP_SIGNALS, handling_stop_signals
 
 
 class ScriptStopped(Preempted):
@@ -88,13 +88,16 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         outputs.record_start(run_dir, env.restart_count if env else 0, 0)
     first_step = _watch_the_first_step(strategy, spec.strategy.name, env) if rank == 0 else None
     try:
-        with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise(), \
+        with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise() as own, \
                 _as_torchrun(env, spec.launch.collective_timeout_s), _logging_as_python(), _hydra_set_aside(), \
                 env_lib.worker_env_set(env_lib.script_environment(run_dir)):
-            runpy.run_path(spec.script.path, run_name="__main__")
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise ScriptExit(Path(spec.script.path).name, exc.code) from None
+            try:
+                runpy.run_path(spec.script.path, run_name="__main__")
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    raise ScriptExit(Path(spec.script.path).name, exc.code) from None
+        if own:  # its own handler took a stop signal and the script ended: a stop, as torchrun's would be, not an end
+            raise ScriptStopped(own[0], "the script's own handler, after which it ended")
     finally:
         experimental_set_strategy(None)
         if first_step is not None:
@@ -344,18 +347,36 @@ def _say_if_timeout_unused(timeout: Any, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def _stop_signals_raise() -> Iterator[None]:
+def _stop_signals_raise() -> Iterator[list[int]]:
     """SIGTERM, SIGINT and SIGHUP end the script with ``ScriptStopped`` (exit 128 + N), as they end a recipe run;
     SIGINT's is a ``KeyboardInterrupt`` too (``ScriptInterrupted``).
 
-    A recipe stops between steps; a script's steps are its own, so it stops where it is.
+    A recipe stops between steps; a script's steps are its own, so it stops where it is. A script that handles a
+    stop signal itself (saves, then ends) is a stop all the same: the signals its handlers took are yielded.
     """
     received: list[int] = []
+    own: list[int] = []  # the stop signals a handler of the script's own took
 
     def stop(signum: int, frame: Any) -> None:
         if not received:  # once: Ctrl-C reaches a worker both from the terminal and forwarded by its agent
             received.append(signum)
             raise (ScriptInterrupted if signum == signal.SIGINT else ScriptStopped)(signum, user_frames.innermost(frame))
 
+    install = signal.signal
+
+    def noted(signum: Any, handler: Any) -> Any:
+        """The script's own handler of a stop signal, run as it wrote it, and the signal noted."""
+        if signum in STOP_SIGNALS and callable(handler):
+            def handle(number: int, frame: Any, handler: Any = handler) -> Any:
+                own.append(number)
+                return handler(number, frame)
+
+            return install(signum, handle)
+        return install(signum, handler)
+
     with handling_stop_signals(stop):
-        yield
+        signal.signal = noted
+        try:
+            yield own
+        finally:
+            signal.signal = install

@@ -76,3 +76,45 @@ def test_a_script_with_its_own_hydra_main_runs_as_under_python(tmp_path, shape):
     assert "the app's config: {'lr': 0.1}" in out and "the app logs" in out
     assert "GlobalHydra is already initialized" not in out and "status completed" in out
     assert (run_dir / "summary.json").is_file() and "running app.py +lr=0.1" in (run_dir / "dlaunch.log").read_text()
+
+
+OWN_HANDLER = """\
+import signal, sys, time
+from pathlib import Path
+import torch.distributed as dist
+
+out = Path(sys.argv[1])
+stop = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))  # torchrun habit: save, then end cleanly
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+(out / f"rank{rank}").touch()
+while not stop:
+    time.sleep(0.05)
+(out / f"saved{rank}").touch()
+sys.exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_handles_sigterm_itself_and_ends_is_a_stop_not_a_completed_run(tmp_path):
+    """It saved and exited 0 on its own SIGTERM handler: dlaunch called the run completed ("the SIGTERM came in the
+    run's last step"), exit 0, no resume hint; torchrun ends such a run as stopped."""
+    from tests.launch.test_restarts import STARTUP_S, finish, run_processes, start, wait_for
+    import json
+    import signal
+
+    (tmp_path / "own.py").write_text(OWN_HANDLER)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"script={tmp_path / 'own.py'}", "strategy=mirrored", "cluster=1x2", "--", str(tmp_path), common=())
+    try:
+        wait_for(lambda: (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), STARTUP_S, "both ranks in the script")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: not run_processes(run_dir) and proc.poll() is not None, 30, "every process to end (no orphans)")
+    finally:
+        out = finish(proc, timeout=30)
+    assert proc.returncode == 143, out[-3000:]
+    assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists()  # its handler ran, as it wrote it
+    assert "stopped by SIGTERM in the script's own handler, after which it ended" in out, out[-3000:]
+    assert "the run completed, nothing was cut short" not in out
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
