@@ -286,6 +286,10 @@ def _ended(spec: Any, run_dir: Path, code: int, console: Console, multirun: bool
             f"dlaunch exited with {code} on node {spec.cluster.node_rank or 0}; its root cause is in {run_dir} "
             f"(summary.json) and in the task logs under .submitit/")
     summary = outputs.read_summary(run_dir)
+    if code == 0 and not summary and spec.script is not None and not spec.cluster.node_rank and spec.cluster.task is None:
+        log.warning("the script ended its processes itself (os._exit) before dlaunch wrote the run's summary: it is "
+                    "written from what the script logged")
+        summary = report.record_script_end(spec, run_dir)
     if code == 0 and summary:
         show_summary(summary, run_dir, output.results())
     elif code == 0 and spec.cluster.task is not None and spec.cluster.task.type != "chief":

@@ -199,6 +199,16 @@ _LOOP_KEYS = ("global_batch_size", "steps", "first_loss", "final_loss", "example
               "last_logged_step")
 
 
+def record_script_end(spec: RunSpec, run_dir: Path) -> dict:
+    """Every process of a script ended with 0, but rank 0's summary is not there: the script ended its process itself
+    (``os._exit(0)``) before dlaunch could write it. The launcher writes it from what the script logged."""
+    summary = {**_partial_summary(spec, run_dir, "completed"),
+               "note": "the script ended its processes itself (os._exit) before dlaunch wrote this summary"}
+    with _unless_unwritable(run_dir / outputs.SUMMARY):
+        outputs.write_json_atomic(run_dir / outputs.SUMMARY, summary)
+    return summary
+
+
 def _partial_summary(spec: RunSpec, run_dir: Path, status: str) -> dict:
     """The keys of a completed run's summary.json that a run which ended early can fill from what it logged; a
     script's run names its script (no recipe ran) and takes its steps and losses from the script's own metrics.jsonl,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import runpy
 import signal
@@ -90,7 +91,7 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise() as own, \
                 _as_torchrun(env, spec.launch.collective_timeout_s), _logging_as_python(), _hydra_set_aside(), \
-                env_lib.worker_env_set(env_lib.script_environment(run_dir)):
+                _native_crash_shown(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
             try:
                 runpy.run_path(spec.script.path, run_name="__main__")
             except SystemExit as exc:
@@ -268,6 +269,21 @@ def _logging_as_python() -> Iterator[None]:
         root.setLevel(level)
         ours.handlers[:], ours.propagate = own[0], own[2]
         ours.setLevel(own[1])
+
+
+@contextlib.contextmanager
+def _native_crash_shown(env: WorkerEnv | None) -> Iterator[None]:
+    """In dlaunch's own process (one process), a crash in native code (a segfault in an extension) ends dlaunch with
+    the script, before any root cause: Python's faulthandler prints the script's stack first, as a worker's root cause
+    shows its own."""
+    if env is not None or faulthandler.is_enabled():
+        yield
+        return
+    faulthandler.enable()
+    try:
+        yield
+    finally:
+        faulthandler.disable()
 
 
 @contextlib.contextmanager

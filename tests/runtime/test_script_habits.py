@@ -118,3 +118,23 @@ def test_a_script_that_handles_sigterm_itself_and_ends_is_a_stop_not_a_completed
     assert "stopped by SIGTERM in the script's own handler, after which it ended" in out, out[-3000:]
     assert "the run completed, nothing was cut short" not in out
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+
+
+def test_a_native_crash_in_one_process_shows_the_scripts_stack(tmp_path):
+    """The script runs in dlaunch's own process there, and a segfault ended both with nothing said (exit 139)."""
+    proc, out, _ = _run(tmp_path, "segv.py", "import ctypes\nprint('before', flush=True)\nctypes.string_at(0)\n")
+    assert proc.returncode in (-11, 139), out[-3000:]
+    assert "Fatal Python error: Segmentation fault" in out and 'segv.py", line 3 in <module>' in out, out[-3000:]
+
+
+def test_scripts_that_end_their_processes_with_os_exit_0_still_get_a_summary(tmp_path):
+    """rank 0 writes the summary after the script returns; os._exit(0) on every rank left none (`dlaunch report`
+    then said the run has no metrics): the launcher writes it from what the script logged."""
+    text = "import os\nimport torch.distributed as dist\ndist.init_process_group('gloo')\nos._exit(0)\n"
+    proc, out, run_dir = _run(tmp_path, "quick.py", text, "strategy=mirrored", "cluster=1x2")
+    assert proc.returncode == 0, out[-3000:]
+    assert "the script ended its processes itself (os._exit) before dlaunch wrote the run's summary" in out
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["script"] == "quick.py" and "os._exit" in summary["note"]
