@@ -31,7 +31,7 @@ from launcher.config import compose as composer
 from launcher.config import disk
 from launcher.config import script as script_config
 from launcher.config import user_recipes
-from launcher.config.errors import ConfigError, Problem, render
+from launcher.config.errors import ConfigError, Problem, RecipeBesideScript, render
 from launcher.config.task_overrides import TASK_ROLES
 
 MAX_PRECHECKED_JOBS = 64
@@ -114,6 +114,19 @@ def precheck(overrides: list[str], multirun: bool) -> sweep_jobs.Checked:
     if problems:
         raise checked.error(problems)
     return checked
+
+
+def _every_problem(overrides: list[str], multirun: bool) -> list[str]:
+    """``overrides`` with the user's recipes chosen; a recipe beside a script is refused on one screen with the other
+    overrides' problems."""
+    try:
+        return composer.choose_user_recipes(overrides)
+    except RecipeBesideScript as exc:
+        try:
+            precheck(composer.choose_user_recipes(exc.rest), multirun)
+        except ConfigError as more:
+            raise ConfigError([*exc.problems, *more.problems]) from None
+        raise
 
 
 def _warm_workers(overrides: list[str], multirun: bool, checked: sweep_jobs.Checked) -> None:
@@ -213,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     try:
         composer.primary_config_usable(args.config_path, args.config_name)
-        chosen = composer.choose_user_recipes(script_config.path_beside_keys(args.overrides))
+        chosen = _every_problem(script_config.path_beside_keys(args.overrides), args.multirun)
         argv = [dict(zip(args.overrides, chosen)).get(a, a) for a in argv] + chosen[len(args.overrides):]
         args.overrides = chosen
         if informational:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import shapes, task_overrides, user_recipes
-from launcher.config.errors import ConfigError, Problem, did_you_mean
+from launcher.config.errors import ConfigError, Problem, RecipeBesideScript, did_you_mean
 from launcher.config.overrides import key_of
 from launcher.config.schema import ClusterSpec, RunSpec
 from launcher.config.unknown_keys import unknown_key_problem
@@ -157,9 +157,11 @@ def _script_without_recipe(overrides: list[str]) -> list[str]:
         return overrides
     recipe = [o for o in overrides if key_of(o).partition(".")[0] == "recipe"]
     if recipe:
-        raise ConfigError([Problem(key=key_of(o), value=o.partition("=")[2], message="a script takes the recipe's "
-                                   "place, so this would do nothing; drop it, or the script") for o in recipe])
+        raise RecipeBesideScript([Problem(key=key_of(o), value=o.partition("=")[2], message="a script takes the "
+                                          "recipe's place, so this would do nothing; drop it, or the script") for o in recipe],
+                                 [o for o in overrides if o not in recipe])
     return [*overrides, "~recipe"]
+
 
 
 def _script_in_primary_config(overrides: list[str]) -> bool:

@@ -32,6 +32,14 @@ class ConfigError(Exception):
         super().__init__("; ".join(f"{p.key}: {p.message}" for p in self.problems))
 
 
+class RecipeBesideScript(ConfigError):
+    """A recipe chosen or set beside a script; ``rest``: the other overrides, whose own problems join these."""
+
+    def __init__(self, problems: Iterable[Problem], rest: list[str]):
+        super().__init__(problems)
+        self.rest = rest
+
+
 class UserCodeError(ConfigError):
     """The user's own code (a recipe module at import) raised: the root cause, exit code 1."""
 

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from launcher.config.base import PlanError, PlanErrors, Strict
 from launcher.config.errors import ConfigError, Problem, did_you_mean
@@ -37,8 +37,10 @@ class ScriptSpec(Strict):
 
     @field_validator("path")
     @classmethod
-    def _exists(cls, value: str) -> str:
+    def _exists(cls, value: str, info: ValidationInfo) -> str:
         path = Path(value).expanduser().resolve()  # workers start elsewhere: they get the absolute path
+        if (info.context or {}).get("check_files", True) is False:  # the validation's later rounds: looked at once
+            return str(path)
         if path.is_dir():
             raise ValueError(f"{path} is a directory; name the script's .py file")
         if not path.is_file():

@@ -94,6 +94,9 @@ def _kept_by_entry(problems: list[Problem], recipe: object, entry: object, overr
             for p in problems]
 
 
+_FOUND_ON_DISK = ("script.path",)  # keys judged by the disk alone, which the later rounds do not look at again
+
+
 def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[Problem]:
     """The cross-field rules' problems once the keys already at fault take their defaults (pydantic skips the rules then).
 
@@ -101,7 +104,8 @@ def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[P
     round drops the keys found at fault so far, so that the rules after them run too; a default that is itself
     refused (a profile window of the default length against a short run) drops its section.
     """
-    dropped, found = [p.key for p in problems], []
+    # a script that is not there is still a script: the keys a script is refused are judged as for one
+    dropped, found = [p.key for p in problems if p.key not in _FOUND_ON_DISK], []
     context = {**context, "check_files": False}  # the files were looked at once: their problems are found already
     for _ in range(8):
         try:
@@ -109,7 +113,7 @@ def _rules_without(data: dict, problems: list[Problem], context: dict) -> list[P
             return found
         except ValidationError as exc:
             new = pydantic_errors.plan_problems(exc)
-        fresh = [p for p in new if not _related(p.key, dropped) and p not in found]
+        fresh = [p for p in new if not _related(p.key, dropped) and p not in found and p.key not in _FOUND_ON_DISK]
         found += fresh
         more = [p.key for p in fresh] + [p.key.rpartition(".")[0] for p in new if _related(p.key, dropped)]
         more = [k for k in dict.fromkeys(more) if k and k not in dropped]

@@ -169,3 +169,17 @@ def test_resume_of_a_file_names_its_run_directory(capsys, tmp_path):
     assert main(["resume", str(tmp_path / "summary.json")]) == 2
     err = capsys.readouterr().err
     assert f"a file, not a run directory; did you mean {tmp_path}?" in err, err
+
+
+def test_a_script_not_there_and_a_recipe_beside_it_hide_no_other_problem(capsys, tmp_path, monkeypatch):
+    """A script-mode review: with a recipe beside the script only the recipe was named; with a script not there, the
+    trainer keys a script is refused were not (the rules ran as if no script were given)."""
+    monkeypatch.chdir(tmp_path)
+    given = ("script=missing.py", "strategy=mirrored", "cluster=1x2", "trainer.steps=5", "trainer.grad_accum_steps=2",
+             "launch.max_restarts=-1")
+    n, err = problems(capsys, *given)
+    assert n == 4, err
+    assert "no such file: " in err and "trainer.steps = 5" in err and "trainer.grad_accum_steps = 2" in err
+    assert "launch.max_restarts = -1" in err
+    n, err = problems(capsys, *given, "recipe=linear")
+    assert n == 5 and "recipe = linear" in err and "a script takes the recipe's place" in err, err
