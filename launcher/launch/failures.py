@@ -131,6 +131,10 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
     exception, stack = message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
     if not exception and -(failure.exitcode or 0) in _CRASHES:
         exception, stack = native_crash(*(Path(logs[rank]) for logs in (STDERR_LOGS, FAULT_LOGS) if logs.get(rank)))
+    own_exit = not exception and 0 < (failure.exitcode or 0) < 128  # os._exit(N): no error file, no exception
+    if own_exit:
+        exception = (f"the process ended itself with exit code {failure.exitcode} and no Python exception "
+                     "(os._exit(), or exit() in native code)")
     return RootCause(
         rank=rank,
         host=extra.get("host", socket.gethostname()),
@@ -142,7 +146,7 @@ def from_process_failure(rank: int, failure: Any) -> RootCause:
         last_step=extra.get("last_step"),
         stopped_by=str(extra.get("stopped_by", "")),
         ends_run=bool(extra.get("ends_run", False)),
-        script_exit=extra.get("script_exit"),
+        script_exit=extra.get("script_exit", failure.exitcode if own_exit else None),  # dlaunch exits with it too
     )
 
 

@@ -138,3 +138,12 @@ def test_scripts_that_end_their_processes_with_os_exit_0_still_get_a_summary(tmp
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["script"] == "quick.py" and "os._exit" in summary["note"]
+
+
+def test_a_rank_that_ends_itself_with_os_exit_n_is_named_and_dlaunch_exits_n_as_for_sys_exit(tmp_path):
+    """sys.exit(3) gave exit 3 and a ScriptExit line; os._exit(7) on rank 1 gave exit 1 and a bare `exit code 7`."""
+    text = ("import os, time\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "if dist.get_rank() == 1:\n    os._exit(7)\ntime.sleep(60)\n")
+    proc, out, _ = _run(tmp_path, "quits.py", text, "strategy=mirrored", "cluster=1x2")
+    assert proc.returncode == 7, out[-3000:]
+    assert "the process ended itself with exit code 7 and no Python exception (os._exit(), or exit() in native code)" in out
