@@ -104,9 +104,9 @@ _SAME_AS = {
     "rdzv_id": "nothing: dlaunch names each run itself",
     "multi_gpu": "strategy=mirrored cluster=1xM",
     "cpu": "cluster.device=cpu",
-    "log_dir": "nothing: each rank but rank 0 keeps its output in RUN_DIR/logs/ (rank 0's is the terminal's)",
-    "redirects": "nothing: each rank but rank 0 keeps its output in RUN_DIR/logs/ (rank 0's is the terminal's)",
-    "tee": "nothing: each rank but rank 0 keeps its output in RUN_DIR/logs/ (rank 0's is the terminal's)",
+    "log_dir": "nothing: each rank keeps its output in RUN_DIR/logs/",
+    "redirects": "nothing: each rank keeps its output in RUN_DIR/logs/",
+    "tee": "nothing: each rank keeps its output in RUN_DIR/logs/",
     "gradient_accumulation_steps": "trainer.grad_accum_steps={v} (a recipe's loop; a script accumulates under "
                                    "strategy.no_sync(model), docs/SCRIPTS.md)",
 }

@@ -8,6 +8,7 @@ exit (gloo's, notably) can turn a completed run into a crash.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 
@@ -63,6 +64,40 @@ def record_native_crashes() -> None:
     faulthandler.enable(file=_FAULT_LOG[-1], all_threads=True)
 
 
+class _Kept:
+    """``sys.stdout`` written to a file as well: the terminal's rank keeps what it prints, as the agent keeps the
+    other ranks' (``stdout.log`` in each rank's log directory). A terminal stays a terminal (``isatty``)."""
+
+    def __init__(self, shown: Any, kept: Any):
+        self._shown, self._kept = shown, kept
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError, ValueError):  # a full disk or a closed file: the terminal still has it
+            self._kept.write(text)
+        return self._shown.write(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._kept.flush()
+        self._shown.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shown, name)
+
+
+def keep_terminal_output() -> None:
+    """Rank 0 of node 0 prints to the terminal, untouched by the agent (its progress bar needs it); its prints go
+    into its log directory's ``stdout.log`` too, where every other rank's already are."""
+    fault = fault_log(env_lib.error_file())
+    kept = fault.with_name("stdout.log") if fault is not None else None
+    if kept is None or kept.exists():  # the agent writes this rank's output there itself
+        return
+    try:
+        sys.stdout = _Kept(sys.stdout, open(kept, "a", buffering=1))  # noqa: SIM115 - open until the process ends
+    except OSError:
+        return
+
+
 def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
     """A restart after every rank had completed (a rank aborted in teardown): nothing to redo.
 
@@ -82,6 +117,7 @@ def run(job_path: Path) -> int:
     """Run this process's part of the job; the exit code the agent sees (a failure's cause is in the error file)."""
     die_with_launcher()
     record_native_crashes()
+    keep_terminal_output()
     job = json.loads(job_path.read_text())
     run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
     env = env_lib.WorkerEnv.from_environ() if task is None else None

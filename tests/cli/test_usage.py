@@ -210,6 +210,6 @@ def test_the_same_run_keeps_every_flag_it_maps_and_leaves_a_scripts_own_sections
         assert "-m pkg.train a module runs by its file: script=pkg/train.py" in " ".join(module.split()), module
         assert "the same run: dlaunch script=pkg/train.py strategy=mirrored cluster=1x2 -- --epochs 1" in module
     assert flag_message(["-m", "strategy=mirrored,fsdp"]) is None  # Hydra's -m: a sweep
-    assert "each rank but rank 0 keeps its output in RUN_DIR/logs/" in flag_message(["--tee=3", "train.py"])
+    assert "use nothing: each rank keeps its output in RUN_DIR/logs/" in flag_message(["--tee=3", "train.py"])
     accumulate = flag_message(["--gradient_accumulation_steps=4", "--num_processes=2"])
     assert "use trainer.grad_accum_steps=4" in accumulate

@@ -147,3 +147,13 @@ def test_a_rank_that_ends_itself_with_os_exit_n_is_named_and_dlaunch_exits_n_as_
     proc, out, _ = _run(tmp_path, "quits.py", text, "strategy=mirrored", "cluster=1x2")
     assert proc.returncode == 7, out[-3000:]
     assert "the process ended itself with exit code 7 and no Python exception (os._exit(), or exit() in native code)" in out
+
+
+def test_rank_0s_prints_are_kept_in_its_log_directory_as_the_other_ranks_are(tmp_path):
+    """torchrun's --tee keeps every rank's output; rank 0's was on the terminal only (its progress bar needs it)."""
+    text = "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('hello from', dist.get_rank())\n"
+    proc, out, run_dir = _run(tmp_path, "hello.py", text, "strategy=mirrored", "cluster=1x2")
+    assert proc.returncode == 0, out[-3000:]
+    assert "hello from 0" in out and "[rank1] hello from 1" in out  # the terminal as before
+    kept = {p.parent.name: p.read_text() for p in (run_dir / "logs").rglob("stdout.log")}
+    assert kept == {"0": "hello from 0\n", "1": "hello from 1\n"}, kept
