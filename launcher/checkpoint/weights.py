@@ -86,18 +86,21 @@ def source(given: str) -> Path:
     for step in reversed(steps):
         if layout.check(step) is None:
             return step
-    found = f"its {len(steps)} checkpoint(s) are damaged" if steps else "it holds no checkpoint"
+    found = f"its {len(steps)} checkpoint(s) are damaged" if steps else \
+        "it holds no checkpoint (a run that saved to its own trainer.checkpoint.dir: name that directory)"
     raise CheckpointError(f"{path}: {found}; allowed: a checkpoint (step-N), a directory of them, a run directory, "
                           "a torch.save'd state dict (.pt) or a .safetensors file")
 
 
-def saved_shapes(path: Path) -> Shapes:
-    """The model tensors' names and shapes in the source, without reading their values where the format allows."""
+def saved_shapes(path: Path, names: Any = ()) -> Shapes:
+    """The model tensors' names and shapes in the source, without reading their values where the format allows.
+    ``names``: the model's, which decide whether a DCP directory holds the model under ``model.`` (``_prefix``)."""
     if path.is_dir():
         from launcher.checkpoint.safe import saved_entries
 
-        prefix = _prefix(path)
-        return {n: tuple(e.size) for n, e in saved_entries(path, prefix).items() if hasattr(e, "size")}
+        return {n: tuple(e.size) for n, e in saved_entries(path, _prefix(path, names)).items() if hasattr(e, "size")}
+    if path.suffix == ".safetensors":
+        return _safetensors_shapes(path)
     return {name: tuple(t.shape) for name, t in _read_file(path).items()}
 
 
@@ -112,10 +115,11 @@ def verified(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
 
     try:
         path = source(given)
-        there = saved_shapes(path)
+        _not_this_runs_own(path, spec, run_dir)
+        here = model_shapes(spec, run_dir)  # {}: the recipe would not build here; the workers' load says it then
+        there = saved_shapes(path, here)
         if not there:
             raise CheckpointError(f"{path} holds no model tensors")
-        here = model_shapes(spec, run_dir)  # {}: the recipe would not build here; the workers' load says it then
         it = "it" if path == Path(given) else f"{path.name}, its newest checkpoint,"
         why = match(here, there).problem(spec.trainer.pretrained.strict, it) if here else None
         if why:
@@ -125,6 +129,15 @@ def verified(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
     said = match(here, there).said() if here else "matched with the model as each worker loads it"
     log.info("pretrained: %s from %s", said, path)
     return path
+
+
+def _not_this_runs_own(path: Path, spec: Any, run_dir: Path) -> None:
+    """A checkpoint of this run's own directory, which this run's saves set aside (a start at step 0 replaces its
+    later timeline): a restart would find the weights gone."""
+    root = spec.trainer.checkpoint.root(run_dir).resolve()
+    if spec.trainer.checkpoint.every_steps and root in path.resolve().parents:
+        raise CheckpointError(f"{path} is a checkpoint of this run's own directory, which this run's saves set aside "
+                              "as it starts afresh; copy it elsewhere first, or go on from it with trainer.resume=PATH")
 
 
 def load(path: Path, model: Any, strict: bool) -> Match:
@@ -137,7 +150,7 @@ def load(path: Path, model: Any, strict: bool) -> Match:
     module = unwrap(model)
     current = get_model_state_dict(module)
     held = None if path.is_dir() else _read_file(path)  # a file is read once (memory-mapped where it can be)
-    there = saved_shapes(path) if held is None else {n: tuple(t.shape) for n, t in held.items()}
+    there = saved_shapes(path, current) if held is None else {n: tuple(t.shape) for n, t in held.items()}
     found = match({n: tuple(t.shape) for n, t in current.items()}, there)
     why = found.problem(strict)
     if why:
@@ -145,7 +158,7 @@ def load(path: Path, model: Any, strict: bool) -> Match:
     if held is None:
         from launcher.checkpoint import _load
 
-        prefix = _prefix(path)
+        prefix = _prefix(path, current)
         tensors = {prefix + n: current[n] for n in found.load}  # DCP reads each rank's part into the model's own
         _load(tensors, path)
         values, whole = {n: tensors[prefix + n] for n in found.load}, False
@@ -157,11 +170,15 @@ def load(path: Path, model: Any, strict: bool) -> Match:
     return found
 
 
-def _prefix(path: Path) -> str:
-    """dlaunch keeps the model under ``model.``; another DCP checkpoint may hold the model's names alone."""
+def _prefix(path: Path, names: Any) -> str:
+    """dlaunch keeps the model under ``model.``; another DCP checkpoint may hold the model's names alone, and a model
+    may have a submodule called ``model``: the reading under which more of the model's ``names`` are found."""
     from launcher.checkpoint.safe import saved_entries
 
-    return "model." if saved_entries(path, "model.") else ""
+    if (path / layout.MANIFEST).is_file():
+        return "model."
+    under, alone = set(saved_entries(path, "model.")), set(saved_entries(path, ""))
+    return "model." if under and len(under & set(names)) >= len(alone & set(names)) else ""
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -182,8 +199,9 @@ def _read_file(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"{path} is not a torch.save file") from None
         raise CheckpointError(f"{path} holds objects other than tensors, which are not loaded (weights_only=True); "
                               "save the state dict alone: torch.save(model.state_dict(), PATH)") from None
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise CheckpointError(f"{path} cannot be read as a torch.save file: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - torch's unpickler fails in many ways on a file that is not its own
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"{path} cannot be read as a torch.save file ({type(exc).__name__}: {first})") from None
     return _state_dict_in(held, path)
 
 
@@ -204,13 +222,27 @@ def _state_dict_in(held: Any, path: Path) -> dict[str, Any]:
 
 
 def _read_safetensors(path: Path) -> dict[str, Any]:
+    return _safetensors(path, lambda module: module.torch.load_file(str(path)))
+
+
+def _safetensors_shapes(path: Path) -> Shapes:
+    """The names and shapes from the file's header alone."""
+    def shapes(module: Any) -> Shapes:
+        with module.safe_open(str(path), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+
+    return _safetensors(path, shapes)
+
+
+def _safetensors(path: Path, read: Any) -> Any:
     try:
-        from safetensors.torch import load_file
+        import safetensors
+        import safetensors.torch  # noqa: F401 - read() uses it
     except ImportError:
         raise CheckpointError(f"{path} is a .safetensors file, which needs the safetensors package: "
                               "pip install safetensors") from None
     try:
-        return load_file(str(path))
+        return read(safetensors)
     except Exception as exc:  # noqa: BLE001 - safetensors' own errors, said with the path
         raise CheckpointError(f"{path} cannot be read as a .safetensors file: {exc}") from None
 

@@ -149,14 +149,19 @@ def _unknown_flags(argv: list[str]) -> list[tuple[str, str | None, list[str]]]:
     return found
 
 
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")  # pkg.train: not an override (~recipe, a=b), not a flag
+
+
 def _module_as_script(argv: list[str]) -> tuple[list[str], str | None]:
     """torchrun's ``-m NAME`` / ``--module NAME`` (python's ``-m``): ``argv`` with the module as the script file it
     names (``NAME/WITH/SLASHES.py``), and the module; Hydra's ``-m`` (a sweep) is followed by overrides instead."""
     head = argv[: argv.index("--")] if "--" in argv else argv
+    script = _script_at(head)
+    head = head if script is None else head[:script]  # a script's own `-m NAME` is its argument
     for i, arg in enumerate(head):
         name = arg.partition("=")[2] if arg.startswith("--module=") else (
             head[i + 1] if arg in ("-m", "--module") and i + 1 < len(head) else "")
-        if name and "=" not in name and not name.startswith("-") and not name.endswith(".py"):
+        if _MODULE.match(name):
             taken = 1 if "=" in arg else 2
             return [*argv[:i], name.replace(".", "/") + ".py", *argv[i + taken:]], name
     return argv, None

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import faulthandler
-import logging
 import runpy
 import signal
 import sys
@@ -30,7 +28,7 @@ from launcher.cluster.env import WorkerEnv
 from launcher.config.plan import Plan
 from launcher.config.schema import RunSpec
 from launcher.distribute.context import experimental_set_strategy
-from launcher.runtime import outputs, user_frames
+from launcher.runtime import outputs, script_process as process, user_frames
 from launcher.runtime.preemption import Preempted
 from launcher.runtime.progress import log
 from launcher.runtime.stop_signals import STOP_SIGNALS, handling_stop_signals
@@ -90,14 +88,16 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
     first_step = _watch_the_first_step(strategy, spec.strategy.name, env) if rank == 0 else None
     try:
         with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise() as own, \
-                _as_torchrun(env, spec.launch.collective_timeout_s), _logging_as_python(), _hydra_set_aside(), \
-                _native_crash_shown(env), env_lib.worker_env_set(env_lib.script_environment(run_dir)):
+                process.as_torchrun(env, spec.launch.collective_timeout_s), process.logging_as_python(), \
+                process.hydra_set_aside(), process.native_crash_shown(env), \
+                env_lib.worker_env_set(env_lib.script_environment(run_dir)):
             try:
                 runpy.run_path(spec.script.path, run_name="__main__")
             except SystemExit as exc:
                 if exc.code not in (None, 0):
                     raise ScriptExit(Path(spec.script.path).name, exc.code) from None
-        if own:  # its own handler took a stop signal and the script ended: a stop, as torchrun's would be, not an end
+        if own and env is not None:  # a worker's own handler took the stop the agent passed on, and the script
+            # ended: a stop, as under torchrun (in one process the signal was the script's alone, as under python)
             raise ScriptStopped(own[0], "the script's own handler, after which it ended")
     finally:
         experimental_set_strategy(None)
@@ -151,7 +151,6 @@ def _say_if_precision_unused(strategy: Any, when: str = "") -> None:
     if "grad_scaler" in unused:
         log.warning("trainer.precision=fp16-mixed: %sthe script has not called strategy.grad_scaler(), so its fp16 "
                     "gradients are not scaled and may underflow to 0; scale the loss with it (docs/SCRIPTS.md)", when)
-
 
 
 def _say_if_not_recomputed(strategy: Any) -> None:
@@ -246,129 +245,13 @@ def _as_main(path: str, args: list[str], quiet_argparse: bool) -> Iterator[None]
 
 
 @contextlib.contextmanager
-def _logging_as_python() -> Iterator[None]:
-    """The root logger is the script's, as under ``python`` and ``torchrun``: its ``logging.basicConfig(...)`` takes
-    effect (its level and format, on every rank; the other ranks' lines reach their logs/ and the terminal tagged
-    by the agent). dlaunch's own lines keep dlaunch's handlers meanwhile, on its ``dlaunch`` logger; afterwards
-    the root logger is dlaunch's again."""
-    root, ours = logging.getLogger(), logging.getLogger("dlaunch")
-    handlers, level, own = list(root.handlers), root.level, (list(ours.handlers), ours.level, ours.propagate)
-    for handler in handlers:
-        root.removeHandler(handler)
-        ours.addHandler(handler)
-    ours.setLevel(ours.level or level)
-    ours.propagate = False
-    root.setLevel(logging.WARNING)  # Python's default: a script that configures nothing sees its warnings only
-    try:
-        yield
-    finally:
-        for handler in list(root.handlers):  # the script's, now that it has ended
-            root.removeHandler(handler)
-        for handler in handlers:
-            root.addHandler(handler)
-        root.setLevel(level)
-        ours.handlers[:], ours.propagate = own[0], own[2]
-        ours.setLevel(own[1])
-
-
-@contextlib.contextmanager
-def _native_crash_shown(env: WorkerEnv | None) -> Iterator[None]:
-    """In dlaunch's own process (one process), a crash in native code (a segfault in an extension) ends dlaunch with
-    the script, before any root cause: Python's faulthandler prints the script's stack first, as a worker's root cause
-    shows its own."""
-    if env is not None or faulthandler.is_enabled():
-        yield
-        return
-    faulthandler.enable()
-    try:
-        yield
-    finally:
-        faulthandler.disable()
-
-
-@contextlib.contextmanager
-def _hydra_set_aside() -> Iterator[None]:
-    """A script with its own ``@hydra.main`` runs in dlaunch's process (one process) as under ``python``: dlaunch's
-    Hydra state (its app, the job's config) is set aside for it, and back once it has ended."""
-    singleton = sys.modules.get("hydra.core.singleton")
-    if singleton is None:
-        yield
-        return
-    from hydra.core.global_hydra import GlobalHydra
-
-    saved = {instance: dict(vars(instance)) for instance in list(singleton.Singleton._instances.values())}
-    GlobalHydra.instance().clear()
-    try:
-        yield
-    finally:
-        for instance, state in saved.items():
-            vars(instance).clear()
-            vars(instance).update(state)
-
-
-@contextlib.contextmanager
-def _as_torchrun(env: WorkerEnv | None, timeout_s: float) -> Iterator[None]:
-    """A torchrun script runs unmodified: its own ``init_process_group(...)`` joins the group dlaunch has already
-    set up (the call returns it, once said in the log), and its ``destroy_process_group()`` leaves that group to
-    dlaunch, which ends it with the other ranks after the script (destroying it here, with dlaunch's own
-    groups' work in flight, deadlocked now and then inside gloo). In one process (no worker environment) the
-    variables torchrun would set (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) are
-    there, and the group the script makes is its own to end."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    from launcher.launch.rendezvous import free_port
-
-    original, destroy, ours = dist.init_process_group, dist.destroy_process_group, dist.is_initialized()
-    said: list[bool] = []
-
-    def left_to_dlaunch(group: Any = None) -> None:
-        if ours and group is None:
-            return None
-        return destroy(group)
-
-    def joined(*args: Any, **kwargs: Any) -> None:
-        if not dist.is_initialized():
-            return original(*args, **kwargs)
-        if not said:
-            said.append(True)
-            log.info("the script's init_process_group(): dlaunch has set up the process group already (%s, %d "
-                     "processes); the script uses it", dist.get_backend(), dist.get_world_size())
-            _say_if_timeout_unused(kwargs.get("timeout", args[2] if len(args) > 2 else None), timeout_s)
-        return None
-
-    extra = {} if env is not None else env_lib.torchrun_single_process(free_port())
-    with env_lib.worker_env_set(extra):
-        # both names: `from torch.distributed.distributed_c10d import init_process_group` finds the second
-        for module in (dist, c10d):
-            module.init_process_group, module.destroy_process_group = joined, left_to_dlaunch
-        try:
-            yield
-        finally:
-            for module in (dist, c10d):
-                module.init_process_group, module.destroy_process_group = original, destroy
-            if not ours and dist.is_initialized():  # the script's own group of one, which it left open
-                destroy()
-
-
-def _say_if_timeout_unused(timeout: Any, timeout_s: float) -> None:
-    """The group dlaunch made waits ``launch.collective_timeout_s`` for a collective, not the script's own timeout."""
-    import torch.distributed as dist
-
-    seconds = getattr(timeout, "total_seconds", lambda: None)()
-    if seconds is not None and seconds != timeout_s and dist.get_rank() == 0:  # one line, not one per rank
-        log.warning("the script's init_process_group(timeout=%s) does not apply: the group dlaunch set up waits "
-                    "launch.collective_timeout_s=%g s for a collective; give launch.collective_timeout_s=%g for the "
-                    "script's", timeout, timeout_s, seconds)
-
-
-@contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[list[int]]:
     """SIGTERM, SIGINT and SIGHUP end the script with ``ScriptStopped`` (exit 128 + N), as they end a recipe run;
     SIGINT's is a ``KeyboardInterrupt`` too (``ScriptInterrupted``).
 
     A recipe stops between steps; a script's steps are its own, so it stops where it is. A script that handles a
-    stop signal itself (saves, then ends) is a stop all the same: the signals its handlers took are yielded.
+    stop signal itself (saves, then ends) keeps its handler (``signal.getsignal`` gives it back as written); the
+    signals its handlers took are yielded.
     """
     received: list[int] = []
     own: list[int] = []  # the stop signals a handler of the script's own took
@@ -378,21 +261,24 @@ def _stop_signals_raise() -> Iterator[list[int]]:
             received.append(signum)
             raise (ScriptInterrupted if signum == signal.SIGINT else ScriptStopped)(signum, user_frames.innermost(frame))
 
-    install = signal.signal
+    install, look_up = signal.signal, signal.getsignal
+    wrapped: dict[Any, Any] = {}  # each handler of the script's as installed -> as it wrote it
 
     def noted(signum: Any, handler: Any) -> Any:
         """The script's own handler of a stop signal, run as it wrote it, and the signal noted."""
-        if signum in STOP_SIGNALS and callable(handler):
+        if signum in STOP_SIGNALS and callable(handler) and handler is not stop:
             def handle(number: int, frame: Any, handler: Any = handler) -> Any:
                 own.append(number)
                 return handler(number, frame)
 
-            return install(signum, handle)
-        return install(signum, handler)
+            wrapped[handle] = handler
+            handler = handle
+        before = install(signum, handler)
+        return wrapped.get(before, before)
 
     with handling_stop_signals(stop):
-        signal.signal = noted
+        signal.signal, signal.getsignal = noted, lambda signum: (lambda h: wrapped.get(h, h))(look_up(signum))
         try:
             yield own
         finally:
-            signal.signal = install
+            signal.signal, signal.getsignal = install, look_up

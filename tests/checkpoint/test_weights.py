@@ -86,7 +86,7 @@ def test_each_kind_of_source_is_found_or_refused_by_name(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         weights.source(str(tmp_path / "nowhere"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="empty: it holds no checkpoint; allowed: a checkpoint"):
+    with pytest.raises(CheckpointError, match=r"empty: it holds no checkpoint \(a run that saved to its own "):
         weights.source(str(tmp_path / "empty"))
 
 
@@ -203,3 +203,48 @@ def test_fsdp_shards_load_a_whole_file_and_a_checkpoint_exactly(tmp_path):
         for kind in ("pt", "dcp"):
             for name, value in source.items():
                 assert torch.equal(r[kind][name], value), (rank, kind, name)
+
+
+def test_a_flat_dcp_checkpoint_of_a_model_with_a_model_submodule_is_read_by_its_names(tmp_path):
+    """Hugging Face's layout (`.model`, `.lm_head`) saved with its plain names: the `model.` prefix was taken for
+    dlaunch's and stripped, and nothing matched (a diff review)."""
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.lm_head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+    torch.manual_seed(5)
+    saved = {k: torch.randn_like(v) for k, v in Wrapped().state_dict().items()}
+    model = Wrapped()
+    found = weights.load(_dcp(tmp_path / "hf", saved, prefix=""), model, strict=True)
+    assert sorted(found.load) == sorted(saved)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+
+
+def test_a_file_torch_cannot_read_is_refused_by_name_not_with_a_traceback(tmp_path):
+    """dlaunch's own `latest` pointer (an easy mistake), an empty file, a YAML file: torch's weights-only unpickler
+    raised IndexError there, a traceback and exit 1 (a diff review)."""
+    for name, text in (("latest", "step-00000020"), ("empty.pt", ""), ("conf.yaml", "a: [1, 2]\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(CheckpointError, match=f"{name} (cannot be read as a torch.save file|is not a torch.save file)"):
+            weights.saved_shapes(tmp_path / name)
+
+
+def test_a_safetensors_file_gives_its_shapes_from_its_header_and_loads(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    source = _pretrained()
+    safetensors.save_file(source, str(tmp_path / "pre.safetensors"))
+    assert weights.saved_shapes(tmp_path / "pre.safetensors") == {k: tuple(v.shape) for k, v in source.items()}
+    model = _model()
+    weights.load(tmp_path / "pre.safetensors", model, strict=True)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in source.items())
+
+
+def test_a_checkpoint_of_the_runs_own_directory_is_refused_where_its_saves_would_set_it_aside(run_dlaunch):
+    proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=4", "trainer.checkpoint.every_steps=2", name="own")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    own = run_dir / "checkpoints" / "step-00000002"
+    proc, _ = run_dlaunch("recipe=linear", "trainer.steps=4", "trainer.checkpoint.every_steps=2", "trainer.resume=never",
+                          f"trainer.pretrained.path={own}", name="own")
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "a checkpoint of this run's own directory, which this run's saves set aside" in text

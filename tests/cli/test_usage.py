@@ -213,3 +213,10 @@ def test_the_same_run_keeps_every_flag_it_maps_and_leaves_a_scripts_own_sections
     assert "use nothing: each rank keeps its output in RUN_DIR/logs/" in flag_message(["--tee=3", "train.py"])
     accumulate = flag_message(["--gradient_accumulation_steps=4", "--num_processes=2"])
     assert "use trainer.grad_accum_steps=4" in accumulate
+
+
+def test_a_scripts_own_dash_m_and_a_sweep_deleting_a_key_are_not_torchruns_module():
+    from launcher.cli.usage import flag_message
+
+    assert "the same run: dlaunch script=train.py -- -m resnet50" in flag_message(["train.py", "-m", "resnet50"])
+    assert flag_message(["-m", "~recipe", "script=x.py"]) is None

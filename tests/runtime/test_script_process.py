@@ -157,3 +157,57 @@ def test_rank_0s_prints_are_kept_in_its_log_directory_as_the_other_ranks_are(tmp
     assert "hello from 0" in out and "[rank1] hello from 1" in out  # the terminal as before
     kept = {p.parent.name: p.read_text() for p in (run_dir / "logs").rglob("stdout.log")}
     assert kept == {"0": "hello from 0\n", "1": "hello from 1\n"}, kept
+
+
+STORED_APP = """\
+from dataclasses import dataclass
+import hydra
+from hydra.core.config_store import ConfigStore
+
+@dataclass
+class Config:
+    lr: float = 0.1
+
+ConfigStore.instance().store(name="config", node=Config)
+
+@hydra.main(version_base=None, config_name="config")
+def main(cfg: Config) -> None:
+    print("the app's lr:", cfg.lr)
+
+main()
+"""
+
+
+def test_a_sweep_of_a_hydra_app_that_stores_its_config_runs_every_job(tmp_path):
+    """The app's ConfigStore entry `config` outlived job 0 and was merged into dlaunch's own config for job 1
+    (`Key 'trainer' not in 'Config'`), and the sweep ended without its summary (a diff review)."""
+    (tmp_path / "app.py").write_text(STORED_APP)
+    proc = dlaunch("-m", "script=app.py", "trainer.seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("the app's lr: 0.1") == 2 and (tmp_path / "sweep" / "sweep_summary.json").is_file()
+
+
+HANDLED = """\
+import signal, sys, logging.config
+seen = []
+def note(signum, frame):
+    seen.append(signum)
+signal.signal(signal.SIGTERM, note)
+print("the handler given back:", signal.getsignal(signal.SIGTERM) is note)
+signal.raise_signal(signal.SIGTERM)
+logging.config.dictConfig({"version": 1})  # disables the loggers that exist: dlaunch's too, until the script ends
+print("handled", seen, "and finished")
+"""
+
+
+def test_one_process_keeps_pythons_word_on_a_handled_signal_and_dlaunchs_logger_comes_back(tmp_path):
+    """As under python: a handler that notes a signal and lets the script finish ends it as completed (exit 0);
+    getsignal gives the handler back as written; dlaunch's warnings after the script are not lost to dictConfig."""
+    proc, out, run_dir = _run(tmp_path, "handled.py", HANDLED, "trainer.precision=bf16-mixed")
+    assert proc.returncode == 0, out[-3000:]
+    assert "the handler given back: True" in out and "handled [15] and finished" in out
+    assert "has not entered strategy.autocast()" in out  # dlaunch's warning at the end, after the script's dictConfig
+    import json
+
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
