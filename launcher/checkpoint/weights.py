@@ -170,6 +170,26 @@ def load(path: Path, model: Any, strict: bool) -> Match:
     return found
 
 
+def agree(path: Path) -> None:
+    """Every rank loads the same source: each node's dlaunch chose it (a directory's newest checkpoint), and a run
+    still saving there could give the nodes different ones, with no error after."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    from launcher.cluster.process_group import comm_device
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    word = int(hashlib.sha256(str(path).encode()).hexdigest()[:15], 16)
+    mine = torch.tensor([word, -word], device=comm_device())
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    if int(mine[0]) != -int(mine[1]):
+        raise CheckpointError(f"trainer.pretrained: the nodes chose different sources (this rank: {path}); give every "
+                              "node the same checkpoint (a step-N directory, not a directory another run still saves to)")
+
+
 def _prefix(path: Path, names: Any) -> str:
     """dlaunch keeps the model under ``model.``; another DCP checkpoint may hold the model's names alone, and a model
     may have a submodule called ``model``: the reading under which more of the model's ``names`` are found."""

@@ -213,6 +213,7 @@ class _Loop:
             checkpoint.agree(None, 0)
             init = self.spec.trainer.pretrained
             if init.path is not None:  # the path the parent verified (cli/job.py)
+                weights.agree(Path(init.path))  # before any rank loads: a load under DTensor is collective
                 found = weights.load(Path(init.path), self.model, init.strict)  # the parent said what it loads
                 log.debug("pretrained: %s from %s", found.said(), init.path)
             self._open(0)

@@ -248,3 +248,20 @@ def test_a_checkpoint_of_the_runs_own_directory_is_refused_where_its_saves_would
                           f"trainer.pretrained.path={own}", name="own")
     text = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "a checkpoint of this run's own directory, which this run's saves set aside" in text
+
+
+def _agree_on(directory: str) -> str:
+    import torch.distributed as dist
+
+    try:
+        weights.agree(Path(directory) / f"step-0000000{dist.get_rank()}")  # each node chose its own newest
+    except CheckpointError as exc:
+        return str(exc)
+    return "agreed"
+
+
+def test_ranks_that_chose_different_sources_stop_before_loading(tmp_path):
+    """Each node's dlaunch resolves a directory to its newest checkpoint itself; a run still saving there could give
+    the nodes different steps, and they trained on from different weights without an error (a diff review)."""
+    said = run_function(_agree_on, nproc=2, args=(str(tmp_path),), device="cpu")
+    assert all(text.startswith("trainer.pretrained: the nodes chose different sources") for text in said.values()), said
