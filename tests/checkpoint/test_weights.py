@@ -253,6 +253,10 @@ def test_a_checkpoint_of_the_runs_own_directory_is_refused_where_its_saves_would
 def _agree_on(directory: str) -> str:
     import torch.distributed as dist
 
+    from launcher.strategies.fsdp import FSDPStrategy
+
+    FSDPStrategy(wrap=["Linear"], device_type="cpu")  # joins the workers' process group
+
     try:
         weights.agree(Path(directory) / f"step-0000000{dist.get_rank()}")  # each node chose its own newest
     except CheckpointError as exc:
