@@ -329,3 +329,12 @@ def test_the_whole_weights_of_a_sharded_model_load_into_a_plain_one():
     fresh.load_state_dict(full)  # plain tensors, the whole shapes
     for key, value in plain.items():
         assert torch.equal(full[key], value), key
+
+
+def test_the_memory_row_of_a_recipe_that_computes_on_its_data_as_it_builds(run_dlaunch):
+    """charlm cuts its text into windows in build(): all of it on the meta device could not be (`Cannot copy out of
+    meta tensor`), and the plan said `memory unknown` for a shipped recipe under a strategy it names."""
+    proc, _ = run_dlaunch("recipe=charlm", "strategy=fsdp", "cluster=1x2", "launch.dry_run=true")
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, text[-2000:]
+    assert "memory params + grads + optimizer state per rank: 1.0 MiB = 1/2 of DDP's 2.1 MiB" in text, text[-2000:]

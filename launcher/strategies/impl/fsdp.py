@@ -70,15 +70,24 @@ def memory_row(spec: Any, run_dir: Path, ways: int | None = None, how: str = "")
     ``ways``: how many pieces each rank's share is (default: the replicas); ``how`` says how they are
     cut, where that is not simply FSDP over every rank (the mesh: FSDP x TP).
     """
+    from launcher.distribute.meta_scope import variables_scope
     from launcher.runtime.ps_task import build_variables
 
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            # a recipe that loads pretrained weights into the meta model: torch warns once per tensor (a no-op)
-            warnings.filterwarnings("ignore", message=r".*copying from a non-meta parameter in the checkpoint to a meta")
-            model, optimizer = build_variables(spec, run_dir)
-    except Exception as exc:  # noqa: BLE001 - the plan shows why, the run itself will say more
-        return f"unknown: the recipe's model could not be built on the meta device ({type(exc).__name__}: {exc})"
+    built = None
+    # everything on meta (data too: nothing read or computed); where the recipe computes on its data as it builds it
+    # (charlm's text into windows), the modules' tensors alone, the data real
+    for scope in (lambda: torch.device("meta"), variables_scope):
+        try:
+            with scope(), warnings.catch_warnings():
+                # a recipe that loads pretrained weights into the meta model: torch warns once per tensor (a no-op)
+                warnings.filterwarnings("ignore", message=r".*copying from a non-meta parameter in the checkpoint to a meta")
+                built = build_variables(spec, run_dir)
+            break
+        except Exception as exc:  # noqa: BLE001 - the plan shows why, the run itself will say more
+            failed = exc
+    if built is None:
+        return f"unknown: the recipe's model could not be built on the meta device ({type(failed).__name__}: {failed})"
+    model, optimizer = built
     params, grads, updated, per = state_bytes(model, optimizer)
     ddp = params + grads + updated * per  # parameters, gradients, optimizer state: every rank holds all of them
     n = ways or spec.num_replicas
