@@ -72,6 +72,8 @@ def source(given: str) -> Path:
     """The file or checkpoint directory ``given`` names; a directory of dlaunch checkpoints (or a run directory
     with ``checkpoints/``) gives its newest intact one. CheckpointError where there is none."""
     path = Path(given)
+    if path.name == layout.LATEST and path.is_file() and (path.parent / path.read_text().strip()).is_dir():
+        path = path.parent / path.read_text().strip()  # dlaunch's pointer to its newest checkpoint: that one
     if path.is_file():
         return path
     if not path.is_dir():
@@ -99,9 +101,20 @@ def saved_shapes(path: Path, names: Any = ()) -> Shapes:
         from launcher.checkpoint.safe import saved_entries
 
         return {n: tuple(e.size) for n, e in saved_entries(path, _prefix(path, names)).items() if hasattr(e, "size")}
-    if path.suffix == ".safetensors":
-        return _safetensors_shapes(path)
-    return {name: tuple(t.shape) for name, t in _read_file(path).items()}
+    held = _safetensors_shapes(path) if path.suffix == ".safetensors" else _read_file(path)
+    return {name: tuple(getattr(t, "shape", t)) for name, t in as_model_names(held, names)[0].items()}
+
+
+def as_model_names(held: dict[str, Any], names: Any) -> tuple[dict[str, Any], str]:
+    """A file's tensors by the model's ``names``, and the prefix dropped: a state dict saved from a wrapper has its
+    names under one (``module.`` from DDP, ``model.`` from a LightningModule, ``_orig_mod.`` from torch.compile),
+    dropped where more of them then match."""
+    wanted, readings = set(names), [(held, "")]  # each prefix shared by every name, dropped one after the other
+    while wanted and all("." in k for k in readings[-1][0]) and len({k.split(".", 1)[0] for k in readings[-1][0]}) == 1:
+        inner, dropped = readings[-1]
+        prefix = next(iter(inner)).split(".", 1)[0] + "."
+        readings.append(({k[len(prefix):]: v for k, v in inner.items()}, dropped + prefix))
+    return max(readings, key=lambda reading: len(wanted & set(reading[0])))  # the first of the best: the least dropped
 
 
 def verified(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
@@ -127,7 +140,7 @@ def verified(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
     except CheckpointError as exc:
         raise ConfigError([Problem(key="trainer.pretrained.path", value=given, message=str(exc))]) from None
     said = match(here, there).said() if here else "matched with the model as each worker loads it"
-    log.info("pretrained: %s from %s", said, path)
+    log.info("pretrained: from %s: %s", path, said)
     return path
 
 
@@ -149,7 +162,7 @@ def load(path: Path, model: Any, strict: bool) -> Match:
 
     module = unwrap(model)
     current = get_model_state_dict(module)
-    held = None if path.is_dir() else _read_file(path)  # a file is read once (memory-mapped where it can be)
+    held = None if path.is_dir() else as_model_names(_read_file(path), current)[0]  # read once (memory-mapped)
     there = saved_shapes(path, current) if held is None else {n: tuple(t.shape) for n, t in held.items()}
     found = match({n: tuple(t.shape) for n, t in current.items()}, there)
     why = found.problem(strict)

@@ -360,8 +360,8 @@ def _resuming_from(spec: Any, path: Path | None, weights_from: Path | None = Non
     """The spec the workers get: ``trainer.resume`` names the checkpoint verified here, and ``trainer.pretrained``
     the weights' source, so they choose nothing again."""
     trainer = spec.trainer
-    if path is not None:
-        trainer = trainer.model_copy(update={"resume": str(path)})
+    if path is not None:  # a resume brings its own weights: the workers load no pretrained ones (nor are refused them)
+        trainer = trainer.model_copy(update={"resume": str(path), "pretrained": trainer.pretrained.model_copy(update={"path": None})})
     if weights_from is not None:
         trainer = trainer.model_copy(update={"pretrained": trainer.pretrained.model_copy(update={"path": str(weights_from)})})
     return spec if trainer is spec.trainer else spec.model_copy(update={"trainer": trainer})

@@ -202,7 +202,8 @@ def flag_message(argv: list[str]) -> str | None:
     else:  # a recipe's run: the overrides typed beside the flags, and what the flags say; script=PATH's own flags
         own = [t for name, _, given in spans if script and name not in _SAME_AS for t in given]
         same = _same_run(dict(flags), None, own, typed)
-    after = [f"the same run: {same}"] if same else \
+    after = [f"the same run: {same}", *(["  (TOKEN: the one node 0's plan shows; docs/OPERATIONS.md)"]
+                                         if "cluster.token=TOKEN" in same else [])] if same else \
         ["e.g. torchrun --nnodes=2 --nproc_per_node=8 is dlaunch cluster=2x8 (docs/CLI.md: torchrun flags)"]
     width = max(28, *(len(given) for given, _ in rows))
     title = "not launcher flags" if flags else "and a script as script=PATH, its own arguments after --"
@@ -267,6 +268,8 @@ def _same_run(flags: dict[str, str | None], script: str | None, args: list[str],
     words += [_SAME_AS[name].format(v=value) for name, value in flags.items() if value and name in _KEPT]
     host, _, port = (flags.get("rdzv_endpoint") or "").rpartition(":")
     words += [f"cluster.master_addr={host}", f"cluster.master_port={port}"] if host and port.isdigit() else []
+    rank = flags.get("node_rank") or flags.get("machine_rank") or "0"
+    words += ["cluster.token=TOKEN"] if rank != "0" else []  # node 0 admits the nodes that give its token
     precision = _PRECISIONS.get(flags.get("mixed_precision") or "")
     words += [f"trainer.precision={precision}"] if precision else []
     words += ["cluster.device=cpu"] if "cpu" in flags else []  # Accelerate's --cpu

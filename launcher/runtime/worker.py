@@ -85,17 +85,19 @@ class _Kept:
         return getattr(self._shown, name)
 
 
-def keep_terminal_output() -> None:
+def keep_terminal_output(script: bool) -> None:
     """Rank 0 of node 0 prints to the terminal, untouched by the agent (its progress bar needs it); its prints go
-    into its log directory's ``stdout.log`` too, where every other rank's already are."""
+    into its log directory's ``stdout.log`` too, where every other rank's already are, and a script's stderr (its
+    own log lines) into ``stderr.log`` (a recipe's rank 0 logs to dlaunch.log, and draws its progress bar there)."""
     fault = fault_log(env_lib.error_file())
-    kept = fault.with_name("stdout.log") if fault is not None else None
-    if kept is None or kept.exists():  # the agent writes this rank's output there itself
-        return
-    try:
-        sys.stdout = _Kept(sys.stdout, open(kept, "a", buffering=1))  # noqa: SIM115 - open until the process ends
-    except OSError:
-        return
+    for name in ("stdout", *(["stderr"] if script else [])):
+        kept = fault.with_name(f"{name}.log") if fault is not None else None
+        if kept is None or kept.exists():  # the agent writes this rank's output there itself
+            return
+        try:
+            setattr(sys, name, _Kept(getattr(sys, name), open(kept, "a", buffering=1)))  # noqa: SIM115 - kept open
+        except OSError:
+            return
 
 
 def already_completed(run_dir: Path, env: env_lib.WorkerEnv | None) -> bool:
@@ -117,8 +119,8 @@ def run(job_path: Path) -> int:
     """Run this process's part of the job; the exit code the agent sees (a failure's cause is in the error file)."""
     die_with_launcher()
     record_native_crashes()
-    keep_terminal_output()
     job = json.loads(job_path.read_text())
+    keep_terminal_output(script=(job.get("spec") or {}).get("script") is not None)
     run_dir, task = Path(job["run_dir"]), env_lib.ps_task()
     env = env_lib.WorkerEnv.from_environ() if task is None else None
     rank = task.rank if task is not None else (env.rank if env else 0)

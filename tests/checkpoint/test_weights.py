@@ -115,16 +115,19 @@ def test_a_fine_tune_starts_from_the_pretrained_weights_with_a_fresh_optimizer(r
         first[name] = records[0]["loss"]
         out = " ".join((proc.stdout + proc.stderr).split())
         if source:
-            assert "pretrained: 2 of the model's 2 tensors from" in out and "Traceback" not in out
+            assert "pretrained: from " in out and ": 2 of the model's 2 tensors" in out and "Traceback" not in out
             assert f"pretrained {source}: its model weights before step 0" in out  # the plan's row
             assert records[0]["step"] == 1 and records[0]["lr"] == pytest.approx(0.05)
     assert first["dir"] == first["file"]  # the same weights, from a checkpoint or a file
     assert first["dir"] < first["fresh"] / 3  # the pretrained start: 5.67 against 34.3 (seed 0)
 
 
-def test_a_resumed_fine_tune_goes_on_with_its_own_weights(run_dlaunch, tmp_path):
+@pytest.mark.parametrize("shape", [(), ("strategy=mirrored", "cluster=1x2")])
+def test_a_resumed_fine_tune_goes_on_with_its_own_weights(run_dlaunch, tmp_path, shape):
+    """Across processes the workers' spec named the checkpoint to resume from beside the pretrained path, which
+    they refused (a new-user pass: a fine-tune under mirrored or fsdp could never be resumed)."""
     source = _pretrained_linear(tmp_path)
-    args = ("recipe=linear", f"trainer.pretrained.path={source}", "trainer.checkpoint.every_steps=2")
+    args = ("recipe=linear", *shape, f"trainer.pretrained.path={source}", "trainer.checkpoint.every_steps=2")
     proc, run_dir = run_dlaunch(*args, "trainer.steps=4", name="ft")
     assert proc.returncode == 0, proc.stderr[-2000:]
     proc, _ = run_dlaunch(*args, "trainer.steps=6", name="ft")
@@ -165,8 +168,8 @@ def test_a_partial_match_is_said_in_the_plan_with_strict_false(run_dlaunch, tmp_
                           "trainer.pretrained.strict=false", "launch.dry_run=true", name="ft")
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, out[-2000:]
-    assert "pretrained: 1 of the model's 4 tensors; kept as built: fc1.weight, fc1.bias, fc2.weight from" in out
-    assert "from " + str(pre / "checkpoints" / "step-00000002") in out
+    assert f"pretrained: from {pre / 'checkpoints' / 'step-00000002'}: 1 of the model's 4 tensors; kept as built: " \
+           "fc1.weight, fc1.bias, fc2.weight" in out
     assert "(tensors that match; the rest as build() made them); a fresh optimizer" in out
 
 
@@ -269,3 +272,22 @@ def test_ranks_that_chose_different_sources_stop_before_loading(tmp_path):
     the nodes different steps, and they trained on from different weights without an error (a diff review)."""
     said = run_function(_agree_on, nproc=2, args=(str(tmp_path),), device="cpu")
     assert all(text.startswith("trainer.pretrained: the nodes chose different sources") for text in said.values()), said
+
+
+def test_a_wrappers_prefix_is_dropped_where_the_models_names_then_match(tmp_path):
+    """A LightningModule's checkpoint holds `model.`-prefixed names under `state_dict`, a DDP module's `module.`: both
+    matched nothing (a new-user pass)."""
+    source = _pretrained()
+    torch.save({"state_dict": {f"model.{k}": v for k, v in source.items()}, "epoch": 3}, tmp_path / "lightning.ckpt")
+    torch.save({f"module._orig_mod.{k}": v for k, v in source.items()}, tmp_path / "ddp.pt")
+    for name in ("lightning.ckpt", "ddp.pt"):
+        model = _model()
+        assert weights.load(tmp_path / name, model, strict=True).load == list(source)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in source.items()), name
+    assert weights.as_model_names({"model.a": 1, "model.b": 2}, ["model.a", "model.b"])[1] == ""  # already the model's
+
+
+def test_dlaunchs_latest_pointer_names_the_checkpoint_it_points_at(run_dlaunch):
+    proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=4", "trainer.checkpoint.every_steps=2", name="pre")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert weights.source(str(run_dir / "checkpoints" / "latest")) == run_dir / "checkpoints" / "step-00000004"

@@ -202,9 +202,9 @@ def test_the_same_run_keeps_every_flag_it_maps_and_leaves_a_scripts_own_sections
     two = flag_message(["--rdzv_endpoint=10.0.0.1:29400", "--nnodes=2", "--nproc_per_node=2", "train.py"])
     assert "cluster=2x2 cluster.master_addr=10.0.0.1 cluster.master_port=29400" in two
     own = flag_message(["--nproc_per_node=2", "app.py", "model.lr=0.1", "trainer.max_epochs=3", "input.path=/data",
-                        "trainer.steps=5", "cluster.device=cpu"])
-    assert ("the same run: dlaunch script=app.py trainer.steps=5 cluster.device=cpu strategy=mirrored cluster=1x2 -- "
-            "model.lr=0.1 trainer.max_epochs=3 input.path=/data") in own
+                        "launch.max_restarts=2", "cluster.device=cpu"])
+    assert ("the same run: dlaunch script=app.py launch.max_restarts=2 cluster.device=cpu strategy=mirrored cluster=1x2 "
+            "-- model.lr=0.1 trainer.max_epochs=3 input.path=/data") in own
     for typed in (["-m", "pkg.train"], ["--module", "pkg.train"]):
         module = flag_message(["--nproc_per_node=2", *typed, "--epochs", "1"])
         assert "-m pkg.train a module runs by its file: script=pkg/train.py" in " ".join(module.split()), module
@@ -220,3 +220,13 @@ def test_a_scripts_own_dash_m_and_a_sweep_deleting_a_key_are_not_torchruns_modul
 
     assert "the same run: dlaunch script=train.py -- -m resnet50" in flag_message(["train.py", "-m", "resnet50"])
     assert flag_message(["-m", "~recipe", "script=x.py"]) is None
+
+
+def test_a_node_other_than_0_gets_the_token_in_its_same_run():
+    """Node 0 admits the nodes that give its token: the same run of a torchrun node 1 lacked it (a new-user pass)."""
+    from launcher.cli.usage import flag_message
+
+    text = flag_message(["--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--master_addr=10.0.0.1", "train.py"])
+    assert "cluster.node_rank=1 cluster.master_addr=10.0.0.1 cluster.token=TOKEN" in text
+    assert "(TOKEN: the one node 0's plan shows; docs/OPERATIONS.md)" in text
+    assert "cluster.token" not in flag_message(["--nnodes=2", "--nproc_per_node=8", "--node_rank=0", "train.py"])

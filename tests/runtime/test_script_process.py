@@ -151,12 +151,16 @@ def test_a_rank_that_ends_itself_with_os_exit_n_is_named_and_dlaunch_exits_n_as_
 
 def test_rank_0s_prints_are_kept_in_its_log_directory_as_the_other_ranks_are(tmp_path):
     """torchrun's --tee keeps every rank's output; rank 0's was on the terminal only (its progress bar needs it)."""
-    text = "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('hello from', dist.get_rank())\n"
+    text = ("import logging\nimport torch.distributed as dist\nlogging.basicConfig(level=logging.INFO)\n"
+            "dist.init_process_group('gloo')\nprint('hello from', dist.get_rank())\n"
+            "logging.getLogger('app').info('logged on %d', dist.get_rank())\n")
     proc, out, run_dir = _run(tmp_path, "hello.py", text, "strategy=mirrored", "cluster=1x2")
     assert proc.returncode == 0, out[-3000:]
     assert "hello from 0" in out and "[rank1] hello from 1" in out  # the terminal as before
     kept = {p.parent.name: p.read_text() for p in (run_dir / "logs").rglob("stdout.log")}
     assert kept == {"0": "hello from 0\n", "1": "hello from 1\n"}, kept
+    logged = {p.parent.name: p.read_text() for p in (run_dir / "logs").rglob("stderr.log")}
+    assert "INFO:app:logged on 0" in logged["0"] and "INFO:app:logged on 1" in logged["1"], logged
 
 
 STORED_APP = """\
