@@ -308,15 +308,21 @@ class Checkpointer:
 
 def agree(path: Path | None, step: int) -> None:
     """Every rank must resume from the same step: ranks that see different checkpoints cannot train together."""
-    if not _distributed():
-        return
-    mine = torch.tensor([step, -step], device=comm_device())  # nccl's default group takes no CPU tensor
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    if int(mine[0]) != -int(mine[1]):
+    low, high = extremes(step)
+    if low != high:
         raise CheckpointError(
-            f"the ranks found different checkpoints to resume from (steps {-int(mine[1])} to {int(mine[0])}; this rank: "
+            f"the ranks found different checkpoints to resume from (steps {low} to {high}; this rank: "
             f"{path or 'none'}); every node must see the same trainer.checkpoint.dir (a shared file system)"
         )
+
+
+def extremes(value: int) -> tuple[int, int]:
+    """Collective: the lowest and the highest of every rank's ``value`` (this rank's alone without a process group)."""
+    if not _distributed():
+        return value, value
+    mine = torch.tensor([value, -value], device=comm_device())  # nccl's default group takes no CPU tensor
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return -int(mine[1]), int(mine[0])
 
 
 def write_shards(partial: Path, step: int, tensors: dict[str, Any], rank: int,

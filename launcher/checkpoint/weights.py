@@ -133,13 +133,14 @@ def verified(spec: Any, run_dir: Path, resume_from: Path | None) -> Path | None:
         there = saved_shapes(path, here)
         if not there:
             raise CheckpointError(f"{path} holds no model tensors")
+        found = match(here, there) if here else None
         it = "it" if path == Path(given) else f"{path.name}, its newest checkpoint,"
-        why = match(here, there).problem(spec.trainer.pretrained.strict, it) if here else None
+        why = found and found.problem(spec.trainer.pretrained.strict, it)
         if why:
             raise CheckpointError(why)
     except CheckpointError as exc:
         raise ConfigError([Problem(key="trainer.pretrained.path", value=given, message=str(exc))]) from None
-    said = match(here, there).said() if here else "matched with the model as each worker loads it"
+    said = found.said() if found else "matched with the model as each worker loads it"
     log.info("pretrained: from %s: %s", path, said)
     return path
 
@@ -188,17 +189,10 @@ def agree(path: Path) -> None:
     still saving there could give the nodes different ones, with no error after."""
     import hashlib
 
-    import torch
-    import torch.distributed as dist
+    from launcher.checkpoint import extremes
 
-    from launcher.cluster.process_group import comm_device
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    word = int(hashlib.sha256(str(path).encode()).hexdigest()[:15], 16)
-    mine = torch.tensor([word, -word], device=comm_device())
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    if int(mine[0]) != -int(mine[1]):
+    low, high = extremes(int(hashlib.sha256(str(path).encode()).hexdigest()[:15], 16))
+    if low != high:
         raise CheckpointError(f"trainer.pretrained: the nodes chose different sources (this rank: {path}); give every "
                               "node the same checkpoint (a step-N directory, not a directory another run still saves to)")
 

@@ -276,8 +276,12 @@ def _stop_signals_raise() -> Iterator[list[int]]:
         before = install(signum, handler)
         return wrapped.get(before, before)
 
+    def as_written(signum: Any) -> Any:
+        handler = look_up(signum)
+        return wrapped.get(handler, handler)
+
     with handling_stop_signals(stop):
-        signal.signal, signal.getsignal = noted, lambda signum: (lambda h: wrapped.get(h, h))(look_up(signum))
+        signal.signal, signal.getsignal = noted, as_written
         try:
             yield own
         finally:
