@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.checkpoint import errors, integrity, layout, manifest, state
+from launcher.checkpoint.best import Best
 from launcher.checkpoint import objects as saved_objects
 from launcher.checkpoint.objects import read as read_object
 from launcher.checkpoint.errors import CheckpointError, NoIntactCheckpoint, StopNotSaved, UnsafeCheckpoint, storage_refusal
@@ -107,12 +108,14 @@ def skipped_line(path: Path, why: str) -> str:
 def read_tensors(path: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
     """The tensors saved under ``prefix`` (``model``: the module's state dict), in one process, on CPU.
 
-    ``torch.nn.Linear(32, 1).load_state_dict(read_tensors("outputs/.../checkpoints/step-00000200"))``
+    ``torch.nn.Linear(32, 1).load_state_dict(read_tensors("outputs/.../checkpoints/step-00000200"))``; a ``latest``
+    or ``best`` marker reads as the checkpoint it names.
     """
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from launcher.checkpoint.safe import SafeReader
 
+    path = layout.marked(Path(path))
     reader = SafeReader(str(path))
     metadata = reader.read_metadata()
     wanted = {
@@ -141,6 +144,7 @@ class Checkpointer:
         self.objects = saved_objects.checked(objects or {}, strategy, rank, spec.trainer.checkpoint.every_steps > 0)
         self.root, self.run_dir = root_of(spec, run_dir), run_dir
         self.every = spec.trainer.checkpoint.every_steps
+        self.best = Best(spec.trainer.checkpoint.best, rank)  # the best evaluation so far, in every manifest
         self._saved: tuple[int, Path] | None = None  # the last step saved, and where
         self.loaded_loop: dict[str, torch.Tensor] = {}  # the loop's state (schedule, scaler) from the last load
         self.unsaved = ""  # why the last save was not (on_error=warn), until one is
@@ -218,18 +222,20 @@ class Checkpointer:
                 read_back = self._save_here(partial, step, position, model, optimizer, loop or {})
             written = True
             if self.rank == 0:  # DCP returned: every rank's files are written
-                saved = {**manifest.build(self.spec, step, position), "files": read_back or {}}
+                saved = {**manifest.build(self.spec, step, position), "files": read_back or {}, **self.best.record()}
                 layout.commit(partial, saved, self.spec.trainer.checkpoint.keep)
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             refused = storage_refusal(exc, self.root)
             if refused is None:  # only a storage failure is this method's to report
                 raise
+            self.best.unsaved(step)
             if written:  # rank 0's commit alone failed: the others hold the step saved, and no rank saves it again
                 self._saved = (step, None)  # (a stop after it would run DCP's collective save on rank 0 alone)
             return self._not_saved(step, partial, refused, stopping)
         self.unsaved = ""
         if self.rank == 0:
-            log.info("checkpoint: step %d saved to %s (%.2f s)", step, final, time.perf_counter() - started)
+            best = f"; the best {self.best.said()}" if self.best.step == step else ""
+            log.info("checkpoint: step %d saved to %s (%.2f s)%s", step, final, time.perf_counter() - started, best)
         self._saved = (step, final)
         return final
 
@@ -278,6 +284,7 @@ class Checkpointer:
         """
         saved = layout.read_manifest(path)
         manifest.check_compatible(saved, self.spec, str(path))
+        self.best.restore(saved)
         kept = None if self.strategy is None else self.strategy.load_checkpoint(model, path)
         if kept is not None:  # the strategy keeps its variables itself (parameter servers)
             step, epoch, offset = kept

@@ -2,6 +2,7 @@
 
     CHECKPOINTS/
       latest                    "step-00000120": moves only after every rank wrote that step
+      best                      "step-00000100": the best evaluation's (trainer.checkpoint.best), kept whatever its age
       step-00000100/            DCP files (.metadata, __N_0.distcp) + manifest.json
       step-00000120/
       .step-00000140.partial/   a save in progress (or one killed midway): never read
@@ -34,6 +35,7 @@ from launcher.checkpoint.errors import CheckpointError
 
 log = logging.getLogger("dlaunch")
 LATEST = "latest"
+BEST = "best"
 MANIFEST = "manifest.json"
 TIMELINE = ".timeline"  # the step this command's checkpoints began after (Checkpointer.start); cleared as a command starts
 _STEP = re.compile(r"^step-(\d+)$")
@@ -145,8 +147,12 @@ def newer_steps(path: Path) -> list[Path]:
 
 
 def _latest_name(root: Path) -> str | None:
+    return _marker_name(root, LATEST)
+
+
+def _marker_name(root: Path, marker: str) -> str | None:
     try:
-        name = (root / LATEST).read_text().strip()
+        name = (root / marker).read_text().strip()
     except (OSError, UnicodeDecodeError):  # unreadable, or garbled (a flipped bit): the step directories decide
         return None
     return name if _STEP.match(name) else None
@@ -174,7 +180,7 @@ def resolve(resume: str, root: Path, full: bool = True) -> Choice:
         return Choice(None)
     if resume == "auto":
         return choose(root, full)
-    path = Path(resume)
+    path = marked(Path(resume))  # CHECKPOINTS/best or CHECKPOINTS/latest: the step it names
     if (path / MANIFEST).is_file() or (_STEP.match(path.name) and path.is_dir()):
         why = check(path, full)
         if why is not None:
@@ -239,15 +245,35 @@ def commit(partial: Path, manifest: dict[str, Any], keep: int) -> Path:
         shutil.rmtree(replaced, ignore_errors=True)
         os.replace(final, replaced)
     os.replace(partial, final)
+    best = best_of(final.parent, manifest)
+    markers = {LATEST: final, **({BEST: best} if best is not None and best.is_dir() else {})}
     try:
-        _point_latest(final)
+        for marker, step in markers.items():
+            _point(step, marker)
     except OSError as exc:  # the step is saved; resuming takes the newest intact step, named by the marker or not
-        (final.parent / (LATEST + ".tmp")).unlink(missing_ok=True)
+        for marker in markers:
+            (final.parent / (marker + ".tmp")).unlink(missing_ok=True)
         log.warning("checkpoint %s is saved, but the %s marker could not follow it (%s): a resume takes the newest "
-                    "intact step all the same", final.name, LATEST, exc.strerror or exc)
+                    "intact step all the same", final.name, " and ".join(markers), exc.strerror or exc)
     shutil.rmtree(replaced, ignore_errors=True)
-    prune(partial.parent, keep, protect=final)
+    prune(partial.parent, keep, protect=(final, best))
     return final
+
+
+def best_of(root: Path, manifest: dict[str, Any]) -> Path | None:
+    """The checkpoint a manifest names as the best as of its step (trainer.checkpoint.best), if it names one."""
+    found = manifest.get("best")
+    step = found.get("step") if isinstance(found, dict) else None
+    return step_dir(root, step) if isinstance(step, int) else None
+
+
+def marked(path: Path) -> Path:
+    """The checkpoint a ``latest`` or ``best`` marker names (``path`` itself where it is no such marker)."""
+    if path.name in (LATEST, BEST) and path.is_file():
+        name = _marker_name(path.parent, path.name)
+        if name and (path.parent / name).is_dir():
+            return path.parent / name
+    return path
 
 
 def set_aside_after(root: Path, step: int) -> list[Path]:
@@ -264,28 +290,39 @@ def set_aside_after(root: Path, step: int) -> list[Path]:
             target = root / f".superseded-{path.name}.{stamp}"
             os.replace(path, target)
             moved.append(target)
-    named = _latest_name(root)
-    stale = not (root / named).is_dir() if named else (root / LATEST).exists()  # a step set aside or deleted; garbled
-    if stale:  # name the start, or nothing
-        start = step_dir(root, step)
-        if start.is_dir():
-            _point_latest(start)
-        else:
-            (root / LATEST).unlink(missing_ok=True)
+    start = step_dir(root, step)
+    for marker in (LATEST, BEST):
+        named = _marker_name(root, marker)
+        stale = not (root / named).is_dir() if named else (root / marker).exists()  # a step set aside or deleted; garbled
+        if stale:  # name the start (the start's best), or nothing
+            target = start if marker == LATEST else _start_best(start)
+            if target is not None and target.is_dir():
+                _point(target, marker)
+            else:
+                (root / marker).unlink(missing_ok=True)
     return moved
 
 
-def prune(root: Path, keep: int, protect: Path) -> None:
-    """Keep the ``keep`` newest complete checkpoints (and always ``protect``)."""
+def _start_best(start: Path) -> Path | None:
+    try:
+        return best_of(start.parent, read_manifest(start)) if start.is_dir() else None
+    except CheckpointError:
+        return None
+
+
+def prune(root: Path, keep: int, protect: tuple[Path | None, ...]) -> None:
+    """Keep the ``keep`` newest complete checkpoints (and always those of ``protect``: the new one, the best)."""
     for old in complete_steps(root)[:-keep]:
-        if old != protect:
+        if old not in protect:
             shutil.rmtree(old, ignore_errors=True)
+            if _marker_name(root, BEST) == old.name:  # a best no longer judged (trainer.checkpoint.best turned off)
+                (root / BEST).unlink(missing_ok=True)
 
 
-def _point_latest(step: Path) -> None:
-    marker = step.parent / (LATEST + ".tmp")
-    _write_synced(marker, step.name + "\n")
-    os.replace(marker, step.parent / LATEST)
+def _point(step: Path, marker: str = LATEST) -> None:
+    tmp = step.parent / (marker + ".tmp")
+    _write_synced(tmp, step.name + "\n")
+    os.replace(tmp, step.parent / marker)
     _fsync_dir(step.parent)
 
 

@@ -71,9 +71,7 @@ def match(here: Shapes, there: Shapes) -> Match:
 def source(given: str) -> Path:
     """The file or checkpoint directory ``given`` names; a directory of dlaunch checkpoints (or a run directory
     with ``checkpoints/``) gives its newest intact one. CheckpointError where there is none."""
-    path = Path(given)
-    if path.name == layout.LATEST and path.is_file() and (path.parent / path.read_text().strip()).is_dir():
-        path = path.parent / path.read_text().strip()  # dlaunch's pointer to its newest checkpoint: that one
+    path = layout.marked(Path(given))  # dlaunch's marker of its newest (or best) checkpoint: that one
     if path.is_file():
         return path
     if not path.is_dir():

@@ -32,6 +32,13 @@ SECTIONS = {'trainer': [('steps', '100', 'optimizer steps to train (a resumed ru
              ('checkpoint.on_error',
               'error',
               'a save the storage refuses (disk full, I/O error): error ends the run; warn logs it and trains on'),
+             ('checkpoint.best.metric',
+              'null',
+              "a metric the recipe's evaluate returns (eval_loss, accuracy); null: keep the newest checkpoints only"),
+             ('checkpoint.best.mode',
+              'auto',
+              "min: lower is better; max: higher; auto: from the metric's name (loss, error, perplexity: min; "
+              'accuracy, f1, auc, score: max)'),
              ('pretrained.path',
               'null',
               "a dlaunch checkpoint (step-N, a directory of them, a run directory), a DCP directory, a torch.save'd "

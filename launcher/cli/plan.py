@@ -160,7 +160,8 @@ def _checkpoints(spec: RunSpec, run_dir: Path) -> str:
         return f"off (trainer.checkpoint.every_steps=N turns them on){restarts}"
     from launcher import checkpoint  # torch.distributed.checkpoint: imported only when checkpoints are on
 
-    return (f"every {c.every_steps} steps, at the end and on SIGTERM/SIGINT/SIGHUP (DCP; keep {c.keep}) "
+    best = f", and the one with {c.best.said()}" if c.best.metric else ""
+    return (f"every {c.every_steps} steps, at the end and on SIGTERM/SIGINT/SIGHUP (DCP; keep {c.keep}{best}) "
             f"in {checkpoint.root_of(spec, run_dir)}")
 
 
@@ -386,15 +387,10 @@ def rows_table(title: str, rows: list[tuple[str, str]]) -> Table:
 
 def show_summary(summary: dict, run_dir: Path, console: Console) -> None:
     keys = ("status", "final_loss", "first_loss", "examples_per_sec", "first_step_seconds", "wall_seconds", "param_norm")
-    table = Table(title="result", show_header=False, title_justify="left", box=None, padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
-    for key in keys:
-        if key in summary and summary[key] is not None:
-            value = summary[key]
-            table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
-    for key, value in (summary.get("metrics") or {}).items():
-        table.add_row(key, f"{value:.6g}")
-    console.print(table)
+    rows = [(key, f"{v:.6g}" if isinstance(v, float) else str(v)) for key in keys if (v := summary.get(key)) is not None]
+    rows += [(key, f"{value:.6g}") for key, value in (summary.get("metrics") or {}).items()]
+    if best := summary.get("best"):
+        rows.append(("best", f"{best['metric']}={best['value']:.6g} at step {best['step']}: {best['checkpoint']}"))
+    console.print(rows_table("result", rows))
     files = [name for name in ("config.yaml", "metrics.jsonl", "summary.json") if (run_dir / name).exists()]
     console.print(f"results: [bold]{run_dir}[/] ({', '.join(files)})")

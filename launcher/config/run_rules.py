@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from launcher.cluster import address
 from launcher.config.base import PlanError
-from launcher.config.trainer import accumulation_divides, strategy_trains_so
+from launcher.config.trainer import accumulation_divides, best_is_evaluated, strategy_trains_so
 from launcher.input.auto_shard import too_few_files
 
 if TYPE_CHECKING:
@@ -156,6 +156,6 @@ def backend_fits(spec: RunSpec, cuda: int) -> None:
 # trainer.precision reaches a script too (strategy.autocast()): precision_runs_here holds for it, and script_fits
 # refuses fp16-mixed where the strategy does.
 LOOP_RULES = (recipe_supports, batch_divides, whole_batches, files_cover_workers, accumulation_divides,
-              strategy_trains_so)
+              strategy_trains_so, best_is_evaluated)
 # the rules that count replicas or processes: not judged while the strategy's shape rules refuse the cluster's shape
 SHAPE_DEPENDENT = (batch_divides, whole_batches, files_cover_workers, accumulation_divides)

@@ -15,7 +15,8 @@ from launcher.cluster import address
 from launcher.config import run_rules
 from launcher.config.base import PlanError, PlanErrors, Port, PositiveInt, Strict, check_rules, passes
 from launcher.config.script import ScriptSpec, script_fits
-from launcher.config.trainer import TrainerSpec, accumulation_divides, precision_runs_here, strategy_trains_so
+from launcher.config.trainer import (TrainerSpec, accumulation_divides, best_is_evaluated, precision_runs_here,
+                                    strategy_trains_so)
 from launcher.config.user_recipes import absolute_file
 from launcher.distribute.input_context import COPY_STREAMS
 from launcher.input import checks
@@ -308,7 +309,7 @@ class RunSpec(Strict):
         r = run_rules
         rules = (script_fits, *shape, r.fixed_port, r.master_here, r.recipe_supports, r.batch_divides, r.whole_batches,
                  r.files_cover_workers, r.devices_exist, r.strategy_device_exists, r.backend_fits, *device,
-                 accumulation_divides, strategy_trains_so, precision_runs_here)
+                 accumulation_divides, strategy_trains_so, best_is_evaluated, precision_runs_here)
         # the replicas and processes of a shape the strategy refuses are no numbers to judge the batch or files by
         skipped = (*(r.SHAPE_DEPENDENT if not passes(shape, self, cuda) else ()),
                    *(() if (info.context or {}).get("here") else (r.master_here,)))  # a worker trusts the parent's

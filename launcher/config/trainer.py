@@ -11,9 +11,28 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from launcher.config import disk
 from launcher.config.base import PlanError, PlanErrors, PositiveInt, Strict, check_rules
+from launcher.config.metric_names import lower_by_name
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunSpec
+
+
+class BestSpec(Strict):
+    """``trainer.checkpoint.best``: also keep the checkpoint of the best evaluation so far (a save at each new best)."""
+
+    metric: str | None = Field(None, min_length=1, description="a metric the recipe's evaluate returns (eval_loss, "
+                                                                 "accuracy); null: keep the newest checkpoints only")
+    mode: Literal["auto", "min", "max"] = Field(
+        "auto", description="min: lower is better; max: higher; auto: from the metric's name (loss, error, perplexity: "
+                            "min; accuracy, f1, auc, score: max)")
+
+    @property
+    def lower(self) -> bool | None:
+        """Whether a lower value is better (None: ``auto`` and the name says neither)."""
+        return self.mode == "min" if self.mode != "auto" else (lower_by_name(self.metric) if self.metric else None)
+
+    def said(self) -> str:
+        return f"the {'lowest' if self.lower else 'highest'} {self.metric}"
 
 
 class CheckpointSpec(Strict):
@@ -24,6 +43,7 @@ class CheckpointSpec(Strict):
     dir: str | None = Field(None, min_length=1, description="default: RUN_DIR/checkpoints")
     on_error: Literal["error", "warn"] = Field(
         "error", description="a save the storage refuses (disk full, I/O error): error ends the run; warn logs it and trains on")
+    best: BestSpec = BestSpec()
 
     @field_validator("dir", mode="after")
     @classmethod
@@ -201,6 +221,29 @@ def accumulation_divides(spec: "RunSpec", cuda: int) -> None:
             f"micro-batches; use a grad_accum_steps that divides {per}, or input.global_batch_size={n * k * max(1, per // k)} "
             f"(= micro-batch {max(1, per // k)} x {n} replica(s) x {k} steps)",
         )
+
+
+def best_is_evaluated(spec: "RunSpec", cuda: int) -> None:
+    """``trainer.checkpoint.best`` keeps a checkpoint saved at an evaluation: it needs both, and a known direction."""
+    t = spec.trainer
+    best = t.checkpoint.best
+    if best.metric is None:
+        return
+    errors = []
+    if not t.checkpoint.every_steps:
+        errors.append(PlanError("trainer.checkpoint.every_steps", 0, f"trainer.checkpoint.best.metric={best.metric} keeps "
+                                "the best checkpoint beside the newest ones: turn checkpoints on (every_steps=N)"))
+    if not t.eval_every:
+        errors.append(PlanError("trainer.eval_every", 0, f"trainer.checkpoint.best.metric={best.metric} is judged at each "
+                                "evaluation, and 0 evaluates only at the end (whose checkpoint is the newest anyway); set "
+                                "trainer.eval_every=N"))
+    if best.lower is None:
+        errors.append(PlanError("trainer.checkpoint.best.mode", "auto", f"the name {best.metric!r} does not say whether "
+                                "lower or higher is better; allowed: min, max"))
+    if len(errors) > 1:
+        raise PlanErrors(errors)
+    if errors:
+        raise errors[0]
 
 
 def strategy_trains_so(spec: "RunSpec", cuda: int) -> None:

@@ -103,7 +103,7 @@ def train(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, conso
     with heartbeat.start(env, run_dir, spec.launch.collective_timeout_s) as watch, _finishing(strategy):
         losses = loop.run(resumed_at, env is not None and env.world_size > 1, watch)
         loop_seconds = time.perf_counter() - loop_started
-        metrics = loop.evaluation(watch, "evaluation at the end")
+        metrics = loop.end_metrics if loop.end_metrics is not None else loop.evaluation(watch, "evaluation at the end")
     warn_if_all_skipped(loop.skipped_steps, spec.trainer.steps, rank)
     if metrics and rank == 0:
         log.info("eval: %s", said(metrics))
@@ -153,6 +153,7 @@ def _summary(spec: RunSpec, plan: Plan, env: WorkerEnv | None, strategy: Any, lo
         "metrics": metrics,
         "precision": spec.trainer.precision,
         "skipped_steps": loop.skipped_steps,
+        "best": loop.ckpt.best.summary(loop.ckpt.root),
     }
 
 
@@ -202,6 +203,7 @@ class _Loop:
     aside_seconds: float = 0.0  # of that, in evaluations and checkpoint saves: not training, so no examples/s
     first_aside: float = 0.0  # of the aside, what the first step's own evaluation and save took
     skipped_steps: int = 0  # fp16-mixed: updates skipped for inf/NaN gradients, as of the last log
+    end_metrics: dict[str, float] | None = None  # the end's evaluation where the loop ran it (to judge the best by)
 
     def steady_ms_per_step(self) -> float | None:
         """Median ms per step from this run's 20th step on (warm-up left out); None for runs of fewer than 21 steps."""
@@ -287,15 +289,20 @@ class _Loop:
     def _after(self, step: int, watch: heartbeat.Heartbeat, stop: StopRequests, metrics_log: Any, unread: Any) -> None:
         """After step ``step``: evaluate, checkpoint, and stop (after a save) on an agreed signal.
         ``unread``: the step's loss where ``_log`` did not read it (checked before a save)."""
-        steps, eval_every, prof = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler
+        steps, eval_every, prof, best = self.spec.trainer.steps, self.spec.trainer.eval_every, self.profiler, self.ckpt.best
         began = time.perf_counter()
-        evaluates, saves = bool(eval_every and step % eval_every == 0 and step < steps), self.ckpt.due(step)
+        # the end's evaluation comes after the last save, unless the best checkpoint is judged by it
+        evaluates = bool(eval_every and step % eval_every == 0 and step < steps) or (step == steps and best.enabled)
+        saves = self.ckpt.due(step)
         if evaluates:
-            with stop.during(f"the evaluation at step {step}"):
-                found = self.evaluation(watch, f"evaluation at step {step}")
-            if found and self.chief:
+            label = f"evaluation at step {step}" if step < steps else "evaluation at the end"
+            with stop.during(f"the {label}"):
+                found = self.evaluation(watch, label)
+            if found and self.chief and step < steps:
                 log.info("eval at step %d: %s", step, said(found))
             self._write({"step": step, **found}, metrics_log)
+            self.end_metrics = found if step == steps else None
+            saves = best.judge(step, found) or saves  # collective: every rank judges
         if saves:
             with watch.operation(f"checkpoint save at step {step}"), prof.region("dlaunch.checkpoint"), \
                     stop.during(f"the checkpoint save at step {step}"):

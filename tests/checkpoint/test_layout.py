@@ -151,10 +151,10 @@ def test_a_manifest_without_the_keys_resuming_reads_is_refused(tmp_path):
 def test_a_latest_marker_that_cannot_be_written_leaves_the_saved_step_saved(tmp_path, monkeypatch, caplog):
     fake_save(tmp_path, 5)
 
-    def full(step):
+    def full(step, marker="latest"):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(layout, "_point_latest", full)
+    monkeypatch.setattr(layout, "_point", full)
     fake_save(tmp_path, 10)  # committed; only the marker failed
     assert "step-00000010 is saved, but the latest marker could not follow it" in caplog.text
     assert (tmp_path / "latest").read_text().strip() == "step-00000005"

@@ -39,11 +39,11 @@ def test_the_table_names_the_job_with_the_best_first_metric_and_which_way_is_bet
 def test_an_optuna_direction_decides_a_metric_whose_name_does_not(three_jobs):
     rows = sweep.collect(three_jobs)
     for r in rows:  # a metric no name rule knows
-        r["metric"] = "bleu"
+        r["metric"] = "sparkle"
     assert sweep_table.best(rows) is None and "best:" not in _shown(rows, three_jobs)
     assert sweep_table.best(rows, "maximize")["jobs"] == [1]
     assert sweep_table.best(rows, "minimize")["jobs"] == [0]
-    assert sweep_table.best(rows, "maximize", "bleu")["jobs"] == [1]  # the study's objective is the ranked metric
+    assert sweep_table.best(rows, "maximize", "sparkle")["jobs"] == [1]  # the study's objective is the ranked metric
 
 
 def test_a_studys_direction_does_not_rank_a_metric_it_did_not_optimize(three_jobs):

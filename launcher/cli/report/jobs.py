@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from launcher.config.metric_names import lower_by_name
 from launcher.runtime import outputs
 
 STANDARD_KEYS = ("step", "loss", "examples_per_sec", "time")  # what every metrics.jsonl record carries
@@ -232,10 +233,6 @@ def _number(value: Any) -> float | None:
 
 # --- which job is best ---------------------------------------------------------------------------------------------
 
-LOWER_IS_BETTER = ("loss", "error", "err", "mse", "mae", "rmse", "perplexity", "ppl")
-HIGHER_IS_BETTER = ("acc", "accuracy", "auc", "f1", "precision", "recall", "ap", "map", "score")
-
-
 STUDY_DIRECTIONS = {"minimize": True, "maximize": False}  # an Optuna study's hydra.sweeper.direction: lower is better?
 
 
@@ -244,12 +241,7 @@ def lower_is_better(metric: str, direction: str | None = None) -> bool | None:
     neither tells)."""
     if direction in STUDY_DIRECTIONS:
         return STUDY_DIRECTIONS[direction]
-    words = metric.lower().replace("-", "_").split("_")
-    if any(w in LOWER_IS_BETTER for w in words):
-        return True
-    if any(w in HIGHER_IS_BETTER for w in words):
-        return False
-    return None
+    return lower_by_name(metric)
 
 
 def fixed_format(values: list[float], digits: int = 3) -> str:
