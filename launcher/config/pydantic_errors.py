@@ -22,6 +22,27 @@ def problems(exc: ValidationError, root: type[BaseModel], data: Any, prefix: tup
         path, parent_model, parent_data = _walk(root, data, err["loc"])
         problem = _problem(err, (*prefix, *path), parent_model, parent_data)
         out += _leaves(problem, parent_model) if err["type"] == "extra_forbidden" else [problem]
+    return _strategy_renamed(out, data.get("strategy") if isinstance(data, dict) and not prefix else None)
+
+
+def _strategy_renamed(out: list[Problem], strategy: Any) -> list[Problem]:
+    """``strategy.name: mirrored`` in a YAML (or ``strategy.name=mirrored``) over the group's default, one_device:
+    one_device's keys, at their defaults, are unknown to mirrored. One problem saying so, not one per key."""
+    name = strategy.get("name") if isinstance(strategy, dict) else None
+    unknown = {p.key.split(".", 1)[1]: p for p in out if p.key.count(".") == 1 and p.key.startswith("strategy.")
+               and p.message == "unknown key"}
+    if not unknown or not isinstance(name, str):
+        return out
+    from launcher import strategies
+
+    for other, unit in strategies.units().items():
+        defaults = unit.model_construct().model_dump(mode="json")
+        if other != name and all(k in defaults and defaults[k] == strategy[k] for k in unknown):
+            said = Problem(key="strategy.name", value=name, allowed=tuple(strategies.units()), message=(
+                f"names strategy {name} over strategy {other}'s settings ({', '.join(unknown)}), the strategy group's "
+                f"choice: strategy.name does not choose a strategy; choose it as a group: strategy={name} on the command "
+                f"line, or `- override /strategy: {name}` in your config's defaults list"))
+            return [said, *(p for p in out if p not in unknown.values())]
     return out
 
 

@@ -300,3 +300,24 @@ def test_a_yaml_with_many_mistakes_names_every_key_in_one_screen(capsys, monkeyp
     assert "input.global_bach_size = 4: unknown key; did you mean input.global_batch_size?; allowed: global_batch_size" in err
     assert "launch.dryrun = true: unknown key; did you mean launch.dry_run?; allowed: dry_run," in err
     assert "cluster.devise = cpu" in err and "trainer.evl_every = 3" in err and "more:" not in err, err
+
+
+def test_a_strategy_named_over_the_groups_choice_says_to_choose_it_as_a_group(capsys, monkeypatch, tmp_path):
+    """``strategy: {name: mirrored}`` in a user's YAML keeps the group's one_device settings: it said ``strategy.device
+    = null: unknown key``, a key the user never wrote."""
+    from launcher.config import compose as composer
+
+    monkeypatch.setattr(cli_job, "cuda_devices", lambda: 0)
+    monkeypatch.setattr(composer, "CONFIG_DIRS", [])
+    monkeypatch.setattr(composer, "CONFIG_NAME", composer.CONFIG_NAME)
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\nstrategy:\n  name: mirrored\n")
+    assert main(["--config-dir", str(tmp_path), "--config-name", "mine", "cluster.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration (1 problem)" in err and "strategy.device" not in err, err
+    assert "strategy.name = mirrored\n    names strategy mirrored over strategy one_device's settings (device)" in err
+    assert "strategy=mirrored on the command line, or `- override /strategy: mirrored`" in err
+    assert main(["strategy.name=mesh", "cluster.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "(1 problem)" in err and "names strategy mesh over strategy one_device's settings" in err, err
+    assert main(["strategy=mirrored", "strategy.device=cpu:0", "cluster.device=cpu"]) == 2  # a key typed: as before
+    assert "unknown key under strategy (a key of strategy=one_device)" in capsys.readouterr().err
