@@ -167,19 +167,53 @@ def load(path: Path, model: Any, strict: bool) -> Match:
     why = found.problem(strict)
     if why:
         raise CheckpointError(f"trainer.pretrained: {path}: {why}")
+    tied = _tied(module, found.load)
     if held is None:
         from launcher.checkpoint import _load
 
         prefix = _prefix(path, current)
-        tensors = {prefix + n: current[n] for n in found.load}  # DCP reads each rank's part into the model's own
+        # DCP reads each rank's part into the model's own tensors; a tied name's into a tensor of its own
+        tensors = {prefix + n: current[n].new_empty(current[n].shape) if n in tied else current[n] for n in found.load}
         _load(tensors, path)
         values, whole = {n: tensors[prefix + n] for n in found.load}, False
     else:  # whole tensors: set_model_state_dict gives each DTensor shard its part
         values, whole = {n: held[n] for n in found.load}, any(isinstance(t, DTensor) for t in current.values())
+    _one_value_each(values, tied, path)
     set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=whole, strict=False))
     if hasattr(model, "resync"):  # mirrored copies in one process follow their primary
         model.resync()
     return found
+
+
+def _tied(module: Any, loaded: list[str]) -> dict[str, str]:
+    """The model's names of a tensor that another name holds too (a decoder's head tied to its embedding), each to
+    the first name it has (the one its ``parameters()`` give), where the source has both."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, tensor in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        owner = first.setdefault(id(tensor), name)
+        if owner != name and {owner, name} <= set(loaded):
+            tied[name] = owner
+    return tied
+
+
+def _one_value_each(values: dict[str, Any], tied: dict[str, str], path: Path) -> None:
+    """A tied tensor takes its first name's value, as Hugging Face's loading does; where the source holds another
+    value under the other name (it was trained untied), which is said once, not left to the order of the load."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t: Any) -> Any:
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    differ = [f"{alias} (tied to {owner})" for alias, owner in tied.items()
+              if not local(values[alias]).cpu().equal(local(values[owner]).cpu())]
+    for alias in tied:
+        values.pop(alias)
+    import torch.distributed as dist
+
+    if differ and (not dist.is_initialized() or dist.get_rank() == 0):
+        log.warning("trainer.pretrained: %s holds other values for %s than for the name it is tied to; the model "
+                    "holds one tensor for both, and takes the first name's", path, _names(differ, 3))
 
 
 def agree(path: Path) -> None:

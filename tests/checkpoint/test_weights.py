@@ -291,3 +291,32 @@ def test_dlaunchs_latest_pointer_names_the_checkpoint_it_points_at(run_dlaunch):
     proc, run_dir = run_dlaunch("recipe=linear", "trainer.steps=4", "trainer.checkpoint.every_steps=2", name="pre")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert weights.source(str(run_dir / "checkpoints" / "latest")) == run_dir / "checkpoints" / "step-00000004"
+
+
+class _Tied(torch.nn.Module):
+    """A decoder's output head tied to its embedding: one tensor under two names."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+@pytest.mark.parametrize("kind", ["pt", "dcp"])
+def test_a_tied_model_from_an_untied_source_takes_the_first_names_value_and_says_so(tmp_path, caplog, kind):
+    """The order of the load decided which name's value the one tensor kept, and nothing was said."""
+    torch.manual_seed(0)
+    source = {k: v.clone() for k, v in _Tied().state_dict().items()}
+    same = tmp_path / "same.pt"
+    torch.save(source, same)
+    source["head.weight"] = torch.randn(10, 4)  # trained untied
+    path = tmp_path / "untied.pt"
+    torch.save(source, path) if kind == "pt" else _dcp(path, source)
+    model = _Tied()
+    weights.load(path, model, strict=True)
+    assert model.head.weight is model.embed.weight and torch.equal(model.embed.weight, source["embed.weight"])
+    assert "holds other values for head.weight (tied to embed.weight)" in caplog.text
+    caplog.clear()
+    weights.load(same, _Tied(), strict=True)
+    assert "tied" not in caplog.text
