@@ -390,7 +390,9 @@ def show_summary(summary: dict, run_dir: Path, console: Console) -> None:
     rows = [(key, f"{v:.6g}" if isinstance(v, float) else str(v)) for key in keys if (v := summary.get(key)) is not None]
     rows += [(key, f"{value:.6g}") for key, value in (summary.get("metrics") or {}).items()]
     if best := summary.get("best"):
-        rows.append(("best", f"{best['metric']}={best['value']:.6g} at step {best['step']}: {best['checkpoint']}"))
+        from launcher.cli.report.jobs import best_said
+
+        rows.append(("best", best_said(best)))
     console.print(rows_table("result", rows))
     files = [name for name in ("config.yaml", "metrics.jsonl", "summary.json") if (run_dir / name).exists()]
     console.print(f"results: [bold]{run_dir}[/] ({', '.join(files)})")

@@ -64,6 +64,12 @@ class Job:
         return str((self.summary or {}).get("script") or "")
 
     @property
+    def best(self) -> dict[str, Any] | None:
+        """The best evaluation's checkpoint (trainer.checkpoint.best): metric, value, step, checkpoint; else None."""
+        found = (self.summary or {}).get("best")
+        return found if isinstance(found, dict) and _number(found.get("value")) is not None else None
+
+    @property
     def has_loss(self) -> bool:
         return any(_number(r.get("loss")) is not None and _number(r.get("step")) is not None for r in self.records)
 
@@ -229,6 +235,11 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     return float(value)
+
+
+def best_said(best: dict[str, Any]) -> str:
+    """``eval_loss=0.0121834 at step 140: RUN/checkpoints/step-00000140`` (a summary's ``best``)."""
+    return f"{best['metric']}={best['value']:.6g} at step {best['step']}: {best['checkpoint']}"
 
 
 # --- which job is best ---------------------------------------------------------------------------------------------

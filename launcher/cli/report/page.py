@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launcher.cli.report.jobs import Job, extra_keys
+from launcher.cli.report.jobs import Job, best_said, extra_keys
 from launcher.runtime import outputs
 
 REPORT = "report.html"
@@ -49,6 +49,8 @@ def run_table(job: Job) -> str:
     rows += [(key, s[key]) if key != "final_loss" or job.completed else ("last logged loss", last_loss(job))
              for key in RUN_KEYS if key in s]
     rows += [(f"metrics.{k}", v) for k, v in job.metrics.items()]
+    if job.best:
+        rows.append(("best checkpoint", best_said(job.best)))
     if not job.metrics:
         rows.append(("metrics", SCRIPT_METRICS if job.script else
                      "none recorded" if job.summary is not None else "no summary.json"))

@@ -34,6 +34,7 @@ def run_loss(job: Job) -> Figure:
     for key in job.evaluation_losses():
         xs, ys = job.curve(key)
         ax.plot(xs, ys, marker="s", markersize=4, linestyle=style, label=key.replace("_", " "))
+        _mark_best(ax, job, key)
         shown += ys
     for i, step in enumerate(job.resumes()):
         ax.axvline(step, color="grey", linestyle=":", linewidth=1, label="resumed" if i == 0 else None)
@@ -59,6 +60,8 @@ def run_metrics(job: Job) -> Figure | None:
         ax.plot(xs, ys, marker="o" if len(xs) <= 50 else None, markersize=3)
         _step_axis(ax, ys, log=not is_lr(key))  # a schedule's shape (warmup, decay towards 0) reads on a linear axis
         ax.set_title(key)
+        if _mark_best(ax, job, key):
+            ax.legend(fontsize="small")
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     fig.suptitle(f"metrics: {job.describe() or job.name}")
@@ -153,6 +156,16 @@ def final_metric(bars: list[tuple[Job, float]], metric: str, sweep: str, spec: s
 def save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     return path
+
+
+def _mark_best(ax: Axes, job: Job, key: str) -> bool:
+    """A star at the evaluation whose checkpoint trainer.checkpoint.best kept, on ``key``'s curve if it is judged by it."""
+    best = job.best
+    if best is None or best.get("metric") != key:
+        return False
+    ax.plot([best["step"]], [best["value"]], marker="*", markersize=15, color="gold", markeredgecolor="black", linestyle="none",
+            label=f"best checkpoint (step {best['step']})")
+    return True
 
 
 def _draw(ax: Axes, job: Job, i: int, n: int, steps: list[float], values: list[float]) -> None:

@@ -211,3 +211,23 @@ def test_every_job_tied_for_best_is_highlighted_and_values_share_one_precision(t
 ])
 def test_one_precision_for_a_charts_values(values, expected):
     assert jobs.fixed_format(values) == expected
+
+
+def test_the_best_checkpoint_is_starred_on_the_curve_of_its_metric_and_named_on_the_page(tmp_path):
+    import json
+
+    from launcher.cli.report import page
+
+    write_run(tmp_path / "run", lr=0.05)
+    evals = [{"step": s, "eval_loss": 1.0 / s + (0.01 if s > 100 else 0)} for s in range(20, 201, 20)]
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in evals))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["best"] = {"metric": "eval_loss", "value": 0.01, "step": 100, "checkpoint": "/r/checkpoints/step-00000100"}
+    outputs.write_json_atomic(tmp_path / "run" / "summary.json", summary)
+    (job,) = loaded(tmp_path / "run")
+    for ax in (plots.run_loss(job).axes[0], next(a for a in plots.run_metrics(job).axes if a.get_title() == "eval_loss")):
+        (star,) = [line for line in ax.lines if line.get_marker() == "*"]
+        assert list(star.get_xdata()) == [100] and list(star.get_ydata()) == [0.01]
+        assert "best checkpoint (step 100)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "eval_loss=0.01 at step 100: /r/checkpoints/step-00000100" in page.run_table(job)
