@@ -153,8 +153,9 @@ _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")  # pkg.train: not an ov
 
 
 def _module_as_script(argv: list[str]) -> tuple[list[str], str | None]:
-    """torchrun's ``-m NAME`` / ``--module NAME`` (python's ``-m``): ``argv`` with the module as the script file it
-    names (``NAME/WITH/SLASHES.py``), and the module; Hydra's ``-m`` (a sweep) is followed by overrides instead."""
+    """torchrun's ``-m NAME`` / ``--module NAME`` (python's ``-m``): ``argv`` with the module in the script's place
+    (as the file it names, ``NAME/WITH/SLASHES.py``), and the module; Hydra's ``-m`` (a sweep) is followed by
+    overrides instead."""
     head = argv[: argv.index("--")] if "--" in argv else argv
     script = _script_at(head)
     head = head if script is None else head[:script]  # a script's own `-m NAME` is its argument
@@ -194,11 +195,11 @@ def flag_message(argv: list[str]) -> str | None:
     options, taken = _hydra_options(before)  # -m, --config-dir DIR: the same run keeps them, and the overrides typed
     typed = [*options, *(a for i, a in enumerate(before) if i not in taken and "=" in a and not a.startswith("-"))]
     if at is not None:
-        rows.append((f"-m {module}", f"a module runs by its file: script={argv[at]} (a package's: script=PKG/__main__.py)")
-                    if module else (argv[at], f"a script runs as script={argv[at]} (docs/SCRIPTS.md)"))
+        run = f"script.module={module}" if module else f"script={argv[at]}"
+        rows.append((f"-m {module}" if module else argv[at], f"a {'module' if module else 'script'} runs as {run} (docs/SCRIPTS.md)"))
         # dlaunch's settings typed after the script (`train.py --epochs 1 cluster.device=cpu`) are dlaunch's still
         settings = [a for a in argv[at + 1:] if _is_setting(a)]
-        same = _same_run(dict(flags), argv[at], [a for a in argv[at + 1:] if a not in settings], typed + settings)
+        same = _same_run(dict(flags), run, [a for a in argv[at + 1:] if a not in settings], typed + settings)
     else:  # a recipe's run: the overrides typed beside the flags, and what the flags say; script=PATH's own flags
         own = [t for name, _, given in spans if script and name not in _SAME_AS for t in given]
         same = _same_run(dict(flags), None, own, typed)
@@ -253,16 +254,16 @@ def _count(value: str | None) -> str:
     return value or "N"
 
 
-def _same_run(flags: dict[str, str | None], script: str | None, args: list[str], typed: list[str] = ()) -> str | None:
+def _same_run(flags: dict[str, str | None], run: str | None, args: list[str], typed: list[str] = ()) -> str | None:
     """The dlaunch command of a torchrun or Accelerate command line: its cluster, a strategy with a process per
     device, where the nodes meet, the script (or the overrides ``typed`` beside the flags, for a recipe), and the
-    script's own arguments after ``--``. None where the sizes are not plain numbers (``--nnodes=1:4``,
+    script's own arguments after ``--``; ``run``: the script's override (``script=PATH``). None where the sizes are not plain numbers (``--nnodes=1:4``,
     ``--nproc_per_node=gpu``), or where no flag says anything a recipe's run would take."""
     nodes = flags.get("nnodes") or flags.get("num_machines") or "1"
     per_node = flags.get("nproc_per_node") or flags.get("num_processes") or "1"
     if not (nodes.isdigit() and per_node.isdigit()):
         return None
-    words = ["dlaunch", f"script={script}" if script else "", *typed]
+    words = ["dlaunch", run or "", *typed]
     if f"{nodes}x{per_node}" != "1x1":
         words += ["strategy=" + ("mirrored" if nodes == "1" else "multi_worker_mirrored"), f"cluster={nodes}x{per_node}"]
     words += [_SAME_AS[name].format(v=value) for name, value in flags.items() if value and name in _KEPT]
@@ -275,7 +276,7 @@ def _same_run(flags: dict[str, str | None], script: str | None, args: list[str],
     words += ["cluster.device=cpu"] if "cpu" in flags else []  # Accelerate's --cpu
     args = [a for a in args if a != "--"]
     words = [w for w in words if w]
-    if script is None and len(words) == 1 + len(typed) and not args:
+    if run is None and len(words) == 1 + len(typed) and not args:
         return None
     return shlex.join([*words, *(["--", *args] if args else [])])
 

@@ -9,6 +9,7 @@ sections belong to dlaunch's loop, so their rules do not apply to a script.
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,32 @@ ARGS: list[str] = []  # `dlaunch ... -- ARGS`: set once by the CLI, before anyth
 class ScriptSpec(Strict):
     """``script``: the file to run as ``__main__`` in every worker process, and its arguments."""
 
-    path: str = Field(min_length=1, description="the script to run (a .py file), relative to the current directory")
+    path: str = Field(min_length=1, description="the script to run (a .py file), relative to the current directory; "
+                                                "given script.module, that module's file")
+    module: str | None = Field(
+        None, description="instead of path: a module run as `python -m` runs it (pkg.train; relative imports work), found "
+                    "from the current directory")
     args: list[str] = Field(default_factory=list, description="its sys.argv[1:]: what follows `--` on the command line")
 
     @model_validator(mode="before")
     @classmethod
     def _from_path(cls, data: Any) -> Any:
         return {"path": data} if isinstance(data, str) else data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _module_found(cls, data: Any, info: ValidationInfo) -> Any:
+        """``module`` gives ``path``: its file, found as ``python -m`` finds it (workers get both)."""
+        if not isinstance(data, dict) or not data.get("module") or not isinstance(data["module"], str):
+            return data  # without a module, a path is required
+        module, given = data["module"], data.get("path")
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise PlanError("script.module", module, "a module's dotted name (pkg.train), as python -m takes it; a "
+                                                     "file is script=PATH")
+        if given and not module_file_of(Path(str(given)), module):
+            raise PlanError("script.module", module, f"and script.path={given}: give one of them (script.module runs "
+                                                     "the module's file as python -m does)")
+        return data if given else {**data, "path": str(find_module(module, (info.context or {}).get("cwd")))}
 
     @field_validator("path")
     @classmethod
@@ -51,11 +71,46 @@ class ScriptSpec(Strict):
 
     @property
     def name(self) -> str:
-        return Path(self.path).stem
+        return self.module.rsplit(".", 1)[-1] if self.module else Path(self.path).stem
+
+    @property
+    def import_root(self) -> Path:
+        """``sys.path[0]`` as python sets it: the script's directory, or where a module's top package is."""
+        parts = len(self.module.split(".")) + (Path(self.path).name == "__main__.py") if self.module else 1
+        return Path(self.path).parents[parts - 1]
 
     def command(self) -> str:
-        """The script and its arguments as a shell would take them (``train.py --name 'my run'``)."""
-        return shlex.join([Path(self.path).name, *self.args])
+        """The script and its arguments as a shell would take them (``train.py --name 'my run'``, ``-m pkg.train``)."""
+        return shlex.join([*(["-m", self.module] if self.module else [Path(self.path).name]), *self.args])
+
+
+def find_module(module: str, cwd: str | None) -> Path:
+    """The file ``python -m module`` runs, from ``cwd`` first, then ``sys.path`` (nothing imported: a package's
+    ``__init__`` runs in the workers, as python runs it)."""
+    import sys
+
+    parts = module.split(".")
+    roots = [Path(cwd or os.getcwd()), *(Path(p) for p in sys.path[1:] if p)]
+    for root in roots:
+        base = root.joinpath(*parts)
+        for candidate in (base.with_name(base.name + ".py"), base / "__main__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+        if base.is_dir() and root == roots[0]:
+            raise PlanError("script.module", module, f"{base} is a package without __main__.py, which python -m cannot "
+                                                     "run; name its training module (script.module=" f"{module}.train)")
+    here = roots[0].joinpath(*parts[:-1])
+    near = did_you_mean(parts[-1], [p.stem for p in here.glob("*.py")]) if here.is_dir() else None
+    hint = f"; did you mean {'.'.join([*parts[:-1], near])}?" if near else ""
+    raise PlanError("script.module", module, f"no module {module} under {roots[0]} (looked for "
+                                             f"{'/'.join(parts)}.py and {'/'.join(parts)}/__main__.py) or on sys.path{hint}")
+
+
+def module_file_of(path: Path, module: str) -> bool:
+    """Whether ``path`` is the file of ``module`` (``.../pkg/train.py`` or ``.../pkg/train/__main__.py``)."""
+    parts = module.split(".")
+    tail = [*parts[:-1], parts[-1] + ".py"] if path.name != "__main__.py" else [*parts, "__main__.py"]
+    return list(path.parts[-len(tail):]) == tail
 
 
 def _compiles(path: Path) -> None:
@@ -110,8 +165,8 @@ def apply(data: dict[str, Any]) -> None:
     if isinstance(given, list):  # `script.args=[--epochs,3]`: Hydra reads 3 as a number, and sys.argv holds strings
         given = [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in given]
     data["script"] = {**script, "args": [*given, *ARGS] if isinstance(given, list) else given}
-    path = str(script.get("path") or "")
-    data["recipe"] = {"name": Path(path).stem or "script", "entry": path or "script"}
+    path, module = str(script.get("path") or ""), str(script.get("module") or "")
+    data["recipe"] = {"name": module.rsplit(".", 1)[-1] or Path(path).stem or "script", "entry": path or module or "script"}
 
 
 # What a script does instead of each trainer key it does not honour: dlaunch's loop does these, and a script runs its own.

@@ -87,15 +87,18 @@ def run(spec: RunSpec, env: WorkerEnv | None, run_dir: Path, plan: Plan, console
         outputs.record_start(run_dir, env.restart_count if env else 0, 0)
     first_step = _watch_the_first_step(strategy, spec.strategy.name, env) if rank == 0 else None
     try:
-        with _as_main(spec.script.path, spec.script.args, quiet_argparse=rank != 0), _stop_signals_raise() as own, \
+        with _as_main(spec.script, quiet_argparse=rank != 0), _stop_signals_raise() as own, \
                 process.as_torchrun(env, spec.launch.collective_timeout_s), process.logging_as_python(), \
                 process.hydra_set_aside(), process.native_crash_shown(env), \
                 env_lib.worker_env_set(env_lib.script_environment(run_dir)):
             try:
-                runpy.run_path(spec.script.path, run_name="__main__")
+                if spec.script.module:  # as python -m: its package imported first, so relative imports work
+                    runpy.run_module(spec.script.module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(spec.script.path, run_name="__main__")
             except SystemExit as exc:
                 if exc.code not in (None, 0):
-                    raise ScriptExit(Path(spec.script.path).name, exc.code) from None
+                    raise ScriptExit(spec.script.module or Path(spec.script.path).name, exc.code) from None
         if own and env is not None:  # a worker's own handler took the stop the agent passed on, and the script
             # ended: a stop, as under torchrun (in one process the signal was the script's alone, as under python)
             raise ScriptStopped(own[0], "the script's own handler, after which it ended")
@@ -224,15 +227,16 @@ def _say_if_not_prepared(strategy: Any, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _as_main(path: str, args: list[str], quiet_argparse: bool) -> Iterator[None]:
-    """``sys.argv`` and ``sys.path[0]`` as ``python path args`` sets them; restored afterwards.
+def _as_main(script: Any, quiet_argparse: bool) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path[0]`` as ``python path args`` (or ``python -m module args``) sets them; restored
+    afterwards.
 
     ``quiet_argparse``: this rank does not print argparse's usage, errors and help,
     so that a bad argument is reported once (by rank 0), not once per process.
     """
     saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [path, *args]
-    sys.path.insert(0, str(Path(path).parent))
+    sys.argv = [script.path, *script.args]
+    sys.path.insert(0, str(script.import_root))
     printer = argparse.ArgumentParser._print_message
     if quiet_argparse:
         argparse.ArgumentParser._print_message = lambda self, message, file=None: None  # type: ignore[method-assign]

@@ -207,8 +207,8 @@ def test_the_same_run_keeps_every_flag_it_maps_and_leaves_a_scripts_own_sections
             "-- model.lr=0.1 trainer.max_epochs=3 input.path=/data") in own
     for typed in (["-m", "pkg.train"], ["--module", "pkg.train"]):
         module = flag_message(["--nproc_per_node=2", *typed, "--epochs", "1"])
-        assert "-m pkg.train a module runs by its file: script=pkg/train.py" in " ".join(module.split()), module
-        assert "the same run: dlaunch script=pkg/train.py strategy=mirrored cluster=1x2 -- --epochs 1" in module
+        assert "-m pkg.train a module runs as script.module=pkg.train" in " ".join(module.split()), module
+        assert "the same run: dlaunch script.module=pkg.train strategy=mirrored cluster=1x2 -- --epochs 1" in module
     assert flag_message(["-m", "strategy=mirrored,fsdp"]) is None  # Hydra's -m: a sweep
     assert "use nothing: each rank keeps its output in RUN_DIR/logs/" in flag_message(["--tee=3", "train.py"])
     accumulate = flag_message(["--gradient_accumulation_steps=4", "--num_processes=2"])
